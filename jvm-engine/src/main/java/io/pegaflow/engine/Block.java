@@ -1,0 +1,77 @@
+package io.pegaflow.engine;
+
+import java.util.Arrays;
+
+/**
+ * One cached block: a slot per (layer, TP rank), each at an offset in the host pool. Slots
+ * arrive from several saves (one per worker, or per layer); the block is <em>sealed</em>
+ * (visible to queries) once every slot is {@link #FILLED}. All fields are guarded by the
+ * engine lock.
+ *
+ * <p>{@code refs} counts leases, loads in progress and saves in progress that use the block;
+ * a block is on the LRU list (evictable) exactly when it is sealed and {@code refs == 0}.
+ */
+final class Block {
+    static final byte EMPTY = 0;
+    static final byte WRITING = 1;
+    static final byte FILLED = 2;
+
+    final NamespaceIndex ns;
+    final HashKey key;
+    final long[] slotOffset;
+    final byte[] slotState;
+    int filled;
+
+    /** Pool allocations backing the slots (usually one per saving worker). */
+    long[] allocations = new long[2];
+    long[] allocationBytes = new long[2];
+    int allocationCount;
+    long bytes;
+
+    int refs;
+    boolean sealed;
+    boolean removed;
+    long touchedNanos;
+
+    Block lruPrev;
+    Block lruNext;
+
+    Block(NamespaceIndex ns, HashKey key, long now) {
+        this.ns = ns;
+        this.key = key;
+        int slots = ns.layout.slotCount();
+        this.slotOffset = new long[slots];
+        this.slotState = new byte[slots];
+        Arrays.fill(slotOffset, -1L);
+        this.touchedNanos = now;
+    }
+
+    boolean complete() {
+        return filled == slotState.length;
+    }
+
+    void addAllocation(long handle, long size) {
+        if (allocationCount == allocations.length) {
+            allocations = Arrays.copyOf(allocations, allocationCount * 2);
+            allocationBytes = Arrays.copyOf(allocationBytes, allocationCount * 2);
+        }
+        allocations[allocationCount] = handle;
+        allocationBytes[allocationCount] = size;
+        allocationCount++;
+        bytes += size;
+    }
+
+    /** Forgets one allocation (after a failed save freed it). */
+    void removeAllocation(long handle) {
+        for (int i = 0; i < allocationCount; i++) {
+            if (allocations[i] == handle) {
+                bytes -= allocationBytes[i];
+                allocationCount--;
+                allocations[i] = allocations[allocationCount];
+                allocationBytes[i] = allocationBytes[allocationCount];
+                return;
+            }
+        }
+        throw new IllegalStateException("block " + key + " has no allocation 0x" + Long.toHexString(handle));
+    }
+}

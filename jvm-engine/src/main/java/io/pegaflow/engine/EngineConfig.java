@@ -1,0 +1,127 @@
+package io.pegaflow.engine;
+
+import io.pegaflow.engine.metrics.MetricsSink;
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.engine.transfer.TransferEngine;
+import java.time.Duration;
+import java.util.function.Function;
+import java.util.function.LongSupplier;
+
+/**
+ * Every engine setting, validated once in {@link Builder#build()}; nothing below reads
+ * system properties or the environment. Defaults follow the original PegaFlow (lease TTL
+ * 600 s, sweep every 30 s, partially saved blocks dropped after 5 min).
+ *
+ * @param poolBytes     size of the host pool
+ * @param leaseTtl      how long an unconsumed lease pins its blocks
+ * @param sweepInterval how often the background sweeper expires leases; zero disables the
+ *                      thread (leases still expire on every query, load and release)
+ * @param inflightTtl   how long a block with some but not all slots saved may wait
+ * @param copyThreads   threads of the host copy engine
+ * @param transfer      builds the copy engine over the pool (host by default; CUDA later)
+ * @param metrics       extra sink that receives every counter and gauge (null: none)
+ * @param nanoClock     monotonic clock in nanoseconds (tests substitute a fake)
+ */
+public record EngineConfig(
+        long poolBytes,
+        Duration leaseTtl,
+        Duration sweepInterval,
+        Duration inflightTtl,
+        int copyThreads,
+        Function<HostPool, TransferEngine> transfer,
+        MetricsSink metrics,
+        LongSupplier nanoClock) {
+
+    public static Builder builder() {
+        return new Builder();
+    }
+
+    /** Builder with the defaults above; {@link #build()} validates. */
+    public static final class Builder {
+        private long poolBytes = Sizes.parse("1gb");
+        private Duration leaseTtl = Duration.ofSeconds(600);
+        private Duration sweepInterval = Duration.ofSeconds(30);
+        private Duration inflightTtl = Duration.ofMinutes(5);
+        private int copyThreads = 2;
+        private Function<HostPool, TransferEngine> transfer;
+        private MetricsSink metrics;
+        private LongSupplier nanoClock = System::nanoTime;
+
+        private Builder() {}
+
+        /** Pool size as text, e.g. {@code "30gb"} (binary units). */
+        public Builder poolSize(String size) {
+            this.poolBytes = Sizes.parse(size);
+            return this;
+        }
+
+        public Builder poolBytes(long bytes) {
+            this.poolBytes = bytes;
+            return this;
+        }
+
+        public Builder leaseTtl(Duration ttl) {
+            this.leaseTtl = ttl;
+            return this;
+        }
+
+        public Builder sweepInterval(Duration interval) {
+            this.sweepInterval = interval;
+            return this;
+        }
+
+        public Builder inflightTtl(Duration ttl) {
+            this.inflightTtl = ttl;
+            return this;
+        }
+
+        public Builder copyThreads(int threads) {
+            this.copyThreads = threads;
+            return this;
+        }
+
+        public Builder transfer(Function<HostPool, TransferEngine> factory) {
+            this.transfer = factory;
+            return this;
+        }
+
+        public Builder metrics(MetricsSink sink) {
+            this.metrics = sink;
+            return this;
+        }
+
+        public Builder nanoClock(LongSupplier clock) {
+            this.nanoClock = clock;
+            return this;
+        }
+
+        public EngineConfig build() {
+            if (poolBytes < HostPool.ALIGNMENT) {
+                throw new InvalidArgumentException("pool size " + poolBytes + " bytes; expected at least "
+                        + HostPool.ALIGNMENT + " bytes (e.g. 64mb)");
+            }
+            requirePositive("leaseTtl", leaseTtl);
+            requirePositive("inflightTtl", inflightTtl);
+            if (sweepInterval == null || sweepInterval.isNegative()) {
+                throw new InvalidArgumentException("sweepInterval " + sweepInterval + "; expected >= 0 (0 disables the sweeper thread)");
+            }
+            if (copyThreads < 1 || copyThreads > 256) {
+                throw new InvalidArgumentException("copyThreads " + copyThreads + "; expected 1..256");
+            }
+            if (nanoClock == null) {
+                throw new InvalidArgumentException("nanoClock is null; expected a monotonic clock");
+            }
+            int threads = copyThreads;
+            Function<HostPool, TransferEngine> factory =
+                    transfer != null ? transfer : pool -> new HostTransferEngine(pool, threads);
+            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyThreads, factory, metrics, nanoClock);
+        }
+
+        private static void requirePositive(String name, Duration d) {
+            if (d == null || d.isNegative() || d.isZero()) {
+                throw new InvalidArgumentException(name + " " + d + "; expected a positive duration");
+            }
+        }
+    }
+}

@@ -1,0 +1,61 @@
+package io.pegaflow.engine;
+
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
+import java.util.Arrays;
+import java.util.HexFormat;
+
+/**
+ * vLLM's block hash as an opaque map key within one namespace. vLLM hashes are already
+ * uniformly distributed (SHA-256 or xxHash), so the first 8 bytes make the hash code.
+ * Lookups wrap the caller's array ({@link #wrap}); stored keys own a copy ({@link #copy}).
+ */
+final class HashKey {
+    static final int MAX_BYTES = 64;
+    private static final VarHandle LONG = MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+
+    private final byte[] bytes;
+    private final int hash;
+
+    private HashKey(byte[] bytes) {
+        this.bytes = bytes;
+        if (bytes.length >= 8) {
+            long x = (long) LONG.get(bytes, 0);
+            this.hash = (int) (x ^ (x >>> 32));
+        } else {
+            this.hash = Arrays.hashCode(bytes);
+        }
+    }
+
+    static HashKey wrap(byte[] bytes) {
+        return new HashKey(bytes);
+    }
+
+    HashKey copy() {
+        return new HashKey(bytes.clone());
+    }
+
+    /** Checks one hash of a request; {@code index} and {@code what} name it in the message. */
+    static void validate(byte[] hash, int index, String what) {
+        if (hash == null || hash.length == 0 || hash.length > MAX_BYTES) {
+            throw new InvalidArgumentException(what + "[" + index + "] is "
+                    + (hash == null ? "null" : hash.length + " bytes") + "; expected 1.." + MAX_BYTES + " bytes");
+        }
+    }
+
+    @Override
+    public boolean equals(Object o) {
+        return o instanceof HashKey k && k.hash == hash && Arrays.equals(k.bytes, bytes);
+    }
+
+    @Override
+    public int hashCode() {
+        return hash;
+    }
+
+    @Override
+    public String toString() {
+        return HexFormat.of().formatHex(bytes);
+    }
+}

@@ -1,0 +1,42 @@
+package io.pegaflow.engine.metrics;
+
+/** Monotonic counters the engine reports. Names follow Prometheus conventions (4/6 exports them). */
+public enum Counter {
+    SAVE_REQUESTS("pegaflow_save_requests_total", "save calls accepted"),
+    SAVE_BLOCKS("pegaflow_save_blocks_total", "blocks whose slots a save wrote"),
+    SAVE_SKIPPED_BLOCKS("pegaflow_save_skipped_blocks_total", "blocks a save skipped because they were resident or being saved"),
+    SAVE_BYTES("pegaflow_save_bytes_total", "bytes copied into the host pool"),
+    SAVE_NANOS("pegaflow_save_transfer_nanoseconds_total", "time spent in save copies, summed over batches"),
+    SAVE_FAILURES("pegaflow_save_failures_total", "save batches whose copy failed"),
+    BLOCKS_SEALED("pegaflow_cache_block_insertions_total", "blocks that became visible (every slot saved)"),
+    LOAD_REQUESTS("pegaflow_load_requests_total", "load calls accepted"),
+    LOAD_BLOCKS("pegaflow_load_blocks_total", "blocks copied out of the host pool"),
+    LOAD_BYTES("pegaflow_load_bytes_total", "bytes copied out of the host pool"),
+    LOAD_NANOS("pegaflow_load_transfer_nanoseconds_total", "time spent in load copies, summed over batches"),
+    LOAD_FAILURES("pegaflow_load_failures_total", "load batches whose copy failed"),
+    QUERY_REQUESTS("pegaflow_query_requests_total", "prefix queries"),
+    HIT_BLOCKS("pegaflow_cache_block_hits_total", "queried blocks found in the leading resident prefix"),
+    MISS_BLOCKS("pegaflow_cache_block_misses_total", "queried blocks after the leading resident prefix"),
+    EVICTIONS("pegaflow_cache_block_evictions_total", "blocks evicted under allocation pressure"),
+    EVICTED_BYTES("pegaflow_cache_eviction_reclaimed_bytes_total", "bytes freed by eviction"),
+    POOL_ALLOC_FAILURES("pegaflow_pool_alloc_failures_total", "saves refused because the pool was exhausted"),
+    LEASES_CREATED("pegaflow_leases_created_total", "leases issued by queries"),
+    LEASES_EXPIRED("pegaflow_leases_expired_total", "leases dropped by the TTL sweeper"),
+    INFLIGHT_GC("pegaflow_inflight_gc_cleaned_total", "partially saved blocks dropped after the in-flight TTL");
+
+    private final String metricName;
+    private final String help;
+
+    Counter(String metricName, String help) {
+        this.metricName = metricName;
+        this.help = help;
+    }
+
+    public String metricName() {
+        return metricName;
+    }
+
+    public String help() {
+        return help;
+    }
+}

@@ -1,0 +1,99 @@
+package io.pegaflow.engine.transfer;
+
+import java.util.Arrays;
+
+/**
+ * One batch of copies between registered KV regions ("device" side: GPU memory, or host
+ * memory in embedded CPU mode) and the host pool ("host" side, given as an offset into the
+ * pool). All descriptors of a batch go the same {@link Direction}. Descriptors are kept in
+ * the order added; implementations may merge neighbours that are contiguous on both sides.
+ *
+ * <p>Filled by one thread, then handed to {@link TransferEngine#submit}; not thread-safe.
+ */
+public final class CopyBatch {
+    /** Which way the bytes move. */
+    public enum Direction {
+        /** Save: registered region to host pool. */
+        TO_HOST,
+        /** Load: host pool to registered region. */
+        TO_DEVICE
+    }
+
+    private final Direction direction;
+    private long[] deviceAddress;
+    private long[] hostOffset;
+    private long[] length;
+    private int size;
+    private long totalBytes;
+
+    public CopyBatch(Direction direction, int expectedPieces) {
+        this.direction = direction;
+        int cap = Math.max(4, expectedPieces);
+        deviceAddress = new long[cap];
+        hostOffset = new long[cap];
+        length = new long[cap];
+    }
+
+    /** Adds one piece. {@code bytes} must be positive. */
+    public void add(long device, long hostOff, long bytes) {
+        if (bytes <= 0) {
+            throw new IllegalArgumentException("copy piece of " + bytes + " bytes; expected > 0");
+        }
+        if (size == length.length) {
+            int cap = size * 2;
+            deviceAddress = Arrays.copyOf(deviceAddress, cap);
+            hostOffset = Arrays.copyOf(hostOffset, cap);
+            length = Arrays.copyOf(length, cap);
+        }
+        deviceAddress[size] = device;
+        hostOffset[size] = hostOff;
+        length[size] = bytes;
+        size++;
+        totalBytes += bytes;
+    }
+
+    public Direction direction() {
+        return direction;
+    }
+
+    public int size() {
+        return size;
+    }
+
+    public long totalBytes() {
+        return totalBytes;
+    }
+
+    public long deviceAddress(int i) {
+        return deviceAddress[i];
+    }
+
+    public long hostOffset(int i) {
+        return hostOffset[i];
+    }
+
+    public long length(int i) {
+        return length[i];
+    }
+
+    /**
+     * Number of ranges after merging descriptors that continue the previous one on both sides
+     * (what a copy engine actually issues).
+     */
+    public int coalescedRanges() {
+        int ranges = 0;
+        for (int i = 0; i < size; i++) {
+            if (i == 0 || !continuesPrevious(i)) {
+                ranges++;
+            }
+        }
+        return ranges;
+    }
+
+    /** True when piece {@code i} starts where piece {@code i-1} ends, on both sides. */
+    public boolean continuesPrevious(int i) {
+        return i > 0
+                && deviceAddress[i - 1] + length[i - 1] == deviceAddress[i]
+                && hostOffset[i - 1] + length[i - 1] == hostOffset[i];
+    }
+}
