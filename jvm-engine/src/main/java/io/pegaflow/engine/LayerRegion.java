@@ -128,11 +128,11 @@ public record LayerRegion(
     /**
      * Pieces {@code [i*stride, i*stride+lenA)} for i in [0,nA) against
      * {@code [delta+j*stride, delta+j*stride+lenB)} for j in [0,nB): they overlap iff some
-     * k = j - i in [-(nA-1), nB-1] has {@code -lenA < delta + k*stride < lenB}.
+     * k = j - i in [-(nA-1), nB-1] has {@code -lenB < delta + k*stride < lenA}.
      */
     static boolean overlaps(long delta, long lenA, long lenB, long nA, long nB, long stride) {
-        long kMin = Math.max(Math.floorDiv(-lenA - delta, stride) + 1, -(nA - 1));
-        long kMax = Math.min(Math.ceilDiv(lenB - delta, stride) - 1, nB - 1);
+        long kMin = Math.max(Math.floorDiv(-lenB - delta, stride) + 1, -(nA - 1));
+        long kMax = Math.min(Math.ceilDiv(lenA - delta, stride) - 1, nB - 1);
         return kMin <= kMax;
     }
 }

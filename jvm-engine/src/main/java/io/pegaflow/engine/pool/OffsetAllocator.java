@@ -17,7 +17,8 @@ import java.util.Arrays;
  *   <li>A 32-bit mask marks which exponent groups have a non-empty bin and one 8-bit mask per
  *       group marks which bins do; finding the first usable bin is two count-trailing-zeros.</li>
  *   <li>Allocation takes the head node of that bin and splits off the remainder as a new free
- *       node. Nodes also form a doubly linked list in address order; freeing merges a node
+ *       node. Only if no such bin exists is the request's own (rounded-down) bin scanned for
+ *       a range that fits, so a free range as large as the request is always found. Nodes also form a doubly linked list in address order; freeing merges a node
  *       with a free left and right neighbour before filing it, so free space never stays
  *       fragmented next to itself.</li>
  * </ul>
@@ -111,12 +112,11 @@ public final class OffsetAllocator {
             return NO_SPACE;
         }
         int units = (int) unitsL;
-        int minBin = binRoundUp(units);
-        int bin = firstNonEmptyBinFrom(minBin);
-        if (bin == NONE) {
+        int bin = firstNonEmptyBinFrom(binRoundUp(units));
+        int node = bin != NONE ? binHead[bin] : firstFitInBin(binRoundDown(units), units);
+        if (node == NONE) {
             return NO_SPACE;
         }
-        int node = binHead[bin];
         removeFree(node);
         int remainder = size[node] - units;
         size[node] = units;
@@ -245,6 +245,20 @@ public final class OffsetAllocator {
         int exp = bin >>> MANTISSA_BITS;
         int mantissa = bin & MANTISSA_MASK;
         return exp == 0 ? mantissa : ((long) (mantissa | MANTISSA_VALUE)) << (exp - 1);
+    }
+
+    /**
+     * Slow path when no bin above the request's rounded-up size has a node: the bin the
+     * request rounds down to may still hold a range that fits exactly (a freed range of a
+     * non-bin size is filed there). Scanning it keeps "the largest free range fits" true.
+     */
+    private int firstFitInBin(int bin, int units) {
+        for (int n = binHead[bin]; n != NONE; n = binNext[n]) {
+            if (size[n] >= units) {
+                return n;
+            }
+        }
+        return NONE;
     }
 
     private int firstNonEmptyBinFrom(int minBin) {

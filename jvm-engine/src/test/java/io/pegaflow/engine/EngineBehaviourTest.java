@@ -1,0 +1,315 @@
+package io.pegaflow.engine;
+
+import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
+
+import io.pegaflow.engine.metrics.Counter;
+import io.pegaflow.engine.metrics.CounterMetrics;
+import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.engine.transfer.TransferEngine;
+import java.time.Duration;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.function.Function;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * Semantics of the store: dedup, sealing, LRU eviction under pressure, pins, leases and their
+ * TTL, unregister, namespace isolation, in-flight GC, copy failures. Blocks here are 1 KiB
+ * (2 layers x 512 B, one worker) unless a test says otherwise; "pool of N blocks" is N KiB.
+ */
+class EngineBehaviourTest {
+    private final Random rnd = new Random(42);
+    private final FakeClock clock = new FakeClock();
+    private PegaEngine engine;
+    private KvWorld world;
+
+    @AfterEach
+    void tearDown() {
+        if (engine != null) {
+            engine.close();
+        }
+        if (world != null) {
+            world.close();
+        }
+    }
+
+    private void start(int poolBlocks, int tp, Function<HostPool, TransferEngine> transfer) {
+        EngineConfig.Builder b = EngineConfig.builder().poolBytes(poolBlocks * 1024L * tp)
+                .nanoClock(clock).sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(10));
+        if (transfer != null) {
+            b.transfer(transfer);
+        }
+        engine = PegaEngine.create(b.build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, tp, 1, 2, 32, 256, 0);
+        world.register(engine);
+    }
+
+    private void start(int poolBlocks) {
+        start(poolBlocks, 1, null);
+    }
+
+    /** Saves hashes[i] from block i (content = pattern of the hash) on every worker. */
+    private void saveAll(byte[][] hashes, int firstBlock) {
+        long[] ids = new long[hashes.length];
+        for (int i = 0; i < hashes.length; i++) {
+            ids[i] = firstBlock + i;
+            world.fillPattern(ids[i], hashes[i]);
+        }
+        for (WorkerSpec w : world.workers) {
+            engine.save("inst", w.workerRank(), ids, hashes).join();
+        }
+    }
+
+    private int hits(byte[]... hashes) {
+        QueryResult q = engine.query("inst", hashes);
+        if (q.hasLease()) {
+            engine.release(q.lease());
+        }
+        return q.hitBlocks();
+    }
+
+    @Test
+    void savingAResidentHashIsANoOp() {
+        start(16);
+        byte[][] h = KvWorld.randomHashes(rnd, 4);
+        saveAll(h, 0);
+        long used = engine.stats().get(Gauge.POOL_USED_BYTES);
+        SaveResult again = engine.save("inst", 0, new long[] {8, 9, 10, 11}, h).join();
+        assertThat(again).isEqualTo(new SaveResult(0, 4, 0));
+        assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isEqualTo(used);
+        SaveResult dupInCall = engine.save("inst", 0, new long[] {12, 13}, new byte[][] {h[0].clone(), KvWorld.randomHash(rnd)}).join();
+        assertThat(dupInCall.savedBlocks()).isEqualTo(1);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void blockIsVisibleOnlyWhenEverySlotIsSaved() {
+        start(16, 2, null);
+        byte[] h = KvWorld.randomHash(rnd);
+        world.fillPattern(0, h);
+        engine.save("inst", 0, new long[] {0}, new byte[][] {h}).join();
+        assertThat(hits(h)).as("tp rank 1 has not saved").isZero();
+        assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isEqualTo(1);
+        // Layer by layer on rank 1: still invisible after the first layer.
+        engine.save("inst", 1, List.of(KvWorld.layerName(0)), new long[] {0}, new byte[][] {h}).join();
+        assertThat(hits(h)).isZero();
+        engine.save("inst", 1, List.of(KvWorld.layerName(1)), new long[] {0}, new byte[][] {h}).join();
+        assertThat(hits(h)).isEqualTo(1);
+        assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void evictsLeastRecentlyUsedOnlyWhenAnAllocationFails() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 9);
+        for (int i = 0; i < 8; i++) {
+            saveAll(new byte[][] {h[i]}, i);
+        }
+        assertThat(engine.stats().get(Counter.EVICTIONS)).as("pool exactly full, nothing evicted yet").isZero();
+        assertThat(hits(h[0])).isEqualTo(1); // h0 becomes most recently used
+        saveAll(new byte[][] {h[8]}, 8);
+        assertThat(engine.stats().get(Counter.EVICTIONS)).isEqualTo(1);
+        assertThat(hits(h[1])).as("h1 was least recently used").isZero();
+        assertThat(hits(h[0])).isEqualTo(1);
+        assertThat(hits(h[8])).isEqualTo(1);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void leasedBlocksSurvivePressureAndAFullyPinnedPoolRefusesWithoutChange() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 9);
+        saveAll(java.util.Arrays.copyOf(h, 8), 0);
+        QueryResult lease = engine.query("inst", java.util.Arrays.copyOf(h, 8));
+        assertThat(lease.hitBlocks()).isEqualTo(8);
+        EngineStats before = engine.stats();
+        world.fillPattern(8, h[8]);
+        assertThatThrownBy(() -> engine.save("inst", 0, new long[] {8}, new byte[][] {h[8]}))
+                .isInstanceOf(PoolExhaustedException.class)
+                .hasMessageContaining("8 blocks are pinned");
+        assertThat(engine.stats().gauges()).isEqualTo(before.gauges());
+        engine.verifyInvariants();
+        // The pinned blocks are intact: load them into other block ids and check every byte.
+        long[] dst = {16, 17, 18, 19, 20, 21, 22, 23};
+        engine.load("inst", 0, lease.lease(), dst).join();
+        for (int i = 0; i < 8; i++) {
+            assertThat(world.holdsPattern(dst[i], h[i])).isTrue();
+        }
+        // Consumed by the only worker: unpinned, so the next save can evict.
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        saveAll(new byte[][] {h[8]}, 8);
+        assertThat(engine.stats().get(Counter.EVICTIONS)).isEqualTo(1);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void leaseExpiresAfterItsTtlAndUnpins() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        QueryResult q = engine.query("inst", h);
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
+        clock.advance(Duration.ofSeconds(9));
+        engine.sweep();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
+        clock.advance(Duration.ofSeconds(2));
+        engine.sweep();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThat(engine.stats().get(Counter.LEASES_EXPIRED)).isEqualTo(1);
+        assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {4, 5}))
+                .isInstanceOf(UnknownLeaseException.class).hasMessageContaining(q.lease().toString());
+        assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void eachWorkerConsumesOneShareAndReleaseDropsTheRest() {
+        start(8, 2, null);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        QueryResult q = engine.query("inst", h);
+        engine.load("inst", 0, q.lease(), new long[] {4, 5}).join();
+        assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {6, 7}))
+                .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("worker 0 already consumed");
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
+        engine.load("inst", 1, q.lease(), new long[] {4, 5}).join();
+        assertThat(world.holdsPattern(4, h[0]) && world.holdsPattern(5, h[1])).isTrue();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("consumed by both workers").isZero();
+
+        QueryResult q2 = engine.query("inst", h);
+        engine.load("inst", 1, q2.lease(), new long[] {6, 7}).join();
+        engine.release(q2.lease());
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThatThrownBy(() -> engine.load("inst", 0, q2.lease(), new long[] {6, 7})).isInstanceOf(UnknownLeaseException.class);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void unregisterDropsLeasesButKeepsBlocksForTheNextInstanceOfTheNamespace() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 3);
+        saveAll(h, 0);
+        QueryResult q = engine.query("inst", h);
+        engine.unregisterInstance("inst");
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThatThrownBy(() -> engine.query("inst", h)).isInstanceOf(UnknownInstanceException.class);
+        assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+        try (KvWorld restarted = new KvWorld("inst-2", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            restarted.register(engine);
+            QueryResult again = engine.query("inst-2", h);
+            assertThat(again.hitBlocks()).isEqualTo(3);
+            engine.load("inst-2", 0, again.lease(), new long[] {10, 11, 12}).join();
+            assertThat(restarted.holdsPattern(10, h[0]) && restarted.holdsPattern(12, h[2])).isTrue();
+            engine.unregisterInstance("inst-2");
+        }
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void namespaceSharedByIncompatibleLayoutsIsRefusedAndTheWorkerNotKept() {
+        start(8);
+        try (KvWorld other = new KvWorld("other", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 512, 0);
+                KvWorld fixed = new KvWorld("other", "ns-other", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 512, 0)) {
+            engine.registerInstance(other.spec);
+            assertThatThrownBy(() -> engine.registerWorker("other", other.workers.get(0)))
+                    .isInstanceOf(TopologyMismatchException.class)
+                    .hasMessageContaining("namespace 'ns' is shared by incompatible KV layouts");
+            assertThat(engine.isSealed("other")).isFalse();
+            engine.unregisterInstance("other");
+            fixed.register(engine);
+            assertThat(engine.isSealed("other")).isTrue();
+        }
+    }
+
+    @Test
+    void partiallySavedBlocksAreDroppedAfterTheInflightTtl() {
+        start(8, 2, null);
+        byte[] h = KvWorld.randomHash(rnd);
+        world.fillPattern(0, h);
+        engine.save("inst", 0, new long[] {0}, new byte[][] {h}).join();
+        assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isPositive();
+        clock.advance(Duration.ofMinutes(4));
+        engine.sweep();
+        assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isEqualTo(1);
+        clock.advance(Duration.ofMinutes(2));
+        engine.sweep();
+        assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
+        assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isZero();
+        assertThat(engine.stats().get(Counter.INFLIGHT_GC)).isEqualTo(1);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void aFailedCopyRollsBackTheSaveAndNamesTheBlockIds() {
+        AtomicBoolean fail = new AtomicBoolean(true);
+        start(8, 1, pool -> new FailingTransfer(new HostTransferEngine(pool, 1), fail));
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        world.fillPattern(3, h[0]);
+        world.fillPattern(4, h[1]);
+        CompletableFuture<SaveResult> f = engine.save("inst", 0, new long[] {3, 4}, h);
+        assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
+                .isInstanceOf(TransferFailedException.class).hasMessageContaining("[3, 4]");
+        assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isZero();
+        assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
+        assertThat(hits(h)).isZero();
+        engine.verifyInvariants();
+
+        fail.set(false);
+        engine.save("inst", 0, new long[] {3, 4}, h).join();
+        QueryResult q = engine.query("inst", h);
+        fail.set(true);
+        CompletableFuture<LoadResult> load = engine.load("inst", 0, q.lease(), new long[] {7, 9});
+        assertThatThrownBy(load::join).cause().isInstanceOf(TransferFailedException.class).hasMessageContaining("[7, 9]");
+        assertThat(((TransferFailedException) load.handle((r, e) -> e).join()).blockIds()).containsExactly(7, 9);
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("failed load released its pins").isZero();
+        assertThat(engine.stats().get(Counter.LOAD_FAILURES)).isEqualTo(1);
+        engine.verifyInvariants();
+    }
+
+    @Test
+    void closeReturnsEveryByteAndLaterCallsFailClearly() {
+        CounterMetrics sink = new CounterMetrics();
+        engine = PegaEngine.create(EngineConfig.builder().poolSize("64kb").metrics(sink).sweepInterval(Duration.ZERO).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.MLA, 1, 1, 2, 32, 256, 0);
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 3);
+        saveAll(h, 0);
+        engine.query("inst", h); // a lease left outstanding
+        assertThat(sink.get(Gauge.RESIDENT_BLOCKS)).isEqualTo(3);
+        assertThat(sink.get(Counter.SAVE_BLOCKS)).isEqualTo(3);
+        engine.close();
+        assertThatThrownBy(() -> engine.query("inst", h)).isInstanceOf(EngineClosedException.class);
+        engine = null;
+    }
+
+    /** A copy engine that fails every batch while {@code fail} is set. */
+    private record FailingTransfer(HostTransferEngine delegate, AtomicBoolean fail) implements TransferEngine {
+        @Override
+        public CompletableFuture<Void> submit(CopyBatch batch) {
+            if (fail.get()) {
+                return CompletableFuture.failedFuture(new IllegalStateException("injected copy failure"));
+            }
+            return delegate.submit(batch);
+        }
+
+        @Override
+        public String name() {
+            return "failing";
+        }
+
+        @Override
+        public void close() {
+            delegate.close();
+        }
+    }
+}
