@@ -18,7 +18,8 @@ import java.util.function.LongSupplier;
  * @param sweepInterval how often the background sweeper expires leases; zero disables the
  *                      thread (leases still expire on every query, load and release)
  * @param inflightTtl   how long a block with some but not all slots saved may wait
- * @param copyThreads   threads of the host copy engine
+ * @param copyThreads   threads of the host copy engine (also used to pre-fault the pool)
+ * @param prefault      commit every pool page at start instead of on first write
  * @param transfer      builds the copy engine over the pool (host by default; CUDA later)
  * @param metrics       extra sink that receives every counter and gauge (null: none)
  * @param nanoClock     monotonic clock in nanoseconds (tests substitute a fake)
@@ -29,6 +30,7 @@ public record EngineConfig(
         Duration sweepInterval,
         Duration inflightTtl,
         int copyThreads,
+        boolean prefault,
         Function<HostPool, TransferEngine> transfer,
         MetricsSink metrics,
         LongSupplier nanoClock) {
@@ -44,6 +46,7 @@ public record EngineConfig(
         private Duration sweepInterval = Duration.ofSeconds(30);
         private Duration inflightTtl = Duration.ofMinutes(5);
         private int copyThreads = 2;
+        private boolean prefault;
         private Function<HostPool, TransferEngine> transfer;
         private MetricsSink metrics;
         private LongSupplier nanoClock = System::nanoTime;
@@ -81,6 +84,11 @@ public record EngineConfig(
             return this;
         }
 
+        public Builder prefault(boolean prefault) {
+            this.prefault = prefault;
+            return this;
+        }
+
         public Builder transfer(Function<HostPool, TransferEngine> factory) {
             this.transfer = factory;
             return this;
@@ -115,7 +123,7 @@ public record EngineConfig(
             int threads = copyThreads;
             Function<HostPool, TransferEngine> factory =
                     transfer != null ? transfer : pool -> new HostTransferEngine(pool, threads);
-            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyThreads, factory, metrics, nanoClock);
+            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyThreads, prefault, factory, metrics, nanoClock);
         }
 
         private static void requirePositive(String name, Duration d) {

@@ -49,6 +49,7 @@ public final class PegaEngine implements AutoCloseable {
     private final long leaseTtlNanos;
     private final long inflightTtlNanos;
     private final ScheduledExecutorService sweeper;
+    private final long prefaultNanos;
 
     private final ReentrantLock lock = new ReentrantLock();
     // --- guarded by lock ---
@@ -76,6 +77,7 @@ public final class PegaEngine implements AutoCloseable {
         this.extraSink = config.metrics();
         this.pool = HostPool.anonymous(config.poolBytes());
         try {
+            this.prefaultNanos = config.prefault() ? pool.prefault(config.copyThreads()) : 0;
             this.allocator = new OffsetAllocator(pool.size());
             this.transfer = config.transfer().apply(pool);
         } catch (RuntimeException | Error e) {
@@ -769,6 +771,11 @@ public final class PegaEngine implements AutoCloseable {
             lock.unlock();
         }
         return new EngineStats(g, counters.counters());
+    }
+
+    /** Time spent committing pool pages at start (0 unless {@link EngineConfig#prefault()}). */
+    public long prefaultNanos() {
+        return prefaultNanos;
     }
 
     /** Name of the copy engine in use ({@code host}, later {@code cuda}). */

@@ -11,14 +11,19 @@ import java.util.concurrent.atomic.AtomicInteger;
 /**
  * Copies between raw host addresses (registered regions in CPU mode) and the host pool with
  * {@link MemorySegment#copy}. Runs of descriptors contiguous on both sides are merged into
- * one copy. Batches run on a small pool of copy threads; the pool side goes through the
+ * one copy. Batches run on a small pool of copy threads (a batch above 8 MiB per thread is
+ * split across them); the pool side goes through the
  * pool's arena-scoped segment, so a copy after the pool closed fails instead of crashing.
  */
 public final class HostTransferEngine implements TransferEngine {
     /** All of the address space: the device side is a raw address supplied by registration. */
     private static final MemorySegment EVERYTHING = MemorySegment.NULL.reinterpret(Long.MAX_VALUE);
 
+    /** Batches above this many bytes per thread are split across the copy threads. */
+    private static final long SPLIT_BYTES = 8L << 20;
+
     private final HostPool pool;
+    private final int threads;
     private final ExecutorService copyThreads;
 
     public HostTransferEngine(HostPool pool, int threads) {
@@ -26,6 +31,7 @@ public final class HostTransferEngine implements TransferEngine {
             throw new IllegalArgumentException("copy threads " + threads + "; expected >= 1");
         }
         this.pool = pool;
+        this.threads = threads;
         AtomicInteger n = new AtomicInteger();
         this.copyThreads = Executors.newFixedThreadPool(threads, r -> {
             Thread t = new Thread(r, "pegaflow-copy-" + n.incrementAndGet());
@@ -36,15 +42,31 @@ public final class HostTransferEngine implements TransferEngine {
 
     @Override
     public CompletableFuture<Void> submit(CopyBatch batch) {
-        return CompletableFuture.runAsync(() -> copy(batch), copyThreads);
+        int parts = (int) Math.min(threads, batch.totalBytes() / SPLIT_BYTES);
+        if (parts <= 1) {
+            return CompletableFuture.runAsync(() -> copy(batch, 0, batch.size()), copyThreads);
+        }
+        // Large batches are cut into equal runs of descriptors, one per copy thread.
+        CompletableFuture<?>[] runs = new CompletableFuture<?>[parts];
+        int n = batch.size();
+        for (int p = 0; p < parts; p++) {
+            int from = (int) ((long) n * p / parts);
+            int to = (int) ((long) n * (p + 1) / parts);
+            runs[p] = CompletableFuture.runAsync(() -> copy(batch, from, to), copyThreads);
+        }
+        return CompletableFuture.allOf(runs);
     }
 
     /** Performs the copies on the calling thread (used by benchmarks and by {@link #submit}). */
     public void copy(CopyBatch batch) {
+        copy(batch, 0, batch.size());
+    }
+
+    private void copy(CopyBatch batch, int from, int to) {
         MemorySegment host = pool.segment();
         boolean toHost = batch.direction() == CopyBatch.Direction.TO_HOST;
-        int n = batch.size();
-        int i = 0;
+        int n = to;
+        int i = from;
         while (i < n) {
             long dev = batch.deviceAddress(i);
             long off = batch.hostOffset(i);

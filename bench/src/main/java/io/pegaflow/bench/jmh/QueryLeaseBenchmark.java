@@ -1,0 +1,72 @@
+package io.pegaflow.bench.jmh;
+
+import io.pegaflow.engine.EngineConfig;
+import io.pegaflow.engine.InstanceSpec;
+import io.pegaflow.engine.KvLayout;
+import io.pegaflow.engine.LayerRegion;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.QueryResult;
+import io.pegaflow.engine.WorkerSpec;
+import java.lang.foreign.Arena;
+import java.time.Duration;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.TimeUnit;
+import org.openjdk.jmh.annotations.Benchmark;
+import org.openjdk.jmh.annotations.BenchmarkMode;
+import org.openjdk.jmh.annotations.Level;
+import org.openjdk.jmh.annotations.Mode;
+import org.openjdk.jmh.annotations.OutputTimeUnit;
+import org.openjdk.jmh.annotations.Param;
+import org.openjdk.jmh.annotations.Scope;
+import org.openjdk.jmh.annotations.Setup;
+import org.openjdk.jmh.annotations.State;
+import org.openjdk.jmh.annotations.TearDown;
+
+/**
+ * Query + lease of an N-block resident prefix, then release (the scheduler's lookup cost;
+ * the original PegaFlow takes 3.5-6 ms for 32K blocks). The cost is independent of block
+ * size, so blocks are one 512-byte latent slot: 32K of them fit a 16 MiB pool.
+ */
+@State(Scope.Benchmark)
+@BenchmarkMode(Mode.AverageTime)
+@OutputTimeUnit(TimeUnit.MILLISECONDS)
+public class QueryLeaseBenchmark {
+    @Param({"32768"})
+    int blocks;
+
+    private PegaEngine engine;
+    private Arena arena;
+    private byte[][] hashes;
+
+    @Setup(Level.Trial)
+    public void setUp() {
+        engine = PegaEngine.create(EngineConfig.builder().poolBytes(blocks * 512L + (1 << 20)).sweepInterval(Duration.ZERO).build());
+        arena = Arena.ofShared();
+        long base = arena.allocate(blocks * 512L, 4096).address();
+        engine.registerInstance(new InstanceSpec("bench", "bench-ns", 1, 1));
+        engine.registerWorker("bench", new WorkerSpec(0, 0, 0,
+                List.of(new LayerRegion("layer.0", KvLayout.MLA, base, blocks * 512L, blocks, 512, 512, 0))));
+        Random rnd = new Random(1);
+        hashes = new byte[blocks][32];
+        long[] ids = new long[blocks];
+        for (int i = 0; i < blocks; i++) {
+            rnd.nextBytes(hashes[i]);
+            ids[i] = i;
+        }
+        engine.save("bench", 0, ids, hashes).join();
+    }
+
+    @Benchmark
+    public int queryLeaseRelease() {
+        QueryResult q = engine.query("bench", hashes);
+        engine.release(q.lease());
+        return q.hitBlocks();
+    }
+
+    @TearDown(Level.Trial)
+    public void tearDown() {
+        engine.close();
+        arena.close();
+    }
+}
