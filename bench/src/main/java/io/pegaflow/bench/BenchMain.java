@@ -1,5 +1,6 @@
 package io.pegaflow.bench;
 
+import io.pegaflow.engine.PegaflowException;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
 
@@ -15,6 +16,15 @@ import picocli.CommandLine.Command;
         subcommands = {WorkloadCommand.class, JmhCommand.class})
 public final class BenchMain {
     public static void main(String[] args) {
-        System.exit(new CommandLine(new BenchMain()).execute(args));
+        CommandLine cli = new CommandLine(new BenchMain());
+        // A user error is one line naming the value, not a stack trace.
+        cli.setExecutionExceptionHandler((e, cmd, parsed) -> {
+            if (e instanceof PegaflowException || e instanceof IllegalArgumentException) {
+                cmd.getErr().println(cmd.getCommandName() + ": " + e.getMessage());
+                return 2;
+            }
+            throw e;
+        });
+        System.exit(cli.execute(args));
     }
 }

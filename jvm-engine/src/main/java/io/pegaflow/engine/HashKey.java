@@ -7,9 +7,9 @@ import java.util.Arrays;
 import java.util.HexFormat;
 
 /**
- * vLLM's block hash as an opaque map key within one namespace. vLLM hashes are already
- * uniformly distributed (SHA-256 or xxHash), so the first 8 bytes make the hash code.
- * Lookups wrap the caller's array ({@link #wrap}); stored keys own a copy ({@link #copy}).
+ * vLLM's block hash, owned by the block stored under it (a private copy: callers may reuse
+ * their arrays). Lookups go through {@link BlockTable} straight from the caller's bytes;
+ * this class serves identity within one request (duplicate detection) and messages.
  */
 final class HashKey {
     static final int MAX_BYTES = 64;
@@ -21,18 +21,15 @@ final class HashKey {
     private HashKey(byte[] bytes) {
         this.bytes = bytes;
         if (bytes.length >= 8) {
-            long x = (long) LONG.get(bytes, 0);
+            long x = (long) LONG.get(bytes, 0); // vLLM hashes are uniform: 8 bytes suffice
             this.hash = (int) (x ^ (x >>> 32));
         } else {
             this.hash = Arrays.hashCode(bytes);
         }
     }
 
-    static HashKey wrap(byte[] bytes) {
-        return new HashKey(bytes);
-    }
-
-    HashKey copy() {
+    /** A key holding a copy of {@code bytes}. */
+    static HashKey of(byte[] bytes) {
         return new HashKey(bytes.clone());
     }
 
@@ -42,6 +39,11 @@ final class HashKey {
             throw new InvalidArgumentException(what + "[" + index + "] is "
                     + (hash == null ? "null" : hash.length + " bytes") + "; expected 1.." + MAX_BYTES + " bytes");
         }
+    }
+
+    /** The hash bytes; callers must not modify them. */
+    byte[] bytes() {
+        return bytes;
     }
 
     @Override

@@ -435,11 +435,11 @@ public final class PegaEngine implements AutoCloseable {
         long unit = allocator.unitBytes();
         long needed = 0;
         for (int i = 0; i < hashes.length; i++) {
-            HashKey key = HashKey.wrap(hashes[i]);
+            HashKey key = HashKey.of(hashes[i]);
             if (!seen.add(key)) {
                 continue;
             }
-            Block b = ns.blocks.get(key);
+            Block b = ns.blocks.get(hashes[i]);
             if (b != null && b.sealed) {
                 continue;
             }
@@ -485,8 +485,8 @@ public final class PegaEngine implements AutoCloseable {
             Block b = plan.block;
             if (b == null) {
                 // A hash repeated in this call was filtered above, so the key is still absent.
-                b = new Block(ns, plan.key.copy(), now);
-                ns.blocks.put(b.key, b);
+                b = new Block(ns, plan.key, now);
+                ns.blocks.put(b);
                 inflight.add(b);
                 plan.block = b;
             }
@@ -572,17 +572,10 @@ public final class PegaEngine implements AutoCloseable {
             Instance inst = sealedInstance(instanceId);
             long now = clock.getAsLong();
             expireLeases(now);
-            Map<HashKey, Block> blocks = inst.ns.blocks;
             Block[] found = new Block[hashes.length];
-            while (hit < hashes.length) {
-                Block b = blocks.get(HashKey.wrap(hashes[hit]));
-                if (b == null || !b.sealed) {
-                    break;
-                }
-                found[hit++] = b;
-            }
+            hit = inst.ns.blocks.sealedPrefix(hashes, found);
             if (hit > 0) {
-                Block[] pinned = Arrays.copyOf(found, hit);
+                Block[] pinned = hit == found.length ? found : Arrays.copyOf(found, hit);
                 do {
                     ThreadLocalRandom rnd = ThreadLocalRandom.current();
                     leaseId = new LeaseId(rnd.nextLong(), rnd.nextLong());
@@ -741,7 +734,7 @@ public final class PegaEngine implements AutoCloseable {
                 Block b = it.next();
                 if (b.refs == 0 && now - b.touchedNanos > inflightTtlNanos) {
                     it.remove();
-                    b.ns.blocks.remove(b.key);
+                    b.ns.blocks.remove(b);
                     freeAllocations(b);
                     count(Counter.INFLIGHT_GC, 1);
                 }
@@ -1001,7 +994,7 @@ public final class PegaEngine implements AutoCloseable {
         } else if (b.filled == 0 && b.allocationCount == 0) {
             // A failed save left an empty in-flight block behind.
             inflight.remove(b);
-            b.ns.blocks.remove(b.key);
+            b.ns.blocks.remove(b);
             b.removed = true;
         }
     }
@@ -1022,7 +1015,7 @@ public final class PegaEngine implements AutoCloseable {
         evictableBytes -= b.bytes;
         residentBlocks--;
         residentBytes -= b.bytes;
-        b.ns.blocks.remove(b.key);
+        b.ns.blocks.remove(b);
         count(Counter.EVICTIONS, 1);
         count(Counter.EVICTED_BYTES, b.bytes);
         freeAllocations(b);

@@ -1,0 +1,59 @@
+# PegaFlow-JVM: `make run` (set-up, then the main job) and `make test` (set-up, then every
+# CPU test tier). Both install what they need on a fresh machine: a JDK >= 25 is found
+# (ci/find-jdk.sh), Maven comes through ./mvnw, uv from PyPI, and .venv/ holds the Python
+# package in development mode.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+JAVA_HOME := $(shell ci/find-jdk.sh)
+ifeq ($(JAVA_HOME),)
+$(error no JDK >= 25 found; see the message above)
+endif
+export JAVA_HOME
+
+POOL ?= 2gb
+REPORT ?= out/run-report.json
+MVN := ./mvnw -B -q
+VENV := .venv
+JAR := bench/target/pegaflow-bench.jar
+JAVA_SOURCES := $(shell find pom.xml */pom.xml jvm-engine/src bench/src -type f 2>/dev/null)
+
+.PHONY: help setup build run test test-java test-python bench-jmh clean
+
+help:
+	@echo "make run    - set up, build, run the multi-turn workload (POOL=$(POOL)); writes $(REPORT)"
+	@echo "make test   - set up, then Maven tests and every CPU pytest tier"
+	@echo "make bench-jmh - JMH micro-benchmarks (query+lease, host copies); writes out/jmh-engine.json"
+
+$(VENV)/.installed: python/pyproject.toml
+	@UV=$$(ci/ensure-uv.sh) && \
+	  $$UV venv --quiet --allow-existing --python python3 $(VENV) && \
+	  $$UV pip install --quiet --python $(VENV)/bin/python -e 'python[test]'
+	@touch $@
+
+setup: $(VENV)/.installed
+
+$(JAR): $(JAVA_SOURCES)
+	$(MVN) package -DskipTests
+	@touch $@
+
+build: $(JAR)
+
+run: setup build
+	$(VENV)/bin/pegaflow-bench workload --pool $(POOL) --json $(REPORT)
+
+test-java:
+	./mvnw -B package
+
+test-python: setup
+	ci/pytest-tier.sh unit
+	ci/pytest-tier.sh integration
+
+test: setup test-java test-python
+
+bench-jmh: setup build
+	$(VENV)/bin/pegaflow-bench jmh --json out/jmh-engine.json
+
+clean:
+	./mvnw -B -q clean
+	rm -rf out $(VENV)

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs one pytest tier (a marker expression, or "unit" for the default selection) and fails
+# when it fails, including when it collects no tests (pytest exit code 5).
+set -uo pipefail
+tier=$1; shift
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root/python"
+if [ "$tier" = unit ]; then
+  "$root/.venv/bin/python" -m pytest "$@"
+else
+  "$root/.venv/bin/python" -m pytest -m "$tier" "$@"
+fi
+rc=$?
+if [ $rc -eq 5 ]; then
+  echo "pytest tier '$tier' collected no tests; a tier that runs nothing is a failure" >&2
+  exit 1
+fi
+exit $rc
