@@ -19,8 +19,8 @@ TEMURIN_HOME = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
 JVM_DIR = Path("/usr/lib/jvm")
 JAR_NAME = "pegaflow-bench.jar"
 
-# Options every JVM we start needs: Panama downcalls, and signals left to the host process.
-JVM_OPTIONS = ["--enable-native-access=ALL-UNNAMED"]
+# Options every JVM we start needs: Panama downcalls; JMH's sun.misc.Unsafe use stays quiet.
+JVM_OPTIONS = ["--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow"]
 
 
 @dataclass(frozen=True)
