@@ -1,23 +1,65 @@
-"""Console scripts. ``pegaflow-bench`` runs the Java benchmark CLI (workload, jmh, ...)."""
+"""Console scripts. ``pegaflow-bench`` runs the Java benchmark CLI (workload, transfer, jmh)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
 from pegaflow._java import java_command
 from pegaflow.errors import PegaflowError
 
 
+def _json_path(args: list[str], default: str) -> Path:
+    for i, a in enumerate(args):
+        if a == "--json" and i + 1 < len(args):
+            return Path(args[i + 1])
+        if a.startswith("--json="):
+            return Path(a.split("=", 1)[1])
+    return Path(default)
+
+
+def _transfer(args: list[str]) -> int:
+    """Java transfer bench, then the PyTorch per-piece baseline merged into the same report."""
+    rc = subprocess.call(java_command(args))
+    if rc != 0 or any(a in ("-h", "--help", "-V", "--version") for a in args):
+        return rc
+    path = _json_path(args, "out/transfer.json")
+    report = json.loads(path.read_text())
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ImportError("torch sees no GPU")
+        from pegaflow._torch_baseline import per_piece_gbps
+
+        base = per_piece_gbps()
+        for name, line in (("save", "line_d2h_gbps"), ("load", "line_h2d_gbps")):
+            base[f"torch_{name}_fraction_of_line"] = base[f"torch_{name}_gbps"] / report[line]
+        report.update(base)
+        print(
+            "  PyTorch copy_ per piece: save %.1f GB/s, load %.1f GB/s"
+            % (base["torch_save_gbps"], base["torch_load_gbps"])
+        )
+    except ImportError as e:
+        report["torch_baseline"] = f"skipped: {e}"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
 def bench_main(argv: list[str] | None = None) -> int:
-    """Replaces this process with the JVM so signals and the exit code pass straight through."""
+    """Runs the JVM benchmark CLI; ``transfer`` also runs the PyTorch baseline here."""
     args = sys.argv[1:] if argv is None else argv
     try:
+        if args and args[0] == "transfer":
+            return _transfer(args)
         cmd = java_command(args)
     except PegaflowError as e:
         print(f"pegaflow-bench: {e}", file=sys.stderr)
         return 2
-    os.execv(cmd[0], cmd)
+    os.execv(cmd[0], cmd)  # the JVM replaces this process: signals and exit code pass through
     return 0  # not reached
 
 

@@ -13,7 +13,7 @@ import picocli.CommandLine.Command;
         mixinStandardHelpOptions = true,
         version = "pegaflow-bench 0.1.0",
         description = "PegaFlow-JVM benchmarks; each subcommand prints a summary and writes JSON.",
-        subcommands = {WorkloadCommand.class, JmhCommand.class})
+        subcommands = {WorkloadCommand.class, TransferCommand.class, JmhCommand.class})
 public final class BenchMain {
     public static void main(String[] args) {
         CommandLine cli = new CommandLine(new BenchMain());

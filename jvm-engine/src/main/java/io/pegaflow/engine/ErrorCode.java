@@ -14,7 +14,9 @@ public enum ErrorCode {
     POOL_EXHAUSTED(6),
     TRANSFER_FAILED(7),
     CLOSED(8),
-    INTERNAL(9);
+    INTERNAL(9),
+    /** A CUDA driver or NVRTC call failed, or CUDA was asked for where there is none. */
+    CUDA(10);
 
     private final int value;
 

@@ -10,6 +10,7 @@ import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.TransferEngine;
+import io.pegaflow.engine.transfer.TransferFuture;
 import java.time.Duration;
 import java.util.List;
 import java.util.Random;
@@ -295,9 +296,11 @@ class EngineBehaviourTest {
     /** A copy engine that fails every batch while {@code fail} is set. */
     private record FailingTransfer(HostTransferEngine delegate, AtomicBoolean fail) implements TransferEngine {
         @Override
-        public CompletableFuture<Void> submit(CopyBatch batch) {
+        public TransferFuture submit(CopyBatch batch) {
             if (fail.get()) {
-                return CompletableFuture.failedFuture(new IllegalStateException("injected copy failure"));
+                TransferFuture failed = new TransferFuture();
+                failed.completeExceptionally(new IllegalStateException("injected copy failure"));
+                return failed;
             }
             return delegate.submit(batch);
         }

@@ -1,9 +1,7 @@
 package io.pegaflow.engine;
 
-import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -36,10 +34,17 @@ final class KvWorld implements AutoCloseable {
     final int numBlocks;
     final long segmentBytes;
     final List<WorkerSpec> workers = new ArrayList<>();
-    private final Arena arena = Arena.ofShared();
+    private final DeviceMemory memory;
 
     KvWorld(String instanceId, String namespace, Kind kind, int tp, int pp, int layers, int numBlocks,
             long segmentBytes, long pad) {
+        this(DeviceMemory.host(), instanceId, namespace, kind, tp, pp, layers, numBlocks, segmentBytes, pad);
+    }
+
+    /** A world whose tensors live in {@code memory}; the world closes it. */
+    KvWorld(DeviceMemory memory, String instanceId, String namespace, Kind kind, int tp, int pp, int layers,
+            int numBlocks, long segmentBytes, long pad) {
+        this.memory = memory;
         if (layers % pp != 0) {
             throw new IllegalArgumentException("layers " + layers + " not divisible by pp " + pp);
         }
@@ -57,7 +62,7 @@ final class KvWorld implements AutoCloseable {
                 if (kind == Kind.CROSS_LAYER) {
                     long blockBytes = perStage * 2 * segmentBytes + pad;
                     long total = blockBytes * numBlocks;
-                    long base = arena.allocate(total, 64).address();
+                    long base = memory.allocate(total);
                     for (int l = 0; l < perStage; l++) {
                         regions.add(new LayerRegion(layerName(first + l), KvLayout.SPLIT_KV, base + l * 2 * segmentBytes,
                                 total - l * 2 * segmentBytes, numBlocks, blockBytes, segmentBytes, segmentBytes));
@@ -79,23 +84,23 @@ final class KvWorld implements AutoCloseable {
             case SPLIT_KFIRST -> {
                 long stride = s + pad;
                 long total = 2 * stride * n;
-                long base = arena.allocate(total, 64).address();
+                long base = memory.allocate(total);
                 yield new LayerRegion(name, KvLayout.SPLIT_KV, base, total, n, stride, s, stride * n);
             }
             case SPLIT_BLOCKS_FIRST -> {
                 long stride = 2 * s + pad;
                 long total = stride * n;
-                yield new LayerRegion(name, KvLayout.SPLIT_KV, arena.allocate(total, 64).address(), total, n, stride, s, s);
+                yield new LayerRegion(name, KvLayout.SPLIT_KV, memory.allocate(total), total, n, stride, s, s);
             }
             case COMBINED -> {
                 long stride = 2 * s + pad;
                 long total = stride * n;
-                yield new LayerRegion(name, KvLayout.COMBINED, arena.allocate(total, 64).address(), total, n, stride, 2 * s, 0);
+                yield new LayerRegion(name, KvLayout.COMBINED, memory.allocate(total), total, n, stride, 2 * s, 0);
             }
             case MLA -> {
                 long stride = s + pad;
                 long total = stride * n;
-                yield new LayerRegion(name, KvLayout.MLA, arena.allocate(total, 64).address(), total, n, stride, s, 0);
+                yield new LayerRegion(name, KvLayout.MLA, memory.allocate(total), total, n, stride, s, 0);
             }
             case CROSS_LAYER -> throw new IllegalStateException("handled by the constructor");
         };
@@ -112,10 +117,6 @@ final class KvWorld implements AutoCloseable {
         }
     }
 
-    static MemorySegment piece(LayerRegion r, long blockId, int seg) {
-        return MemorySegment.ofAddress(r.pieceAddress(blockId, seg)).reinterpret(r.segmentBytes());
-    }
-
     /** Fills every piece of {@code blockId} on every worker with random bytes. */
     void fillRandom(long blockId, Random rnd) {
         for (WorkerSpec w : workers) {
@@ -123,7 +124,7 @@ final class KvWorld implements AutoCloseable {
                 for (int s = 0; s < r.segments(); s++) {
                     byte[] b = new byte[(int) r.segmentBytes()];
                     rnd.nextBytes(b);
-                    MemorySegment.copy(b, 0, piece(r, blockId, s), ValueLayout.JAVA_BYTE, 0, b.length);
+                    memory.write(r.pieceAddress(blockId, s), b);
                 }
             }
         }
@@ -139,13 +140,18 @@ final class KvWorld implements AutoCloseable {
     void fillPattern(WorkerSpec w, long blockId, byte[] hash) {
         for (LayerRegion r : w.layers()) {
             for (int s = 0; s < r.segments(); s++) {
-                MemorySegment p = piece(r, blockId, s);
-                long seed = seed(hash, w.tpRank(), r.layerName(), s);
-                for (long off = 0; off + 8 <= p.byteSize(); off += 8) {
-                    p.set(ValueLayout.JAVA_LONG_UNALIGNED, off, mix(seed + off));
-                }
+                memory.write(r.pieceAddress(blockId, s), pattern(hash, w.tpRank(), r, s));
             }
         }
+    }
+
+    private static byte[] pattern(byte[] hash, int tpRank, LayerRegion r, int s) {
+        long seed = seed(hash, tpRank, r.layerName(), s);
+        ByteBuffer b = ByteBuffer.allocate((int) r.segmentBytes()).order(ByteOrder.LITTLE_ENDIAN);
+        for (int off = 0; off + 8 <= b.capacity(); off += 8) {
+            b.putLong(off, mix(seed + off));
+        }
+        return b.array();
     }
 
     /** Whether {@code blockId} on every worker holds the content {@link #fillPattern} writes for {@code hash}. */
@@ -161,12 +167,9 @@ final class KvWorld implements AutoCloseable {
     boolean holdsPattern(WorkerSpec w, long blockId, byte[] hash) {
         for (LayerRegion r : w.layers()) {
             for (int s = 0; s < r.segments(); s++) {
-                MemorySegment p = piece(r, blockId, s);
-                long seed = seed(hash, w.tpRank(), r.layerName(), s);
-                for (long off = 0; off + 8 <= p.byteSize(); off += 8) {
-                    if (p.get(ValueLayout.JAVA_LONG_UNALIGNED, off) != mix(seed + off)) {
-                        return false;
-                    }
+                byte[] actual = memory.read(r.pieceAddress(blockId, s), (int) r.segmentBytes());
+                if (!Arrays.equals(actual, pattern(hash, w.tpRank(), r, s))) {
+                    return false;
                 }
             }
         }
@@ -179,7 +182,7 @@ final class KvWorld implements AutoCloseable {
         for (WorkerSpec w : workers) {
             for (LayerRegion r : w.layers()) {
                 for (int s = 0; s < r.segments(); s++) {
-                    out.put(piece(r, blockId, s).toArray(ValueLayout.JAVA_BYTE));
+                    out.put(memory.read(r.pieceAddress(blockId, s), (int) r.segmentBytes()));
                 }
             }
         }
@@ -222,6 +225,6 @@ final class KvWorld implements AutoCloseable {
 
     @Override
     public void close() {
-        arena.close();
+        memory.close();
     }
 }

@@ -20,6 +20,8 @@ public final class CopyBatch {
     }
 
     private final Direction direction;
+    private long waitStream;
+    private int[] groupEnds = new int[0];
     private long[] deviceAddress;
     private long[] hostOffset;
     private long[] length;
@@ -54,6 +56,51 @@ public final class CopyBatch {
 
     public Direction direction() {
         return direction;
+    }
+
+    /**
+     * Orders the copy after work already queued on a CUDA stream (a {@code CUstream}, 0 =
+     * none): a save must not read device memory before the kernels that write it finish.
+     * The GPU engine records an event on that stream when the batch is submitted.
+     */
+    public CopyBatch waitFor(long stream) {
+        this.waitStream = stream;
+        return this;
+    }
+
+    public long waitStream() {
+        return waitStream;
+    }
+
+    /**
+     * Closes the current group (the pieces added since the previous call, e.g. one layer);
+     * {@link TransferFuture#awaitGroup} can then wait for it alone. Pieces after the last
+     * call form a final group.
+     */
+    public void endGroup() {
+        int end = size;
+        if (groupEnds.length > 0 && groupEnds[groupEnds.length - 1] == end) {
+            return;
+        }
+        groupEnds = Arrays.copyOf(groupEnds, groupEnds.length + 1);
+        groupEnds[groupEnds.length - 1] = end;
+    }
+
+    /** Number of groups (at least 1 when the batch is not empty). */
+    public int groupCount() {
+        int closed = groupEnds.length;
+        boolean open = closed == 0 ? size > 0 : groupEnds[closed - 1] < size;
+        return closed + (open ? 1 : 0);
+    }
+
+    /** First piece index of group {@code g}. */
+    public int groupStart(int g) {
+        return g == 0 ? 0 : groupEnds[g - 1];
+    }
+
+    /** One past the last piece index of group {@code g}. */
+    public int groupEnd(int g) {
+        return g < groupEnds.length ? groupEnds[g] : size;
     }
 
     public int size() {

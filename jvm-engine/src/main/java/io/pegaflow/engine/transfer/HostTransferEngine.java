@@ -41,11 +41,9 @@ public final class HostTransferEngine implements TransferEngine {
     }
 
     @Override
-    public CompletableFuture<Void> submit(CopyBatch batch) {
-        int parts = (int) Math.min(threads, batch.totalBytes() / SPLIT_BYTES);
-        if (parts <= 1) {
-            return CompletableFuture.runAsync(() -> copy(batch, 0, batch.size()), copyThreads);
-        }
+    public TransferFuture submit(CopyBatch batch) {
+        TransferFuture done = new TransferFuture();
+        int parts = (int) Math.max(1, Math.min(threads, batch.totalBytes() / SPLIT_BYTES));
         // Large batches are cut into equal runs of descriptors, one per copy thread.
         CompletableFuture<?>[] runs = new CompletableFuture<?>[parts];
         int n = batch.size();
@@ -54,7 +52,14 @@ public final class HostTransferEngine implements TransferEngine {
             int to = (int) ((long) n * (p + 1) / parts);
             runs[p] = CompletableFuture.runAsync(() -> copy(batch, from, to), copyThreads);
         }
-        return CompletableFuture.allOf(runs);
+        CompletableFuture.allOf(runs).whenComplete((ok, err) -> {
+            if (err != null) {
+                done.completeExceptionally(err);
+            } else {
+                done.complete(null);
+            }
+        });
+        return done;
     }
 
     /** Performs the copies on the calling thread (used by benchmarks and by {@link #submit}). */

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds .gpu/: what the GPU machine needs to run the GPU test tier and the transfer bench,
+# which has no JDK, no Maven and no network there: a jlink'd runtime, the engine's classes
+# and test classes, the JUnit console launcher and the test libraries. The bench jar travels
+# at its build path (bench/target/pegaflow-bench.jar) so the Python launcher finds it.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+: "${JAVA_HOME:=$(ci/find-jdk.sh)}"
+export JAVA_HOME
+./mvnw -q -B package -DskipTests
+rm -rf .gpu && mkdir -p .gpu/lib
+cp -r jvm-engine/target/classes .gpu/classes
+cp -r jvm-engine/target/test-classes .gpu/test-classes
+./mvnw -q -B -pl jvm-engine dependency:copy-dependencies -DincludeScope=test -DoutputDirectory="$root/.gpu/lib" \
+  -DexcludeGroupIds=org.junit.jupiter,org.junit.platform,org.opentest4j,org.apiguardian,net.jqwik,net.bytebuddy
+./mvnw -q -B dependency:copy -Dartifact=org.junit.platform:junit-platform-console-standalone:1.14.4 \
+  -DoutputDirectory="$root/.gpu/lib"
+modules=java.base,java.logging,java.management,java.instrument,jdk.unsupported
+"$JAVA_HOME/bin/jlink" --add-modules "$modules" --strip-java-debug-attributes --strip-native-debug-symbols=objcopy=/usr/bin/objcopy --no-man-pages --no-header-files \
+  --compress=zip-9 --output .gpu/jre
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+echo "modules: $modules"
+du -sh .gpu .gpu/jre bench/target/pegaflow-bench.jar

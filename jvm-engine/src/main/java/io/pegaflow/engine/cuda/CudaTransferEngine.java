@@ -1,0 +1,444 @@
+package io.pegaflow.engine.cuda;
+
+import static java.lang.foreign.ValueLayout.ADDRESS;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.TransferEngine;
+import io.pegaflow.engine.transfer.TransferFuture;
+import java.io.IOException;
+import java.io.InputStream;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Moves {@link CopyBatch}es between GPU memory and the host pool on one device.
+ *
+ * <ul>
+ *   <li><b>Pinned pool.</b> At creation the pool is registered with CUDA
+ *       ({@code PORTABLE | DEVICEMAP}) in chunks; with unified addressing the device sees it
+ *       at its host address, which both the copy engine and the kernel use.</li>
+ *   <li><b>Lanes.</b> Each direction has a few lanes: a stream, events, a pinned staging
+ *       buffer and a device buffer for descriptors. A batch holds a lane from submit until
+ *       its copies finish, so buffers are reused without per-call allocation and without
+ *       racing the previous batch.</li>
+ *   <li><b>Per batch.</b> Descriptors contiguous on both sides are merged. Merged runs of at
+ *       least {@link CudaOptions#dmaThresholdBytes()} go through {@code cuMemcpyAsync} (the
+ *       copy engine reaches the PCIe line on large copies); the rest, vLLM's scattered
+ *       16-64 KiB pieces, are uploaded as descriptors and moved by one launch of the NVRTC
+ *       gather/scatter kernel per group, one CTA per piece.</li>
+ *   <li><b>Ordering.</b> A batch with a {@link CopyBatch#waitStream()} records an event on that
+ *       stream when submitted and its lane waits for it, so a save reads what the caller's
+ *       kernels wrote. Each group of a multi-group batch (a layer) records an event that
+ *       {@link TransferFuture#awaitGroup} makes a caller's stream wait on.</li>
+ *   <li><b>Completion.</b> One thread per lane blocks on the lane's done event (blocking
+ *       sync, no spinning), returns the lane, and completes the future.</li>
+ * </ul>
+ */
+public final class CudaTransferEngine implements TransferEngine {
+    static final String KERNEL_RESOURCE = "pega_copy.cu";
+    static final String KERNEL_NAME = "pega_copy";
+    private static final int THREADS = 256;
+    private static final int MAX_GRID = 65535;
+    private static final long DESC_BYTES = 24;
+
+    private final CudaDevice device;
+    private final HostPool pool;
+    private final CudaOptions options;
+    private final List<long[]> registered = new ArrayList<>();
+    private final long registrationNanos;
+    private long module;
+    private long function;
+    private final Arena arena = Arena.ofShared();
+    private final BlockingQueue<Lane> saveLanes;
+    private final BlockingQueue<Lane> loadLanes;
+    private final List<Lane> allLanes = new ArrayList<>();
+    private volatile boolean closed;
+
+    private CudaTransferEngine(HostPool pool, CudaOptions options) {
+        this.pool = pool;
+        this.options = options;
+        this.device = CudaDevice.open(options.device());
+        boolean ok = false;
+        try {
+            if (CudaDriver.deviceAttribute(CudaDriver.ATTR_UNIFIED_ADDRESSING, device.handle()) != 1) {
+                throw new CudaException(device + " lacks unified addressing; the host pool cannot be mapped at its host address", -1);
+            }
+            long start = System.nanoTime();
+            register();
+            this.registrationNanos = System.nanoTime() - start;
+            Nvrtc nvrtc = Nvrtc.load(options.nvrtcDirs());
+            byte[] cubin = nvrtc.compileCached(kernelSource(), KERNEL_NAME, device.arch(), List.of("-default-device"),
+                    options.kernelCacheDir());
+            this.module = CudaDriver.moduleLoadData(cubin);
+            this.function = CudaDriver.moduleGetFunction(module, KERNEL_NAME);
+            this.saveLanes = new ArrayBlockingQueue<>(options.lanesPerDirection());
+            this.loadLanes = new ArrayBlockingQueue<>(options.lanesPerDirection());
+            for (int i = 0; i < options.lanesPerDirection(); i++) {
+                Lane s = new Lane("save-" + i, saveLanes);
+                Lane l = new Lane("load-" + i, loadLanes);
+                allLanes.add(s);
+                allLanes.add(l);
+                saveLanes.add(s);
+                loadLanes.add(l);
+            }
+            ok = true;
+        } finally {
+            if (!ok) {
+                releaseResources();
+            }
+        }
+    }
+
+    /**
+     * Pins {@code pool} on {@code options.device()}, compiles (or loads from the cache) the
+     * copy kernel and creates the lanes. Throws {@link CudaException} on a machine without a
+     * GPU, naming what is missing.
+     */
+    public static CudaTransferEngine create(HostPool pool, CudaOptions options) {
+        return new CudaTransferEngine(pool, options);
+    }
+
+    /** The kernel's CUDA C++ source (a resource next to this class). */
+    public static String kernelSource() {
+        try (InputStream in = CudaTransferEngine.class.getResourceAsStream(KERNEL_RESOURCE)) {
+            if (in == null) {
+                throw new IllegalStateException("kernel source " + KERNEL_RESOURCE + " missing from the jar");
+            }
+            return new String(in.readAllBytes(), StandardCharsets.UTF_8);
+        } catch (IOException e) {
+            throw new IllegalStateException("cannot read kernel source " + KERNEL_RESOURCE, e);
+        }
+    }
+
+    private void register() {
+        long base = pool.address();
+        long size = (pool.size() + 4095) / 4096 * 4096; // the mapping extends to the page end
+        int flags = CudaDriver.CU_MEMHOSTREGISTER_PORTABLE | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP;
+        for (long off = 0; off < size; off += options.registerChunkBytes()) {
+            long len = Math.min(options.registerChunkBytes(), size - off);
+            CudaDriver.memHostRegister(base + off, len, flags);
+            registered.add(new long[] {base + off, len});
+            long mapped = CudaDriver.memHostGetDevicePointer(base + off);
+            if (mapped != base + off) {
+                throw new CudaException("pinned pool chunk at 0x" + Long.toHexString(base + off) + " is mapped at device address 0x"
+                        + Long.toHexString(mapped) + "; this engine needs registered memory at its host address", -1);
+            }
+        }
+    }
+
+    public CudaDevice device() {
+        return device;
+    }
+
+    /** Time spent pinning the pool at creation. */
+    public long registrationNanos() {
+        return registrationNanos;
+    }
+
+    @Override
+    public String name() {
+        return "cuda";
+    }
+
+    @Override
+    public TransferFuture submit(CopyBatch batch) {
+        if (closed) {
+            throw new CudaException("CUDA copy engine is closed", -1);
+        }
+        BlockingQueue<Lane> lanes = batch.direction() == CopyBatch.Direction.TO_HOST ? saveLanes : loadLanes;
+        Lane lane;
+        try {
+            lane = lanes.take();
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new CudaException("interrupted while waiting for a free CUDA copy lane", e);
+        }
+        CudaFuture future = new CudaFuture(lane, batch.groupCount());
+        try {
+            device.makeCurrent();
+            lane.enqueue(batch, future);
+            lane.pending.add(future);
+        } catch (RuntimeException | Error e) {
+            lanes.add(lane);
+            future.completeExceptionally(e);
+        }
+        return future;
+    }
+
+    /** A batch in flight on a lane; group events stay valid until the lane is reused. */
+    private final class CudaFuture extends TransferFuture {
+        final Lane lane;
+        final int groups;
+
+        CudaFuture(Lane lane, int groups) {
+            this.lane = lane;
+            this.groups = groups;
+        }
+
+        @Override
+        public void awaitGroup(int group, long stream) {
+            if (group < 0 || group >= Math.max(1, groups)) {
+                throw new IllegalArgumentException("group " + group + " out of range [0, " + Math.max(1, groups) + ")");
+            }
+            if (isDone()) {
+                join(); // rethrows a failure; nothing left to wait for otherwise
+                return;
+            }
+            // If the lane was reused meanwhile, the event marks a later point of the same
+            // stream: waiting on it over-waits, never under-waits.
+            long event = groups > 1 ? lane.groupEvents[group] : lane.doneEvent;
+            device.makeCurrent();
+            if (stream == 0) {
+                CudaDriver.eventSynchronize(event);
+            } else {
+                CudaDriver.streamWaitEvent(stream, event);
+            }
+        }
+    }
+
+    /** A stream with its events and descriptor buffers; owned by one batch at a time. */
+    private final class Lane {
+        final String name;
+        final BlockingQueue<Lane> home;
+        final long stream;
+        final long doneEvent;
+        final long callerEvent;
+        long[] groupEvents = new long[0];
+        long staging;
+        long stagingBytes;
+        long deviceDesc;
+        long deviceDescBytes;
+        final MemorySegment params = arena.allocate(ADDRESS, 2);
+        final MemorySegment argDesc = arena.allocate(JAVA_LONG);
+        final MemorySegment argCount = arena.allocate(JAVA_INT);
+        final BlockingQueue<CudaFuture> pending = new LinkedBlockingQueue<>();
+        final Thread completer;
+
+        Lane(String name, BlockingQueue<Lane> home) {
+            this.name = name;
+            this.home = home;
+            this.stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            this.doneEvent = CudaDriver.eventCreate(CudaDriver.CU_EVENT_BLOCKING_SYNC | CudaDriver.CU_EVENT_DISABLE_TIMING);
+            this.callerEvent = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+            params.setAtIndex(ADDRESS, 0, argDesc);
+            params.setAtIndex(ADDRESS, 1, argCount);
+            this.completer = Thread.ofPlatform().daemon().name("pegaflow-cuda-" + name).start(this::complete);
+        }
+
+        /** On the submitting thread, with the device current: queue every copy of the batch. */
+        void enqueue(CopyBatch batch, CudaFuture future) {
+            if (batch.waitStream() != 0) {
+                CudaDriver.eventRecord(callerEvent, batch.waitStream());
+                CudaDriver.streamWaitEvent(stream, callerEvent);
+            }
+            boolean toHost = batch.direction() == CopyBatch.Direction.TO_HOST;
+            long poolBase = pool.address();
+            int groups = Math.max(1, batch.groupCount());
+            ensureStaging(batch.size() * DESC_BYTES);
+            ensureGroupEvents(groups > 1 ? groups : 0);
+            MemorySegment desc = MemorySegment.ofAddress(staging).reinterpret(stagingBytes);
+            // Pass 1: merge runs; small ones become descriptors (in group order), large ones DMA.
+            int[] kernelStart = new int[groups];
+            int[] kernelCount = new int[groups];
+            List<List<long[]>> dma = new ArrayList<>(groups);
+            int n = 0;
+            for (int g = 0; g < groups; g++) {
+                List<long[]> runs = new ArrayList<>();
+                kernelStart[g] = n;
+                int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
+                int i = batch.size() == 0 ? 0 : batch.groupStart(g);
+                while (i < end) {
+                    long dev = batch.deviceAddress(i);
+                    long host = poolBase + batch.hostOffset(i);
+                    long len = batch.length(i);
+                    int j = i + 1;
+                    while (j < end && batch.continuesPrevious(j)) {
+                        len += batch.length(j);
+                        j++;
+                    }
+                    long src = toHost ? dev : host;
+                    long dst = toHost ? host : dev;
+                    if (len >= options.dmaThresholdBytes()) {
+                        runs.add(new long[] {src, dst, len});
+                    } else {
+                        long at = n * DESC_BYTES;
+                        desc.set(JAVA_LONG, at, src);
+                        desc.set(JAVA_LONG, at + 8, dst);
+                        desc.set(JAVA_LONG, at + 16, len);
+                        n++;
+                    }
+                    i = j;
+                }
+                kernelCount[g] = n - kernelStart[g];
+                dma.add(runs);
+            }
+            if (n > 0) {
+                ensureDeviceDesc(n * DESC_BYTES);
+                CudaDriver.memcpyHtoDAsync(deviceDesc, staging, n * DESC_BYTES, stream);
+            }
+            // Pass 2: per group, one kernel launch for its pieces, DMA for its long runs, an event.
+            for (int g = 0; g < groups; g++) {
+                if (kernelCount[g] > 0) {
+                    argDesc.set(JAVA_LONG, 0, deviceDesc + kernelStart[g] * DESC_BYTES);
+                    argCount.set(JAVA_INT, 0, kernelCount[g]);
+                    CudaDriver.launchKernel(function, Math.min(kernelCount[g], MAX_GRID), THREADS, 0, stream, params);
+                }
+                for (long[] run : dma.get(g)) {
+                    if (toHost) {
+                        CudaDriver.memcpyDtoHAsync(run[1], run[0], run[2], stream);
+                    } else {
+                        CudaDriver.memcpyHtoDAsync(run[1], run[0], run[2], stream);
+                    }
+                }
+                if (groups > 1) {
+                    CudaDriver.eventRecord(groupEvents[g], stream);
+                }
+            }
+            CudaDriver.eventRecord(doneEvent, stream);
+        }
+
+        private void ensureStaging(long bytes) {
+            if (bytes <= stagingBytes) {
+                return;
+            }
+            long size = Math.max(bytes, Math.max(1 << 16, stagingBytes * 2));
+            if (staging != 0) {
+                CudaDriver.memFreeHost(staging);
+                staging = 0;
+                stagingBytes = 0;
+            }
+            staging = CudaDriver.memAllocHost(size);
+            stagingBytes = size;
+        }
+
+        private void ensureDeviceDesc(long bytes) {
+            if (bytes <= deviceDescBytes) {
+                return;
+            }
+            long size = Math.max(bytes, Math.max(1 << 16, deviceDescBytes * 2));
+            if (deviceDesc != 0) {
+                // The previous batch on this lane completed before the lane was handed out.
+                CudaDriver.memFree(deviceDesc);
+                deviceDesc = 0;
+                deviceDescBytes = 0;
+            }
+            deviceDesc = CudaDriver.memAlloc(size);
+            deviceDescBytes = size;
+        }
+
+        private void ensureGroupEvents(int groups) {
+            if (groups <= groupEvents.length) {
+                return;
+            }
+            long[] more = java.util.Arrays.copyOf(groupEvents, groups);
+            for (int g = groupEvents.length; g < groups; g++) {
+                more[g] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+            }
+            groupEvents = more;
+        }
+
+        /** Completion thread: wait for each batch's done event, free the lane, complete. */
+        private void complete() {
+            boolean current = false;
+            while (true) {
+                CudaFuture f;
+                try {
+                    f = pending.take();
+                } catch (InterruptedException e) {
+                    return;
+                }
+                Throwable failure = null;
+                try {
+                    if (!current) {
+                        device.makeCurrent();
+                        current = true;
+                    }
+                    CudaDriver.eventSynchronize(doneEvent);
+                } catch (Throwable t) {
+                    failure = t;
+                }
+                home.add(this);
+                if (failure == null) {
+                    f.complete(null);
+                } else {
+                    f.completeExceptionally(failure);
+                }
+            }
+        }
+
+        void destroy() {
+            completer.interrupt();
+            try {
+                completer.join(5000);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+            CudaDriver.streamSynchronize(stream);
+            for (long e : groupEvents) {
+                CudaDriver.eventDestroy(e);
+            }
+            CudaDriver.eventDestroy(doneEvent);
+            CudaDriver.eventDestroy(callerEvent);
+            CudaDriver.streamDestroy(stream);
+            if (staging != 0) {
+                CudaDriver.memFreeHost(staging);
+            }
+            if (deviceDesc != 0) {
+                CudaDriver.memFree(deviceDesc);
+            }
+        }
+    }
+
+    /** Waits for every lane to come back (all batches done), then frees streams, kernel and pinning. */
+    @Override
+    public void close() {
+        if (closed) {
+            return;
+        }
+        closed = true;
+        int lanes = options.lanesPerDirection();
+        for (BlockingQueue<Lane> q : List.of(saveLanes, loadLanes)) {
+            List<Lane> back = new ArrayList<>();
+            try {
+                while (back.size() < lanes) {
+                    Lane l = q.poll(60, TimeUnit.SECONDS);
+                    if (l == null) {
+                        throw new IllegalStateException("CUDA copies did not finish within 60 s of close()");
+                    }
+                    back.add(l);
+                }
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+        releaseResources();
+    }
+
+    private void releaseResources() {
+        device.makeCurrent();
+        for (Lane l : allLanes) {
+            l.destroy();
+        }
+        allLanes.clear();
+        if (module != 0) {
+            CudaDriver.moduleUnload(module);
+            module = 0;
+        }
+        for (long[] chunk : registered) {
+            CudaDriver.memHostUnregister(chunk[0]);
+        }
+        registered.clear();
+        arena.close();
+        device.close();
+    }
+}

@@ -1,0 +1,22 @@
+package io.pegaflow.engine;
+
+import io.pegaflow.engine.cuda.CudaOptions;
+import io.pegaflow.engine.cuda.CudaTransferEngine;
+import org.junit.jupiter.api.Tag;
+
+/**
+ * The copy-engine contract on GPU memory with the CUDA engine (pinned pool, gather kernel,
+ * several lanes). GPU machine only: {@code -Dgroups=gpu}.
+ */
+@Tag("gpu")
+class CudaTransferContractTest extends TransferContract {
+    @Override
+    DeviceMemory memory() {
+        return new CudaMemory(0);
+    }
+
+    @Override
+    EngineConfig.Builder config() {
+        return EngineConfig.builder().transfer(pool -> CudaTransferEngine.create(pool, CudaOptions.defaults()));
+    }
+}

@@ -1,0 +1,41 @@
+package io.pegaflow.engine.cuda;
+
+import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
+import static org.junit.jupiter.api.Assumptions.assumeFalse;
+
+import io.pegaflow.engine.EngineConfig;
+import io.pegaflow.engine.ErrorCode;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.pool.HostPool;
+import org.junit.jupiter.api.Test;
+
+/** On a machine without a GPU, asking for CUDA copies fails at once with a message that says why. */
+class CudaUnavailableTest {
+
+    @Test
+    void askingForCudaWithoutADriverFailsClearly() {
+        assumeFalse(CudaDriver.available(), "this machine has a CUDA driver");
+        try (HostPool pool = HostPool.anonymous(1 << 20)) {
+            assertThatThrownBy(() -> CudaTransferEngine.create(pool, CudaOptions.defaults()))
+                    .isInstanceOf(CudaException.class)
+                    .hasMessageContaining("CUDA is not available")
+                    .hasMessageContaining("libcuda.so.1")
+                    .satisfies(e -> assertThat(((CudaException) e).code()).isEqualTo(ErrorCode.CUDA));
+        }
+        EngineConfig config = EngineConfig.builder().poolSize("1mb")
+                .transfer(p -> CudaTransferEngine.create(p, CudaOptions.defaults())).build();
+        assertThatThrownBy(() -> PegaEngine.create(config)).isInstanceOf(CudaException.class)
+                .hasMessageContaining("the engine runs with host copies");
+        // The host path is unaffected.
+        try (PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolSize("1mb").build())) {
+            assertThat(engine.transferName()).isEqualTo("host");
+        }
+    }
+
+    @Test
+    void badOptionsAreRefusedByName() {
+        assertThatThrownBy(() -> CudaOptions.defaults().withLanes(0)).hasMessageContaining("lanesPerDirection 0");
+        assertThatThrownBy(() -> CudaOptions.defaults().withDmaThreshold(100)).hasMessageContaining("dmaThresholdBytes 100");
+    }
+}
