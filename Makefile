@@ -18,12 +18,13 @@ VENV := .venv
 JAR := bench/target/pegaflow-bench.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml jvm-engine/src bench/src -type f 2>/dev/null)
 
-.PHONY: help setup build run test test-java test-python bench-jmh clean
+.PHONY: help setup build run test test-java test-python bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, run the multi-turn workload (POOL=$(POOL)); writes $(REPORT)"
 	@echo "make test   - set up, then Maven tests and every CPU pytest tier"
 	@echo "make bench-jmh - JMH micro-benchmarks (query+lease, host copies); writes out/jmh-engine.json"
+	@echo "make gpu-bundle - .gpu/: jlink'd runtime, classes and test launcher for the GPU machine (docs/gpu.md)"
 
 $(VENV)/.installed: python/pyproject.toml
 	@UV=$$(ci/ensure-uv.sh) && \
@@ -53,6 +54,9 @@ test: setup test-java test-python
 
 bench-jmh: setup build
 	$(VENV)/bin/pegaflow-bench jmh --json out/jmh-engine.json
+
+gpu-bundle:
+	ci/gpu-bundle.sh
 
 clean:
 	./mvnw -B -q clean

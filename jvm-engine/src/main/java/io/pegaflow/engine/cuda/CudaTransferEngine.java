@@ -27,15 +27,17 @@ import java.util.concurrent.TimeUnit;
  *   <li><b>Pinned pool.</b> At creation the pool is registered with CUDA
  *       ({@code PORTABLE | DEVICEMAP}) in chunks; with unified addressing the device sees it
  *       at its host address, which both the copy engine and the kernel use.</li>
- *   <li><b>Lanes.</b> Each direction has a few lanes: a stream, events, a pinned staging
- *       buffer and a device buffer for descriptors. A batch holds a lane from submit until
- *       its copies finish, so buffers are reused without per-call allocation and without
- *       racing the previous batch.</li>
+ *   <li><b>Lanes.</b> Each direction has a few lanes: a stream, events and a reusable pinned
+ *       descriptor buffer (mapped, so the kernel reads it directly; optionally uploaded to a
+ *       device buffer first). A batch holds a lane from submit until its copies finish, so
+ *       buffers are reused without per-call allocation and without racing the previous
+ *       batch.</li>
  *   <li><b>Per batch.</b> Descriptors contiguous on both sides are merged. Merged runs of at
  *       least {@link CudaOptions#dmaThresholdBytes()} go through {@code cuMemcpyAsync} (the
  *       copy engine reaches the PCIe line on large copies); the rest, vLLM's scattered
- *       16-64 KiB pieces, are uploaded as descriptors and moved by one launch of the NVRTC
- *       gather/scatter kernel per group, one CTA per piece.</li>
+ *       16-64 KiB pieces, become descriptors and are moved by the NVRTC gather/scatter
+ *       kernel, one CTA per piece, launched in chunks (256 pieces, doubling to 8192) so that
+ *       building the next chunk's descriptors overlaps the copy of the previous one.</li>
  *   <li><b>Ordering.</b> A batch with a {@link CopyBatch#waitStream()} records an event on that
  *       stream when submitted and its lane waits for it, so a save reads what the caller's
  *       kernels wrote. Each group of a multi-group batch (a layer) records an event that
@@ -50,6 +52,13 @@ public final class CudaTransferEngine implements TransferEngine {
     private static final int THREADS = 256;
     private static final int MAX_GRID = 65535;
     private static final long DESC_BYTES = 24;
+    /**
+     * Descriptors per launch ramp up from 256 (the GPU starts after a few microseconds of
+     * host work) to 8192 (256 MiB of 32 KiB pieces, ~5 ms of PCIe time, so the gaps between
+     * launches stay negligible).
+     */
+    private static final int FIRST_CHUNK = 256;
+    private static final int MAX_CHUNK = 8192;
 
     private final CudaDevice device;
     private final HostPool pool;
@@ -138,6 +147,16 @@ public final class CudaTransferEngine implements TransferEngine {
 
     public CudaDevice device() {
         return device;
+    }
+
+    /**
+     * Bytes from {@code hostAddress} (inside the pool) to the end of its pinned chunk: the
+     * most one async copy may cover starting there.
+     */
+    public long bytesToChunkEnd(long hostAddress) {
+        long chunk = options.registerChunkBytes();
+        long off = hostAddress - pool.address();
+        return chunk - Math.floorMod(off, chunk);
     }
 
     /** Time spent pinning the pool at creation. */
@@ -245,16 +264,18 @@ public final class CudaTransferEngine implements TransferEngine {
             long poolBase = pool.address();
             int groups = Math.max(1, batch.groupCount());
             ensureStaging(batch.size() * DESC_BYTES);
+            if (!options.hostDescriptors()) {
+                ensureDeviceDesc(batch.size() * DESC_BYTES);
+            }
             ensureGroupEvents(groups > 1 ? groups : 0);
             MemorySegment desc = MemorySegment.ofAddress(staging).reinterpret(stagingBytes);
-            // Pass 1: merge runs; small ones become descriptors (in group order), large ones DMA.
-            int[] kernelStart = new int[groups];
-            int[] kernelCount = new int[groups];
-            List<List<long[]>> dma = new ArrayList<>(groups);
+            // Merge runs; long ones go to the copy engine at once, short ones become
+            // descriptors, launched a chunk at a time so the GPU copies chunk k while this
+            // thread writes chunk k+1 (the host-side work overlaps instead of adding up).
             int n = 0;
+            int chunk = FIRST_CHUNK;
             for (int g = 0; g < groups; g++) {
-                List<long[]> runs = new ArrayList<>();
-                kernelStart[g] = n;
+                int chunkStart = n;
                 int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
                 int i = batch.size() == 0 ? 0 : batch.groupStart(g);
                 while (i < end) {
@@ -269,42 +290,63 @@ public final class CudaTransferEngine implements TransferEngine {
                     long src = toHost ? dev : host;
                     long dst = toHost ? host : dev;
                     if (len >= options.dmaThresholdBytes()) {
-                        runs.add(new long[] {src, dst, len});
+                        copyRun(src, dst, len, toHost, stream);
                     } else {
                         long at = n * DESC_BYTES;
                         desc.set(JAVA_LONG, at, src);
                         desc.set(JAVA_LONG, at + 8, dst);
                         desc.set(JAVA_LONG, at + 16, len);
                         n++;
+                        if (n - chunkStart == chunk) {
+                            launch(chunkStart, n);
+                            chunkStart = n;
+                            chunk = Math.min(chunk * 2, MAX_CHUNK);
+                        }
                     }
                     i = j;
                 }
-                kernelCount[g] = n - kernelStart[g];
-                dma.add(runs);
-            }
-            if (n > 0) {
-                ensureDeviceDesc(n * DESC_BYTES);
-                CudaDriver.memcpyHtoDAsync(deviceDesc, staging, n * DESC_BYTES, stream);
-            }
-            // Pass 2: per group, one kernel launch for its pieces, DMA for its long runs, an event.
-            for (int g = 0; g < groups; g++) {
-                if (kernelCount[g] > 0) {
-                    argDesc.set(JAVA_LONG, 0, deviceDesc + kernelStart[g] * DESC_BYTES);
-                    argCount.set(JAVA_INT, 0, kernelCount[g]);
-                    CudaDriver.launchKernel(function, Math.min(kernelCount[g], MAX_GRID), THREADS, 0, stream, params);
-                }
-                for (long[] run : dma.get(g)) {
-                    if (toHost) {
-                        CudaDriver.memcpyDtoHAsync(run[1], run[0], run[2], stream);
-                    } else {
-                        CudaDriver.memcpyHtoDAsync(run[1], run[0], run[2], stream);
-                    }
-                }
+                launch(chunkStart, n);
                 if (groups > 1) {
                     CudaDriver.eventRecord(groupEvents[g], stream);
                 }
             }
             CudaDriver.eventRecord(doneEvent, stream);
+        }
+
+        /**
+         * One long run through the copy engine, split where the host side crosses from one
+         * pinned chunk into the next: the driver rejects an async copy whose host range spans
+         * two registrations (CUDA_ERROR_INVALID_VALUE, seen on the H200).
+         */
+        private void copyRun(long src, long dst, long len, boolean toHost, long stream) {
+            while (len > 0) {
+                long host = toHost ? dst : src;
+                long part = Math.min(len, bytesToChunkEnd(host));
+                if (toHost) {
+                    CudaDriver.memcpyDtoHAsync(dst, src, part, stream);
+                } else {
+                    CudaDriver.memcpyHtoDAsync(dst, src, part, stream);
+                }
+                src += part;
+                dst += part;
+                len -= part;
+            }
+        }
+
+        /** Uploads descriptors [from, to) and launches the kernel over them. */
+        private void launch(int from, int to) {
+            if (to == from) {
+                return;
+            }
+            long offset = from * DESC_BYTES;
+            if (options.hostDescriptors()) {
+                argDesc.set(JAVA_LONG, 0, staging + offset); // pinned and mapped at its host address (UVA)
+            } else {
+                CudaDriver.memcpyHtoDAsync(deviceDesc + offset, staging + offset, (to - from) * DESC_BYTES, stream);
+                argDesc.set(JAVA_LONG, 0, deviceDesc + offset);
+            }
+            argCount.set(JAVA_INT, 0, to - from);
+            CudaDriver.launchKernel(function, Math.min(to - from, MAX_GRID), THREADS, 0, stream, params);
         }
 
         private void ensureStaging(long bytes) {

@@ -174,6 +174,35 @@ class CudaOrderingTest {
         }
     }
 
+    /** A long run whose host side crosses from one pinned chunk into the next still lands exactly. */
+    @Test
+    void dmaRunsAcrossPinnedChunksAreSplit() {
+        try (HostPool small = HostPool.anonymous(8L << 20);
+                CudaTransferEngine chunked = CudaTransferEngine.create(small, CudaOptions.defaults().withRegisterChunk(1L << 20))) {
+            device.makeCurrent();
+            int len = 3 << 20;
+            long gpu = CudaDriver.memAlloc(2L * len);
+            try {
+                byte[] content = new byte[len];
+                new Random(5).nextBytes(content);
+                MemorySegment host = arena.allocate(len, 4096);
+                MemorySegment.copy(content, 0, host, ValueLayout.JAVA_BYTE, 0, len);
+                CudaDriver.memcpyHtoD(gpu, host.address(), len);
+                CopyBatch save = new CopyBatch(CopyBatch.Direction.TO_HOST, 1);
+                save.add(gpu, 512 << 10, len); // pool [0.5 MiB, 3.5 MiB): four chunks
+                chunked.submit(save).join();
+                CopyBatch load = new CopyBatch(CopyBatch.Direction.TO_DEVICE, 1);
+                load.add(gpu + len, 512 << 10, len);
+                chunked.submit(load).join();
+                MemorySegment back = arena.allocate(len, 4096);
+                CudaDriver.memcpyDtoH(back.address(), gpu + len, len);
+                assertThat(back.toArray(ValueLayout.JAVA_BYTE)).isEqualTo(content);
+            } finally {
+                CudaDriver.memFree(gpu);
+            }
+        }
+    }
+
     /** Long merged runs take the DMA path, odd sizes the kernel's byte path; all land exactly. */
     @Test
     void dmaRunsVectorPiecesAndOddSizesAllRoundTrip() {
