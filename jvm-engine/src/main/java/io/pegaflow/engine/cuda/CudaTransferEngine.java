@@ -47,6 +47,7 @@ import java.util.concurrent.TimeUnit;
  * </ul>
  */
 public final class CudaTransferEngine implements TransferEngine {
+    private static final System.Logger LOG = System.getLogger(CudaTransferEngine.class.getName());
     static final String KERNEL_RESOURCE = "pega_copy.cu";
     static final String KERNEL_NAME = "pega_copy";
     private static final int THREADS = 256;
@@ -85,6 +86,9 @@ public final class CudaTransferEngine implements TransferEngine {
             long start = System.nanoTime();
             register();
             this.registrationNanos = System.nanoTime() - start;
+            LOG.log(System.Logger.Level.INFO, () -> String.format(java.util.Locale.ROOT,
+                    "pinned the %s host pool on %s in %.2f s", io.pegaflow.engine.Sizes.format(pool.size()), device,
+                    registrationNanos / 1e9));
             Nvrtc nvrtc = Nvrtc.load(options.nvrtcDirs());
             byte[] cubin = nvrtc.compileCached(kernelSource(), KERNEL_NAME, device.arch(), List.of("-default-device"),
                     options.kernelCacheDir());
