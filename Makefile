@@ -15,14 +15,15 @@ POOL ?= 2gb
 REPORT ?= out/run-report.json
 MVN := ./mvnw -B -q
 VENV := .venv
-JAR := bench/target/pegaflow-bench.jar
+JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml jvm-engine/src bench/src -type f 2>/dev/null)
 
-.PHONY: help setup build run test test-java test-python bench-jmh gpu-bundle clean
+.PHONY: help setup build run test test-java test-python bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, run the multi-turn workload (POOL=$(POOL)); writes $(REPORT)"
 	@echo "make test   - set up, then Maven tests and every CPU pytest tier"
+	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
 	@echo "make bench-jmh - JMH micro-benchmarks (query+lease, host copies); writes out/jmh-engine.json"
 	@echo "make gpu-bundle - .gpu/: jlink'd runtime, classes and test launcher for the GPU machine (docs/gpu.md)"
 
@@ -38,7 +39,9 @@ $(JAR): $(JAVA_SOURCES)
 	$(MVN) package -DskipTests
 	@touch $@
 
-build: $(JAR)
+# The jar, then the JVM's AOT cache for it (in-process start ~250 -> ~180 ms; docs/bridge.md).
+build: setup $(JAR)
+	@$(VENV)/bin/python -m pegaflow._bridge > /dev/null
 
 run: setup build
 	$(VENV)/bin/pegaflow-bench workload --pool $(POOL) --json $(REPORT)
@@ -51,6 +54,9 @@ test-python: setup
 	ci/pytest-tier.sh integration
 
 test: setup test-java test-python
+
+bench-bridge: build
+	$(VENV)/bin/pegaflow-bench bridge --json out/bridge.json
 
 bench-jmh: setup build
 	$(VENV)/bin/pegaflow-bench jmh --json out/jmh-engine.json

@@ -2,7 +2,7 @@
 # Builds .gpu/: what the GPU machine needs to run the GPU test tier and the transfer bench,
 # which has no JDK, no Maven and no network there: a jlink'd runtime, the engine's classes
 # and test classes, the JUnit console launcher and the test libraries. The bench jar travels
-# at its build path (bench/target/pegaflow-bench.jar) so the Python launcher finds it.
+# at its build path (bench/target/pegaflow.jar) so the Python launcher finds it.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -21,4 +21,4 @@ modules=java.base,java.logging,java.management,java.instrument,jdk.unsupported
   --compress=zip-9 --output .gpu/jre
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 echo "modules: $modules"
-du -sh .gpu .gpu/jre bench/target/pegaflow-bench.jar
+du -sh .gpu .gpu/jre bench/target/pegaflow.jar

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after `make gpu-bundle` on the build machine
-# (carry .gpu and bench/target/pegaflow-bench.jar): runs the GPU test tier (JUnit tag gpu),
+# (carry .gpu and bench/target/pegaflow.jar): runs the GPU test tier (JUnit tag gpu),
 # then the transfer benchmark with its PyTorch per-piece baseline. Writes to $1 (default out/).
 set -uo pipefail
 out=${1:-out}

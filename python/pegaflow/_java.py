@@ -17,7 +17,7 @@ from pegaflow.errors import EngineJarNotFoundError, JavaNotFoundError
 MIN_JAVA = 25
 TEMURIN_HOME = Path("/usr/lib/jvm/temurin-25-jdk-amd64")
 JVM_DIR = Path("/usr/lib/jvm")
-JAR_NAME = "pegaflow-bench.jar"
+JAR_NAME = "pegaflow.jar"
 
 # Options every JVM we start needs: Panama downcalls; JMH's sun.misc.Unsafe use stays quiet.
 JVM_OPTIONS = ["--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow"]

@@ -1,4 +1,6 @@
-"""Console scripts. ``pegaflow-bench`` runs the Java benchmark CLI (workload, transfer, jmh)."""
+"""Console scripts. ``pegaflow-bench``: ``bridge`` runs here (it measures this process's JVM);
+``workload``, ``transfer`` and ``jmh`` run the Java benchmark CLI (``transfer`` then adds
+the PyTorch baseline)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,14 @@ def bench_main(argv: list[str] | None = None) -> int:
     try:
         if args and args[0] == "transfer":
             return _transfer(args)
+        if args and args[0] == "bridge":
+            from pegaflow._bench_bridge import main
+
+            return main(args[1:])
+        if args and args[0] == "workload":
+            from pegaflow.workload import main
+
+            return main(args[1:])
         cmd = java_command(args)
     except PegaflowError as e:
         print(f"pegaflow-bench: {e}", file=sys.stderr)

@@ -5,15 +5,16 @@ import picocli.CommandLine;
 import picocli.CommandLine.Command;
 
 /**
- * {@code pegaflow-bench}: every subcommand runs one measurement and writes its JSON report
- * with {@code --json PATH}. {@code workload} is the project's main job ({@code make run}).
+ * The Java half of {@code pegaflow-bench}: every subcommand runs one measurement and writes
+ * its JSON report with {@code --json PATH}. The console script (python/pegaflow/cli.py) runs
+ * {@code workload} (the main job) and {@code bridge} in Python and hands the rest to this.
  */
 @Command(
         name = "pegaflow-bench",
         mixinStandardHelpOptions = true,
         version = "pegaflow-bench 0.1.0",
         description = "PegaFlow-JVM benchmarks; each subcommand prints a summary and writes JSON.",
-        subcommands = {WorkloadCommand.class, TransferCommand.class, JmhCommand.class})
+        subcommands = {TransferCommand.class, JmhCommand.class})
 public final class BenchMain {
     public static void main(String[] args) {
         CommandLine cli = new CommandLine(new BenchMain());

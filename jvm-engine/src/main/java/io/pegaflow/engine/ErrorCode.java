@@ -16,7 +16,9 @@ public enum ErrorCode {
     CLOSED(8),
     INTERNAL(9),
     /** A CUDA driver or NVRTC call failed, or CUDA was asked for where there is none. */
-    CUDA(10);
+    CUDA(10),
+    /** A wait on a completion ran out of time; the operation is still in flight. */
+    TIMEOUT(11);
 
     private final int value;
 

@@ -327,6 +327,16 @@ public final class PegaEngine implements AutoCloseable {
      */
     public CompletableFuture<SaveResult> save(
             String instanceId, int workerRank, List<String> layerNames, long[] blockIds, byte[][] hashes) {
+        return save(instanceId, workerRank, layerNames, blockIds, hashes, 0);
+    }
+
+    /**
+     * As above, ordered after the work queued so far on CUDA stream {@code waitStream} (a
+     * {@code CUstream}; 0 = none): the copy does not read the blocks before the caller's
+     * kernels that write them have run. Host copy engines have nothing to order against.
+     */
+    public CompletableFuture<SaveResult> save(String instanceId, int workerRank, List<String> layerNames,
+            long[] blockIds, byte[][] hashes, long waitStream) {
         if (blockIds == null || hashes == null) {
             throw new InvalidArgumentException("save: blockIds and hashes must not be null");
         }
@@ -367,7 +377,7 @@ public final class PegaEngine implements AutoCloseable {
         }
         long[] ids = plans.stream().mapToLong(p -> p.blockId).toArray();
         try {
-            CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_HOST, plans.size() * regionIdx.length * 2);
+            CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_HOST, plans.size() * regionIdx.length * 2).waitFor(waitStream);
             int tpRank = worker.spec.tpRank();
             NamespaceLayout layout = inst.ns.layout;
             for (SavePlan p : plans) {

@@ -1,0 +1,146 @@
+/*
+ * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 1).
+ *
+ * The engine is Java. A host process (CPython through ctypes, or C, C++, Rust) creates one
+ * JVM with JNI_CreateJavaVM, with the engine jar on -Djava.class.path and the options
+ *   -Xrs  -Xmx<heap>  --enable-native-access=ALL-UNNAMED  -XX:ErrorFile=<path>
+ * then calls the static method io.pegaflow.bridge.Bridge.bootstrap()J once through JNI;
+ * it returns the address of a pegaflow_api table. From then on the engine is plain C calls
+ * through that table (Panama upcall stubs); no JNI is needed. bridge/c/roundtrip.c is a
+ * complete example.
+ *
+ * Conventions
+ *  - Every function returns 0 (PF_OK) or a pf_error code; outputs go through pointers.
+ *    After a failure, last_error() gives this thread's message, naming the bad value and
+ *    what was expected. A failed call changed nothing (no engine state, no outputs).
+ *  - Strings are NUL-terminated UTF-8. Hashes are passed packed: n hashes of hash_len bytes
+ *    each (vLLM block hashes, opaque, 1..64 bytes). Leases are 16 bytes.
+ *  - Engines and completions are int64 handles. A completion must be freed with
+ *    completion_free after it is done (wait or poll said so).
+ *
+ * Threads
+ *  - Any thread may call any function, concurrently: a thread unknown to the JVM is
+ *    attached on its first call. Calls do not hold a process-wide lock; the engine takes
+ *    its own short locks. wait() blocks only the calling thread.
+ *  - Never call into the table from a process forked after the JVM started (the JVM's
+ *    threads do not survive fork); a child must start its own JVM (e.g. spawn).
+ *  - Do not install handlers for SIGSEGV/SIGBUS that swallow the JVM's own (the JVM uses
+ *    them internally); -Xrs leaves SIGINT/SIGTERM to the host.
+ */
+#ifndef PEGAFLOW_H
+#define PEGAFLOW_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PEGAFLOW_ABI_VERSION 1
+#define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
+#define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
+#define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
+#define PEGAFLOW_LEASE_BYTES 16
+#define PEGAFLOW_LAYER_PARAMS 7
+
+/* Error codes (io.pegaflow.engine.ErrorCode). */
+enum pf_error {
+    PF_OK = 0,
+    PF_INVALID_ARGUMENT = 1,
+    PF_UNKNOWN_INSTANCE = 2,
+    PF_UNKNOWN_LEASE = 3,
+    PF_REGISTRATION_INCOMPLETE = 4,
+    PF_TOPOLOGY_MISMATCH = 5,
+    PF_POOL_EXHAUSTED = 6,
+    PF_TRANSFER_FAILED = 7,
+    PF_CLOSED = 8,
+    PF_INTERNAL = 9,
+    PF_CUDA = 10,
+    PF_TIMEOUT = 11
+};
+
+#define PF_FLAG_PREFAULT 1
+
+/* layer_params layouts. */
+enum pf_layout { PF_SPLIT_KV = 0, PF_COMBINED = 1, PF_MLA = 2 };
+
+typedef struct pegaflow_api {
+    uint32_t abi_version;    /* PEGAFLOW_ABI_VERSION; refuse any other */
+    uint32_t function_count; /* entries below; later versions only append */
+
+    /* This thread's last error message into buf (truncated to cap-1, NUL-terminated);
+       returns the message's full length in bytes. */
+    int32_t (*last_error)(char *buf, int32_t cap);
+
+    /* Does nothing; measures the cost of a call. */
+    int32_t (*noop)(void);
+
+    /* Creates an engine with its own host pool. pool_size: "30gb", "64mb", ...;
+       lease_ttl_ms <= 0: default 600 s; transfer 0 = host copies, 1 = CUDA on device;
+       flags: PF_FLAG_PREFAULT commits every pool page now instead of on first write. */
+    int32_t (*engine_create)(const char *pool_size, int32_t copy_threads, int64_t lease_ttl_ms,
+                             int32_t transfer, int32_t device, int32_t flags, int64_t *out_engine);
+
+    /* Waits for copies in flight, frees the pool. The handle is invalid afterwards. */
+    int32_t (*engine_close)(int64_t engine);
+
+    int32_t (*register_instance)(int64_t engine, const char *instance_id, const char *ns,
+                                 int32_t tp_size, int32_t world_size);
+
+    /* layer_names: num_layers names separated by '\n'. layer_params: num_layers x 7 int64:
+       layout (pf_layout), base address, region bytes, blocks, block stride, segment bytes,
+       segment offset (segment s of block b is at base + b*stride + s*offset). The topology
+       seals when the last of world_size workers registers. */
+    int32_t (*register_worker)(int64_t engine, const char *instance_id, int32_t worker_rank,
+                               int32_t tp_rank, int32_t device_id, int32_t num_layers,
+                               const char *layer_names, const int64_t *layer_params);
+
+    /* Releases the instance's leases, waits for its copies; cached blocks stay. */
+    int32_t (*unregister_instance)(int64_t engine, const char *instance_id);
+
+    /* Saves the worker's slots of block_ids[i] under hash i (layer_names NULL: all of the
+       worker's layers, else '\n'-separated names). wait_stream: a CUstream the copy is
+       ordered after (0: none). Returns at once with a completion. */
+    int32_t (*save)(int64_t engine, const char *instance_id, int32_t worker_rank, int32_t n,
+                    const int64_t *block_ids, const uint8_t *hashes, int32_t hash_len,
+                    const char *layer_names, int64_t wait_stream, int64_t *out_completion);
+
+    /* Longest resident prefix of the n hashes: writes its length, and a lease pinning those
+       blocks when the length is > 0 (else 16 zero bytes: nothing to load or release). */
+    int32_t (*query)(int64_t engine, const char *instance_id, int32_t n, const uint8_t *hashes,
+                     int32_t hash_len, int32_t *out_hit, uint8_t *out_lease);
+
+    /* Consumes this worker's share of the lease and copies the leased blocks into
+       dst_block_ids (n = the lease's block count). Returns at once with a completion. */
+    int32_t (*load)(int64_t engine, const char *instance_id, int32_t worker_rank,
+                    const uint8_t *lease, int32_t n, const int64_t *dst_block_ids,
+                    int64_t *out_completion);
+
+    /* Drops a lease and its remaining shares. */
+    int32_t (*release)(int64_t engine, const uint8_t *lease);
+
+    /* Waits up to timeout_ms (< 0: forever). On success out_values (may be NULL) gets
+       {blocks saved or loaded, blocks skipped as already resident, bytes copied}. Returns
+       the operation's error (PF_TRANSFER_FAILED: see failed_blocks) or PF_TIMEOUT. */
+    int32_t (*wait)(int64_t completion, int64_t timeout_ms, int64_t *out_values);
+
+    /* *out_done = 1 when the completion finished (successfully or not). */
+    int32_t (*poll)(int64_t completion, int32_t *out_done);
+
+    int32_t (*completion_free)(int64_t completion);
+
+    /* Block ids whose bytes a failed copy did not move (up to cap) and their count. */
+    int32_t (*failed_blocks)(int64_t completion, int64_t *out, int32_t cap, int32_t *out_count);
+
+    /* Gauges and counters as a JSON object; *out_len = its length (buffer needs one more). */
+    int32_t (*stats)(int64_t engine, char *buf, int32_t cap, int32_t *out_len);
+
+    /* Closes every engine and frees every completion (call before process exit). */
+    int32_t (*shutdown)(void);
+} pegaflow_api;
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PEGAFLOW_H */

@@ -1,0 +1,83 @@
+package io.pegaflow.bridge;
+
+import static java.lang.foreign.ValueLayout.ADDRESS;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+import static org.assertj.core.api.Assertions.assertThat;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.FunctionDescriptor;
+import java.lang.foreign.Linker;
+import java.lang.foreign.MemorySegment;
+import java.lang.invoke.MethodHandle;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The table as a C caller sees it: header and exports agree, and calling a stub through a
+ * downcall (what C does) returns error codes with a per-thread message instead of throwing.
+ */
+class BridgeTest {
+    private static final MemorySegment TABLE = MemorySegment.ofAddress(Bridge.bootstrap()).reinterpret(8L + 8L * 64);
+
+    private static MethodHandle fn(String name, FunctionDescriptor fd) {
+        int index = Bridge.exports().indexOf(name);
+        assertThat(index).as("export %s", name).isNotNegative();
+        return Linker.nativeLinker().downcallHandle(TABLE.get(ADDRESS, 8L + 8L * index), fd);
+    }
+
+    @Test
+    void tableHeaderAndExportsMatchTheCHeader() throws Exception {
+        assertThat(TABLE.get(JAVA_INT, 0)).isEqualTo(Bridge.ABI_VERSION);
+        assertThat(TABLE.get(JAVA_INT, 4)).isEqualTo(Bridge.exports().size());
+        assertThat(Bridge.bootstrap()).as("built once").isEqualTo(TABLE.address());
+        String header = Files.readString(Path.of("include", "pegaflow.h"));
+        assertThat(header).contains("#define PEGAFLOW_ABI_VERSION " + Bridge.ABI_VERSION);
+        String struct = header.substring(header.indexOf("typedef struct pegaflow_api {"), header.indexOf("} pegaflow_api;"));
+        Matcher m = Pattern.compile("int32_t \\(\\*(\\w+)\\)\\(([^;]*?)\\);", Pattern.DOTALL).matcher(struct);
+        List<String> names = new ArrayList<>();
+        List<Integer> arity = new ArrayList<>();
+        while (m.find()) {
+            names.add(m.group(1));
+            String args = m.group(2).trim();
+            arity.add(args.equals("void") ? 0 : args.split(",").length);
+        }
+        assertThat(names).isEqualTo(Bridge.exports());
+        assertThat(arity).isEqualTo(Bridge.signatures().stream().map(t -> t.parameterCount()).toList());
+    }
+
+    @Test
+    void aBadCallReturnsItsCodeAndTheMessageStaysWithTheThread() throws Throwable {
+        MethodHandle query = fn("query", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, ADDRESS, JAVA_INT, ADDRESS, ADDRESS));
+        MethodHandle lastError = fn("last_error", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT));
+        MethodHandle noop = fn("noop", FunctionDescriptor.of(JAVA_INT));
+        try (Arena a = Arena.ofConfined()) {
+            int rc = (int) query.invokeExact(12345L, a.allocateFrom("x"), 0, MemorySegment.NULL, 0, a.allocate(4), a.allocate(16));
+            assertThat(rc).isEqualTo(1); // INVALID_ARGUMENT
+            MemorySegment buf = a.allocate(256);
+            int len = (int) lastError.invokeExact(buf, 256);
+            assertThat(buf.getString(0)).isEqualTo("engine handle 12345 is unknown or closed").hasSize(len);
+            MemorySegment small = a.allocate(8);
+            assertThat((int) lastError.invokeExact(small, 8)).isEqualTo(len);
+            assertThat(small.getString(0)).isEqualTo("engine ").as("truncated to cap - 1 and terminated");
+            assertThat((int) noop.invokeExact()).isZero();
+            String[] other = new String[1];
+            Thread t = Thread.ofPlatform().start(() -> {
+                try (Arena b = Arena.ofConfined()) {
+                    MemorySegment ob = b.allocate(64);
+                    int n = (int) lastError.invokeExact(ob, 64);
+                    other[0] = n + ":" + ob.getString(0);
+                } catch (Throwable e) {
+                    other[0] = e.toString();
+                }
+            });
+            t.join();
+            assertThat(other[0]).as("another thread has its own last error").isEqualTo("0:");
+        }
+    }
+}

@@ -1,0 +1,287 @@
+"""The in-process JVM and the engine's C ABI, through ctypes only (no compiled extension).
+
+``api()`` starts the JVM once per process, on first use: it loads ``libjvm.so`` of a Java
+runtime >= 25 (``pegaflow._java.find_java``), creates the VM with the engine jar on its class
+path, calls ``io.pegaflow.bridge.Bridge.bootstrap()`` through JNI and from then on calls the
+``pegaflow_api`` table (``bridge/include/pegaflow.h``) as plain C functions. ctypes releases
+the GIL for each call, and any Python thread may call: the JVM attaches it on first use.
+
+Rules that keep the host process healthy (see ARCHITECTURE.md): ``-Xrs`` so Ctrl-C and
+SIGTERM stay Python's; an explicit heap limit; the C locale is saved and restored around the
+JVM's start; a process forked after the JVM started refuses to use it (the JVM's threads do
+not survive fork) with a clear error instead of hanging; at exit every engine is closed,
+waiting for its copies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import hashlib
+import locale
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int32, c_int64, c_uint8, c_void_p
+from pathlib import Path
+
+from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
+from pegaflow.errors import JvmStartError, from_code
+
+ABI_VERSION = 1
+JNI_VERSION_10 = 0x000A0000
+# Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
+JNI_FIND_CLASS = 6
+JNI_EXCEPTION_DESCRIBE = 16
+JNI_EXCEPTION_CLEAR = 17
+JNI_GET_STATIC_METHOD_ID = 113
+JNI_CALL_STATIC_LONG_METHOD_A = 134
+JNI_EXCEPTION_CHECK = 228
+
+BOOTSTRAP_CLASS = b"io/pegaflow/bridge/Bridge"
+
+# The table, in order: (name, argument types). Every function returns int32 (0 = ok).
+EXPORTS: list[tuple[str, list]] = [
+    ("last_error", [c_void_p, c_int32]),
+    ("noop", []),
+    ("engine_create", [c_char_p, c_int32, c_int64, c_int32, c_int32, c_int32, POINTER(c_int64)]),
+    ("engine_close", [c_int64]),
+    ("register_instance", [c_int64, c_char_p, c_char_p, c_int32, c_int32]),
+    ("register_worker", [c_int64, c_char_p, c_int32, c_int32, c_int32, c_int32, c_char_p, c_void_p]),
+    ("unregister_instance", [c_int64, c_char_p]),
+    ("save", [c_int64, c_char_p, c_int32, c_int32, c_void_p, c_char_p, c_int32, c_char_p, c_int64, POINTER(c_int64)]),
+    ("query", [c_int64, c_char_p, c_int32, c_char_p, c_int32, POINTER(c_int32), c_void_p]),
+    ("load", [c_int64, c_char_p, c_int32, c_char_p, c_int32, c_void_p, POINTER(c_int64)]),
+    ("release", [c_int64, c_char_p]),
+    ("wait", [c_int64, c_int64, c_void_p]),
+    ("poll", [c_int64, POINTER(c_int32)]),
+    ("completion_free", [c_int64]),
+    ("failed_blocks", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("shutdown", []),
+]
+
+
+class _JavaVMOption(ctypes.Structure):
+    _fields_ = [("optionString", c_char_p), ("extraInfo", c_void_p)]
+
+
+class _JavaVMInitArgs(ctypes.Structure):
+    _fields_ = [
+        ("version", c_int32),
+        ("nOptions", c_int32),
+        ("options", POINTER(_JavaVMOption)),
+        ("ignoreUnrecognized", c_uint8),
+    ]
+
+
+class Api:
+    """The bound table: ``call(name, *args)`` raises the typed error of a non-zero code."""
+
+    def __init__(self, table: int, jvm_start_ms: float):
+        header = (ctypes.c_uint32 * 2).from_address(table)
+        if header[0] != ABI_VERSION:
+            raise JvmStartError(f"engine jar speaks C ABI version {header[0]}; this package expects {ABI_VERSION}")
+        if header[1] < len(EXPORTS):
+            raise JvmStartError(f"engine table has {header[1]} functions; expected at least {len(EXPORTS)}")
+        pointers = (c_void_p * len(EXPORTS)).from_address(table + 8)
+        self.fns = {}
+        for i, (name, argtypes) in enumerate(EXPORTS):
+            self.fns[name] = CFUNCTYPE(c_int32, *argtypes)(pointers[i])  # CFUNCTYPE: GIL released
+        self.jvm_start_ms = jvm_start_ms
+        self._err = threading.local()
+
+    def last_error(self) -> str:
+        buf = getattr(self._err, "buf", None)
+        if buf is None:
+            buf = self._err.buf = ctypes.create_string_buffer(4096)
+        n = self.fns["last_error"](buf, len(buf))
+        if n >= len(buf):
+            buf = self._err.buf = ctypes.create_string_buffer(n + 1)
+            self.fns["last_error"](buf, len(buf))
+        return buf.value.decode("utf-8", "replace")
+
+    def call(self, name: str, *args) -> None:
+        _check_not_forked()
+        rc = self.fns[name](*args)
+        if rc != 0:
+            raise from_code(rc, self.last_error())
+
+
+_lock = threading.Lock()
+_api: Api | None = None
+_jvm_pid: int | None = None
+_forked_from: int | None = None
+
+
+def _after_fork_in_child() -> None:
+    global _forked_from
+    if _jvm_pid is not None:
+        _forked_from = _jvm_pid
+
+
+def _check_not_forked() -> None:
+    if _forked_from is not None:
+        raise JvmStartError(
+            f"this process was forked from pid {_forked_from} after that process started its JVM; the JVM's "
+            "threads do not survive fork, so the engine cannot be used here. Start workers with "
+            "multiprocessing's 'spawn' method (or start the engine only in the child)."
+        )
+
+
+def base_options() -> list[str]:
+    """JVM options of the in-process engine (and of its AOT training run: they must agree)."""
+    error_file = Path(tempfile.gettempdir()) / "pegaflow-hs_err_pid%p.log"
+    return [
+        "-Xrs",  # leave SIGINT/SIGTERM/SIGQUIT to Python
+        "-Xms16m",  # start small: eden is cycled through, so its size becomes resident memory
+        "-Xmx512m",  # the pool is off-heap; the heap holds only metadata
+        "-Xss2m",
+        "-XX:+UseSerialGC",  # a small heap needs no parallel collector threads
+        f"-XX:ErrorFile={error_file}",
+        "-Xlog:aot=off",  # a stale AOT cache is skipped silently; it is rebuilt in the background
+        "-Xlog:cds=off",
+        *JVM_OPTIONS,
+    ]
+
+
+def cache_dir() -> Path:
+    """Where per-machine artifacts live (AOT caches): $PEGAFLOW_CACHE_DIR or ~/.cache/pegaflow."""
+    return Path(os.environ.get("PEGAFLOW_CACHE_DIR") or Path.home() / ".cache" / "pegaflow")
+
+
+def aot_cache(runtime: JavaRuntime, jar: Path) -> Path:
+    """The AOT cache for this runtime and jar (the JVM refuses a cache of another pair)."""
+    st = jar.stat()
+    key = f"{runtime.home}|{runtime.version}|{jar}|{st.st_size}|{st.st_mtime_ns}|{base_options()}"
+    return cache_dir() / "aot" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".aot")
+
+
+def jvm_options(jar: Path, aot: Path | None = None) -> list[str]:
+    aot_option = [f"-XX:AOTCache={aot}"] if aot is not None and aot.is_file() else []
+    return [f"-Djava.class.path={jar}", *base_options(), *aot_option]
+
+
+def train_aot_cache(runtime: JavaRuntime, jar: Path, wait: bool) -> Path:
+    """Writes the AOT cache with a training run of Bridge.main (about a second of CPU).
+
+    JVM start plus table build takes ~250 ms cold and ~150 ms with the cache on the 2-core
+    build machine (docs/benchmarks/bridge.json). The run writes to a temporary name and
+    renames, so concurrent starts never read half a file."""
+    target = aot_cache(runtime, jar)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{target.stem}.{os.getpid()}.tmp.aot")  # the JVM wants the .aot suffix
+    cmd = [str(runtime.java), *base_options(), f"-XX:AOTCacheOutput={tmp}", "-cp", str(jar), "io.pegaflow.bridge.Bridge"]
+    if wait:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.replace(tmp, target)
+    else:
+        shell = 't="$0"; f="$1"; shift; "$@" >/dev/null 2>&1 && mv -f "$t" "$f"; rm -f "$t" "$t.config"'
+        subprocess.Popen(
+            ["/bin/sh", "-c", shell, str(tmp), str(target), *cmd],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+    return target
+
+
+def _start() -> Api:
+    global _jvm_pid
+    runtime = find_java()
+    jar = find_jar()
+    aot = aot_cache(runtime, jar)
+    libjvm = runtime.home / "lib" / "server" / "libjvm.so"
+    if not libjvm.is_file():
+        raise JvmStartError(f"{libjvm} not found in the Java runtime at {runtime.home} (from {runtime.source})")
+    start = time.perf_counter()
+    saved_locale = locale.setlocale(locale.LC_ALL)
+    try:
+        jvm = ctypes.CDLL(str(libjvm))
+        options = [o.encode() for o in jvm_options(jar, aot)]
+        opts = (_JavaVMOption * len(options))(*[_JavaVMOption(o, None) for o in options])
+        args = _JavaVMInitArgs(JNI_VERSION_10, len(options), opts, 0)
+        vm, env = c_void_p(), c_void_p()
+        create = jvm.JNI_CreateJavaVM
+        create.argtypes = [POINTER(c_void_p), POINTER(c_void_p), c_void_p]
+        create.restype = c_int32
+        rc = create(ctypes.byref(vm), ctypes.byref(env), ctypes.byref(args))
+        if rc != 0:
+            raise JvmStartError(
+                f"JNI_CreateJavaVM failed with {rc} ({libjvm}); a process can start only one JVM, and "
+                f"the options were {jvm_options(jar, aot)}"
+            )
+        table = _bootstrap(env.value)
+    finally:
+        locale.setlocale(locale.LC_ALL, saved_locale)
+    _jvm_pid = os.getpid()
+    elapsed = (time.perf_counter() - start) * 1000
+    if not aot.is_file():
+        try:
+            train_aot_cache(runtime, jar, wait=False)
+        except OSError:
+            pass  # an unwritable cache directory only costs start time
+    return Api(table, elapsed)
+
+
+def _bootstrap(env: int) -> int:
+    functions = ctypes.cast(ctypes.cast(env, POINTER(c_void_p))[0], POINTER(c_void_p))
+
+    def jni(index: int, restype, *argtypes):
+        return CFUNCTYPE(restype, c_void_p, *argtypes)(functions[index])
+
+    find_class = jni(JNI_FIND_CLASS, c_void_p, c_char_p)
+    get_static = jni(JNI_GET_STATIC_METHOD_ID, c_void_p, c_void_p, c_char_p, c_char_p)
+    call_long = jni(JNI_CALL_STATIC_LONG_METHOD_A, c_int64, c_void_p, c_void_p, c_void_p)
+    exception_check = jni(JNI_EXCEPTION_CHECK, c_uint8)
+    exception_describe = jni(JNI_EXCEPTION_DESCRIBE, None)
+    exception_clear = jni(JNI_EXCEPTION_CLEAR, None)
+
+    def fail(what: str):
+        if exception_check(env):
+            exception_describe(env)  # prints the Java stack trace to stderr
+            exception_clear(env)
+        raise JvmStartError(f"{what} failed; is {find_jar()} an engine jar of this version?")
+
+    cls = find_class(env, BOOTSTRAP_CLASS)
+    if not cls:
+        fail(f"FindClass({BOOTSTRAP_CLASS.decode()})")
+    method = get_static(env, cls, b"bootstrap", b"()J")
+    if not method:
+        fail("GetStaticMethodID(bootstrap, ()J)")
+    table = call_long(env, cls, method, None)
+    if exception_check(env) or not table:
+        fail("Bridge.bootstrap()")
+    return table
+
+
+def api() -> Api:
+    """The engine's table, starting the JVM on first use (thread-safe, once per process)."""
+    global _api
+    _check_not_forked()
+    if _api is None:
+        with _lock:
+            if _api is None:
+                _api = _start()
+                os.register_at_fork(after_in_child=_after_fork_in_child)
+                atexit.register(_shutdown)
+    return _api
+
+
+def started() -> bool:
+    return _api is not None
+
+
+def _shutdown() -> None:
+    if _api is not None and _forked_from is None:
+        try:
+            _api.call("shutdown")
+        except Exception:  # noqa: BLE001 - nothing useful to do at interpreter exit
+            pass
+
+
+if __name__ == "__main__":
+    # `python -m pegaflow._bridge` writes the AOT cache now unless it exists (make build runs it).
+    _rt, _jar = find_java(), find_jar()
+    _target = aot_cache(_rt, _jar)
+    print(_target if _target.is_file() else train_aot_cache(_rt, _jar, wait=True))

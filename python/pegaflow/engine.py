@@ -1,0 +1,250 @@
+"""``PegaEngine``: the embedded Java engine from Python.
+
+Thin by design: arguments become plain ints, bytes and addresses, and every call goes
+straight to the engine's C ABI (``pegaflow._bridge``). Errors arrive as the typed
+exceptions of ``pegaflow.errors`` carrying the Java message. Any thread may call; calls
+release the GIL.
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import json
+from ctypes import c_int32, c_int64
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from pegaflow import _bridge
+from pegaflow.errors import InvalidArgumentError, TransferFailedError, from_code
+
+LEASE_BYTES = 16
+LAYOUTS = {"split_kv": 0, "combined": 1, "mla": 2}
+TRANSFERS = {"host": 0, "cuda": 1}
+
+
+@dataclass(frozen=True)
+class LayerRegion:
+    """One layer's KV cache: segment ``s`` of block ``b`` is at
+    ``base_address + b * block_stride + s * segment_offset`` and is ``segment_bytes`` long.
+    ``layout``: ``split_kv`` (2 segments, K and V), ``combined`` or ``mla`` (1 segment)."""
+
+    name: str
+    layout: str
+    base_address: int
+    region_bytes: int
+    num_blocks: int
+    block_stride: int
+    segment_bytes: int
+    segment_offset: int = 0
+
+    def params(self) -> list[int]:
+        if self.layout not in LAYOUTS:
+            raise InvalidArgumentError(
+                f"layer '{self.name}': layout '{self.layout}'; expected one of {sorted(LAYOUTS)}"
+            )
+        return [
+            LAYOUTS[self.layout], self.base_address, self.region_bytes, self.num_blocks,
+            self.block_stride, self.segment_bytes, self.segment_offset,
+        ]
+
+
+@dataclass(frozen=True)
+class QueryResult:
+    """Leading resident blocks and the lease pinning them (None when nothing hit)."""
+
+    hit_blocks: int
+    lease: bytes | None
+
+
+@dataclass(frozen=True)
+class TransferResult:
+    blocks: int
+    skipped_blocks: int
+    bytes: int
+
+
+class Completion:
+    """An asynchronous save or load. ``wait()`` returns its result or raises its error
+    (``TransferFailedError.block_ids`` lists the blocks to recompute) and frees it."""
+
+    def __init__(self, handle: int):
+        self._handle = handle
+        self._result: TransferResult | None = None
+        self._error: Exception | None = None
+
+    def done(self) -> bool:
+        if self._result is not None or self._error is not None:
+            return True
+        out = c_int32()
+        _bridge.api().call("poll", self._handle, ctypes.byref(out))
+        return bool(out.value)
+
+    def wait(self, timeout: float | None = None) -> TransferResult:
+        if self._result is not None:
+            return self._result
+        if self._error is not None:
+            raise self._error
+        api = _bridge.api()
+        values = (c_int64 * 3)()
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        rc = api.fns["wait"](self._handle, ms, values)
+        if rc == 11:  # TIMEOUT: still in flight, keep the handle
+            raise from_code(rc, api.last_error())
+        try:
+            if rc != 0:
+                error = from_code(rc, api.last_error())
+                if isinstance(error, TransferFailedError):
+                    error.block_ids = self._failed_blocks(api)
+                self._error = error
+                raise error
+            self._result = TransferResult(values[0], values[1], values[2])
+            return self._result
+        finally:
+            api.call("completion_free", self._handle)
+
+    def _failed_blocks(self, api) -> list[int]:
+        count = c_int32()
+        api.call("failed_blocks", self._handle, None, 0, ctypes.byref(count))
+        out = (c_int64 * count.value)()
+        api.call("failed_blocks", self._handle, out, count.value, ctypes.byref(count))
+        return list(out)
+
+
+def _ids(block_ids: Iterable[int]) -> tuple[array.array, int, int]:
+    """int64 array, its address and length, for a block id argument (list, array, numpy)."""
+    arr = block_ids if isinstance(block_ids, array.array) and block_ids.typecode == "q" else array.array("q", block_ids)
+    address, n = arr.buffer_info()
+    return arr, address, n
+
+
+def _hashes(hashes: Sequence[bytes]) -> tuple[bytes, int, int]:
+    if not hashes:
+        return b"", 0, 0
+    length = len(hashes[0])
+    if any(len(h) != length for h in hashes):
+        raise InvalidArgumentError(
+            f"hashes have lengths {sorted({len(h) for h in hashes})}; expected one length per call"
+        )
+    return b"".join(hashes), len(hashes), length
+
+
+class PegaEngine:
+    """The embedded engine: a host pool of ``pool_size`` and the operations on it.
+
+    ``transfer="cuda"`` pins the pool on ``device`` and moves blocks with the CUDA copy
+    engine; the default moves host memory (CPU tests, the workload). ``prefault`` commits
+    the pool's pages at once (pinning does that anyway on a GPU host)."""
+
+    def __init__(
+        self,
+        pool_size: str = "1gb",
+        copy_threads: int = 2,
+        lease_ttl_s: float | None = None,
+        transfer: str = "host",
+        device: int = 0,
+        prefault: bool = False,
+    ):
+        if transfer not in TRANSFERS:
+            raise InvalidArgumentError(f"transfer '{transfer}'; expected one of {sorted(TRANSFERS)}")
+        api = _bridge.api()
+        out = c_int64()
+        ttl_ms = 0 if lease_ttl_s is None else int(lease_ttl_s * 1000)
+        api.call(
+            "engine_create", str(pool_size).encode(), copy_threads, ttl_ms, TRANSFERS[transfer], device, int(prefault),
+            ctypes.byref(out),
+        )
+        self._handle: int | None = out.value
+
+    def _h(self) -> int:
+        if self._handle is None:
+            raise from_code(8, "engine is closed")
+        return self._handle
+
+    def register_instance(self, instance_id: str, namespace: str, tp_size: int = 1, world_size: int = 1) -> None:
+        _bridge.api().call("register_instance", self._h(), instance_id.encode(), namespace.encode(), tp_size, world_size)
+
+    def register_worker(
+        self, instance_id: str, worker_rank: int, tp_rank: int, layers: Sequence[LayerRegion], device_id: int = 0
+    ) -> None:
+        names = "\n".join(layer.name for layer in layers)
+        params = array.array("q", [v for layer in layers for v in layer.params()])
+        _bridge.api().call(
+            "register_worker", self._h(), instance_id.encode(), worker_rank, tp_rank, device_id, len(layers),
+            names.encode(), params.buffer_info()[0],
+        )
+
+    def unregister_instance(self, instance_id: str) -> None:
+        _bridge.api().call("unregister_instance", self._h(), instance_id.encode())
+
+    def save(
+        self,
+        instance_id: str,
+        worker_rank: int,
+        block_ids: Iterable[int],
+        hashes: Sequence[bytes],
+        layer_names: Sequence[str] | None = None,
+        wait_stream: int = 0,
+    ) -> Completion:
+        ids, address, n = _ids(block_ids)
+        packed, count, length = _hashes(hashes)
+        if count != n:
+            raise InvalidArgumentError(f"save: {n} block ids but {count} hashes; expected equal lengths")
+        layers = None if layer_names is None else "\n".join(layer_names).encode()
+        out = c_int64()
+        _bridge.api().call(
+            "save", self._h(), instance_id.encode(), worker_rank, n, address, packed, length, layers, wait_stream,
+            ctypes.byref(out),
+        )
+        return Completion(out.value)
+
+    def query(self, instance_id: str, hashes: Sequence[bytes]) -> QueryResult:
+        packed, count, length = _hashes(hashes)
+        hit = c_int32()
+        lease = ctypes.create_string_buffer(LEASE_BYTES)
+        _bridge.api().call("query", self._h(), instance_id.encode(), count, packed, length, ctypes.byref(hit), lease)
+        return QueryResult(hit.value, lease.raw if hit.value > 0 else None)
+
+    def load(self, instance_id: str, worker_rank: int, lease: bytes, dst_block_ids: Iterable[int]) -> Completion:
+        ids, address, n = _ids(dst_block_ids)
+        out = c_int64()
+        _bridge.api().call("load", self._h(), instance_id.encode(), worker_rank, _lease(lease), n, address, ctypes.byref(out))
+        return Completion(out.value)
+
+    def release(self, lease: bytes) -> None:
+        _bridge.api().call("release", self._h(), _lease(lease))
+
+    def stats(self) -> dict[str, int]:
+        api = _bridge.api()
+        size = c_int32()
+        buf = ctypes.create_string_buffer(8192)
+        api.call("stats", self._h(), buf, len(buf), ctypes.byref(size))
+        if size.value >= len(buf):
+            buf = ctypes.create_string_buffer(size.value + 1)
+            api.call("stats", self._h(), buf, len(buf), ctypes.byref(size))
+        return json.loads(buf.value)
+
+    def close(self) -> None:
+        """Waits for copies in flight and frees the pool; later calls raise EngineClosedError."""
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            _bridge.api().call("engine_close", handle)
+
+    def __enter__(self) -> PegaEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _lease(lease: bytes) -> bytes:
+    if not isinstance(lease, (bytes, bytearray)) or len(lease) != LEASE_BYTES:
+        raise InvalidArgumentError(
+            f"lease {lease!r:.60}; expected {LEASE_BYTES} bytes from PegaEngine.query"
+        )
+    return bytes(lease)
+
+
+def noop() -> None:
+    """One call across the boundary that does nothing (for the bridge benchmark)."""
+    _bridge.api().call("noop")

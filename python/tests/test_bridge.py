@@ -1,0 +1,238 @@
+"""The engine inside this Python process through the C ABI: bytes, errors, threads, fork, spawn, exit."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import select
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+import pegaflow
+from pegaflow import PegaEngine, errors
+from bridge_helpers import BLOCKS, Cache, hashes
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def engine():
+    with PegaEngine(pool_size="8mb", copy_threads=2) as e:
+        yield e
+
+
+@pytest.fixture
+def cache(engine):
+    c = Cache()
+    engine.register_instance("inst", "ns", 1, 1)
+    engine.register_worker("inst", 0, 0, c.regions())
+    return c
+
+
+def test_round_trip_into_other_block_ids_leaves_a_control_block_alone(engine, cache):
+    src, dst, control = [0, 1, 2, 3], [9, 4, 11, 6], 13
+    saved = [cache.fill(b) for b in src]
+    before = cache.fill(control)
+    h = hashes(4)
+    result = engine.save("inst", 0, src, h).wait(timeout=10)
+    assert (result.blocks, result.skipped_blocks, result.bytes) == (4, 0, 4 * 2 * 2 * 4096)
+    for b in src:
+        cache.fill(b)  # a load that read the source blocks would now differ
+    q = engine.query("inst", h + hashes(1))
+    assert q.hit_blocks == 4 and len(q.lease) == 16
+    assert engine.load("inst", 0, q.lease, dst).wait().blocks == 4
+    assert [cache.block(b) for b in dst] == saved
+    assert cache.block(control) == before
+    again = engine.save("inst", 0, src, h).wait()
+    assert (again.blocks, again.skipped_blocks) == (0, 4), "resident hashes are not saved twice"
+    stats = engine.stats()
+    assert stats["pegaflow_cache_resident_blocks"] == 4
+    assert stats["pegaflow_active_leases"] == 0
+
+
+def test_a_miss_has_no_lease(engine, cache):
+    q = engine.query("inst", hashes(3))
+    assert q.hit_blocks == 0 and q.lease is None
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda e, c: e.query("nope", hashes(1)), errors.UnknownInstanceError, "instance 'nope' is not registered"),
+        (lambda e, c: e.release(b"\x01" * 16), errors.UnknownLeaseError, "is unknown"),
+        (lambda e, c: e.save("inst", 0, [BLOCKS], hashes(1)), errors.InvalidArgumentError,
+         f"blockIds[0] = {BLOCKS} out of range [0, {BLOCKS})"),
+        (lambda e, c: e.save("inst", 0, [1, 2], hashes(1)), errors.InvalidArgumentError, "2 block ids but 1 hashes"),
+        (lambda e, c: e.release(b"short"), errors.InvalidArgumentError, "expected 16 bytes"),
+        (lambda e, c: e.register_instance("inst", "other-ns", 1, 1), errors.TopologyMismatchError, "re-registration"),
+        (lambda e, c: e.register_worker("inst", 0, 0, c.regions()), errors.InvalidArgumentError, "already sealed"),
+        (lambda e, c: (e.register_instance("half", "ns2", 1, 2), e.query("half", hashes(1))),
+         errors.RegistrationIncompleteError, "0 of 2 workers"),
+        (lambda e, c: e.register_worker("inst", 0, 0, [dataclasses.replace(c.regions()[0], layout="weird")]),
+         errors.InvalidArgumentError, "layout 'weird'"),
+        (lambda e, c: PegaEngine(pool_size="12 parsecs"), errors.InvalidArgumentError, "size '12 parsecs' is not a size"),
+        (lambda e, c: PegaEngine(transfer="cuda") if not os.path.exists("/dev/nvidia0") else pytest.skip("GPU host"),
+         errors.CudaError, "CUDA is not available"),
+    ],
+    ids=["unknown-instance", "unknown-lease", "block-id-range", "length-mismatch", "lease-length",
+         "topology-mismatch", "sealed", "incomplete", "bad-layout", "bad-pool-size", "no-cuda"],
+)
+def test_each_java_error_arrives_typed_with_its_message_and_the_engine_carries_on(engine, cache, call, error, message):
+    with pytest.raises(error) as raised:
+        call(engine, cache)
+    assert message in str(raised.value)
+    assert isinstance(raised.value, pegaflow.PegaflowError)
+    h = hashes(1)
+    cache.fill(0)
+    assert engine.save("inst", 0, [0], h).wait().blocks == 1
+    assert engine.query("inst", h).hit_blocks == 1
+
+
+def test_pool_exhausted_with_everything_pinned(cache):
+    with PegaEngine(pool_size="64kb") as small:
+        small.register_instance("inst", "ns", 1, 1)
+        small.register_worker("inst", 0, 0, cache.regions())
+        h = hashes(5)
+        for b in range(4):
+            cache.fill(b)
+        small.save("inst", 0, [0, 1, 2, 3], h[:4]).wait()  # 4 x 16 KiB fill the pool
+        q = small.query("inst", h[:4])
+        with pytest.raises(errors.PoolExhaustedError, match="pinned"):
+            small.save("inst", 0, [4], h[4:])
+        small.release(q.lease)
+        assert small.save("inst", 0, [4], h[4:]).wait().blocks == 1
+
+
+def test_closed_engine_says_so(cache):
+    e = PegaEngine(pool_size="1mb")
+    e.close()
+    with pytest.raises(errors.EngineClosedError):
+        e.query("inst", hashes(1))
+
+
+def test_two_threads_call_concurrently(engine):
+    caches = {name: Cache() for name in ("a", "b")}
+    for name, c in caches.items():
+        engine.register_instance(name, "ns-" + name, 1, 1)
+        engine.register_worker(name, 0, 0, c.regions())
+    failures: list[str] = []
+
+    def work(name: str) -> None:
+        c = caches[name]
+        try:
+            for _ in range(30):
+                h = hashes(4)
+                saved = [c.fill(b) for b in range(4)]
+                engine.save(name, 0, [0, 1, 2, 3], h).wait()
+                q = engine.query(name, h)
+                engine.load(name, 0, q.lease, [8, 9, 10, 11]).wait()
+                if [c.block(b) for b in (8, 9, 10, 11)] != saved:
+                    failures.append(f"{name}: loaded bytes differ")
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(f"{name}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == []
+
+
+def test_a_forked_child_gets_a_clear_error_instead_of_hanging(engine, cache):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: the JVM's threads did not come along
+        os.close(read)
+        try:
+            engine.query("inst", hashes(1))
+            os.write(write, b"no error")
+        except errors.JvmStartError as e:
+            os.write(write, str(e).encode()[:1000])
+        except BaseException as e:  # noqa: BLE001
+            os.write(write, repr(e).encode()[:1000])
+        os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 30)
+    assert ready, "forked child hung"
+    message = os.read(read, 2000).decode()
+    os.waitpid(pid, 0)
+    assert "forked from pid" in message and "spawn" in message, message
+    assert engine.query("inst", hashes(1)).hit_blocks == 0, "the parent is unaffected"
+
+
+def _spawned_round_trip(_: int) -> tuple[int, bool]:
+    from bridge_helpers import Cache, hashes
+    from pegaflow import PegaEngine
+
+    c = Cache()
+    with PegaEngine(pool_size="4mb") as e:
+        e.register_instance("child", "ns", 1, 1)
+        e.register_worker("child", 0, 0, c.regions())
+        saved = c.fill(2)
+        h = hashes(1)
+        e.save("child", 0, [2], h).wait()
+        q = e.query("child", h)
+        e.load("child", 0, q.lease, [5]).wait()
+        return os.getpid(), c.block(5) == saved
+
+
+def test_spawned_children_each_run_their_own_jvm(engine):
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        results = pool.map(_spawned_round_trip, range(2), chunksize=1)
+    assert all(ok for _, ok in results)
+    assert len({pid for pid, _ in results}) == 2 and os.getpid() not in {pid for pid, _ in results}
+
+
+def test_exit_with_copies_in_flight_is_clean(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from bridge_helpers import Cache, hashes
+        from pegaflow import PegaEngine
+        c = Cache()
+        e = PegaEngine(pool_size="16mb")
+        e.register_instance("x", "ns", 1, 1)
+        e.register_worker("x", 0, 0, c.regions())
+        for i in range(50):
+            e.save("x", 0, list(range(16)), hashes(16))  # never waited for
+        print("exiting")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "exiting"
+    assert "hs_err" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr
+
+
+def test_the_c_round_trip_program(tmp_path):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed to prove the C ABI (install gcc)"
+    from pegaflow._java import find_jar, find_java
+
+    home = find_java().home
+    include = home / "include"
+    if not (include / "jni.h").is_file():
+        pytest.fail(f"{home} has no include/jni.h: the C program needs a JDK, not a runtime")
+    exe = tmp_path / "roundtrip"
+    subprocess.run(
+        [cc, "-O2", "-Wall", "-Werror", f"-I{include}", f"-I{include / 'linux'}", f"-I{ROOT / 'bridge' / 'include'}",
+         str(ROOT / "bridge" / "c" / "roundtrip.c"), f"-L{home / 'lib' / 'server'}", "-ljvm",
+         f"-Wl,-rpath,{home / 'lib' / 'server'}", "-o", str(exe)],
+        check=True,
+    )
+    proc = subprocess.run([str(exe), str(find_jar())], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "roundtrip ok" in proc.stdout
+    assert "bad input: code 2: instance 'no-such-instance' is not registered" in proc.stdout
