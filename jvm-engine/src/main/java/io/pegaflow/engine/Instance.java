@@ -1,13 +1,10 @@
 package io.pegaflow.engine;
 
 import java.util.Map;
-import java.util.Set;
-import java.util.concurrent.CompletableFuture;
-import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * A registered instance: its workers as they arrive and, once all {@code worldSize} are in,
- * its sealed topology. Guarded by the engine lock, except {@link #pending}.
+ * its sealed topology. Guarded by the store lock.
  */
 final class Instance {
     final InstanceSpec spec;
@@ -17,8 +14,6 @@ final class Instance {
     NamespaceIndex ns;
     Map<String, Integer> layerIds;
     boolean removed;
-    /** Copies in flight for this instance; unregister waits for them. */
-    final Set<CompletableFuture<?>> pending = ConcurrentHashMap.newKeySet();
 
     Instance(InstanceSpec spec) {
         this.spec = spec;

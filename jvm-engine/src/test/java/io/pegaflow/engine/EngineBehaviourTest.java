@@ -293,6 +293,37 @@ class EngineBehaviourTest {
         engine = null;
     }
 
+    /**
+     * What the server relies on when a client dies: unregistering an instance rolls back the
+     * saves it reserved and ends the loads it began, so nothing stays pinned or allocated.
+     */
+    @Test
+    void unregisterRollsBackOpenReservationsAndLoads() {
+        try (LocalStore store = new LocalStore(EngineConfig.builder().sweepInterval(Duration.ZERO).build(), 1 << 20);
+                KvWorld w = new KvWorld("dead", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            store.registerInstance(w.spec);
+            store.registerWorker("dead", w.workers.get(0));
+            byte[][] h = KvWorld.randomHashes(rnd, 3);
+            SavePlan done = store.reserveSave("dead", 0, null, new long[] {0, 1}, new byte[][] {h[0], h[1]});
+            store.commitSave(done.reservationId(), true, 0, 0);
+            LoadPlan open = store.beginLoad("dead", 0, store.query("dead", new byte[][] {h[0], h[1]}).lease(), new long[] {5, 6});
+            SavePlan reserved = store.reserveSave("dead", 0, null, new long[] {2}, new byte[][] {h[2]});
+            assertThat(reserved.slots()).isEqualTo(2);
+            assertThat(store.openOperations()).isEqualTo(2);
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
+            store.unregisterInstance("dead");
+            assertThat(store.openOperations()).isZero();
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+            assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
+            assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).as("saved blocks stay").isEqualTo(2);
+            assertThatThrownBy(() -> store.endLoad(open.loadId(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("load " + open.loadId() + " is unknown");
+            assertThatThrownBy(() -> store.commitSave(reserved.reservationId(), true, 0, 0))
+                    .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("reservation " + reserved.reservationId());
+            store.verifyInvariants();
+        }
+    }
+
     /** A copy engine that fails every batch while {@code fail} is set. */
     private record FailingTransfer(HostTransferEngine delegate, AtomicBoolean fail) implements TransferEngine {
         @Override
