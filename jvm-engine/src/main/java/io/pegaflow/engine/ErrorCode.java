@@ -18,7 +18,9 @@ public enum ErrorCode {
     /** A CUDA driver or NVRTC call failed, or CUDA was asked for where there is none. */
     CUDA(10),
     /** A wait on a completion ran out of time; the operation is still in flight. */
-    TIMEOUT(11);
+    TIMEOUT(11),
+    /** pegaflow-server did not answer (down, restarting, or past the call's deadline). */
+    UNAVAILABLE(12);
 
     private final int value;
 

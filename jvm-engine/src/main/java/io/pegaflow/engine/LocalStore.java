@@ -834,6 +834,18 @@ public final class LocalStore implements BlockStore {
         }
     }
 
+    /** Registered instance ids, sorted. */
+    public List<String> instanceIds() {
+        lock.lock();
+        try {
+            List<String> ids = new ArrayList<>(instances.keySet());
+            ids.sort(null);
+            return ids;
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** Open reservations and loads (copies the caller has started but not finished). */
     public int openOperations() {
         lock.lock();

@@ -3,8 +3,14 @@ package io.pegaflow.engine.pool;
 import io.pegaflow.engine.EngineClosedException;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.Sizes;
+import java.io.IOException;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.nio.ByteBuffer;
+import java.nio.channels.FileChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardOpenOption;
 
 /**
  * One large native region that holds every cached KV byte: allocated once, sub-allocated by
@@ -25,13 +31,61 @@ public final class HostPool implements AutoCloseable {
     private final MemorySegment segment;
     private final long address;
     private final String description;
+    private final Path file;
+    private final boolean deleteOnClose;
     private volatile boolean closed;
 
-    private HostPool(Arena arena, MemorySegment segment, String description) {
+    private HostPool(Arena arena, MemorySegment segment, String description, Path file, boolean deleteOnClose) {
         this.arena = arena;
         this.segment = segment;
         this.address = segment.address();
         this.description = description;
+        this.file = file;
+        this.deleteOnClose = deleteOnClose;
+    }
+
+    /**
+     * A pool that several processes share: a file (normally under {@code /dev/shm}) mapped
+     * read-write. The server {@code create}s it at {@code bytes} (sparse: pages are committed
+     * as they are written) and deletes it on close; workers map the existing file. If the
+     * file exists at create (a server restarted after a crash), it is reused in place, so
+     * workers' mappings of it stay valid.
+     */
+    public static HostPool shared(Path path, long bytes, boolean create) {
+        if (bytes < ALIGNMENT) {
+            throw new InvalidArgumentException("pool size " + bytes + " bytes is too small; expected at least "
+                    + ALIGNMENT + " bytes (e.g. 64mb)");
+        }
+        long size = (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+        Arena arena = Arena.ofShared();
+        try (FileChannel ch = create
+                ? FileChannel.open(path, StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE)
+                : FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+            if (create) {
+                if (ch.size() > size) {
+                    ch.truncate(size);
+                } else if (ch.size() < size) {
+                    ch.write(ByteBuffer.wrap(new byte[1]), size - 1);
+                }
+            } else if (ch.size() < size) {
+                throw new InvalidArgumentException("shared pool " + path + " holds " + ch.size() + " bytes; expected "
+                        + size + " (a server of another size owns it)");
+            }
+            MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
+            return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, create);
+        } catch (IOException e) {
+            arena.close();
+            throw new InvalidArgumentException("cannot " + (create ? "create" : "map") + " shared pool " + path + " of "
+                    + Sizes.format(size) + ": " + e);
+        } catch (RuntimeException e) {
+            arena.close();
+            throw e;
+        }
+    }
+
+    /** The file behind a shared pool (null for a private one). */
+    public Path file() {
+        return file;
     }
 
     /** Maps an anonymous region of {@code bytes} (rounded up to {@link #ALIGNMENT}). */
@@ -45,7 +99,7 @@ public final class HostPool implements AutoCloseable {
         LibC.madvise(addr, size, LibC.MADV_HUGEPAGE);
         Arena arena = Arena.ofShared();
         MemorySegment seg = MemorySegment.ofAddress(addr).reinterpret(size, arena, s -> LibC.munmap(addr, size));
-        return new HostPool(arena, seg, "anonymous " + Sizes.format(size));
+        return new HostPool(arena, seg, "anonymous " + Sizes.format(size), null, false);
     }
 
     /**
@@ -108,12 +162,19 @@ public final class HostPool implements AutoCloseable {
         return closed;
     }
 
-    /** Unmaps the region. Callers must have stopped every copy into or out of it. */
+    /** Unmaps the region (and deletes the file of a pool this process created). Callers must have stopped every copy. */
     @Override
     public synchronized void close() {
         if (!closed) {
             closed = true;
             arena.close();
+            if (deleteOnClose && file != null) {
+                try {
+                    Files.deleteIfExists(file);
+                } catch (IOException ignored) {
+                    // a leftover file is reused by the next server on the same path
+                }
+            }
         }
     }
 }

@@ -1,0 +1,34 @@
+package io.pegaflow.server;
+
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.TransferEngine;
+import io.pegaflow.server.proto.HealthResponse;
+import java.nio.file.Path;
+import java.util.function.Function;
+
+/**
+ * A worker-side engine whose control plane is pegaflow-server: asks the server where its
+ * shared pool is, maps it, and returns a {@link PegaEngine} that copies between this
+ * process's regions and the pool itself (host memcpy, or CUDA with the pool pinned here).
+ */
+public final class EngineClient {
+    private EngineClient() {}
+
+    /**
+     * Connects to the server at {@code endpoint} ({@code HOST:PORT}); every call has a
+     * deadline of {@code deadlineMs}. Throws {@link io.pegaflow.engine.ServerUnavailableException}
+     * when the server does not answer.
+     */
+    public static PegaEngine connect(String endpoint, Function<HostPool, TransferEngine> transfer, long deadlineMs) {
+        RemoteStore store = RemoteStore.connect(endpoint, deadlineMs);
+        try {
+            HealthResponse health = store.health();
+            HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
+            return PegaEngine.attach(store, pool, transfer);
+        } catch (RuntimeException e) {
+            store.close();
+            throw e;
+        }
+    }
+}

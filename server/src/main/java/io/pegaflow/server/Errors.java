@@ -1,0 +1,86 @@
+package io.pegaflow.server;
+
+import io.grpc.Metadata;
+import io.grpc.Status;
+import io.grpc.StatusRuntimeException;
+import io.pegaflow.engine.EngineClosedException;
+import io.pegaflow.engine.ErrorCode;
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.PoolExhaustedException;
+import io.pegaflow.engine.RegistrationIncompleteException;
+import io.pegaflow.engine.ServerUnavailableException;
+import io.pegaflow.engine.TopologyMismatchException;
+import io.pegaflow.engine.UnknownInstanceException;
+import io.pegaflow.engine.UnknownLeaseException;
+
+/**
+ * Engine errors across gRPC, both ways: the server answers a gRPC status with the message
+ * as description and the exact {@link ErrorCode} in a trailer; the client turns that back
+ * into the same typed exception. Transport failures become {@link ServerUnavailableException}.
+ */
+public final class Errors {
+    static final Metadata.Key<String> CODE = Metadata.Key.of("pegaflow-error-code", Metadata.ASCII_STRING_MARSHALLER);
+
+    private Errors() {}
+
+    /** Server side: the status for an engine exception (or any other throwable). */
+    public static StatusRuntimeException toStatus(Throwable t) {
+        Metadata trailers = new Metadata();
+        if (t instanceof PegaflowException e) {
+            trailers.put(CODE, Integer.toString(e.code().value()));
+            Status status = switch (e.code()) {
+                case INVALID_ARGUMENT -> Status.INVALID_ARGUMENT;
+                case UNKNOWN_INSTANCE, UNKNOWN_LEASE, REGISTRATION_INCOMPLETE, TOPOLOGY_MISMATCH -> Status.FAILED_PRECONDITION;
+                case POOL_EXHAUSTED -> Status.RESOURCE_EXHAUSTED;
+                case CLOSED, UNAVAILABLE -> Status.UNAVAILABLE;
+                case TIMEOUT -> Status.DEADLINE_EXCEEDED;
+                default -> Status.INTERNAL;
+            };
+            return status.withDescription(e.getMessage()).asRuntimeException(trailers);
+        }
+        trailers.put(CODE, Integer.toString(ErrorCode.INTERNAL.value()));
+        return Status.INTERNAL.withDescription(t.getClass().getName() + ": " + t.getMessage()).withCause(t)
+                .asRuntimeException(trailers);
+    }
+
+    /** Client side: the typed exception for a failed call to {@code endpoint}. */
+    public static PegaflowException fromStatus(StatusRuntimeException e, String endpoint, long deadlineMs) {
+        Status status = e.getStatus();
+        String description = status.getDescription() == null ? status.getCode().name() : status.getDescription();
+        Metadata trailers = e.getTrailers();
+        String code = trailers == null ? null : trailers.get(CODE);
+        if (code != null) {
+            return byCode(Integer.parseInt(code), description);
+        }
+        return switch (status.getCode()) {
+            case UNAVAILABLE -> new ServerUnavailableException("pegaflow-server at " + endpoint + " is unreachable ("
+                    + description + "); start it with `pegaflow-server` or check --addr", e);
+            case DEADLINE_EXCEEDED -> new ServerUnavailableException("pegaflow-server at " + endpoint
+                    + " did not answer within " + deadlineMs + " ms", e);
+            case RESOURCE_EXHAUSTED, INVALID_ARGUMENT -> new InvalidArgumentException("pegaflow-server at " + endpoint
+                    + " refused the request: " + description);
+            case FAILED_PRECONDITION -> new PegaflowException(ErrorCode.TOPOLOGY_MISMATCH, description);
+            default -> new PegaflowException(ErrorCode.INTERNAL, "pegaflow-server at " + endpoint + ": " + status.getCode()
+                    + ": " + description, e);
+        };
+    }
+
+    static PegaflowException byCode(int value, String message) {
+        for (ErrorCode c : ErrorCode.values()) {
+            if (c.value() == value) {
+                return switch (c) {
+                    case INVALID_ARGUMENT -> new InvalidArgumentException(message);
+                    case UNKNOWN_INSTANCE -> new UnknownInstanceException(message);
+                    case UNKNOWN_LEASE -> new UnknownLeaseException(message);
+                    case REGISTRATION_INCOMPLETE -> new RegistrationIncompleteException(message);
+                    case TOPOLOGY_MISMATCH -> new TopologyMismatchException(message);
+                    case POOL_EXHAUSTED -> new PoolExhaustedException(message);
+                    case CLOSED -> new EngineClosedException(message);
+                    default -> new PegaflowException(c, message);
+                };
+            }
+        }
+        return new PegaflowException(ErrorCode.INTERNAL, message);
+    }
+}

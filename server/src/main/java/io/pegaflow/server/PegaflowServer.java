@@ -1,0 +1,182 @@
+package io.pegaflow.server;
+
+import io.grpc.Server;
+import io.grpc.ServerBuilder;
+import io.grpc.ServerInterceptors;
+import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
+import io.pegaflow.engine.EngineConfig;
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.Sizes;
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.server.proto.HealthResponse;
+import io.prometheus.metrics.model.registry.PrometheusRegistry;
+import java.io.IOException;
+import java.net.InetSocketAddress;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.UUID;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * pegaflow-server: one {@link LocalStore} (the control plane every vLLM instance on the host
+ * shares), the host pool as a shared-memory file that workers map and copy into themselves,
+ * client sessions, and HTTP health and metrics. Build it over any {@link ServerBuilder} (tests
+ * use the in-process transport); {@link #start(Config)} listens on TCP.
+ */
+public final class PegaflowServer implements AutoCloseable {
+    /** Settings, validated in one place. */
+    public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+            Duration sessionGrace, boolean prometheus) {
+        public Config {
+            hostPort(addr, "--addr");
+            if (httpAddr != null) {
+                hostPort(httpAddr, "--http-addr");
+            }
+            if (leaseTtl == null || leaseTtl.isNegative() || leaseTtl.isZero()) {
+                throw new InvalidArgumentException("lease TTL " + leaseTtl + "; expected a positive duration");
+            }
+            if (sessionGrace == null || sessionGrace.isNegative()) {
+                throw new InvalidArgumentException("session grace " + sessionGrace + "; expected >= 0");
+            }
+        }
+
+        public static Config defaults(long poolBytes, Path poolPath) {
+            return new Config("127.0.0.1:50055", "127.0.0.1:9091", poolBytes, poolPath, Duration.ofSeconds(600),
+                    Duration.ofSeconds(2), true);
+        }
+    }
+
+    /** Parses {@code host:port}; throws naming the flag and the value. */
+    public static InetSocketAddress hostPort(String text, String flag) {
+        int colon = text == null ? -1 : text.lastIndexOf(':');
+        try {
+            if (colon <= 0) {
+                throw new NumberFormatException();
+            }
+            int port = Integer.parseInt(text.substring(colon + 1));
+            if (port < 0 || port > 65535) {
+                throw new NumberFormatException();
+            }
+            return new InetSocketAddress(text.substring(0, colon), port);
+        } catch (NumberFormatException e) {
+            throw new InvalidArgumentException(flag + " '" + text + "' is not HOST:PORT (e.g. 127.0.0.1:50055)");
+        }
+    }
+
+    private final Config config;
+    private final HostPool pool;
+    private final LocalStore store;
+    private final Sessions sessions;
+    private final PrometheusRegistry registry = new PrometheusRegistry();
+    private final Server grpc;
+    private final HttpEndpoints http;
+    private final String serverId = UUID.randomUUID().toString();
+    private volatile boolean serving;
+
+    private PegaflowServer(Config config, ServerBuilder<?> builder) throws IOException {
+        this.config = config;
+        this.pool = HostPool.shared(config.poolPath(), config.poolBytes(), true);
+        try {
+            EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
+                    .metrics(new PrometheusSink(registry)).build();
+            this.store = new LocalStore(engine, pool.size());
+            this.sessions = new Sessions(store, config.sessionGrace());
+            EngineService service = new EngineService(store, sessions, this::health, this::close);
+            this.grpc = builder.addService(ServerInterceptors.intercept(service, new RpcMetrics(registry))).build().start();
+            this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
+                    config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
+                    store::instanceIds);
+        } catch (IOException | RuntimeException e) {
+            pool.close();
+            throw e;
+        }
+        serving = true;
+    }
+
+    /** Listens on {@code config.addr()} (TCP, plaintext; loopback unless told otherwise). */
+    public static PegaflowServer start(Config config) throws IOException {
+        NettyServerBuilder builder = NettyServerBuilder.forAddress(hostPort(config.addr(), "--addr"))
+                .maxInboundMessageSize(64 << 20)
+                .keepAliveTime(30, TimeUnit.SECONDS)
+                .keepAliveTimeout(20, TimeUnit.SECONDS)
+                .permitKeepAliveTime(5, TimeUnit.SECONDS)
+                .permitKeepAliveWithoutCalls(true);
+        return new PegaflowServer(config, builder);
+    }
+
+    /** Over a caller's builder (in-process transport in tests). */
+    public static PegaflowServer start(Config config, ServerBuilder<?> builder) throws IOException {
+        return new PegaflowServer(config, builder);
+    }
+
+    HealthResponse health() {
+        return HealthResponse.newBuilder().setServerVersion(Version.VERSION).setPoolPath(pool.file().toString())
+                .setPoolBytes(pool.size()).setServerId(serverId).setInstances(store.instanceIds().size()).build();
+    }
+
+    private String healthJson() {
+        return "{\"status\":\"" + (serving ? "serving" : "stopping") + "\",\"version\":\"" + Version.VERSION
+                + "\",\"server_id\":\"" + serverId + "\",\"instances\":" + store.instanceIds().size()
+                + ",\"pool_bytes\":" + pool.size() + ",\"pool_path\":" + HttpEndpoints.quote(pool.file().toString()) + "}";
+    }
+
+    public int port() {
+        return grpc.getPort();
+    }
+
+    public int httpPort() {
+        return http == null ? -1 : http.port();
+    }
+
+    public Path poolPath() {
+        return pool.file();
+    }
+
+    public LocalStore store() {
+        return store;
+    }
+
+    /** Instances unregistered because their client's session ended. */
+    public long sessionsCleaned() {
+        return sessions.cleaned();
+    }
+
+    public String describe() {
+        return "grpc=" + config.addr().replaceAll(":\\d+$", ":" + port()) + " http="
+                + (http == null ? "off" : config.httpAddr().replaceAll(":\\d+$", ":" + httpPort()))
+                + " pool=" + pool.file() + " (" + Sizes.format(pool.size()) + ")";
+    }
+
+    public void awaitTermination() throws InterruptedException {
+        grpc.awaitTermination();
+    }
+
+    /** Stops serving, then closes sessions, the store and the pool (deleting its file). */
+    @Override
+    public synchronized void close() {
+        if (!serving && grpc.isShutdown()) {
+            return;
+        }
+        serving = false;
+        grpc.shutdown();
+        try {
+            if (!grpc.awaitTermination(5, TimeUnit.SECONDS)) {
+                grpc.shutdownNow();
+            }
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            grpc.shutdownNow();
+        }
+        if (http != null) {
+            http.close();
+        }
+        sessions.close();
+        try {
+            store.close();
+        } catch (IllegalStateException leak) {
+            System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING, leak.getMessage());
+        }
+        pool.close();
+    }
+}

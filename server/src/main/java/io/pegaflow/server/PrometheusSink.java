@@ -1,0 +1,46 @@
+package io.pegaflow.server;
+
+import io.pegaflow.engine.metrics.Counter;
+import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.metrics.MetricsSink;
+import io.prometheus.metrics.core.metrics.GaugeWithCallback;
+import io.prometheus.metrics.model.registry.PrometheusRegistry;
+import java.util.EnumMap;
+import java.util.Map;
+import java.util.function.LongSupplier;
+
+/**
+ * The engine's metrics in a Prometheus registry, named by Prometheus conventions: counters
+ * are exposed with {@code _total}, durations in seconds ({@code ..._nanoseconds_total}
+ * becomes {@code ..._seconds_total}).
+ */
+final class PrometheusSink implements MetricsSink {
+    private final PrometheusRegistry registry;
+    private final Map<Counter, io.prometheus.metrics.core.metrics.Counter> counters = new EnumMap<>(Counter.class);
+    private final Map<Counter, Double> scale = new EnumMap<>(Counter.class);
+
+    PrometheusSink(PrometheusRegistry registry) {
+        this.registry = registry;
+        for (Counter c : Counter.values()) {
+            String name = c.metricName().replaceAll("_total$", "");
+            double factor = 1;
+            if (name.endsWith("_nanoseconds")) {
+                name = name.replaceAll("_nanoseconds$", "_seconds");
+                factor = 1e-9;
+            }
+            counters.put(c, io.prometheus.metrics.core.metrics.Counter.builder().name(name).help(c.help()).register(registry));
+            scale.put(c, factor);
+        }
+    }
+
+    @Override
+    public void add(Counter counter, long delta) {
+        counters.get(counter).inc(delta * scale.get(counter));
+    }
+
+    @Override
+    public void gauge(Gauge gauge, LongSupplier value) {
+        GaugeWithCallback.builder().name(gauge.metricName()).help(gauge.help())
+                .callback(cb -> cb.call(value.getAsLong())).register(registry);
+    }
+}

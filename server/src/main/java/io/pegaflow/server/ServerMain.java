@@ -1,0 +1,77 @@
+package io.pegaflow.server;
+
+import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.Sizes;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.concurrent.Callable;
+import java.util.logging.Level;
+import java.util.logging.Logger;
+import picocli.CommandLine;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+/** {@code pegaflow-server}: flags follow the original PegaFlow's names and defaults where they apply. */
+@Command(name = "pegaflow-server", mixinStandardHelpOptions = true, version = "pegaflow-server " + Version.VERSION,
+        description = "KV-cache sidecar: shared host pool, block index, leases, sessions, /health and /metrics.")
+public final class ServerMain implements Callable<Integer> {
+    @Option(names = "--addr", defaultValue = "127.0.0.1:50055", description = "gRPC HOST:PORT (default ${DEFAULT-VALUE}; loopback)")
+    String addr;
+
+    @Option(names = "--http-addr", defaultValue = "127.0.0.1:9091", description = "HTTP HOST:PORT for /health, /metrics, /instances")
+    String httpAddr;
+
+    @Option(names = "--pool-size", defaultValue = "30gb", description = "host pool size (kb/mb/gb/tb; default ${DEFAULT-VALUE})")
+    String poolSize;
+
+    @Option(names = "--pool-path", description = "shared-memory file of the pool (default /dev/shm/pegaflow-<port>.pool)")
+    Path poolPath;
+
+    @Option(names = "--lease-ttl-secs", defaultValue = "600", description = "seconds an unconsumed lease pins its blocks")
+    long leaseTtlSecs;
+
+    @Option(names = "--session-grace-ms", defaultValue = "2000",
+            description = "after a client's session ends, wait this long before releasing its leases")
+    long sessionGraceMs;
+
+    @Option(names = "--enable-prometheus", defaultValue = "true", negatable = true, description = "serve /metrics")
+    boolean prometheus;
+
+    @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
+    String logLevel;
+
+    @Override
+    public Integer call() throws Exception {
+        Logger.getLogger("").setLevel(switch (logLevel.toLowerCase()) {
+            case "error" -> Level.SEVERE;
+            case "warn", "warning" -> Level.WARNING;
+            case "debug" -> Level.FINE;
+            case "info" -> Level.INFO;
+            default -> throw new IllegalArgumentException("--log-level '" + logLevel + "'; expected error, warn, info or debug");
+        });
+        int port = PegaflowServer.hostPort(addr, "--addr").getPort();
+        Path path = poolPath != null ? poolPath
+                : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
+        PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
+                Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus);
+        PegaflowServer server = PegaflowServer.start(config);
+        Runtime.getRuntime().addShutdownHook(new Thread(server::close, "pegaflow-server-stop"));
+        System.out.println("pegaflow-server " + Version.VERSION + " ready " + server.describe());
+        System.out.flush();
+        server.awaitTermination();
+        server.close();
+        return 0;
+    }
+
+    public static void main(String[] args) {
+        CommandLine cli = new CommandLine(new ServerMain());
+        cli.setExecutionExceptionHandler((e, cmd, parsed) -> {
+            if (e instanceof PegaflowException || e instanceof IllegalArgumentException || e instanceof java.io.IOException) {
+                cmd.getErr().println("pegaflow-server: " + e.getMessage());
+                return 2;
+            }
+            throw e;
+        });
+        System.exit(cli.execute(args));
+    }
+}

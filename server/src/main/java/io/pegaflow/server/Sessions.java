@@ -1,0 +1,70 @@
+package io.pegaflow.server;
+
+import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.UnknownInstanceException;
+import java.time.Duration;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * Liveness of clients: each instance's newest Session stream holds a token. When a stream
+ * ends without the client unregistering (its process died: the TCP connection closed), the
+ * instance is unregistered after {@code grace}, which releases its leases and rolls back its
+ * open saves and loads, unless a newer session for the same instance started meanwhile.
+ */
+final class Sessions implements AutoCloseable {
+    private final LocalStore store;
+    private final Duration grace;
+    private final Map<String, Long> current = new ConcurrentHashMap<>();
+    private final AtomicLong tokens = new AtomicLong();
+    private final ScheduledExecutorService timer = Executors.newSingleThreadScheduledExecutor(r -> {
+        Thread t = new Thread(r, "pegaflow-sessions");
+        t.setDaemon(true);
+        return t;
+    });
+    private final AtomicLong cleaned = new AtomicLong();
+
+    Sessions(LocalStore store, Duration grace) {
+        this.store = store;
+        this.grace = grace;
+    }
+
+    /** A new session for the instance; it supersedes older ones. */
+    long open(String instanceId) {
+        long token = tokens.incrementAndGet();
+        current.put(instanceId, token);
+        return token;
+    }
+
+    /** The session's stream ended: clean up after the grace period unless superseded. */
+    void ended(String instanceId, long token) {
+        timer.schedule(() -> {
+            if (current.remove(instanceId, token)) {
+                try {
+                    store.unregisterInstance(instanceId);
+                    cleaned.incrementAndGet();
+                } catch (UnknownInstanceException alreadyGone) {
+                    // the client unregistered before it went away
+                }
+            }
+        }, grace.toMillis(), TimeUnit.MILLISECONDS);
+    }
+
+    /** Instances unregistered because their client went away. */
+    long cleaned() {
+        return cleaned.get();
+    }
+
+    int open() {
+        return current.size();
+    }
+
+    @Override
+    public void close() {
+        timer.shutdownNow();
+    }
+}
