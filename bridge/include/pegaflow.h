@@ -56,7 +56,8 @@ enum pf_error {
     PF_CLOSED = 8,
     PF_INTERNAL = 9,
     PF_CUDA = 10,
-    PF_TIMEOUT = 11
+    PF_TIMEOUT = 11,
+    PF_UNAVAILABLE = 12
 };
 
 #define PF_FLAG_PREFAULT 1
@@ -137,6 +138,13 @@ typedef struct pegaflow_api {
 
     /* Closes every engine and frees every completion (call before process exit). */
     int32_t (*shutdown)(void);
+
+    /* A worker engine whose control plane is pegaflow-server at endpoint ("HOST:PORT"): it maps
+       the server's shared pool and does its own copies (transfer 0 host, 1 CUDA on device).
+       Every call to the server is bounded by deadline_ms (<= 0: 5000); an unreachable server
+       is PF_UNAVAILABLE. All other functions take the handle like an embedded engine's. */
+    int32_t (*engine_connect)(const char *endpoint, int32_t copy_threads, int32_t transfer,
+                              int32_t device, int64_t deadline_ms, int64_t *out_engine);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -16,6 +16,7 @@ from pegaflow.errors import (
     PegaflowError,
     PoolExhaustedError,
     RegistrationIncompleteError,
+    ServerUnavailableError,
     TopologyMismatchError,
     TransferFailedError,
     UnknownInstanceError,
@@ -24,7 +25,7 @@ from pegaflow.errors import (
 
 __version__ = "0.1.0"
 
-_LAZY = {"PegaEngine", "LayerRegion", "QueryResult", "TransferResult", "Completion"}
+_LAZY = {"PegaEngine", "EngineClient", "LayerRegion", "QueryResult", "TransferResult", "Completion"}
 
 
 def __getattr__(name: str):
@@ -40,7 +41,7 @@ __all__ = sorted(
     | {
         "CudaError", "EngineClosedError", "EngineTimeoutError", "InternalError", "InvalidArgumentError",
         "JavaNotFoundError", "JvmStartError", "PegaflowError", "PoolExhaustedError",
-        "RegistrationIncompleteError", "TopologyMismatchError", "TransferFailedError",
+        "RegistrationIncompleteError", "ServerUnavailableError", "TopologyMismatchError", "TransferFailedError",
         "UnknownInstanceError", "UnknownLeaseError", "__version__",
     }
 )

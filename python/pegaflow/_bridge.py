@@ -61,6 +61,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("failed_blocks", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("shutdown", []),
+    ("engine_connect", [c_char_p, c_int32, c_int32, c_int32, c_int64, POINTER(c_int64)]),
 ]
 
 

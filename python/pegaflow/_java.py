@@ -107,6 +107,18 @@ def find_jar() -> Path:
     )
 
 
+SERVER_MAIN = "io.pegaflow.server.ServerMain"
+
+
+def server_command(runtime: JavaRuntime, jar: Path, args: list[str]) -> list[str]:
+    """pegaflow-server's command line: its own JVM (signals handled by it: SIGTERM stops it
+    cleanly and deletes the shared pool file), a heap for metadata only."""
+    return [
+        str(runtime.java), *JVM_OPTIONS, "-Xms64m", "-Xmx2g", "-XX:+UseSerialGC",
+        "-cp", str(jar), SERVER_MAIN, *args,
+    ]
+
+
 def java_command(main_args: list[str], heap: str = "2g") -> list[str]:
     """Command line that runs the engine jar's main with ``main_args``."""
     runtime = find_java()

@@ -73,5 +73,19 @@ def bench_main(argv: list[str] | None = None) -> int:
     return 0  # not reached
 
 
+def server_main(argv: list[str] | None = None) -> int:
+    """``pegaflow-server``: the sidecar, started with the packaged engine jar (flags: --help)."""
+    from pegaflow._java import find_jar, find_java, server_command
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        cmd = server_command(find_java(), find_jar(), args)
+    except PegaflowError as e:
+        print(f"pegaflow-server: {e}", file=sys.stderr)
+        return 2
+    os.execv(cmd[0], cmd)
+    return 0  # not reached
+
+
 if __name__ == "__main__":
     sys.exit(bench_main())

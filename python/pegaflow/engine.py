@@ -136,6 +136,8 @@ class PegaEngine:
     engine; the default moves host memory (CPU tests, the workload). ``prefault`` commits
     the pool's pages at once (pinning does that anyway on a GPU host)."""
 
+    _handle: int | None = None
+
     def __init__(
         self,
         pool_size: str = "1gb",
@@ -235,6 +237,33 @@ class PegaEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class EngineClient(PegaEngine):
+    """The same operations, with pegaflow-server as the control plane (``endpoint`` is
+    ``HOST:PORT``). This process maps the server's shared pool and does its own copies; each
+    call to the server is bounded by ``deadline_s`` and an unreachable server raises
+    ``ServerUnavailableError`` within it. Closing (or this process dying) ends the client's
+    session: the server then releases its leases and unregisters its instances."""
+
+    def __init__(
+        self,
+        endpoint: str = "127.0.0.1:50055",
+        copy_threads: int = 2,
+        transfer: str = "host",
+        device: int = 0,
+        deadline_s: float = 5.0,
+    ):
+        if transfer not in TRANSFERS:
+            raise InvalidArgumentError(f"transfer '{transfer}'; expected one of {sorted(TRANSFERS)}")
+        api = _bridge.api()
+        out = c_int64()
+        api.call(
+            "engine_connect", endpoint.encode(), copy_threads, TRANSFERS[transfer], device, int(deadline_s * 1000),
+            ctypes.byref(out),
+        )
+        self._handle = out.value
+        self.endpoint = endpoint
 
 
 def _lease(lease: bytes) -> bytes:

@@ -82,6 +82,12 @@ class EngineTimeoutError(PegaflowError, TimeoutError):
     code = 11
 
 
+class ServerUnavailableError(PegaflowError, ConnectionError):
+    """pegaflow-server did not answer within the call's deadline; a connector treats it as a miss."""
+
+    code = 12
+
+
 BY_CODE: dict[int, type[PegaflowError]] = {
     cls.code: cls
     for cls in (
@@ -96,6 +102,7 @@ BY_CODE: dict[int, type[PegaflowError]] = {
         InternalError,
         CudaError,
         EngineTimeoutError,
+        ServerUnavailableError,
     )
 }
 

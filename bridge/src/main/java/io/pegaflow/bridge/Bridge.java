@@ -90,7 +90,7 @@ public final class Bridge {
     private static final String[] EXPORTS = {
         "last_error", "noop", "engine_create", "engine_close", "register_instance", "register_worker",
         "unregister_instance", "save", "query", "load", "release", "wait", "poll", "completion_free",
-        "failed_blocks", "stats", "shutdown",
+        "failed_blocks", "stats", "shutdown", "engine_connect",
     };
 
     private static long buildTable() {
@@ -473,6 +473,30 @@ public final class Bridge {
             engine.release(engine.query("train", h).lease());
             engine.stats();
         }
+    }
+
+    /**
+     * A worker engine whose control plane is pegaflow-server at {@code endpoint}
+     * ({@code HOST:PORT}): it maps the server's shared pool and copies itself; every other
+     * function works on the handle as on an embedded engine. {@code deadline_ms} bounds each
+     * call to the server (an unreachable server is PF_UNAVAILABLE within it).
+     */
+    static int pfEngineConnect(MemorySegment endpoint, int copyThreads, int transfer, int device, long deadlineMs,
+            MemorySegment outEngine) {
+        return guard(() -> {
+            MemorySegment out = buffer(outEngine, 8, "out_engine");
+            java.util.function.Function<io.pegaflow.engine.pool.HostPool, io.pegaflow.engine.transfer.TransferEngine> copies =
+                    switch (transfer) {
+                        case 0 -> pool -> new io.pegaflow.engine.transfer.HostTransferEngine(pool, Math.max(1, copyThreads));
+                        case 1 -> pool -> CudaTransferEngine.create(pool, CudaOptions.defaults().withDevice(device));
+                        default -> throw new InvalidArgumentException("transfer " + transfer + "; expected 0 (host) or 1 (cuda)");
+                    };
+            PegaEngine engine = io.pegaflow.server.EngineClient.connect(str(endpoint, "endpoint"), copies,
+                    deadlineMs > 0 ? deadlineMs : 5000);
+            long handle = NEXT_HANDLE.getAndIncrement();
+            ENGINES.put(handle, engine);
+            out.set(JAVA_LONG, 0, handle);
+        });
     }
 
     /** For tests: the Java signature of each export, in table order. */

@@ -1,0 +1,78 @@
+"""Starting a real pegaflow-server on loopback for the integration tests."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    grpc_port: int
+    http_port: int
+    pool_path: Path
+    start_seconds: float
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def http(self, path: str) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def instances(self) -> list[str]:
+        return json.loads(self.http("/instances")[1])["instances"]
+
+    def metric(self, name: str) -> float:
+        for line in self.http("/metrics")[1].splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        raise KeyError(name)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500) -> Server:
+    script = Path(sys.executable).parent / "pegaflow-server"
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
+         "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("pegaflow-server exited before it was ready:\n" + "".join(lines))
+        lines.append(line)
+        m = re.search(r"ready grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", line)
+        if m:
+            return Server(proc, int(m.group(1)), int(m.group(2)), pool_path, time.perf_counter() - start)
+        if time.perf_counter() - start > 30:
+            proc.kill()
+            raise RuntimeError("pegaflow-server not ready after 30 s:\n" + "".join(lines))

@@ -1,0 +1,201 @@
+"""A real pegaflow-server on loopback, used from Python: the product's server mode, faults included."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from bridge_helpers import Cache, hashes
+from pegaflow import EngineClient, errors
+from server_helpers import free_port, start_server
+
+pytestmark = pytest.mark.integration
+
+PROTO = Path(__file__).resolve().parents[2] / "server" / "src" / "main" / "proto" / "pegaflow.proto"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("pool") / "pool")
+    yield s
+    s.stop()
+    assert s.proc.returncode == 128 + signal.SIGTERM, "SIGTERM stops the server through its shutdown hook"
+    assert not s.pool_path.exists(), "a clean stop deletes the shared pool file"
+
+
+def test_health_is_json_and_metrics_parse_as_prometheus(server):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    EngineClient(server.endpoint).close()  # one Health call, so the RPC metrics have a sample
+    status, body = server.http("/health")
+    health = json.loads(body)
+    assert status == 200 and health["status"] == "serving" and health["version"] == "0.1.0"
+    status, text = server.http("/metrics")
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["pegaflow_pool_capacity_bytes"].type == "gauge"
+    assert families["pegaflow_cache_block_hits"].type == "counter"
+    assert families["pegaflow_rpc_duration_seconds"].type == "histogram"
+    assert any(s.labels == {"method": "Health", "status": "OK"} for s in families["pegaflow_rpc_requests"].samples)
+    assert server.http("/nope")[0] == 404
+
+
+def test_an_independent_grpc_client_built_from_the_proto_alone_calls_health(server, tmp_path):
+    import grpc
+    from grpc_tools import protoc
+
+    rc = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", str(PROTO)])
+    assert rc == 0
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import pegaflow_pb2
+        import pegaflow_pb2_grpc
+
+        with grpc.insecure_channel(server.endpoint) as channel:
+            stub = pegaflow_pb2_grpc.EngineStub(channel)
+            health = stub.Health(pegaflow_pb2.HealthRequest(), timeout=5)
+            assert health.server_version == "0.1.0" and health.pool_bytes > 0
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.RegisterInstance(pegaflow_pb2.RegisterInstanceRequest(
+                    client_version="0.0.1", instance_id="old", namespace="ns", tp_size=1, world_size=1), timeout=5)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "PegaFlow version mismatch: client 0.0.1, server 0.1.0" in refused.value.details()
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_two_vllm_instances_share_one_server(server):
+    a_cache, b_cache = Cache(), Cache()
+    with EngineClient(server.endpoint) as a, EngineClient(server.endpoint) as b:
+        a.register_instance("vllm-a", "shared", 1, 1)
+        a.register_worker("vllm-a", 0, 0, a_cache.regions())
+        b.register_instance("vllm-b", "shared", 1, 1)
+        b.register_worker("vllm-b", 0, 0, b_cache.regions())
+        saved = [a_cache.fill(i) for i in range(3)]
+        h = hashes(3)
+        assert a.save("vllm-a", 0, [0, 1, 2], h).wait().blocks == 3
+        q = b.query("vllm-b", h)
+        assert q.hit_blocks == 3
+        b.load("vllm-b", 0, q.lease, [5, 9, 13]).wait()
+        assert [b_cache.block(i) for i in (5, 9, 13)] == saved
+        assert sorted(server.instances()) == ["vllm-a", "vllm-b"]
+        stats = b.stats()
+        assert stats["pegaflow_cache_resident_blocks"] >= 3 and stats["pegaflow_active_leases"] == 0
+
+
+def test_bad_input_gets_a_typed_error_and_nothing_is_lost(server):
+    cache = Cache()
+    with EngineClient(server.endpoint) as c:
+        c.register_instance("strict", "ns-strict", 1, 1)
+        c.register_worker("strict", 0, 0, cache.regions())
+        cache.fill(0)
+        h = hashes(1)
+        c.save("strict", 0, [0], h).wait()
+        before = c.stats()
+        with pytest.raises(errors.UnknownInstanceError, match="instance 'ghost' is not registered"):
+            c.query("ghost", h)
+        with pytest.raises(errors.UnknownLeaseError):
+            c.release(b"\x07" * 16)
+        with pytest.raises(errors.InvalidArgumentError, match="out of range"):
+            c.save("strict", 0, [999], hashes(1))
+        with pytest.raises(errors.InvalidArgumentError, match="refused the request"):
+            c.query("strict", [os.urandom(32)] * (3 << 20))  # 96 MiB: over the 64 MiB message limit
+        with pytest.raises(errors.TopologyMismatchError):
+            c.register_instance("strict", "another-ns", 1, 1)
+        after = c.stats()
+        gauges = [k for k in before if not k.endswith("_total")]
+        assert {k: after[k] for k in gauges} == {k: before[k] for k in gauges}
+        assert c.query("strict", h).hit_blocks == 1
+
+
+def test_a_client_killed_mid_load_has_its_leases_released_within_5s(server):
+    child = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from bridge_helpers import Cache, hashes
+        from pegaflow import EngineClient
+        c = EngineClient({server.endpoint!r})
+        cache = Cache()
+        c.register_instance("doomed", "ns-doomed", 1, 1)
+        c.register_worker("doomed", 0, 0, cache.regions())
+        h = hashes(8)
+        for b in range(8):
+            cache.fill(b)
+        c.save("doomed", 0, list(range(8)), h).wait()
+        held = c.query("doomed", h)          # a lease this process will never release
+        print("holding", flush=True)
+        while True:                          # and loads in flight when it dies
+            q = c.query("doomed", h)
+            c.load("doomed", 0, q.lease, list(range(8, 16))).wait()
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "holding", proc.stderr.read()
+        assert "doomed" in server.instances()
+        assert server.metric("pegaflow_active_leases") >= 1
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        killed = time.perf_counter()
+        while time.perf_counter() - killed < 5:
+            if "doomed" not in server.instances() and server.metric("pegaflow_active_leases") == 0:
+                break
+            time.sleep(0.05)
+        assert "doomed" not in server.instances(), "instance still registered 5 s after its client died"
+        assert server.metric("pegaflow_active_leases") == 0
+        assert server.metric("pegaflow_pinned_blocks") == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_killed_server_fails_calls_within_their_deadline_and_recovery_works(tmp_path):
+    port = free_port()
+    pool = tmp_path / "pool"
+    first = start_server(pool, grpc_port=port)
+    cache = Cache()
+    client = EngineClient(f"127.0.0.1:{port}", deadline_s=1.0)
+    try:
+        client.register_instance("survivor", "ns-survivor", 1, 1)
+        client.register_worker("survivor", 0, 0, cache.regions())
+        h = hashes(2)
+        saved = [cache.fill(i) for i in range(2)]
+        client.save("survivor", 0, [0, 1], h).wait()
+        first.stop(kill=True)
+        assert pool.exists(), "a crashed server leaves its pool file for the next one"
+        t0 = time.perf_counter()
+        with pytest.raises(errors.ServerUnavailableError, match=f"127.0.0.1:{port}"):
+            client.query("survivor", h)
+        assert time.perf_counter() - t0 < 3.0, "a call to a dead server must fail within its deadline"
+        second = start_server(pool, grpc_port=port)
+        try:
+            # The new server knows nothing: the client registers again, as the connector does.
+            deadline = time.perf_counter() + 10
+            while True:
+                try:
+                    client.register_instance("survivor", "ns-survivor", 1, 1)
+                    break
+                except errors.ServerUnavailableError:
+                    if time.perf_counter() > deadline:
+                        raise
+                    time.sleep(0.1)
+            client.register_worker("survivor", 0, 0, cache.regions())
+            assert client.query("survivor", h).hit_blocks == 0, "the cache died with the server"
+            client.save("survivor", 0, [0, 1], h).wait()
+            q = client.query("survivor", h)
+            client.load("survivor", 0, q.lease, [6, 7]).wait()
+            assert [cache.block(6), cache.block(7)] == saved, "the pool mapping survived the restart"
+        finally:
+            client.close()
+            second.stop()
+    finally:
+        first.stop(kill=True)
