@@ -18,12 +18,13 @@ VENV := .venv
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml jvm-engine/src bench/src -type f 2>/dev/null)
 
-.PHONY: help setup build run test test-java test-python bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup build run test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, run the multi-turn workload (POOL=$(POOL)); writes $(REPORT)"
 	@echo "make test   - set up, then Maven tests and every CPU pytest tier"
 	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
+	@echo "make bench-rpc - pegaflow-server start and query+lease latency over loopback; writes out/rpc.json"
 	@echo "make bench-jmh - JMH micro-benchmarks (query+lease, host copies); writes out/jmh-engine.json"
 	@echo "make gpu-bundle - .gpu/: jlink'd runtime, classes and test launcher for the GPU machine (docs/gpu.md)"
 
@@ -54,6 +55,9 @@ test-python: setup
 	ci/pytest-tier.sh integration
 
 test: setup test-java test-python
+
+bench-rpc: build
+	$(VENV)/bin/pegaflow-bench rpc --json out/rpc.json
 
 bench-bridge: build
 	$(VENV)/bin/pegaflow-bench bridge --json out/bridge.json

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repository root, after `make gpu-bundle` on the build machine
-# (carry .gpu and bench/target/pegaflow.jar): runs the GPU test tier (JUnit tag gpu),
+# (carry [".gpu"]): runs the GPU test tier (JUnit tag gpu),
 # then the transfer benchmark with its PyTorch per-piece baseline. Writes to $1 (default out/).
 set -uo pipefail
 out=${1:-out}
 mkdir -p "$out"
 export JAVA_HOME=$PWD/.gpu/jre
+export PEGAFLOW_JAR=$PWD/.gpu/pegaflow-gpu.jar
 cp=.gpu/classes:.gpu/test-classes:$(ls .gpu/lib/assertj-core-*.jar)
 "$JAVA_HOME/bin/java" -XX:ErrorFile="$out/hs_err_tests.log" --enable-native-access=ALL-UNNAMED \
   -jar .gpu/lib/junit-platform-console-standalone-*.jar execute --class-path "$cp" \

@@ -92,9 +92,12 @@ def find_java() -> JavaRuntime:
 
 
 def find_jar() -> Path:
-    """The engine jar: packaged inside ``pegaflow/_jars`` (wheel) or built in the checkout."""
+    """The engine jar: $PEGAFLOW_JAR if set (the GPU bundle's slim jar), else packaged inside
+    ``pegaflow/_jars`` (wheel), else built in the checkout."""
     package_dir = Path(__file__).resolve().parent
-    places = [
+    override = os.environ.get("PEGAFLOW_JAR")
+    places = [Path(override)] if override else []
+    places += [
         package_dir / "_jars" / JAR_NAME,
         package_dir.parent.parent / "bench" / "target" / JAR_NAME,
     ]

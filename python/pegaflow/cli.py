@@ -51,6 +51,31 @@ def _transfer(args: list[str]) -> int:
     return 0
 
 
+def _rpc(args: list[str]) -> int:
+    """Java rpc bench; without --endpoint it first starts pegaflow-server from this package
+    (timing the start) and measures against that separate process."""
+    if any(a == "--endpoint" or a.startswith("--endpoint=") or a in ("-h", "--help") for a in args):
+        return subprocess.call(java_command(args))
+    import tempfile
+
+    from pegaflow._server import start_server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = start_server(Path(tmp) / "pool", pool_size="256mb")
+        try:
+            rc = subprocess.call(java_command([*args, "--endpoint", server.endpoint]))
+        finally:
+            server.stop()
+    if rc == 0:
+        path = _json_path(args, "out/rpc.json")
+        report = json.loads(path.read_text())
+        report["endpoint"] = "pegaflow-server started by this bench (separate process, loopback TCP)"
+        report["server_start_seconds"] = server.start_seconds
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print("  pegaflow-server started in %.2f s (console script to ready)" % server.start_seconds)
+    return rc
+
+
 def bench_main(argv: list[str] | None = None) -> int:
     """Runs the JVM benchmark CLI; ``transfer`` also runs the PyTorch baseline here."""
     args = sys.argv[1:] if argv is None else argv
@@ -61,6 +86,8 @@ def bench_main(argv: list[str] | None = None) -> int:
             from pegaflow._bench_bridge import main
 
             return main(args[1:])
+        if args and args[0] == "rpc":
+            return _rpc(args)
         if args and args[0] == "workload":
             from pegaflow.workload import main
 

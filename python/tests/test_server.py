@@ -15,7 +15,7 @@ import pytest
 
 from bridge_helpers import Cache, hashes
 from pegaflow import EngineClient, errors
-from server_helpers import free_port, start_server
+from pegaflow._server import free_port, start_server
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,15 @@ import picocli.CommandLine.Command;
         mixinStandardHelpOptions = true,
         version = "pegaflow-bench 0.1.0",
         description = "PegaFlow-JVM benchmarks; each subcommand prints a summary and writes JSON.",
-        subcommands = {TransferCommand.class, JmhCommand.class})
+        subcommands = {TransferCommand.class, RpcCommand.class, JmhCommand.class})
 public final class BenchMain {
     public static void main(String[] args) {
-        CommandLine cli = new CommandLine(new BenchMain());
+        System.exit(run(new BenchMain(), args));
+    }
+
+    /** Runs a picocli command whose user errors print as one line (exit 2), not a stack trace. */
+    static int run(Object command, String[] args) {
+        CommandLine cli = new CommandLine(command);
         // A user error is one line naming the value, not a stack trace.
         cli.setExecutionExceptionHandler((e, cmd, parsed) -> {
             if (e instanceof PegaflowException || e instanceof IllegalArgumentException) {
@@ -26,6 +31,6 @@ public final class BenchMain {
             }
             throw e;
         });
-        System.exit(cli.execute(args));
+        return cli.execute(args);
     }
 }

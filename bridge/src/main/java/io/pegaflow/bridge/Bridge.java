@@ -332,7 +332,11 @@ public final class Bridge {
         return guard(() -> {
             MemorySegment hit = buffer(outHit, 4, "out_hit");
             MemorySegment lease = buffer(outLease, LeaseId.BYTES, "out_lease");
-            QueryResult q = engine(engine).query(str(instanceId, "instance_id"), hashes(hashes, n, hashLen));
+            if (n < 0) {
+                throw new InvalidArgumentException("query: hash count " + n + "; expected >= 0");
+            }
+            byte[] packed = n == 0 ? new byte[0] : buffer(hashes, (long) n * hashLen, "hashes").toArray(JAVA_BYTE);
+            QueryResult q = engine(engine).query(str(instanceId, "instance_id"), packed, hashLen);
             hit.set(JAVA_INT, 0, q.hitBlocks());
             byte[] bytes = q.hasLease() ? q.lease().toBytes() : new byte[LeaseId.BYTES];
             MemorySegment.copy(bytes, 0, lease, JAVA_BYTE, 0, LeaseId.BYTES);

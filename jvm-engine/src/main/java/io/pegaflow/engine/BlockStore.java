@@ -23,6 +23,9 @@ public interface BlockStore extends AutoCloseable {
 
     QueryResult query(String instanceId, byte[][] hashes);
 
+    /** The same query over {@code hashLen}-byte hashes packed back to back. */
+    QueryResult query(String instanceId, byte[] packed, int hashLen);
+
     void release(LeaseId lease);
 
     LoadPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds);

@@ -46,15 +46,15 @@ final class BlockTable {
 
     /** The block stored under {@code hash}, or null. */
     Block get(byte[] hash) {
-        return probe(hash, slot(word(hash, 0), hash.length));
+        return probe(hash, 0, hash.length, slot(word(hash, 0, hash.length, 0), hash.length));
     }
 
-    private Block probe(byte[] hash, int home) {
-        long w0 = word(hash, 0);
-        long w1 = word(hash, 8);
-        long w2 = word(hash, 16);
-        long w3 = word(hash, 24);
-        int len = hash.length;
+    /** The block stored under the hash at {@code buf[start, start+len)}, starting at its home slot. */
+    private Block probe(byte[] buf, int start, int len, int home) {
+        long w0 = word(buf, start, len, 0);
+        long w1 = word(buf, start, len, 8);
+        long w2 = word(buf, start, len, 16);
+        long w3 = word(buf, start, len, 24);
         for (int i = home; ; i = (i + 1) & mask) {
             int k = i * STRIDE;
             long stored = words[k + LEN];
@@ -62,33 +62,33 @@ final class BlockTable {
                 return null;
             }
             if (stored == len && words[k] == w0 && words[k + 1] == w1 && words[k + 2] == w2 && words[k + 3] == w3
-                    && (len <= 32 || Arrays.equals(blocks[i].key.bytes(), hash))) {
+                    && (len <= 32 || Arrays.equals(blocks[i].key.bytes(), 0, len, buf, start, start + len))) {
                 return blocks[i];
             }
         }
     }
 
     /**
-     * Length of the longest prefix of {@code hashes} whose blocks are present and sealed;
-     * those blocks are written to {@code out}. Lookups go in groups: first every probe's
-     * first slot of the group is read, then the probes are resolved and their blocks read,
-     * then the group is checked in order. The reads of a phase do not depend on each other,
-     * so the CPU overlaps their cache misses instead of taking them one after another.
+     * Length of the longest prefix of {@code count} hashes of {@code hashLen} bytes packed in
+     * {@code packed} whose blocks are present and sealed; those blocks are written to
+     * {@code out}. Lookups go in groups: first every probe's first slot of the group is read,
+     * then the probes are resolved and their blocks read, then the group is checked in order.
+     * The reads of a phase do not depend on each other, so the CPU overlaps their cache misses
+     * instead of taking them one after another.
      */
-    int sealedPrefix(byte[][] hashes, Block[] out) {
+    int sealedPrefix(byte[] packed, int hashLen, int count, Block[] out) {
         final int group = 16;
         int[] home = new int[group];
         Block[] found = new Block[group];
         long sink = 0;
-        for (int base = 0; base < hashes.length; base += group) {
-            int m = Math.min(group, hashes.length - base);
+        for (int base = 0; base < count; base += group) {
+            int m = Math.min(group, count - base);
             for (int j = 0; j < m; j++) {
-                byte[] h = hashes[base + j];
-                home[j] = slot(word(h, 0), h.length);
+                home[j] = slot(word(packed, (base + j) * hashLen, hashLen, 0), hashLen);
                 sink += words[home[j] * STRIDE + LEN];
             }
             for (int j = 0; j < m; j++) {
-                Block b = probe(hashes[base + j], home[j]);
+                Block b = probe(packed, (base + j) * hashLen, hashLen, home[j]);
                 found[j] = b;
                 if (b != null) {
                     sink += b.refs;
@@ -102,7 +102,7 @@ final class BlockTable {
                 out[base + j] = b;
             }
         }
-        return hashes.length + (int) (sink & 0);
+        return count + (int) (sink & 0);
     }
 
     /** Stores {@code block} under its key; the key must be absent. */
@@ -117,7 +117,7 @@ final class BlockTable {
     /** Removes the entry for {@code block}'s key if it maps to {@code block}. */
     boolean remove(Block block) {
         byte[] hash = block.key.bytes();
-        long w0 = word(hash, 0);
+        long w0 = word(hash, 0, hash.length, 0);
         for (int i = slot(w0, hash.length); words[i * STRIDE + LEN] != 0; i = (i + 1) & mask) {
             if (blocks[i] == block) {
                 deleteAt(i);
@@ -146,16 +146,16 @@ final class BlockTable {
 
     private void insert(Block block) {
         byte[] hash = block.key.bytes();
-        long w0 = word(hash, 0);
+        long w0 = word(hash, 0, hash.length, 0);
         int i = slot(w0, hash.length);
         while (words[i * STRIDE + LEN] != 0) {
             i = (i + 1) & mask;
         }
         int k = i * STRIDE;
         words[k] = w0;
-        words[k + 1] = word(hash, 8);
-        words[k + 2] = word(hash, 16);
-        words[k + 3] = word(hash, 24);
+        words[k + 1] = word(hash, 0, hash.length, 8);
+        words[k + 2] = word(hash, 0, hash.length, 16);
+        words[k + 3] = word(hash, 0, hash.length, 24);
         words[k + LEN] = hash.length;
         blocks[i] = block;
     }
@@ -202,13 +202,14 @@ final class BlockTable {
         return (int) (x >>> 32) & mask;
     }
 
-    private static long word(byte[] hash, int offset) {
-        if (hash.length >= offset + 8) {
-            return (long) LONG.get(hash, offset);
+    /** Little-endian word of the hash at {@code buf[start, start+len)} from byte {@code offset}, zero-padded. */
+    private static long word(byte[] buf, int start, int len, int offset) {
+        if (len >= offset + 8) {
+            return (long) LONG.get(buf, start + offset);
         }
         long w = 0;
-        for (int i = Math.min(hash.length, offset + 8) - 1; i >= offset; i--) {
-            w = (w << 8) | (hash[i] & 0xff);
+        for (int i = Math.min(len, offset + 8) - 1; i >= offset; i--) {
+            w = (w << 8) | (buf[start + i] & 0xff);
         }
         return w;
     }

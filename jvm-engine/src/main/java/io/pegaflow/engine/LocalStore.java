@@ -569,19 +569,43 @@ public final class LocalStore implements BlockStore {
         if (hashes == null) {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
+        int len = hashes.length == 0 || hashes[0] == null ? 1 : hashes[0].length;
+        byte[] packed = new byte[hashes.length * Math.max(1, len)];
         for (int i = 0; i < hashes.length; i++) {
             HashKey.validate(hashes[i], i, "hashes");
+            if (hashes[i].length != len) {
+                throw new InvalidArgumentException("hashes[" + i + "] is " + hashes[i].length + " bytes but hashes[0] is "
+                        + len + "; expected one length per query");
+            }
+            System.arraycopy(hashes[i], 0, packed, i * len, len);
         }
+        return query(instanceId, packed, len);
+    }
+
+    /**
+     * {@link #query(String, byte[][])} over hashes packed back to back, {@code hashLen} bytes
+     * each (what the bridge and the server receive): no per-hash arrays.
+     */
+    @Override
+    public QueryResult query(String instanceId, byte[] packed, int hashLen) {
+        if (packed == null) {
+            throw new InvalidArgumentException("query: hashes must not be null");
+        }
+        if (packed.length > 0 && (hashLen < 1 || hashLen > HashKey.MAX_BYTES || packed.length % hashLen != 0)) {
+            throw new InvalidArgumentException("query: " + packed.length + " bytes of hashes with hash_len " + hashLen
+                    + "; expected 1 <= hash_len <= " + HashKey.MAX_BYTES + " dividing the byte count");
+        }
+        int count = packed.length == 0 ? 0 : packed.length / hashLen;
         LeaseId leaseId = null;
-        int hit = 0;
+        int hit;
         lock.lock();
         try {
             checkOpen();
             Instance inst = sealedInstance(instanceId);
             long now = clock.getAsLong();
             expireLeases(now);
-            Block[] found = new Block[hashes.length];
-            hit = inst.ns.blocks.sealedPrefix(hashes, found);
+            Block[] found = new Block[count];
+            hit = inst.ns.blocks.sealedPrefix(packed, hashLen, count, found);
             if (hit > 0) {
                 Block[] pinned = hit == found.length ? found : Arrays.copyOf(found, hit);
                 do {
@@ -593,14 +617,14 @@ public final class LocalStore implements BlockStore {
                     pin(b);
                 }
             }
+            count(Counter.QUERY_REQUESTS, 1);
+            count(Counter.HIT_BLOCKS, hit);
+            count(Counter.MISS_BLOCKS, count - hit);
+            if (hit > 0) {
+                count(Counter.LEASES_CREATED, 1);
+            }
         } finally {
             lock.unlock();
-        }
-        count(Counter.QUERY_REQUESTS, 1);
-        count(Counter.HIT_BLOCKS, hit);
-        count(Counter.MISS_BLOCKS, hashes.length - hit);
-        if (hit > 0) {
-            count(Counter.LEASES_CREATED, 1);
         }
         return new QueryResult(hit, leaseId);
     }

@@ -225,6 +225,16 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
+    /** {@link #query(String, byte[][])} over {@code hashLen}-byte hashes packed back to back. */
+    public QueryResult query(String instanceId, byte[] packed, int hashLen) {
+        startOp();
+        try {
+            return store.query(instanceId, packed, hashLen);
+        } finally {
+            endOp();
+        }
+    }
+
     /** Drops a lease and all its remaining shares. */
     public void release(LeaseId leaseId) {
         startOp();

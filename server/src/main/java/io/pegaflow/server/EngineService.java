@@ -38,7 +38,6 @@ import io.pegaflow.server.proto.StatsRequest;
 import io.pegaflow.server.proto.StatsResponse;
 import io.pegaflow.server.proto.UnregisterInstanceRequest;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
 import java.util.function.Supplier;
 
@@ -87,10 +86,10 @@ final class EngineService extends EngineGrpc.EngineImplBase {
             throw new InvalidArgumentException("hashes: " + packed.size() + " bytes with hash_len " + hashLen
                     + "; expected 1 <= hash_len <= 64 dividing the byte count");
         }
-        byte[] all = packed.toByteArray();
-        byte[][] out = new byte[all.length / hashLen][];
+        byte[][] out = new byte[packed.size() / hashLen][];
         for (int i = 0; i < out.length; i++) {
-            out[i] = Arrays.copyOfRange(all, i * hashLen, (i + 1) * hashLen);
+            out[i] = new byte[hashLen];
+            packed.copyTo(out[i], i * hashLen, 0, hashLen);
         }
         return out;
     }
@@ -174,7 +173,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void query(QueryRequest r, StreamObserver<QueryResponse> out) {
         answer(out, () -> {
-            QueryResult q = store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
+            QueryResult q = store.query(r.getInstanceId(), r.getHashes().toByteArray(), r.getHashLen());
             QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
             if (q.hasLease()) {
                 b.setLease(ByteString.copyFrom(q.lease().toBytes()));

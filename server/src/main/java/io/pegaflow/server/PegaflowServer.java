@@ -96,7 +96,10 @@ public final class PegaflowServer implements AutoCloseable {
 
     /** Listens on {@code config.addr()} (TCP, plaintext; loopback unless told otherwise). */
     public static PegaflowServer start(Config config) throws IOException {
+        // Handlers run on the transport's threads: every engine call is short and never waits
+        // on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback query.
         NettyServerBuilder builder = NettyServerBuilder.forAddress(hostPort(config.addr(), "--addr"))
+                .directExecutor()
                 .maxInboundMessageSize(64 << 20)
                 .keepAliveTime(30, TimeUnit.SECONDS)
                 .keepAliveTimeout(20, TimeUnit.SECONDS)

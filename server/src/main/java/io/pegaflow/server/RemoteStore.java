@@ -1,6 +1,7 @@
 package io.pegaflow.server;
 
 import com.google.protobuf.ByteString;
+import com.google.protobuf.UnsafeByteOperations;
 import io.grpc.ManagedChannel;
 import io.grpc.StatusRuntimeException;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
@@ -200,7 +201,7 @@ public final class RemoteStore implements BlockStore {
             }
             System.arraycopy(hashes[i], 0, out, i * len, len);
         }
-        return ByteString.copyFrom(out);
+        return UnsafeByteOperations.unsafeWrap(out); // `out` is ours and never written again
     }
 
     private static int hashLen(byte[][] hashes) {
@@ -245,6 +246,16 @@ public final class RemoteStore implements BlockStore {
     public QueryResult query(String instanceId, byte[][] hashes) {
         QueryResponse r = call(s -> s.query(QueryRequest.newBuilder().setInstanceId(instanceId).setHashes(pack(hashes))
                 .setHashLen(hashLen(hashes)).build()));
+        return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : LeaseId.fromBytes(r.getLease().toByteArray()));
+    }
+
+    @Override
+    public QueryResult query(String instanceId, byte[] packed, int hashLen) {
+        if (packed == null) {
+            throw new InvalidArgumentException("query: hashes must not be null");
+        }
+        QueryResponse r = call(s -> s.query(QueryRequest.newBuilder().setInstanceId(instanceId)
+                .setHashes(UnsafeByteOperations.unsafeWrap(packed)).setHashLen(hashLen).build()));
         return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : LeaseId.fromBytes(r.getLease().toByteArray()));
     }
 

@@ -1,4 +1,4 @@
-"""Starting a real pegaflow-server on loopback for the integration tests."""
+"""Starting pegaflow-server as a child process and waiting for it to be ready (tests, ``pegaflow-bench rpc``)."""
 
 from __future__ import annotations
 
