@@ -1,0 +1,285 @@
+package io.pegaflow.connector;
+
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.QueryResult;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * The scheduler-side connector's brain (one per vLLM engine-core process). vLLM's hooks
+ * arrive here as plain data from the Python shim, in the scheduler's order:
+ * {@link #lookup} (any number of times per waiting request), {@link #afterAlloc} (the commit
+ * point), {@link #schedule} for every scheduled request and then {@link #buildPlan} once per
+ * step, {@link #requestFinished} once per request, {@link #finished} with what workers
+ * reported.
+ *
+ * <p>Request states: a <em>probe</em> (a lookup's answer and the lease pinning it, reused
+ * while the request's cache state is unchanged, so repeated lookups have no side effects);
+ * a <em>pending load</em> (committed by afterAlloc, sent in the next plan); then saves of
+ * newly completed full blocks, step by step. Any store failure in a lookup is a miss, never
+ * an exception into vLLM. Not thread-safe: vLLM's scheduler calls from one thread.
+ */
+public final class SchedulerSide {
+    /** What {@link #lookup} returns for "not known yet, ask again" (vLLM's None). */
+    public static final long ASK_AGAIN = -1;
+
+    private final PegaEngine engine;
+    private final String instanceId;
+    private final int blockSize;
+    private final boolean loadEnabled;
+    private final Map<String, Req> requests = new HashMap<>();
+    private final Map<String, StepPlan.Load> pendingLoads = new LinkedHashMap<>();
+    private final List<StepPlan.Save> stepSaves = new ArrayList<>();
+    private final List<String> stepPreempted = new ArrayList<>();
+    private long lookupFailures;
+
+    /** Per-request state. */
+    private static final class Req {
+        // probe
+        long probeKey;
+        int probeBase;
+        int probeHit;
+        LeaseId probeLease;
+        boolean probed;
+        // blocks
+        long[] table = new long[0];
+        int savedUpTo;
+        boolean hadSaves;
+        boolean loading;
+        boolean finishedByVllm;
+    }
+
+    /**
+     * @param blockSize   vLLM's block size in tokens (one hash per block)
+     * @param loadEnabled false for save-only deployments: lookups always miss
+     */
+    public SchedulerSide(PegaEngine engine, String instanceId, int blockSize, boolean loadEnabled) {
+        if (blockSize < 1) {
+            throw new InvalidArgumentException("block size " + blockSize + "; expected >= 1 token");
+        }
+        this.engine = engine;
+        this.instanceId = instanceId;
+        this.blockSize = blockSize;
+        this.loadEnabled = loadEnabled;
+    }
+
+    private Req req(String id) {
+        return requests.computeIfAbsent(id, k -> new Req());
+    }
+
+    /**
+     * {@code get_num_new_matched_tokens}: how many tokens beyond {@code numComputedTokens}
+     * can be loaded, given the request's full-block hashes. At least the last prompt token is
+     * always left to compute. The answer (and its lease) is memoized while the inputs are
+     * the same, so calling again changes nothing; changed inputs release the old lease first.
+     * Returns 0 on any store failure (server down, instance not registered yet).
+     */
+    public long lookup(String requestId, byte[] packedHashes, int hashLen, long numTokens, long numComputedTokens) {
+        Req r = req(requestId);
+        int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
+        int base = (int) (numComputedTokens / blockSize);
+        int usable = (int) Math.min(count, Math.max(0, (numTokens - 1) / blockSize)) - base;
+        if (!loadEnabled || usable <= 0) {
+            dropProbe(r);
+            return 0;
+        }
+        long key = probeKey(packedHashes, hashLen, base, usable);
+        if (r.probed && r.probeKey == key && r.probeBase == base) {
+            return (long) r.probeHit * blockSize;
+        }
+        dropProbe(r);
+        byte[] query = Arrays.copyOfRange(packedHashes, base * hashLen, (base + usable) * hashLen);
+        QueryResult q;
+        try {
+            q = engine.query(instanceId, query, hashLen);
+        } catch (PegaflowException e) {
+            lookupFailures++;
+            return 0; // the store is unavailable or not ready: recompute
+        }
+        r.probed = true;
+        r.probeKey = key;
+        r.probeBase = base;
+        r.probeHit = q.hitBlocks();
+        r.probeLease = q.lease();
+        return (long) q.hitBlocks() * blockSize;
+    }
+
+    private static long probeKey(byte[] hashes, int hashLen, int base, int usable) {
+        long h = 1469598103934665603L ^ base ^ ((long) usable << 32);
+        int end = (base + usable) * hashLen;
+        for (int i = base * hashLen; i < end; i += Math.max(1, hashLen)) {
+            h = (h ^ hashes[i]) * 1099511628211L;
+            h = (h ^ hashes[Math.min(end - 1, i + hashLen - 1)]) * 1099511628211L;
+        }
+        return h;
+    }
+
+    private void dropProbe(Req r) {
+        if (r.probeLease != null) {
+            releaseQuietly(r.probeLease);
+        }
+        r.probed = false;
+        r.probeLease = null;
+        r.probeHit = 0;
+    }
+
+    private void releaseQuietly(LeaseId lease) {
+        try {
+            engine.release(lease);
+        } catch (PegaflowException ignored) {
+            // expired, or the server is gone: either way nothing stays pinned
+        }
+    }
+
+    /**
+     * {@code update_state_after_alloc}: vLLM allocated {@code blockIds} (the request's whole
+     * block table for its single KV-cache group) and will load {@code numExternalTokens}.
+     * The probe's lease becomes a pending load into the blocks after the locally computed
+     * ones; with 0 external tokens the probe is released.
+     */
+    public void afterAlloc(String requestId, long[] blockIds, long numExternalTokens) {
+        Req r = req(requestId);
+        r.table = blockIds.clone();
+        if (numExternalTokens <= 0) {
+            if (r.probed) {
+                dropProbe(r);
+            }
+            return;
+        }
+        int blocks = (int) (numExternalTokens / blockSize);
+        if (!r.probed || r.probeLease == null || blocks != r.probeHit) {
+            throw new InvalidArgumentException("request " + requestId + ": vLLM allocated for " + numExternalTokens
+                    + " external tokens but the lookup answered " + (long) r.probeHit * blockSize
+                    + "; expected the same count");
+        }
+        int base = r.probeBase;
+        if (blockIds.length < base + blocks) {
+            throw new InvalidArgumentException("request " + requestId + ": " + blockIds.length + " block ids for "
+                    + (base + blocks) + " blocks of computed and loaded tokens");
+        }
+        pendingLoads.put(requestId, new StepPlan.Load(requestId, r.probeLease,
+                Arrays.copyOfRange(blockIds, base, base + blocks)));
+        r.loading = true;
+        r.savedUpTo = Math.max(r.savedUpTo, base + blocks); // loaded blocks are already stored
+        r.probed = false;
+        r.probeLease = null;
+    }
+
+    /**
+     * One scheduled request of this step: its current full-block hashes, the new block ids
+     * appended to its table (or its whole table when {@code resumed}), and its token counts.
+     * Full blocks that this step completes and that are not stored yet are saved.
+     */
+    public void schedule(String requestId, byte[] packedHashes, int hashLen, long[] newBlockIds, boolean resumed,
+            long numComputedTokens, long numScheduledTokens) {
+        Req r = req(requestId);
+        if (resumed) {
+            r.table = newBlockIds.clone();
+        } else if (newBlockIds.length > 0) {
+            long[] t = Arrays.copyOf(r.table, r.table.length + newBlockIds.length);
+            System.arraycopy(newBlockIds, 0, t, r.table.length, newBlockIds.length);
+            r.table = t;
+        }
+        int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
+        // Blocks vLLM had cached locally are saved too (deduplicated if already stored), so
+        // other instances sharing the store find them.
+        int full = (int) Math.min(count, Math.min(r.table.length, (numComputedTokens + numScheduledTokens) / blockSize));
+        if (full <= r.savedUpTo) {
+            return;
+        }
+        int from = r.savedUpTo;
+        long[] ids = Arrays.copyOfRange(r.table, from, full);
+        byte[][] hashes = new byte[full - from][];
+        for (int i = from; i < full; i++) {
+            hashes[i - from] = Arrays.copyOfRange(packedHashes, i * hashLen, (i + 1) * hashLen);
+        }
+        stepSaves.add(new StepPlan.Save(requestId, ids, hashes));
+        r.savedUpTo = full;
+        r.hadSaves = true;
+    }
+
+    /** A request was preempted this step: its blocks are freed; it may be resumed later. */
+    public void preempted(String requestId) {
+        Req r = requests.get(requestId);
+        if (r != null) {
+            dropProbe(r);
+            r.table = new long[0];
+        }
+        stepPreempted.add(requestId);
+    }
+
+    /** {@code build_connector_meta}: this step's plan, encoded; the step's state is reset. */
+    public byte[] buildPlan() {
+        StepPlan plan = new StepPlan(new ArrayList<>(pendingLoads.values()), new ArrayList<>(stepSaves),
+                new ArrayList<>(stepPreempted));
+        pendingLoads.clear();
+        stepSaves.clear();
+        stepPreempted.clear();
+        return plan.encode();
+    }
+
+    /**
+     * {@code request_finished}: true when the request's blocks must stay allocated until a
+     * worker reports it in {@code finished_sending} (some of its blocks were sent to be
+     * saved). Releases any probe lease never committed.
+     */
+    public boolean requestFinished(String requestId) {
+        Req r = requests.get(requestId);
+        if (r == null) {
+            return false;
+        }
+        dropProbe(r);
+        pendingLoads.remove(requestId);
+        r.finishedByVllm = true;
+        if (r.hadSaves) {
+            return true;
+        }
+        if (!r.loading) {
+            requests.remove(requestId);
+        }
+        return false;
+    }
+
+    /** {@code update_connector_output}: requests whose saves or loads all workers finished. */
+    public void finished(List<String> sending, List<String> recving) {
+        for (String id : recving) {
+            Req r = requests.get(id);
+            if (r != null) {
+                r.loading = false;
+                if (r.finishedByVllm && !r.hadSaves) {
+                    requests.remove(id); // aborted while loading: nothing else will come
+                }
+            }
+        }
+        for (String id : sending) {
+            requests.remove(id);
+        }
+    }
+
+    /** Releases every uncommitted probe (connector shutdown). */
+    public void shutdown() {
+        for (Req r : requests.values()) {
+            dropProbe(r);
+        }
+        for (StepPlan.Load l : pendingLoads.values()) {
+            releaseQuietly(l.lease());
+        }
+        pendingLoads.clear();
+    }
+
+    /** Requests with state (tests, metrics). */
+    public int trackedRequests() {
+        return requests.size();
+    }
+
+    public long lookupFailures() {
+        return lookupFailures;
+    }
+}

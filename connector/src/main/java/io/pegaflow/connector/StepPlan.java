@@ -1,0 +1,113 @@
+package io.pegaflow.connector;
+
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.LeaseId;
+import java.io.ByteArrayInputStream;
+import java.io.ByteArrayOutputStream;
+import java.io.DataInputStream;
+import java.io.DataOutputStream;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * One engine step's plan, from the scheduler-side connector to every worker (it travels
+ * inside vLLM's pickled {@code KVConnectorMetadata} as an opaque byte string): the loads to
+ * start (lease and destination block ids), the saves to submit (block ids and their vLLM
+ * hashes), and the requests preempted this step (their in-flight saves must finish before
+ * their blocks are reused).
+ */
+public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempted) {
+    private static final int VERSION = 1;
+
+    /** Load the leased blocks into {@code blockIds} (one per leased block, in order). */
+    public record Load(String requestId, LeaseId lease, long[] blockIds) {}
+
+    /** Save {@code blockIds[i]} under {@code hashes[i]} (all of this worker's layers). */
+    public record Save(String requestId, long[] blockIds, byte[][] hashes) {}
+
+    public boolean isEmpty() {
+        return loads.isEmpty() && saves.isEmpty() && preempted.isEmpty();
+    }
+
+    public byte[] encode() {
+        ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+        try (DataOutputStream out = new DataOutputStream(bytes)) {
+            out.writeInt(VERSION);
+            out.writeInt(loads.size());
+            for (Load l : loads) {
+                out.writeUTF(l.requestId());
+                out.write(l.lease().toBytes());
+                writeLongs(out, l.blockIds());
+            }
+            out.writeInt(saves.size());
+            for (Save s : saves) {
+                out.writeUTF(s.requestId());
+                writeLongs(out, s.blockIds());
+                int len = s.hashes().length == 0 ? 0 : s.hashes()[0].length;
+                out.writeInt(len);
+                for (byte[] h : s.hashes()) {
+                    out.write(h);
+                }
+            }
+            out.writeInt(preempted.size());
+            for (String id : preempted) {
+                out.writeUTF(id);
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        return bytes.toByteArray();
+    }
+
+    public static StepPlan decode(byte[] data) {
+        try (DataInputStream in = new DataInputStream(new ByteArrayInputStream(data))) {
+            int version = in.readInt();
+            if (version != VERSION) {
+                throw new InvalidArgumentException("step plan version " + version + "; expected " + VERSION
+                        + " (scheduler and worker run different pegaflow versions)");
+            }
+            List<Load> loads = new ArrayList<>();
+            for (int i = in.readInt(); i > 0; i--) {
+                String id = in.readUTF();
+                byte[] lease = new byte[LeaseId.BYTES];
+                in.readFully(lease);
+                loads.add(new Load(id, LeaseId.fromBytes(lease), readLongs(in)));
+            }
+            List<Save> saves = new ArrayList<>();
+            for (int i = in.readInt(); i > 0; i--) {
+                String id = in.readUTF();
+                long[] blocks = readLongs(in);
+                int len = in.readInt();
+                byte[][] hashes = new byte[blocks.length][len];
+                for (byte[] h : hashes) {
+                    in.readFully(h);
+                }
+                saves.add(new Save(id, blocks, hashes));
+            }
+            List<String> preempted = new ArrayList<>();
+            for (int i = in.readInt(); i > 0; i--) {
+                preempted.add(in.readUTF());
+            }
+            return new StepPlan(loads, saves, preempted);
+        } catch (IOException e) {
+            throw new InvalidArgumentException("step plan of " + data.length + " bytes is truncated or corrupt: " + e);
+        }
+    }
+
+    private static void writeLongs(DataOutputStream out, long[] v) throws IOException {
+        out.writeInt(v.length);
+        for (long x : v) {
+            out.writeLong(x);
+        }
+    }
+
+    private static long[] readLongs(DataInputStream in) throws IOException {
+        long[] v = new long[in.readInt()];
+        for (int i = 0; i < v.length; i++) {
+            v[i] = in.readLong();
+        }
+        return v;
+    }
+}

@@ -1,0 +1,154 @@
+package io.pegaflow.connector;
+
+import io.pegaflow.engine.LoadResult;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.SaveResult;
+import io.pegaflow.engine.TransferFailedException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CompletionException;
+
+/**
+ * The worker-side connector's brain (one per vLLM worker, i.e. per TP rank): starts the
+ * step's loads before the forward pass, submits its saves after it (saves go out per step
+ * from scheduler metadata, not from per-layer hooks, so FULL CUDA graphs lose nothing), and
+ * tells vLLM which requests finished loading and which finished requests' saves are done.
+ * Failed loads are reported block by block so vLLM recomputes them; failed saves only lose
+ * cache. Calls come from the worker's one thread, copies complete on the engine's.
+ */
+public final class WorkerSide {
+    private final PegaEngine engine;
+    private final String instanceId;
+    private final int workerRank;
+    private final Map<String, CompletableFuture<LoadResult>> loads = new HashMap<>();
+    private final Map<String, long[]> loadTargets = new HashMap<>();
+    private final Map<String, List<CompletableFuture<SaveResult>>> saves = new HashMap<>();
+    private final Set<String> finishedByVllm = new LinkedHashSet<>();
+    private final Set<Long> loadErrors = new LinkedHashSet<>();
+    private long saveFailures;
+
+    public WorkerSide(PegaEngine engine, String instanceId, int workerRank) {
+        this.engine = engine;
+        this.instanceId = instanceId;
+        this.workerRank = workerRank;
+    }
+
+    /** {@code start_load_kv}: start every load of the plan (async; see {@link #getFinished}). */
+    public void startLoads(byte[] plan) {
+        for (StepPlan.Load l : StepPlan.decode(plan).loads()) {
+            CompletableFuture<LoadResult> f;
+            try {
+                f = engine.load(instanceId, workerRank, l.lease(), l.blockIds());
+            } catch (PegaflowException e) {
+                f = CompletableFuture.failedFuture(new TransferFailedException("load of request " + l.requestId()
+                        + " could not start: " + e.getMessage(), l.blockIds(), e));
+            }
+            loads.put(l.requestId(), f);
+            loadTargets.put(l.requestId(), l.blockIds());
+        }
+    }
+
+    /**
+     * {@code wait_for_save}: submit the plan's saves, ordered after the work already queued on
+     * CUDA stream {@code stream} (0: none, or host copies). Returns at once.
+     */
+    public void submitSaves(byte[] plan, long stream) {
+        for (StepPlan.Save s : StepPlan.decode(plan).saves()) {
+            CompletableFuture<SaveResult> f;
+            try {
+                f = engine.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream);
+            } catch (PegaflowException e) {
+                f = CompletableFuture.failedFuture(e);
+            }
+            saves.computeIfAbsent(s.requestId(), k -> new ArrayList<>()).add(f);
+        }
+    }
+
+    /**
+     * {@code handle_preemptions}: waits until the saves of the plan's preempted requests no
+     * longer read their GPU blocks, which vLLM is about to reuse.
+     */
+    public void awaitPreempted(byte[] plan) {
+        for (String id : StepPlan.decode(plan).preempted()) {
+            for (CompletableFuture<SaveResult> f : saves.getOrDefault(id, List.of())) {
+                f.handle((r, e) -> null).join();
+            }
+        }
+    }
+
+    /** Result of {@link #getFinished}. */
+    public record Finished(List<String> sending, List<String> recving) {}
+
+    /**
+     * {@code get_finished}: loads that completed (successfully or not: failures are in
+     * {@link #drainLoadErrors}) and requests vLLM finished whose saves are all done.
+     */
+    public Finished getFinished(List<String> finishedRequestIds) {
+        finishedByVllm.addAll(finishedRequestIds);
+        List<String> recving = new ArrayList<>();
+        for (var it = loads.entrySet().iterator(); it.hasNext(); ) {
+            var e = it.next();
+            if (e.getValue().isDone()) {
+                it.remove();
+                long[] targets = loadTargets.remove(e.getKey());
+                try {
+                    e.getValue().join();
+                } catch (CompletionException | java.util.concurrent.CancellationException failed) {
+                    Throwable cause = failed.getCause();
+                    long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : targets;
+                    for (long id : ids) {
+                        loadErrors.add(id);
+                    }
+                }
+                recving.add(e.getKey());
+            }
+        }
+        List<String> sending = new ArrayList<>();
+        for (var it = finishedByVllm.iterator(); it.hasNext(); ) {
+            String id = it.next();
+            List<CompletableFuture<SaveResult>> pending = saves.get(id);
+            if (pending == null) {
+                it.remove(); // no saves: the scheduler did not hold its blocks
+                continue;
+            }
+            if (pending.stream().allMatch(CompletableFuture::isDone)) {
+                for (CompletableFuture<SaveResult> f : pending) {
+                    if (f.isCompletedExceptionally()) {
+                        saveFailures++;
+                    }
+                }
+                saves.remove(id);
+                it.remove();
+                sending.add(id);
+            }
+        }
+        return new Finished(sending, recving);
+    }
+
+    /** {@code get_block_ids_with_load_errors}: block ids whose load failed since the last call. */
+    public long[] drainLoadErrors() {
+        long[] out = loadErrors.stream().mapToLong(Long::longValue).toArray();
+        loadErrors.clear();
+        return out;
+    }
+
+    public long saveFailures() {
+        return saveFailures;
+    }
+
+    /** Waits for every load and save in flight (connector shutdown). */
+    public void shutdown() {
+        Set<CompletableFuture<?>> all = new HashSet<>(loads.values());
+        saves.values().forEach(all::addAll);
+        for (CompletableFuture<?> f : all) {
+            f.handle((r, e) -> null).join();
+        }
+    }
+}

@@ -1,0 +1,249 @@
+package io.pegaflow.connector;
+
+import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
+
+import io.pegaflow.engine.EngineConfig;
+import io.pegaflow.engine.InstanceSpec;
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.KvLayout;
+import io.pegaflow.engine.LayerRegion;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.WorkerSpec;
+import io.pegaflow.engine.metrics.Gauge;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.time.Duration;
+import java.util.List;
+import java.util.Random;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * The connector's brain driven in vLLM's call order (scheduler hooks, then the worker's),
+ * with an embedded engine and one worker: cold saves, warm loads into other blocks,
+ * side-effect-free lookups, the last prompt token left to compute, blocks held until saves
+ * finish, aborts while loading, failed loads reported per block, misses on store failure.
+ */
+class ConnectorBrainTest {
+    private static final int BLOCK = 16;
+    private static final int BLOCKS = 64;
+    private static final int SEG = 1024;
+
+    private final Arena arena = Arena.ofShared();
+    private final Random rnd = new Random(21);
+    private PegaEngine engine;
+    private SchedulerSide sched;
+    private WorkerSide worker;
+    private List<LayerRegion> layers;
+
+    @BeforeEach
+    void start() {
+        engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
+                .leaseTtl(Duration.ofSeconds(30)).build());
+        layers = List.of(region("layers.0"), region("layers.1"));
+        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
+        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
+        sched = new SchedulerSide(engine, "vllm", BLOCK, true);
+        worker = new WorkerSide(engine, "vllm", 0);
+    }
+
+    @AfterEach
+    void stop() {
+        engine.close();
+        arena.close();
+    }
+
+    private LayerRegion region(String name) {
+        MemorySegment m = arena.allocate(2L * BLOCKS * SEG, 64);
+        return new LayerRegion(name, KvLayout.SPLIT_KV, m.address(), m.byteSize(), BLOCKS, SEG, SEG, (long) BLOCKS * SEG);
+    }
+
+    private byte[] block(long id) {
+        byte[] out = new byte[layers.size() * 2 * SEG];
+        int at = 0;
+        for (LayerRegion r : layers) {
+            for (int s = 0; s < 2; s++) {
+                MemorySegment.copy(MemorySegment.ofAddress(r.pieceAddress(id, s)).reinterpret(SEG), ValueLayout.JAVA_BYTE, 0, out, at, SEG);
+                at += SEG;
+            }
+        }
+        return out;
+    }
+
+    private void fill(long id) {
+        for (LayerRegion r : layers) {
+            for (int s = 0; s < 2; s++) {
+                byte[] b = new byte[SEG];
+                rnd.nextBytes(b);
+                MemorySegment.copy(b, 0, MemorySegment.ofAddress(r.pieceAddress(id, s)).reinterpret(SEG), ValueLayout.JAVA_BYTE, 0, SEG);
+            }
+        }
+    }
+
+    private byte[] hashes(int n) {
+        byte[] h = new byte[n * 32];
+        rnd.nextBytes(h);
+        return h;
+    }
+
+    private static long[] ids(int from, int n) {
+        long[] out = new long[n];
+        for (int i = 0; i < n; i++) {
+            out[i] = from + i;
+        }
+        return out;
+    }
+
+    /** A cold request of {@code tokens} tokens computed in one step in blocks [from, ...): its full blocks get saved. */
+    private void runCold(String id, byte[] hashes, int tokens, int from) {
+        assertThat(sched.lookup(id, hashes, 32, tokens, 0)).isZero();
+        int need = (tokens + BLOCK - 1) / BLOCK;
+        sched.afterAlloc(id, ids(from, need), 0);
+        for (int i = 0; i < need; i++) {
+            fill(from + i);
+        }
+        sched.schedule(id, hashes, 32, new long[0], false, 0, tokens);
+        byte[] plan = sched.buildPlan();
+        assertThat(StepPlan.decode(plan).saves()).hasSize(1);
+        worker.startLoads(plan);
+        worker.submitSaves(plan, 0);
+    }
+
+    private List<String> finishedSendingAfter(List<String> finished) throws InterruptedException {
+        for (int i = 0; i < 200; i++) {
+            WorkerSide.Finished f = worker.getFinished(i == 0 ? finished : List.of());
+            if (!f.sending().isEmpty()) {
+                return f.sending();
+            }
+            Thread.sleep(5);
+        }
+        return List.of();
+    }
+
+    @Test
+    void coldThenWarmLoadsTheSavedBytesIntoOtherBlocks() throws Exception {
+        byte[] h = hashes(4);
+        runCold("cold", h, 4 * BLOCK + 3, 0);
+        byte[][] saved = {block(0), block(1), block(2), block(3)};
+        assertThat(sched.requestFinished("cold")).as("blocks held until the save is done").isTrue();
+        assertThat(finishedSendingAfter(List.of("cold"))).containsExactly("cold");
+        sched.finished(List.of("cold"), List.of());
+        assertThat(sched.trackedRequests()).isZero();
+
+        // Warm: the same 4 full blocks plus a partial one; a lookup repeated three times
+        // returns the same answer and pins one lease.
+        long tokens = 4 * BLOCK + 5;
+        for (int i = 0; i < 3; i++) {
+            assertThat(sched.lookup("warm", h, 32, tokens, 0)).isEqualTo(4 * BLOCK);
+        }
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
+        sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
+        byte[] plan = sched.buildPlan();
+        assertThat(StepPlan.decode(plan).loads()).hasSize(1);
+        worker.startLoads(plan);
+        List<String> recving = List.of();
+        for (int i = 0; i < 200 && recving.isEmpty(); i++) {
+            recving = worker.getFinished(List.of()).recving();
+            Thread.sleep(5);
+        }
+        assertThat(recving).containsExactly("warm");
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        for (int i = 0; i < 4; i++) {
+            assertThat(block(20 + i)).as("block %d", i).isEqualTo(saved[i]);
+        }
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        sched.finished(List.of(), recving);
+        // Next step: the loaded prefix is not saved again, only what this step completes.
+        sched.schedule("warm", h, 32, new long[0], false, 4 * BLOCK, 5);
+        assertThat(StepPlan.decode(sched.buildPlan()).saves()).isEmpty();
+    }
+
+    @Test
+    void theLastPromptTokenIsAlwaysLeftToCompute() throws Exception {
+        byte[] h = hashes(3);
+        runCold("a", h, 3 * BLOCK, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        assertThat(sched.lookup("b", h, 32, 3 * BLOCK, 0)).as("3 full blocks, prompt of exactly 48 tokens").isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("c", h, 32, 3 * BLOCK + 1, 0)).isEqualTo(3 * BLOCK);
+        assertThat(sched.lookup("d", h, 32, 3 * BLOCK + 1, BLOCK)).as("beyond vLLM's local hit").isEqualTo(2 * BLOCK);
+        sched.shutdown();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+    }
+
+    @Test
+    void aChangedRequestReleasesItsOldProbe() throws Exception {
+        byte[] h = hashes(4);
+        runCold("a", h, 4 * BLOCK + 1, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        assertThat(sched.lookup("b", h, 32, 4 * BLOCK + 1, 0)).isEqualTo(4 * BLOCK);
+        assertThat(sched.lookup("b", h, 32, 4 * BLOCK + 1, 2 * BLOCK)).isEqualTo(2 * BLOCK);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("the first probe's lease was released").isEqualTo(1);
+        sched.afterAlloc("b", ids(30, 5), 0);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("allocation without a load releases it").isZero();
+    }
+
+    @Test
+    void anAbortWhileLoadingFreesNothingEarlyAndLeavesNoState() throws Exception {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        sched.finished(List.of("a"), List.of());
+        sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
+        sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
+        byte[] plan = sched.buildPlan();
+        assertThat(sched.requestFinished("b")).as("no saves: vLLM itself waits for finished_recving").isFalse();
+        worker.startLoads(plan);
+        List<String> recving = List.of();
+        for (int i = 0; i < 200 && recving.isEmpty(); i++) {
+            recving = worker.getFinished(List.of("b")).recving();
+            Thread.sleep(5);
+        }
+        assertThat(recving).containsExactly("b");
+        sched.finished(List.of(), recving);
+        assertThat(sched.trackedRequests()).isZero();
+    }
+
+    @Test
+    void aFailedLoadIsReportedBlockByBlockAndStillFinishes() throws Exception {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
+        sched.afterAlloc("b", ids(50, 3), 2 * BLOCK);
+        byte[] plan = sched.buildPlan();
+        engine.release(StepPlan.decode(plan).loads().get(0).lease()); // the lease is gone before the worker loads
+        worker.startLoads(plan);
+        WorkerSide.Finished f = worker.getFinished(List.of());
+        assertThat(f.recving()).containsExactly("b");
+        assertThat(worker.drainLoadErrors()).containsExactly(50, 51);
+        assertThat(worker.drainLoadErrors()).as("drained").isEmpty();
+    }
+
+    @Test
+    void aStoreFailureIsAMissNeverAnException() {
+        engine.close();
+        assertThat(sched.lookup("x", hashes(3), 32, 3 * BLOCK + 1, 0)).isZero();
+        assertThat(sched.lookupFailures()).isEqualTo(1);
+    }
+
+    @Test
+    void preemptedRequestsWaitForTheirSavesAndAMismatchedCommitIsRefused() throws Exception {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0);
+        sched.preempted("a");
+        byte[] plan = sched.buildPlan();
+        assertThat(StepPlan.decode(plan).preempted()).containsExactly("a");
+        worker.awaitPreempted(plan);
+        assertThat(engine.stats().get(Gauge.RESIDENT_BLOCKS)).as("the save finished before the blocks were reused").isEqualTo(2);
+        sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
+        assertThatThrownBy(() -> sched.afterAlloc("b", ids(0, 3), BLOCK)).isInstanceOf(InvalidArgumentException.class)
+                .hasMessageContaining("the lookup answered 32");
+    }
+}
