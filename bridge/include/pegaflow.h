@@ -145,6 +145,48 @@ typedef struct pegaflow_api {
        is PF_UNAVAILABLE. All other functions take the handle like an embedded engine's. */
     int32_t (*engine_connect)(const char *endpoint, int32_t copy_threads, int32_t transfer,
                               int32_t device, int64_t deadline_ms, int64_t *out_engine);
+
+    /* ---- The vLLM connector's brain (io.pegaflow.connector), for connector shims. ----
+       Scheduler side: one per engine-core process; called from vLLM's scheduler thread. */
+    int32_t (*sched_create)(int64_t engine, const char *instance_id, int32_t block_size,
+                            int32_t load_enabled, int64_t *out_sched);
+    /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store
+       failure). Side-effect free when repeated with the same inputs. */
+    int32_t (*sched_lookup)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
+                            int32_t hash_len, int64_t num_tokens, int64_t num_computed,
+                            int64_t *out_tokens);
+    /* update_state_after_alloc with the request's block ids (single KV-cache group). */
+    int32_t (*sched_after_alloc)(int64_t sched, const char *req_id, const int64_t *block_ids,
+                                 int32_t n, int64_t num_external_tokens);
+    /* One scheduled request of this step (new_block_ids appended, or the whole table when
+       resumed); then sched_build_plan once. */
+    int32_t (*sched_schedule)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
+                              int32_t hash_len, const int64_t *new_block_ids, int32_t n_ids,
+                              int32_t resumed, int64_t num_computed, int64_t num_scheduled);
+    int32_t (*sched_preempted)(int64_t sched, const char *req_id);
+    /* build_connector_meta: the step's plan (opaque bytes for every worker). When it does not
+       fit cap, PF_INVALID_ARGUMENT with *out_len set; the plan is kept for the next call. */
+    int32_t (*sched_build_plan)(int64_t sched, uint8_t *buf, int64_t cap, int64_t *out_len);
+    /* request_finished: *out_hold = 1 while its blocks must stay until finished_sending. */
+    int32_t (*sched_request_finished)(int64_t sched, const char *req_id, int32_t *out_hold);
+    /* update_connector_output: '\n'-separated request ids (NULL or "" for none). */
+    int32_t (*sched_finished)(int64_t sched, const char *sending, const char *recving);
+    int32_t (*sched_close)(int64_t sched);
+
+    /* Worker side: one per worker (TP rank), with that worker's engine handle. */
+    int32_t (*worker_create)(int64_t engine, const char *instance_id, int32_t worker_rank,
+                             int64_t *out_worker);
+    int32_t (*worker_start_loads)(int64_t worker, const uint8_t *plan, int64_t len);
+    /* wait_for_save: submits the plan's saves ordered after work queued on stream. */
+    int32_t (*worker_submit_saves)(int64_t worker, const uint8_t *plan, int64_t len, int64_t stream);
+    /* handle_preemptions: returns once saves of the plan's preempted requests finished. */
+    int32_t (*worker_await_preempted)(int64_t worker, const uint8_t *plan, int64_t len);
+    /* get_finished: lines "S <id>" (saves done) and "R <id>" (load done) into buf. */
+    int32_t (*worker_get_finished)(int64_t worker, const char *finished_ids, char *buf, int32_t cap,
+                                   int32_t *out_len);
+    /* get_block_ids_with_load_errors: drains the failed destination block ids. */
+    int32_t (*worker_load_errors)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
+    int32_t (*worker_close)(int64_t worker);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -62,6 +62,22 @@ EXPORTS: list[tuple[str, list]] = [
     ("stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("shutdown", []),
     ("engine_connect", [c_char_p, c_int32, c_int32, c_int32, c_int64, POINTER(c_int64)]),
+    ("sched_create", [c_int64, c_char_p, c_int32, c_int32, POINTER(c_int64)]),
+    ("sched_lookup", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int64, c_int64, POINTER(c_int64)]),
+    ("sched_after_alloc", [c_int64, c_char_p, c_void_p, c_int32, c_int64]),
+    ("sched_schedule", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_void_p, c_int32, c_int32, c_int64, c_int64]),
+    ("sched_preempted", [c_int64, c_char_p]),
+    ("sched_build_plan", [c_int64, c_void_p, c_int64, POINTER(c_int64)]),
+    ("sched_request_finished", [c_int64, c_char_p, POINTER(c_int32)]),
+    ("sched_finished", [c_int64, c_char_p, c_char_p]),
+    ("sched_close", [c_int64]),
+    ("worker_create", [c_int64, c_char_p, c_int32, POINTER(c_int64)]),
+    ("worker_start_loads", [c_int64, c_char_p, c_int64]),
+    ("worker_submit_saves", [c_int64, c_char_p, c_int64, c_int64]),
+    ("worker_await_preempted", [c_int64, c_char_p, c_int64]),
+    ("worker_get_finished", [c_int64, c_char_p, c_void_p, c_int32, POINTER(c_int32)]),
+    ("worker_load_errors", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("worker_close", [c_int64]),
 ]
 
 

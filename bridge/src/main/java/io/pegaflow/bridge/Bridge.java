@@ -67,6 +67,9 @@ public final class Bridge {
     private static final ThreadLocal<String> LAST_ERROR = ThreadLocal.withInitial(() -> "");
     private static final Map<Long, PegaEngine> ENGINES = new ConcurrentHashMap<>();
     private static final Map<Long, CompletableFuture<?>> COMPLETIONS = new ConcurrentHashMap<>();
+    private static final Map<Long, io.pegaflow.connector.SchedulerSide> SCHEDULERS = new ConcurrentHashMap<>();
+    private static final Map<Long, byte[]> UNREAD_PLANS = new ConcurrentHashMap<>();
+    private static final Map<Long, io.pegaflow.connector.WorkerSide> WORKERS = new ConcurrentHashMap<>();
     private static final AtomicLong NEXT_HANDLE = new AtomicLong(1);
     private static volatile long table;
 
@@ -91,6 +94,10 @@ public final class Bridge {
         "last_error", "noop", "engine_create", "engine_close", "register_instance", "register_worker",
         "unregister_instance", "save", "query", "load", "release", "wait", "poll", "completion_free",
         "failed_blocks", "stats", "shutdown", "engine_connect",
+        "sched_create", "sched_lookup", "sched_after_alloc", "sched_schedule", "sched_preempted", "sched_build_plan",
+        "sched_request_finished", "sched_finished", "sched_close",
+        "worker_create", "worker_start_loads", "worker_submit_saves", "worker_await_preempted", "worker_get_finished",
+        "worker_load_errors", "worker_close",
     };
 
     private static long buildTable() {
@@ -500,6 +507,180 @@ public final class Bridge {
             long handle = NEXT_HANDLE.getAndIncrement();
             ENGINES.put(handle, engine);
             out.set(JAVA_LONG, 0, handle);
+        });
+    }
+
+    // ---------------------------------------------------------------- the vLLM connector's brain
+
+    private static io.pegaflow.connector.SchedulerSide sched(long handle) {
+        io.pegaflow.connector.SchedulerSide s = SCHEDULERS.get(handle);
+        if (s == null) {
+            throw new InvalidArgumentException("scheduler connector handle " + handle + " is unknown or closed");
+        }
+        return s;
+    }
+
+    private static io.pegaflow.connector.WorkerSide workerSide(long handle) {
+        io.pegaflow.connector.WorkerSide w = WORKERS.get(handle);
+        if (w == null) {
+            throw new InvalidArgumentException("worker connector handle " + handle + " is unknown or closed");
+        }
+        return w;
+    }
+
+    private static byte[] bytes(MemorySegment p, long len, String what) {
+        if (len < 0) {
+            throw new InvalidArgumentException(what + " length " + len + "; expected >= 0");
+        }
+        return len == 0 ? new byte[0] : buffer(p, len, what).toArray(JAVA_BYTE);
+    }
+
+    private static List<String> lines(MemorySegment p, String what) {
+        if (p.equals(MemorySegment.NULL)) {
+            return List.of();
+        }
+        String text = str(p, what);
+        return text.isEmpty() ? List.of() : List.of(text.split("\n"));
+    }
+
+    static int pfSchedCreate(long engine, MemorySegment instanceId, int blockSize, int loadEnabled, MemorySegment out) {
+        return guard(() -> {
+            MemorySegment o = buffer(out, 8, "out");
+            io.pegaflow.connector.SchedulerSide s = new io.pegaflow.connector.SchedulerSide(engine(engine),
+                    str(instanceId, "instance_id"), blockSize, loadEnabled != 0);
+            long handle = NEXT_HANDLE.getAndIncrement();
+            SCHEDULERS.put(handle, s);
+            o.set(JAVA_LONG, 0, handle);
+        });
+    }
+
+    /** {@code *out_tokens}: matched tokens beyond num_computed (0 on a miss or a store failure). */
+    static int pfSchedLookup(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen, long numTokens,
+            long numComputed, MemorySegment outTokens) {
+        return guard(() -> buffer(outTokens, 8, "out_tokens").set(JAVA_LONG, 0, sched(sched).lookup(str(reqId, "req_id"),
+                bytes(hashes, (long) n * hashLen, "hashes"), hashLen, numTokens, numComputed)));
+    }
+
+    static int pfSchedAfterAlloc(long sched, MemorySegment reqId, MemorySegment blockIds, int n, long numExternal) {
+        return guard(() -> sched(sched).afterAlloc(str(reqId, "req_id"), longs(blockIds, n, "block_ids"), numExternal));
+    }
+
+    static int pfSchedSchedule(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen,
+            MemorySegment newBlockIds, int nIds, int resumed, long numComputed, long numScheduled) {
+        return guard(() -> sched(sched).schedule(str(reqId, "req_id"), bytes(hashes, (long) n * hashLen, "hashes"), hashLen,
+                longs(newBlockIds, nIds, "new_block_ids"), resumed != 0, numComputed, numScheduled));
+    }
+
+    static int pfSchedPreempted(long sched, MemorySegment reqId) {
+        return guard(() -> sched(sched).preempted(str(reqId, "req_id")));
+    }
+
+    /**
+     * Builds this step's plan into {@code buf}; {@code *out_len} is its size. When it does not
+     * fit, nothing is lost: PF_INVALID_ARGUMENT is returned with the size, the plan is kept,
+     * and the next call (with a larger buffer) returns it.
+     */
+    static int pfSchedBuildPlan(long sched, MemorySegment buf, long cap, MemorySegment outLen) {
+        return guard(() -> {
+            byte[] plan = UNREAD_PLANS.remove(sched);
+            if (plan == null) {
+                plan = sched(sched).buildPlan();
+            }
+            buffer(outLen, 8, "out_len").set(JAVA_LONG, 0, plan.length);
+            if (cap < plan.length) {
+                UNREAD_PLANS.put(sched, plan);
+                throw new InvalidArgumentException("plan of " + plan.length + " bytes does not fit a buffer of " + cap
+                        + " bytes; call again with a buffer of at least " + plan.length);
+            }
+            MemorySegment.copy(plan, 0, buffer(buf, plan.length == 0 ? 1 : plan.length, "buf"), JAVA_BYTE, 0, plan.length);
+        });
+    }
+
+    static int pfSchedRequestFinished(long sched, MemorySegment reqId, MemorySegment outHold) {
+        return guard(() -> buffer(outHold, 4, "out_hold").set(JAVA_INT, 0,
+                sched(sched).requestFinished(str(reqId, "req_id")) ? 1 : 0));
+    }
+
+    /** {@code sending} and {@code recving}: request ids separated by '\n' (NULL or "" for none). */
+    static int pfSchedFinished(long sched, MemorySegment sending, MemorySegment recving) {
+        return guard(() -> sched(sched).finished(lines(sending, "sending"), lines(recving, "recving")));
+    }
+
+    static int pfSchedClose(long sched) {
+        return guard(() -> {
+            io.pegaflow.connector.SchedulerSide s = SCHEDULERS.remove(sched);
+            if (s != null) {
+                s.shutdown();
+            }
+            UNREAD_PLANS.remove(sched);
+        });
+    }
+
+    static int pfWorkerCreate(long engine, MemorySegment instanceId, int workerRank, MemorySegment out) {
+        return guard(() -> {
+            MemorySegment o = buffer(out, 8, "out");
+            io.pegaflow.connector.WorkerSide w = new io.pegaflow.connector.WorkerSide(engine(engine),
+                    str(instanceId, "instance_id"), workerRank);
+            long handle = NEXT_HANDLE.getAndIncrement();
+            WORKERS.put(handle, w);
+            o.set(JAVA_LONG, 0, handle);
+        });
+    }
+
+    static int pfWorkerStartLoads(long worker, MemorySegment plan, long len) {
+        return guard(() -> workerSide(worker).startLoads(bytes(plan, len, "plan")));
+    }
+
+    static int pfWorkerSubmitSaves(long worker, MemorySegment plan, long len, long stream) {
+        return guard(() -> workerSide(worker).submitSaves(bytes(plan, len, "plan"), stream));
+    }
+
+    static int pfWorkerAwaitPreempted(long worker, MemorySegment plan, long len) {
+        return guard(() -> workerSide(worker).awaitPreempted(bytes(plan, len, "plan")));
+    }
+
+    /**
+     * {@code finished}: ids vLLM finished this step ('\n'-separated). Writes lines "S <id>"
+     * (saves done: free the blocks) and "R <id>" (load done) into {@code buf}; *out_len is
+     * the text's length (it is kept for the next call when it does not fit).
+     */
+    static int pfWorkerGetFinished(long worker, MemorySegment finished, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> {
+            io.pegaflow.connector.WorkerSide.Finished f = workerSide(worker).getFinished(lines(finished, "finished"));
+            StringBuilder sb = new StringBuilder();
+            f.sending().forEach(id -> sb.append("S ").append(id).append('\n'));
+            f.recving().forEach(id -> sb.append("R ").append(id).append('\n'));
+            byte[] text = sb.toString().getBytes(StandardCharsets.UTF_8);
+            buffer(outLen, 4, "out_len").set(JAVA_INT, 0, text.length);
+            if (cap <= text.length) {
+                throw new InvalidArgumentException("finished list of " + text.length + " bytes does not fit " + cap
+                        + " bytes; pass a buffer of at least " + (text.length + 1));
+            }
+            MemorySegment b = buffer(buf, cap, "buf");
+            MemorySegment.copy(text, 0, b, JAVA_BYTE, 0, text.length);
+            b.set(JAVA_BYTE, text.length, (byte) 0);
+        });
+    }
+
+    static int pfWorkerLoadErrors(long worker, MemorySegment out, int cap, MemorySegment outCount) {
+        return guard(() -> {
+            long[] ids = workerSide(worker).drainLoadErrors();
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, ids.length);
+            if (ids.length > cap) {
+                throw new InvalidArgumentException(ids.length + " failed block ids do not fit " + cap);
+            }
+            if (ids.length > 0) {
+                MemorySegment.copy(ids, 0, buffer(out, 8L * ids.length, "out"), JAVA_LONG, 0, ids.length);
+            }
+        });
+    }
+
+    static int pfWorkerClose(long worker) {
+        return guard(() -> {
+            io.pegaflow.connector.WorkerSide w = WORKERS.remove(worker);
+            if (w != null) {
+                w.shutdown();
+            }
         });
     }
 
