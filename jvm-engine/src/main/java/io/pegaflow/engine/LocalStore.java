@@ -122,7 +122,8 @@ public final class LocalStore implements BlockStore {
     /**
      * Registers one worker's KV regions. When the last of {@code worldSize} workers arrives,
      * the topology is sealed: layer ids are the ranks of the sorted layer names, every
-     * (layer, TP rank) needs exactly one owner with the same geometry across ranks, and the
+     * (layer, TP rank) needs exactly one owner (several for MLA layers: replicas sharing one
+     * stored copy) with the same geometry across ranks, and the
      * namespace must not already hold a different layout. A rejected worker is not kept.
      */
     @Override
@@ -226,7 +227,10 @@ public final class LocalStore implements BlockStore {
                     return a;
                 });
                 int tpRank = w.spec.tpRank();
-                if (byTp[tpRank] >= 0) {
+                // MLA latents are identical on every TP rank: workers registering the same
+                // (layer, tp rank) are replicas that share one stored copy (the first save
+                // to claim a slot writes it, the others skip it).
+                if (byTp[tpRank] >= 0 && r.layout() != KvLayout.MLA) {
                     throw new TopologyMismatchException("layer '" + r.layerName() + "' tp rank " + tpRank + " of instance '"
                             + inst.spec.instanceId() + "' is registered by workers " + byTp[tpRank] + " and "
                             + w.spec.workerRank() + "; expected exactly one owner");

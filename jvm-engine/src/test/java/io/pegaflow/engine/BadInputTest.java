@@ -38,7 +38,7 @@ class BadInputTest {
         engine = PegaEngine.create(EngineConfig.builder().poolSize("1mb").sweepInterval(Duration.ZERO).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 2, 1, 2, 16, 128, 0);
         world.register(engine);
-        half = new KvWorld("half", "ns2", KvWorld.Kind.MLA, 2, 1, 2, 16, 128, 0);
+        half = new KvWorld("half", "ns2", KvWorld.Kind.COMBINED, 2, 1, 2, 16, 128, 0);
         engine.registerInstance(half.spec);
         engine.registerWorker("half", half.workers.get(0));
         saved = KvWorld.randomHashes(rnd, 3);
@@ -87,7 +87,7 @@ class BadInputTest {
                     r.blockStride(), r.segmentBytes(), r.segmentOffset());
             t.engine.registerWorker("half", new WorkerSpec(1, 1, 0, List.of(r, shifted)));
         });
-        add(c, "region past its bounds", InvalidArgumentException.class, "expected regionBytes >= 2048", t -> {
+        add(c, "region past its bounds", InvalidArgumentException.class, "expected regionBytes >= 4096", t -> {
             LayerRegion r = t.half.workers.get(1).layers().get(0);
             t.engine.registerWorker("half", new WorkerSpec(1, 1, 0, List.of(new LayerRegion(r.layerName(), r.layout(),
                     r.baseAddress(), 100, r.numBlocks(), r.blockStride(), r.segmentBytes(), 0))));

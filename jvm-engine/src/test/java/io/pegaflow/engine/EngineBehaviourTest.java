@@ -324,6 +324,40 @@ class EngineBehaviourTest {
         }
     }
 
+    /**
+     * MLA under TP: every rank holds the same latent, so the connector registers each rank as
+     * a replica of tp rank 0. One copy is stored (the second rank's save is a no-op) and
+     * every replica loads it.
+     */
+    @Test
+    void mlaReplicasStoreOneCopyAndAllLoadIt() {
+        CounterMetrics sink = new CounterMetrics();
+        engine = PegaEngine.create(EngineConfig.builder().poolSize("64kb").metrics(sink).sweepInterval(Duration.ZERO).build());
+        world = new KvWorld("mla", "ns", KvWorld.Kind.MLA, 2, 1, 2, 32, 256, 0);
+        List<WorkerSpec> replicas = world.workers.stream()
+                .map(w -> new WorkerSpec(w.workerRank(), 0, w.deviceId(), w.layers())).toList();
+        engine.registerInstance(new InstanceSpec("mla", "ns", 1, 2));
+        replicas.forEach(w -> engine.registerWorker("mla", w));
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        long[] src = {0, 1};
+        for (WorkerSpec w : replicas) {
+            for (int i = 0; i < h.length; i++) {
+                world.fillPattern(w, src[i], h[i]);
+            }
+            engine.save("mla", w.workerRank(), src, h).join();
+        }
+        assertThat(sink.get(Counter.SAVE_BLOCKS)).as("one stored copy").isEqualTo(2);
+        assertThat(sink.get(Gauge.POOL_USED_BYTES)).isEqualTo(2 * 2 * 256);
+        QueryResult q = engine.query("mla", h);
+        assertThat(q.hitBlocks()).isEqualTo(2);
+        for (WorkerSpec w : replicas) {
+            engine.load("mla", w.workerRank(), q.lease(), new long[] {10, 11}).join();
+            assertThat(world.holdsPattern(w, 10, h[0]) && world.holdsPattern(w, 11, h[1])).isTrue();
+        }
+        // each worker's load consumed its share of the lease
+        assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+    }
+
     /** A copy engine that fails every batch while {@code fail} is set. */
     private record FailingTransfer(HostTransferEngine delegate, AtomicBoolean fail) implements TransferEngine {
         @Override
