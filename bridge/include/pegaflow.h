@@ -148,6 +148,7 @@ typedef struct pegaflow_api {
 
     /* ---- The vLLM connector's brain (io.pegaflow.connector), for connector shims. ----
        Scheduler side: one per engine-core process; called from vLLM's scheduler thread. */
+    /* engine 0: not connected yet (see sched_rebind). */
     int32_t (*sched_create)(int64_t engine, const char *instance_id, int32_t block_size,
                             int32_t load_enabled, int64_t *out_sched);
     /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store
@@ -181,12 +182,19 @@ typedef struct pegaflow_api {
     int32_t (*worker_submit_saves)(int64_t worker, const uint8_t *plan, int64_t len, int64_t stream);
     /* handle_preemptions: returns once saves of the plan's preempted requests finished. */
     int32_t (*worker_await_preempted)(int64_t worker, const uint8_t *plan, int64_t len);
-    /* get_finished: lines "S <id>" (saves done) and "R <id>" (load done) into buf. */
+    /* get_finished: lines "S <id>" (saves done) and "R <id>" (load done) into buf. When they
+       do not fit (PF_INVALID_ARGUMENT, *out_len set) they are kept for the next call. */
     int32_t (*worker_get_finished)(int64_t worker, const char *finished_ids, char *buf, int32_t cap,
                                    int32_t *out_len);
     /* get_block_ids_with_load_errors: drains the failed destination block ids. */
     int32_t (*worker_load_errors)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
     int32_t (*worker_close)(int64_t worker);
+
+    /* Point a connector at another engine handle (the server restarted or came back; 0: no
+       engine, lookups miss and loads fail so vLLM recomputes). Transfers in flight finish on
+       the old engine, which the caller closes afterwards. */
+    int32_t (*sched_rebind)(int64_t sched, int64_t engine);
+    int32_t (*worker_rebind)(int64_t worker, int64_t engine);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -97,7 +97,7 @@ public final class Bridge {
         "sched_create", "sched_lookup", "sched_after_alloc", "sched_schedule", "sched_preempted", "sched_build_plan",
         "sched_request_finished", "sched_finished", "sched_close",
         "worker_create", "worker_start_loads", "worker_submit_saves", "worker_await_preempted", "worker_get_finished",
-        "worker_load_errors", "worker_close",
+        "worker_load_errors", "worker_close", "sched_rebind", "worker_rebind",
     };
 
     private static long buildTable() {
@@ -512,6 +512,15 @@ public final class Bridge {
 
     // ---------------------------------------------------------------- the vLLM connector's brain
 
+    /** Results a caller's buffer was too small for, kept for its next call (nothing is lost). */
+    private static final Map<Long, byte[]> UNREAD_FINISHED = new ConcurrentHashMap<>();
+    private static final Map<Long, long[]> UNREAD_ERRORS = new ConcurrentHashMap<>();
+
+    /** An engine handle for the connector: 0 means "no engine" (disconnected). */
+    private static PegaEngine engineOrNull(long handle) {
+        return handle == 0 ? null : engine(handle);
+    }
+
     private static io.pegaflow.connector.SchedulerSide sched(long handle) {
         io.pegaflow.connector.SchedulerSide s = SCHEDULERS.get(handle);
         if (s == null) {
@@ -546,7 +555,7 @@ public final class Bridge {
     static int pfSchedCreate(long engine, MemorySegment instanceId, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            io.pegaflow.connector.SchedulerSide s = new io.pegaflow.connector.SchedulerSide(engine(engine),
+            io.pegaflow.connector.SchedulerSide s = new io.pegaflow.connector.SchedulerSide(engineOrNull(engine),
                     str(instanceId, "instance_id"), blockSize, loadEnabled != 0);
             long handle = NEXT_HANDLE.getAndIncrement();
             SCHEDULERS.put(handle, s);
@@ -619,7 +628,7 @@ public final class Bridge {
     static int pfWorkerCreate(long engine, MemorySegment instanceId, int workerRank, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            io.pegaflow.connector.WorkerSide w = new io.pegaflow.connector.WorkerSide(engine(engine),
+            io.pegaflow.connector.WorkerSide w = new io.pegaflow.connector.WorkerSide(engineOrNull(engine),
                     str(instanceId, "instance_id"), workerRank);
             long handle = NEXT_HANDLE.getAndIncrement();
             WORKERS.put(handle, w);
@@ -646,15 +655,21 @@ public final class Bridge {
      */
     static int pfWorkerGetFinished(long worker, MemorySegment finished, MemorySegment buf, int cap, MemorySegment outLen) {
         return guard(() -> {
-            io.pegaflow.connector.WorkerSide.Finished f = workerSide(worker).getFinished(lines(finished, "finished"));
-            StringBuilder sb = new StringBuilder();
-            f.sending().forEach(id -> sb.append("S ").append(id).append('\n'));
-            f.recving().forEach(id -> sb.append("R ").append(id).append('\n'));
-            byte[] text = sb.toString().getBytes(StandardCharsets.UTF_8);
+            byte[] text = UNREAD_FINISHED.remove(worker);
+            if (text == null) {
+                io.pegaflow.connector.WorkerSide.Finished f = workerSide(worker).getFinished(lines(finished, "finished"));
+                StringBuilder sb = new StringBuilder();
+                f.sending().forEach(id -> sb.append("S ").append(id).append('\n'));
+                f.recving().forEach(id -> sb.append("R ").append(id).append('\n'));
+                text = sb.toString().getBytes(StandardCharsets.UTF_8);
+            } else {
+                workerSide(worker).noteFinished(lines(finished, "finished")); // results are taken on the next call
+            }
             buffer(outLen, 4, "out_len").set(JAVA_INT, 0, text.length);
             if (cap <= text.length) {
+                UNREAD_FINISHED.put(worker, text);
                 throw new InvalidArgumentException("finished list of " + text.length + " bytes does not fit " + cap
-                        + " bytes; pass a buffer of at least " + (text.length + 1));
+                        + " bytes; call again with a buffer of at least " + (text.length + 1));
             }
             MemorySegment b = buffer(buf, cap, "buf");
             MemorySegment.copy(text, 0, b, JAVA_BYTE, 0, text.length);
@@ -664,10 +679,15 @@ public final class Bridge {
 
     static int pfWorkerLoadErrors(long worker, MemorySegment out, int cap, MemorySegment outCount) {
         return guard(() -> {
-            long[] ids = workerSide(worker).drainLoadErrors();
+            long[] ids = UNREAD_ERRORS.remove(worker);
+            if (ids == null) {
+                ids = workerSide(worker).drainLoadErrors();
+            }
             buffer(outCount, 4, "out_count").set(JAVA_INT, 0, ids.length);
             if (ids.length > cap) {
-                throw new InvalidArgumentException(ids.length + " failed block ids do not fit " + cap);
+                UNREAD_ERRORS.put(worker, ids);
+                throw new InvalidArgumentException(ids.length + " failed block ids do not fit " + cap
+                        + "; call again with room for " + ids.length);
             }
             if (ids.length > 0) {
                 MemorySegment.copy(ids, 0, buffer(out, 8L * ids.length, "out"), JAVA_LONG, 0, ids.length);
@@ -678,10 +698,22 @@ public final class Bridge {
     static int pfWorkerClose(long worker) {
         return guard(() -> {
             io.pegaflow.connector.WorkerSide w = WORKERS.remove(worker);
+            UNREAD_FINISHED.remove(worker);
+            UNREAD_ERRORS.remove(worker);
             if (w != null) {
                 w.shutdown();
             }
         });
+    }
+
+    /** Points the scheduler connector at another engine handle (0: none, every lookup misses). */
+    static int pfSchedRebind(long sched, long engine) {
+        return guard(() -> sched(sched).rebind(engineOrNull(engine)));
+    }
+
+    /** Points the worker connector at another engine handle (0: none); transfers in flight finish on the old one. */
+    static int pfWorkerRebind(long worker, long engine) {
+        return guard(() -> workerSide(worker).rebind(engineOrNull(engine)));
     }
 
     /** For tests: the Java signature of each export, in table order. */

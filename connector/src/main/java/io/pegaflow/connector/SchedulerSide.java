@@ -30,7 +30,7 @@ public final class SchedulerSide {
     /** What {@link #lookup} returns for "not known yet, ask again" (vLLM's None). */
     public static final long ASK_AGAIN = -1;
 
-    private final PegaEngine engine;
+    private PegaEngine engine; // null while disconnected from the store: every lookup misses
     private final String instanceId;
     private final int blockSize;
     private final boolean loadEnabled;
@@ -39,6 +39,10 @@ public final class SchedulerSide {
     private final List<StepPlan.Save> stepSaves = new ArrayList<>();
     private final List<String> stepPreempted = new ArrayList<>();
     private long lookupFailures;
+    private long contractViolations;
+
+    /** A lease no store issues: a load carrying it fails on every block (recompute). */
+    static final LeaseId NO_LEASE = new LeaseId(0, 0);
 
     /** Per-request state. */
     private static final class Req {
@@ -57,6 +61,8 @@ public final class SchedulerSide {
     }
 
     /**
+     * @param engine      the store's engine, or null while there is none (every lookup misses
+     *                    until {@link #rebind})
      * @param blockSize   vLLM's block size in tokens (one hash per block)
      * @param loadEnabled false for save-only deployments: lookups always miss
      */
@@ -86,7 +92,7 @@ public final class SchedulerSide {
         int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
         int base = (int) (numComputedTokens / blockSize);
         int usable = (int) Math.min(count, Math.max(0, (numTokens - 1) / blockSize)) - base;
-        if (!loadEnabled || usable <= 0) {
+        if (!loadEnabled || usable <= 0 || engine == null) {
             dropProbe(r);
             return 0;
         }
@@ -131,6 +137,9 @@ public final class SchedulerSide {
     }
 
     private void releaseQuietly(LeaseId lease) {
+        if (engine == null) {
+            return;
+        }
         try {
             engine.release(lease);
         } catch (PegaflowException ignored) {
@@ -154,15 +163,19 @@ public final class SchedulerSide {
             return;
         }
         int blocks = (int) (numExternalTokens / blockSize);
-        if (!r.probed || r.probeLease == null || blocks != r.probeHit) {
-            throw new InvalidArgumentException("request " + requestId + ": vLLM allocated for " + numExternalTokens
-                    + " external tokens but the lookup answered " + (long) r.probeHit * blockSize
-                    + "; expected the same count");
-        }
-        int base = r.probeBase;
-        if (blockIds.length < base + blocks) {
-            throw new InvalidArgumentException("request " + requestId + ": " + blockIds.length + " block ids for "
-                    + (base + blocks) + " blocks of computed and loaded tokens");
+        int base = (int) Math.min(r.probeBase, blockIds.length);
+        if (!r.probed || r.probeLease == null || blocks != r.probeHit || blockIds.length < base + blocks
+                || numExternalTokens % blockSize != 0) {
+            // vLLM committed to a load we did not offer (not the contract; never seen): the
+            // request waits for finished_recving, so send a load that fails on every target
+            // block; the worker reports it and vLLM recomputes (kv_load_failure_policy=recompute).
+            contractViolations++;
+            dropProbe(r);
+            int from = Math.min(base, blockIds.length);
+            int to = (int) Math.min(blockIds.length, from + Math.max(1, (numExternalTokens + blockSize - 1) / blockSize));
+            pendingLoads.put(requestId, new StepPlan.Load(requestId, NO_LEASE, Arrays.copyOfRange(blockIds, from, to)));
+            r.loading = true;
+            return;
         }
         pendingLoads.put(requestId, new StepPlan.Load(requestId, r.probeLease,
                 Arrays.copyOfRange(blockIds, base, base + blocks)));
@@ -236,7 +249,11 @@ public final class SchedulerSide {
             return false;
         }
         dropProbe(r);
-        pendingLoads.remove(requestId);
+        StepPlan.Load unsent = pendingLoads.remove(requestId);
+        if (unsent != null) {
+            releaseQuietly(unsent.lease());
+            r.loading = false; // never sent to a worker: no finished_recving will come
+        }
         r.finishedByVllm = true;
         if (r.hadSaves) {
             return true;
@@ -263,6 +280,18 @@ public final class SchedulerSide {
         }
     }
 
+    /**
+     * Switches to another engine (the server restarted, or came back after being unreachable;
+     * null: it is gone). Probes of the old one are dropped, so their requests look up again;
+     * loads already planned carry the old leases and fail, which vLLM recomputes.
+     */
+    public void rebind(PegaEngine newEngine) {
+        for (Req r : requests.values()) {
+            dropProbe(r);
+        }
+        engine = newEngine;
+    }
+
     /** Releases every uncommitted probe (connector shutdown). */
     public void shutdown() {
         for (Req r : requests.values()) {
@@ -281,5 +310,10 @@ public final class SchedulerSide {
 
     public long lookupFailures() {
         return lookupFailures;
+    }
+
+    /** update_state_after_alloc calls that committed to a load this side never offered. */
+    public long contractViolations() {
+        return contractViolations;
     }
 }

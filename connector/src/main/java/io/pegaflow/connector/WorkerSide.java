@@ -4,6 +4,7 @@ import io.pegaflow.engine.LoadResult;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.SaveResult;
+import io.pegaflow.engine.ServerUnavailableException;
 import io.pegaflow.engine.TransferFailedException;
 import java.util.ArrayList;
 import java.util.HashMap;
@@ -24,7 +25,7 @@ import java.util.concurrent.CompletionException;
  * cache. Calls come from the worker's one thread, copies complete on the engine's.
  */
 public final class WorkerSide {
-    private final PegaEngine engine;
+    private volatile PegaEngine engine; // null while disconnected: loads fail (recompute), saves are skipped
     private final String instanceId;
     private final int workerRank;
     private final Map<String, CompletableFuture<LoadResult>> loads = new HashMap<>();
@@ -40,12 +41,28 @@ public final class WorkerSide {
         this.workerRank = workerRank;
     }
 
+    private PegaEngine current(String what) {
+        PegaEngine e = engine;
+        if (e == null) {
+            throw new ServerUnavailableException(what + ": not connected to a store", null);
+        }
+        return e;
+    }
+
+    /**
+     * Switches to another engine (after a server restart or reconnect; null while there is
+     * none). Transfers in flight finish on the old one, which the caller closes afterwards.
+     */
+    public void rebind(PegaEngine newEngine) {
+        engine = newEngine;
+    }
+
     /** {@code start_load_kv}: start every load of the plan (async; see {@link #getFinished}). */
     public void startLoads(byte[] plan) {
         for (StepPlan.Load l : StepPlan.decode(plan).loads()) {
             CompletableFuture<LoadResult> f;
             try {
-                f = engine.load(instanceId, workerRank, l.lease(), l.blockIds());
+                f = current("load of request " + l.requestId()).load(instanceId, workerRank, l.lease(), l.blockIds());
             } catch (PegaflowException e) {
                 f = CompletableFuture.failedFuture(new TransferFailedException("load of request " + l.requestId()
                         + " could not start: " + e.getMessage(), l.blockIds(), e));
@@ -63,7 +80,8 @@ public final class WorkerSide {
         for (StepPlan.Save s : StepPlan.decode(plan).saves()) {
             CompletableFuture<SaveResult> f;
             try {
-                f = engine.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream);
+                f = current("save of request " + s.requestId()).save(instanceId, workerRank, null, s.blockIds(), s.hashes(),
+                        stream);
             } catch (PegaflowException e) {
                 f = CompletableFuture.failedFuture(e);
             }
@@ -91,7 +109,7 @@ public final class WorkerSide {
      * {@link #drainLoadErrors}) and requests vLLM finished whose saves are all done.
      */
     public Finished getFinished(List<String> finishedRequestIds) {
-        finishedByVllm.addAll(finishedRequestIds);
+        noteFinished(finishedRequestIds);
         List<String> recving = new ArrayList<>();
         for (var it = loads.entrySet().iterator(); it.hasNext(); ) {
             var e = it.next();
@@ -130,6 +148,11 @@ public final class WorkerSide {
             }
         }
         return new Finished(sending, recving);
+    }
+
+    /** Records requests vLLM finished, whose saves {@link #getFinished} reports once done. */
+    public void noteFinished(List<String> finishedRequestIds) {
+        finishedByVllm.addAll(finishedRequestIds);
     }
 
     /** {@code get_block_ids_with_load_errors}: block ids whose load failed since the last call. */

@@ -242,8 +242,40 @@ class ConnectorBrainTest {
         assertThat(StepPlan.decode(plan).preempted()).containsExactly("a");
         worker.awaitPreempted(plan);
         assertThat(engine.stats().get(Gauge.RESIDENT_BLOCKS)).as("the save finished before the blocks were reused").isEqualTo(2);
-        sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
-        assertThatThrownBy(() -> sched.afterAlloc("b", ids(0, 3), BLOCK)).isInstanceOf(InvalidArgumentException.class)
-                .hasMessageContaining("the lookup answered 32");
+        // vLLM commits to 16 external tokens after the lookup offered 32: never thrown into
+        // vLLM; the request gets a load that fails on its target block, so vLLM recomputes it.
+        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        long[] table = ids(0, 3);
+        sched.afterAlloc("b", table, BLOCK);
+        assertThat(sched.contractViolations()).isEqualTo(1);
+        byte[] bad = sched.buildPlan();
+        assertThat(StepPlan.decode(bad).loads()).singleElement().satisfies(l -> assertThat(l.blockIds()).containsExactly(table[0]));
+        worker.startLoads(bad);
+        WorkerSide.Finished f = worker.getFinished(List.of());
+        assertThat(f.recving()).containsExactly("b");
+        assertThat(worker.drainLoadErrors()).containsExactly(table[0]);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("the offered lease was released").isZero();
+    }
+
+    @Test
+    void withoutAnEngineLookupsMissAndPlannedLoadsFailUntilRebound() throws Exception {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
+        byte[] plan = sched.buildPlan();
+        // the server went away between the plan and the load
+        sched.rebind(null);
+        worker.rebind(null);
+        assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).as("no store: a miss").isZero();
+        worker.startLoads(plan);
+        assertThat(worker.getFinished(List.of()).recving()).containsExactly("b");
+        assertThat(worker.drainLoadErrors()).containsExactly(40, 41);
+        // it came back
+        sched.rebind(engine);
+        worker.rebind(engine);
+        assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
     }
 }
