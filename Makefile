@@ -16,7 +16,7 @@ REPORT ?= out/run-report.json
 MVN := ./mvnw -B -q
 VENV := .venv
 JAR := bench/target/pegaflow.jar
-JAVA_SOURCES := $(shell find pom.xml */pom.xml jvm-engine/src bench/src -type f 2>/dev/null)
+JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
 .PHONY: help setup build run test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
 
@@ -31,7 +31,7 @@ help:
 $(VENV)/.installed: python/pyproject.toml
 	@UV=$$(ci/ensure-uv.sh) && \
 	  $$UV venv --quiet --allow-existing --python python3 $(VENV) && \
-	  $$UV pip install --quiet --python $(VENV)/bin/python -e 'python[test]'
+	  $$UV pip install --quiet --python $(VENV)/bin/python -e 'python[test,vllm]'
 	@touch $@
 
 setup: $(VENV)/.installed

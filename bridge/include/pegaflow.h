@@ -160,10 +160,12 @@ typedef struct pegaflow_api {
     int32_t (*sched_after_alloc)(int64_t sched, const char *req_id, const int64_t *block_ids,
                                  int32_t n, int64_t num_external_tokens);
     /* One scheduled request of this step (new_block_ids appended, or the whole table when
-       resumed); then sched_build_plan once. */
+       resumed); then sched_build_plan once. hashes holds n of the request's full-block hashes
+       starting at index hash_offset (pass each hash once: the ones not passed before). */
     int32_t (*sched_schedule)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
-                              int32_t hash_len, const int64_t *new_block_ids, int32_t n_ids,
-                              int32_t resumed, int64_t num_computed, int64_t num_scheduled);
+                              int32_t hash_len, int32_t hash_offset, const int64_t *new_block_ids,
+                              int32_t n_ids, int32_t resumed, int64_t num_computed,
+                              int64_t num_scheduled);
     int32_t (*sched_preempted)(int64_t sched, const char *req_id);
     /* build_connector_meta: the step's plan (opaque bytes for every worker). When it does not
        fit cap, PF_INVALID_ARGUMENT with *out_len set; the plan is kept for the next call. */

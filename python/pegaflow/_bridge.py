@@ -65,7 +65,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("sched_create", [c_int64, c_char_p, c_int32, c_int32, POINTER(c_int64)]),
     ("sched_lookup", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int64, c_int64, POINTER(c_int64)]),
     ("sched_after_alloc", [c_int64, c_char_p, c_void_p, c_int32, c_int64]),
-    ("sched_schedule", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_void_p, c_int32, c_int32, c_int64, c_int64]),
+    ("sched_schedule", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int32, c_void_p, c_int32, c_int32, c_int64, c_int64]),
     ("sched_preempted", [c_int64, c_char_p]),
     ("sched_build_plan", [c_int64, c_void_p, c_int64, POINTER(c_int64)]),
     ("sched_request_finished", [c_int64, c_char_p, POINTER(c_int32)]),

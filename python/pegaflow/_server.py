@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -20,6 +22,7 @@ class Server:
     http_port: int
     pool_path: Path
     start_seconds: float
+    log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
 
     @property
     def endpoint(self) -> str:
@@ -72,7 +75,16 @@ def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", g
         lines.append(line)
         m = re.search(r"ready grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", line)
         if m:
-            return Server(proc, int(m.group(1)), int(m.group(2)), pool_path, time.perf_counter() - start)
+            server = Server(proc, int(m.group(1)), int(m.group(2)), pool_path, time.perf_counter() - start)
+            server.log.extend(lines)
+            # keep reading its output so a chatty server never blocks on a full pipe
+            threading.Thread(target=_drain, args=(proc, server.log), daemon=True).start()
+            return server
         if time.perf_counter() - start > 30:
             proc.kill()
             raise RuntimeError("pegaflow-server not ready after 30 s:\n" + "".join(lines))
+
+
+def _drain(proc: subprocess.Popen, log: collections.deque) -> None:
+    for line in proc.stdout:
+        log.append(line)

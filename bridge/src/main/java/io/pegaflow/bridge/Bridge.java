@@ -574,10 +574,10 @@ public final class Bridge {
         return guard(() -> sched(sched).afterAlloc(str(reqId, "req_id"), longs(blockIds, n, "block_ids"), numExternal));
     }
 
-    static int pfSchedSchedule(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen,
+    static int pfSchedSchedule(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen, int hashOffset,
             MemorySegment newBlockIds, int nIds, int resumed, long numComputed, long numScheduled) {
         return guard(() -> sched(sched).schedule(str(reqId, "req_id"), bytes(hashes, (long) n * hashLen, "hashes"), hashLen,
-                longs(newBlockIds, nIds, "new_block_ids"), resumed != 0, numComputed, numScheduled));
+                hashOffset, longs(newBlockIds, nIds, "new_block_ids"), resumed != 0, numComputed, numScheduled));
     }
 
     static int pfSchedPreempted(long sched, MemorySegment reqId) {

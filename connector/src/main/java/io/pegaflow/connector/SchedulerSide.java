@@ -186,12 +186,17 @@ public final class SchedulerSide {
     }
 
     /**
-     * One scheduled request of this step: its current full-block hashes, the new block ids
-     * appended to its table (or its whole table when {@code resumed}), and its token counts.
-     * Full blocks that this step completes and that are not stored yet are saved.
+     * One scheduled request of this step: a window of its full-block hashes (hash
+     * {@code hashOffset + i} is the i-th in {@code packedHashes}; callers pass only hashes they
+     * have not passed before), the new block ids appended to its table (or its whole table when
+     * {@code resumed}), and its token counts. Full blocks that this step completes and that are
+     * not stored yet are saved.
      */
-    public void schedule(String requestId, byte[] packedHashes, int hashLen, long[] newBlockIds, boolean resumed,
-            long numComputedTokens, long numScheduledTokens) {
+    public void schedule(String requestId, byte[] packedHashes, int hashLen, int hashOffset, long[] newBlockIds,
+            boolean resumed, long numComputedTokens, long numScheduledTokens) {
+        if (hashOffset < 0) {
+            throw new InvalidArgumentException("request " + requestId + ": hash offset " + hashOffset + "; expected >= 0");
+        }
         Req r = req(requestId);
         if (resumed) {
             r.table = newBlockIds.clone();
@@ -200,18 +205,19 @@ public final class SchedulerSide {
             System.arraycopy(newBlockIds, 0, t, r.table.length, newBlockIds.length);
             r.table = t;
         }
-        int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
+        int count = hashOffset + (hashLen == 0 ? 0 : packedHashes.length / hashLen);
         // Blocks vLLM had cached locally are saved too (deduplicated if already stored), so
         // other instances sharing the store find them.
         int full = (int) Math.min(count, Math.min(r.table.length, (numComputedTokens + numScheduledTokens) / blockSize));
-        if (full <= r.savedUpTo) {
+        int from = Math.max(r.savedUpTo, hashOffset);
+        if (full <= from) {
             return;
         }
-        int from = r.savedUpTo;
         long[] ids = Arrays.copyOfRange(r.table, from, full);
         byte[][] hashes = new byte[full - from][];
         for (int i = from; i < full; i++) {
-            hashes[i - from] = Arrays.copyOfRange(packedHashes, i * hashLen, (i + 1) * hashLen);
+            int at = (i - hashOffset) * hashLen;
+            hashes[i - from] = Arrays.copyOfRange(packedHashes, at, at + hashLen);
         }
         stepSaves.add(new StepPlan.Save(requestId, ids, hashes));
         r.savedUpTo = full;

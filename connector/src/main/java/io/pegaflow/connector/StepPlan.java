@@ -19,7 +19,7 @@ import java.util.List;
  * their blocks are reused).
  */
 public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempted) {
-    private static final int VERSION = 1;
+    private static final int VERSION = 2;
 
     /** Load the leased blocks into {@code blockIds} (one per leased block, in order). */
     public record Load(String requestId, LeaseId lease, long[] blockIds) {}
@@ -34,14 +34,16 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     public byte[] encode() {
         ByteArrayOutputStream bytes = new ByteArrayOutputStream();
         try (DataOutputStream out = new DataOutputStream(bytes)) {
+            // header: version, then the three section counts (shims peek at them to skip calls)
             out.writeInt(VERSION);
             out.writeInt(loads.size());
+            out.writeInt(saves.size());
+            out.writeInt(preempted.size());
             for (Load l : loads) {
                 out.writeUTF(l.requestId());
                 out.write(l.lease().toBytes());
                 writeLongs(out, l.blockIds());
             }
-            out.writeInt(saves.size());
             for (Save s : saves) {
                 out.writeUTF(s.requestId());
                 writeLongs(out, s.blockIds());
@@ -51,7 +53,6 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
                     out.write(h);
                 }
             }
-            out.writeInt(preempted.size());
             for (String id : preempted) {
                 out.writeUTF(id);
             }
@@ -68,15 +69,22 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
                 throw new InvalidArgumentException("step plan version " + version + "; expected " + VERSION
                         + " (scheduler and worker run different pegaflow versions)");
             }
+            int nLoads = in.readInt();
+            int nSaves = in.readInt();
+            int nPreempted = in.readInt();
+            if (nLoads < 0 || nSaves < 0 || nPreempted < 0) {
+                throw new InvalidArgumentException("step plan counts " + nLoads + "/" + nSaves + "/" + nPreempted
+                        + "; expected >= 0");
+            }
             List<Load> loads = new ArrayList<>();
-            for (int i = in.readInt(); i > 0; i--) {
+            for (int i = nLoads; i > 0; i--) {
                 String id = in.readUTF();
                 byte[] lease = new byte[LeaseId.BYTES];
                 in.readFully(lease);
                 loads.add(new Load(id, LeaseId.fromBytes(lease), readLongs(in)));
             }
             List<Save> saves = new ArrayList<>();
-            for (int i = in.readInt(); i > 0; i--) {
+            for (int i = nSaves; i > 0; i--) {
                 String id = in.readUTF();
                 long[] blocks = readLongs(in);
                 int len = in.readInt();
@@ -87,7 +95,7 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
                 saves.add(new Save(id, blocks, hashes));
             }
             List<String> preempted = new ArrayList<>();
-            for (int i = in.readInt(); i > 0; i--) {
+            for (int i = nPreempted; i > 0; i--) {
                 preempted.add(in.readUTF());
             }
             return new StepPlan(loads, saves, preempted);

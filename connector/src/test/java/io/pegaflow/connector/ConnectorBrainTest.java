@@ -105,7 +105,7 @@ class ConnectorBrainTest {
         for (int i = 0; i < need; i++) {
             fill(from + i);
         }
-        sched.schedule(id, hashes, 32, new long[0], false, 0, tokens);
+        sched.schedule(id, hashes, 32, 0, new long[0], false, 0, tokens);
         byte[] plan = sched.buildPlan();
         assertThat(StepPlan.decode(plan).saves()).hasSize(1);
         worker.startLoads(plan);
@@ -157,7 +157,7 @@ class ConnectorBrainTest {
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         sched.finished(List.of(), recving);
         // Next step: the loaded prefix is not saved again, only what this step completes.
-        sched.schedule("warm", h, 32, new long[0], false, 4 * BLOCK, 5);
+        sched.schedule("warm", h, 32, 0, new long[0], false, 4 * BLOCK, 5);
         assertThat(StepPlan.decode(sched.buildPlan()).saves()).isEmpty();
     }
 

@@ -1,0 +1,146 @@
+"""ctypes calls into the connector's brain in Java (``io.pegaflow.connector``): plain data
+in, plain data out. The state machines live there; this file only marshals."""
+
+from __future__ import annotations
+
+import array
+import ctypes
+from collections.abc import Iterable, Sequence
+from ctypes import c_int32, c_int64
+
+from .. import _bridge
+from ..errors import InvalidArgumentError
+
+
+def _ids(values: Iterable[int]) -> tuple[array.array, int, int]:
+    a = array.array("q", values)
+    return a, a.buffer_info()[0] if a else 0, len(a)
+
+
+def _pack(hashes: Sequence[bytes]) -> tuple[bytes, int, int]:
+    """Hashes of one length, packed; (bytes, count, length)."""
+    if not hashes:
+        return b"", 0, 0
+    length = len(hashes[0])
+    packed = b"".join(hashes)
+    if len(packed) != length * len(hashes):
+        lengths = sorted({len(h) for h in hashes})
+        raise InvalidArgumentError(f"block hashes of lengths {lengths}; expected one length per request")
+    return packed, len(hashes), length
+
+
+class SchedulerBrain:
+    def __init__(self, engine_handle: int, instance_id: str, block_size: int, load_enabled: bool):
+        out = c_int64()
+        self._api = _bridge.api()
+        self._api.call("sched_create", engine_handle, instance_id.encode(), block_size, int(load_enabled),
+                       ctypes.byref(out))
+        self.handle: int | None = out.value
+        self._buf = ctypes.create_string_buffer(1 << 16)
+
+    def rebind(self, engine_handle: int) -> None:
+        if self.handle is not None:
+            self._api.call("sched_rebind", self.handle, engine_handle)
+
+    def lookup(self, req_id: str, hashes: Sequence[bytes], num_tokens: int, num_computed: int) -> int:
+        packed, n, length = _pack(hashes)
+        out = c_int64()
+        self._api.call("sched_lookup", self.handle, req_id.encode(), packed, n, length, num_tokens, num_computed,
+                       ctypes.byref(out))
+        return out.value
+
+    def after_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        ids, address, n = _ids(block_ids)
+        self._api.call("sched_after_alloc", self.handle, req_id.encode(), address, n, num_external_tokens)
+
+    def schedule(self, req_id: str, hashes: Sequence[bytes], hash_offset: int, new_block_ids: Sequence[int],
+                 resumed: bool, num_computed: int, num_scheduled: int) -> None:
+        packed, n, length = _pack(hashes)
+        ids, address, n_ids = _ids(new_block_ids)
+        self._api.call("sched_schedule", self.handle, req_id.encode(), packed, n, length, hash_offset, address, n_ids,
+                       int(resumed), num_computed, num_scheduled)
+
+    def preempted(self, req_id: str) -> None:
+        self._api.call("sched_preempted", self.handle, req_id.encode())
+
+    def build_plan(self) -> bytes:
+        size = c_int64()
+        try:
+            self._api.call("sched_build_plan", self.handle, self._buf, len(self._buf), ctypes.byref(size))
+        except InvalidArgumentError:
+            if size.value <= len(self._buf):
+                raise
+            self._buf = ctypes.create_string_buffer(size.value * 2)
+            self._api.call("sched_build_plan", self.handle, self._buf, len(self._buf), ctypes.byref(size))
+        return self._buf.raw[: size.value]
+
+    def request_finished(self, req_id: str) -> bool:
+        hold = c_int32()
+        self._api.call("sched_request_finished", self.handle, req_id.encode(), ctypes.byref(hold))
+        return bool(hold.value)
+
+    def finished(self, sending: Iterable[str] | None, recving: Iterable[str] | None) -> None:
+        s = "\n".join(sending or ())
+        r = "\n".join(recving or ())
+        if s or r:
+            self._api.call("sched_finished", self.handle, s.encode(), r.encode())
+
+    def close(self) -> None:
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            self._api.call("sched_close", handle)
+
+
+class WorkerBrain:
+    def __init__(self, engine_handle: int, instance_id: str, worker_rank: int):
+        out = c_int64()
+        self._api = _bridge.api()
+        self._api.call("worker_create", engine_handle, instance_id.encode(), worker_rank, ctypes.byref(out))
+        self.handle: int | None = out.value
+        self._text = ctypes.create_string_buffer(1 << 14)
+        self._errors = (c_int64 * 1024)()
+
+    def rebind(self, engine_handle: int) -> None:
+        if self.handle is not None:
+            self._api.call("worker_rebind", self.handle, engine_handle)
+
+    def start_loads(self, plan: bytes) -> None:
+        self._api.call("worker_start_loads", self.handle, plan, len(plan))
+
+    def submit_saves(self, plan: bytes, stream: int) -> None:
+        self._api.call("worker_submit_saves", self.handle, plan, len(plan), stream)
+
+    def await_preempted(self, plan: bytes) -> None:
+        self._api.call("worker_await_preempted", self.handle, plan, len(plan))
+
+    def get_finished(self, finished_ids: Iterable[str]) -> tuple[set[str], set[str]]:
+        ids = "\n".join(finished_ids).encode()
+        size = c_int32()
+        try:
+            self._api.call("worker_get_finished", self.handle, ids, self._text, len(self._text), ctypes.byref(size))
+        except InvalidArgumentError:
+            if size.value < len(self._text):
+                raise
+            self._text = ctypes.create_string_buffer(size.value * 2 + 1)  # the results were kept for this call
+            self._api.call("worker_get_finished", self.handle, b"", self._text, len(self._text), ctypes.byref(size))
+        sending: set[str] = set()
+        recving: set[str] = set()
+        for line in self._text.value.decode().splitlines():
+            (sending if line[0] == "S" else recving).add(line[2:])
+        return sending, recving
+
+    def load_errors(self) -> set[int]:
+        count = c_int32()
+        try:
+            self._api.call("worker_load_errors", self.handle, self._errors, len(self._errors), ctypes.byref(count))
+        except InvalidArgumentError:
+            if count.value <= len(self._errors):
+                raise
+            self._errors = (c_int64 * (count.value * 2))()  # the ids were kept for this call
+            self._api.call("worker_load_errors", self.handle, self._errors, len(self._errors), ctypes.byref(count))
+        return set(self._errors[: count.value])
+
+    def close(self) -> None:
+        if self.handle is not None:
+            handle, self.handle = self.handle, None
+            self._api.call("worker_close", handle)

@@ -1,0 +1,128 @@
+"""KV-cache geometry from the tensors vLLM registers, and the namespace derived from it.
+
+Nothing here trusts a layout name: each layer's :class:`~pegaflow.engine.LayerRegion` comes
+from the tensor's shape, strides and storage offset (``data_ptr`` includes it), so every
+physical order the pinned vLLM can allocate is described the same way. vLLM 0.33 gives each
+layer a view ``[num_blocks, heads, tokens, content]`` of one shared buffer, in the order the
+resolved ``KVCacheLayout`` says (``LBNHC`` by default; ``LBHNC``, ``BLNHC``, ``BLHNC`` too);
+the older per-layer split ``[2, num_blocks, ...]`` (K plane, then V plane) is described as
+two segments. Layouts whose block is not one dense run (``LHBNC``, ``BHLNC``: heads outside
+blocks) are refused with the tensor's geometry in the message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+
+from ..engine import LayerRegion
+from ..errors import InvalidArgumentError
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """One layer's region plus what the namespace must capture about its bytes."""
+
+    region: LayerRegion
+    device: str  # "cpu" or "cuda:N"
+    dtype: str
+    inner_order: str  # the dims inside a block, outermost first, e.g. "H16xN16xC128"
+
+
+def _dense_order(name: str, shape: tuple[int, ...], stride: tuple[int, ...], dims: range) -> str:
+    """Checks that ``dims`` of the tensor pack densely (one contiguous run) and returns their
+    order by stride, outermost first. Size-1 dims carry no layout and are skipped."""
+    live = [d for d in dims if shape[d] != 1]
+    live.sort(key=lambda d: stride[d])
+    expected = 1
+    for d in live:
+        if stride[d] != expected:
+            raise InvalidArgumentError(
+                f"layer '{name}': KV tensor of shape {shape} and strides {stride}: dimension {d} has stride "
+                f"{stride[d]} where a dense block needs {expected}; expected each block's bytes to be one "
+                "contiguous run (vLLM layouts LBNHC, LBHNC, BLNHC, BLHNC, or per-layer [2, num_blocks, ...]; "
+                "LHBNC and BHLNC put heads outside blocks and are not supported)"
+            )
+        expected *= shape[d]
+    return "x".join(f"{chr(ord('a') + d)}{shape[d]}" for d in reversed(live)) or "scalar"
+
+
+def describe_layer(name: str, tensor, num_blocks: int, mla: bool) -> LayerGeometry:
+    """The region of one layer's KV tensor holding ``num_blocks`` blocks."""
+    shape = tuple(int(s) for s in tensor.shape)
+    stride = tuple(int(s) for s in tensor.stride())
+    es = int(tensor.element_size())
+    if num_blocks < 1:
+        raise InvalidArgumentError(f"layer '{name}': num_blocks {num_blocks}; expected >= 1")
+    if len(shape) >= 2 and shape[0] == 2 and shape[1] == num_blocks and num_blocks != 2:
+        # per-layer split: [2, num_blocks, ...] with the K plane before the V plane
+        if mla:
+            raise InvalidArgumentError(f"layer '{name}': MLA layer with a K/V-split tensor of shape {shape}; "
+                                       "expected [num_blocks, ...] (MLA has one latent per token)")
+        order = _dense_order(name, shape, stride, range(2, len(shape)))
+        seg = math.prod(shape[2:]) * es
+        layout, block_stride, seg_offset, segments = "split_kv", stride[1] * es, stride[0] * es, 2
+    elif len(shape) >= 1 and shape[0] == num_blocks:
+        order = _dense_order(name, shape, stride, range(1, len(shape)))
+        seg = math.prod(shape[1:]) * es
+        layout, block_stride, seg_offset, segments = ("mla" if mla else "combined"), stride[0] * es, 0, 1
+    else:
+        raise InvalidArgumentError(
+            f"layer '{name}': KV tensor of shape {shape}; expected [num_blocks={num_blocks}, ...] "
+            f"or [2, num_blocks={num_blocks}, ...]"
+        )
+    if num_blocks > 1 and block_stride < seg:
+        raise InvalidArgumentError(
+            f"layer '{name}': block stride {block_stride} B is smaller than a block's {seg} B (shape {shape}, "
+            f"strides {stride}); expected blocks that do not overlap"
+        )
+    extent = (num_blocks - 1) * block_stride + (segments - 1) * seg_offset + seg
+    storage = tensor.untyped_storage()
+    available = storage.nbytes() - (tensor.data_ptr() - storage.data_ptr())
+    if extent > available:
+        raise InvalidArgumentError(
+            f"layer '{name}': {num_blocks} blocks of stride {block_stride} B reach {extent} B past the tensor's "
+            f"start but its storage holds {available} B there; expected num_blocks to match the KV cache"
+        )
+    region = LayerRegion(
+        name=name, layout=layout, base_address=int(tensor.data_ptr()), region_bytes=extent,
+        num_blocks=num_blocks, block_stride=block_stride, segment_bytes=seg, segment_offset=seg_offset,
+    )
+    return LayerGeometry(region, str(tensor.device), str(tensor.dtype).removeprefix("torch."), order)
+
+
+def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[LayerGeometry]:
+    """Every registered layer, sorted by name; they must share one device and dtype."""
+    if not kv_caches:
+        raise InvalidArgumentError("no KV cache tensors were registered; expected one per attention layer")
+    out = [describe_layer(name, kv_caches[name], num_blocks, mla) for name in sorted(kv_caches)]
+    devices = {g.device for g in out}
+    if len(devices) != 1:
+        raise InvalidArgumentError(f"KV cache tensors on several devices {sorted(devices)}; expected one per worker")
+    return out
+
+
+def derive_namespace(vllm_config, layers: list[LayerGeometry], store_tp_size: int) -> str:
+    """A name that differs whenever cached bytes would not be interchangeable: model and
+    revision, dtypes, block size, per-layer geometry and byte order, the store's TP split,
+    pipeline split and the prefix-hash algorithm (hashes of different algorithms never meet,
+    but the namespace keeps their pools apart)."""
+    mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    geometry = sorted({(g.region.layout, g.region.segment_bytes, g.dtype, g.inner_order) for g in layers})
+    facts = {
+        "model": str(mc.model),
+        "revision": str(getattr(mc, "revision", None)),
+        "dtype": str(mc.dtype),
+        "kv_cache_dtype": str(cc.cache_dtype),
+        "block_size": int(cc.block_size),
+        "geometry": geometry,
+        "layers": len(layers),
+        "tp": store_tp_size,
+        "pp": int(pc.pipeline_parallel_size),
+        "hash_algo": str(getattr(cc, "prefix_caching_hash_algo", "")),
+    }
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    model = str(mc.model).rstrip("/").rsplit("/", 1)[-1] or "model"
+    return f"{model}:bs{cc.block_size}:tp{store_tp_size}:{digest}"

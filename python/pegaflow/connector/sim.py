@@ -1,0 +1,342 @@
+"""A vLLM engine on CPU for driving PegaKVConnector with vLLM's real objects.
+
+Everything vLLM-side is the installed vLLM's own code: ``VllmConfig`` with a local tiny model
+config (no weights, no tokenizer, no hub), the KV-cache plan and allocation
+(``get_kv_cache_config_from_groups``, ``allocate_kv_cache`` with the chosen ``KVCacheLayout``),
+the connector built by ``KVConnectorFactory`` for both roles, the real ``Scheduler``,
+``Request`` with vLLM's block hasher, and ``KVOutputAggregator`` across TP ranks. Only the
+model's forward is replaced, by a deterministic writer: the K/V bytes of token ``p`` are a
+digest of tokens ``0..p`` (and the layer, and the TP rank unless MLA), and the sampled token
+is derived from the same digest. So a cache hit that loads bytes must yield exactly the
+bytes, and the outputs, that computing would have.
+
+The worker loop mirrors vLLM 0.33's ``vllm/v1/worker/gpu/kv_connector.py`` (``pre_forward``
+l.75-98: ``handle_preemptions``, ``bind_connector_metadata``, async loads started after the
+forward; ``post_forward`` l.136-160: ``wait_for_save``, ``get_transfer_results``,
+``get_block_ids_with_load_errors``, ``clear_connector_metadata``) and the block-table
+bookkeeping of ``vllm/v1/worker/gpu_model_runner.py`` ``_update_states`` (l.1338-1454: new
+requests bring their table, resumed ones replace it, others append ``new_block_ids``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from vllm.config import (  # noqa: E402
+    CacheConfig,
+    DeviceConfig,
+    KVTransferConfig,
+    ModelConfig,
+    SchedulerConfig,
+    VllmConfig,
+)
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.sampling_params import SamplingParams  # noqa: E402
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MLAAttentionSpec  # noqa: E402
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402
+
+from .. import connector as _connector  # noqa: E402
+
+TINY_MODEL = Path(__file__).with_name("tiny_llama")
+LAYERS = 2
+VOCAB = 1000
+
+
+@dataclass
+class Stats:
+    steps: int = 0
+    scheduled_tokens: int = 0  # tokens the "model" computed
+    prompt_tokens: int = 0
+    loaded_requests: int = 0
+    invalid_blocks: int = 0
+    preemptions: int = 0
+    ttft_steps: dict[str, int] = field(default_factory=dict)
+
+
+class _Rank:
+    """One worker (TP rank): its KV tensors and its worker-side connector."""
+
+    def __init__(self, rank: int, connector, caches: dict[str, torch.Tensor]):
+        self.rank = rank
+        self.connector = connector
+        self.caches = caches
+        self.names = sorted(caches)
+        self.tables: dict[str, list[int]] = {}
+        self.history: dict[str, list[int]] = {}  # last block table of every request (for checks)
+
+
+class SimEngine:
+    """One "vLLM instance": a scheduler and ``tp`` workers in this process."""
+
+    def __init__(
+        self,
+        name: str,
+        extra: dict | None = None,
+        *,
+        num_blocks: int = 64,
+        block_size: int = 16,
+        tp: int = 1,
+        layout: str = "LBNHC",
+        mla: bool = False,
+        dtype: torch.dtype = torch.float16,
+        max_num_batched_tokens: int = 256,
+        max_num_seqs: int = 16,
+        failure_policy: str = "recompute",
+        kv_role: str = "kv_both",
+        connector: bool = True,
+    ):
+        self.name = name
+        self.block_size = block_size
+        self.tp = tp
+        self.mla = mla
+        self.stats = Stats()
+        self.outputs: dict[str, list[int]] = {}
+        self.finish_status: dict[str, RequestStatus] = {}
+        model_config = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype="float16",
+                                   max_model_len=4096, seed=0)
+        cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
+        cache_config.kv_cache_layout = layout
+        kv_transfer = None
+        if connector:
+            kv_transfer = KVTransferConfig(
+                kv_connector="PegaKVConnector", kv_connector_module_path="pegaflow.connector", kv_role=kv_role,
+                kv_connector_extra_config=dict(extra or {}), kv_load_failure_policy=failure_policy, engine_id=name,
+            )
+        self.vllm_config = VllmConfig(
+            model_config=model_config,
+            scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                             max_model_len=4096, enable_chunked_prefill=True,
+                                             is_encoder_decoder=False),
+            cache_config=cache_config, kv_transfer_config=kv_transfer, device_config=DeviceConfig("cpu"),
+        )
+        if mla:
+            spec = MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=dtype)
+        else:
+            spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=16, dtype=dtype)
+        names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+        self.kv_cache_config = get_kv_cache_config_from_groups(
+            self.vllm_config, [KVCacheGroupSpec(names, spec)], available_memory=num_blocks * LAYERS * spec.page_size_bytes
+        )
+        self.vllm_config.cache_config.num_gpu_blocks = self.kv_cache_config.num_blocks
+        self.num_blocks = self.kv_cache_config.num_blocks
+        # Workers first, as EngineCore does (KV caches are registered before the scheduler exists).
+        self.ranks: list[_Rank] = []
+        for r in range(tp):
+            caches = allocate_kv_cache(self.kv_cache_config, torch.device("cpu"), KVCacheLayout[layout])
+            worker = None
+            if connector:
+                worker = KVConnectorFactory.create_connector(self.vllm_config, KVConnectorRole.WORKER,
+                                                             self.kv_cache_config)
+                with as_tp_rank(r, tp):
+                    worker.register_kv_caches(caches)
+            self.ranks.append(_Rank(r, worker, caches))
+        self.scheduler = Scheduler(
+            vllm_config=self.vllm_config, kv_cache_config=self.kv_cache_config,
+            structured_output_manager=StructuredOutputManager(self.vllm_config), block_size=block_size,
+            hash_block_size=block_size, log_stats=True,
+        )
+        init_none_hash(sha256)  # as EngineCore does (vllm/v1/engine/core.py:219-230)
+        self._hasher = get_request_block_hasher(block_size, sha256)
+        self._aggregator = KVOutputAggregator(tp)
+        self._digests: dict[tuple[int, ...], bytes] = {}
+
+    # ------------------------------------------------------------------ requests
+
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 4) -> Request:
+        req = Request(req_id, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
+                      block_hasher=self._hasher)
+        self.scheduler.add_request(req)
+        self.stats.prompt_tokens += len(prompt)
+        self.outputs[req_id] = []
+        return req
+
+    def abort(self, req_id: str) -> None:
+        self.scheduler.finish_requests(req_id, RequestStatus.FINISHED_ABORTED)
+
+    def status(self, req_id: str) -> RequestStatus | None:
+        r = self.scheduler.requests.get(req_id)
+        return None if r is None else r.status
+
+    # ------------------------------------------------------------------ the "model"
+
+    def _prefix_digest(self, tokens: list[int], upto: int) -> bytes:
+        """Digest of tokens[0:upto] (chained, memoized per prefix)."""
+        key = tuple(tokens[:upto])
+        d = self._digests.get(key)
+        if d is None:
+            parent = self._prefix_digest(tokens, upto - 1) if upto > 0 else b"pegaflow-sim"
+            d = hashlib.sha256(parent + (tokens[upto - 1] if upto > 0 else 0).to_bytes(4, "little")).digest()
+            self._digests[key] = d
+        return d
+
+    def token_kv(self, tokens: list[int], pos: int, layer: str, rank: int, nbytes: int) -> bytes:
+        """The K/V bytes "the model" writes for token ``pos`` in one layer of one rank."""
+        tag = layer.encode() + (b"" if self.mla else rank.to_bytes(2, "little"))
+        seed = hashlib.sha256(self._prefix_digest(tokens, pos + 1) + tag).digest()
+        return (seed * (nbytes // 32 + 1))[:nbytes]
+
+    def _write_token(self, rank: _Rank, tokens: list[int], pos: int, block: int) -> None:
+        off = pos % self.block_size
+        for name in rank.names:
+            t = rank.caches[name]
+            cell = t[block, :, off, :]  # logical [B, H, N, C] view, any physical order
+            raw = cell.view(torch.uint8)
+            data = self.token_kv(tokens, pos, name, rank.rank, raw.numel())
+            raw.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8).view(raw.shape))
+
+    def block_matches(self, rank: int, block: int, tokens: list[int], block_index: int) -> bool:
+        """Whether GPU block ``block`` of ``rank`` holds exactly what computing block
+        ``block_index`` of ``tokens`` writes (every layer, every token)."""
+        r = self.ranks[rank]
+        for off in range(self.block_size):
+            pos = block_index * self.block_size + off
+            for name in r.names:
+                raw = r.caches[name][block, :, off, :].view(torch.uint8)
+                if bytes(raw.contiguous().flatten().tolist()) != self.token_kv(tokens, pos, name, rank, raw.numel()):
+                    return False
+        return True
+
+    def block_bytes(self, rank: int, block: int) -> bytes:
+        r = self.ranks[rank]
+        return b"".join(bytes(r.caches[n][block].contiguous().view(torch.uint8).flatten().tolist()) for n in r.names)
+
+    def _sample(self, tokens: list[int]) -> int:
+        return 3 + int.from_bytes(self._prefix_digest(tokens, len(tokens))[:4], "little") % (VOCAB - 3)
+
+    # ------------------------------------------------------------------ one engine step
+
+    def step(self, on_scheduled=None) -> dict[str, list[int]]:
+        """One engine step; ``on_scheduled(scheduler_output)`` runs between the scheduler and
+        the workers (where a test injects a fault)."""
+        so = self.scheduler.schedule()
+        self.stats.steps += 1
+        self.stats.preemptions += len(so.preempted_req_ids or ())
+        if on_scheduled is not None:
+            on_scheduled(so)
+        meta = so.kv_connector_metadata
+        req_ids = list(so.num_scheduled_tokens)
+        sampled: dict[str, list[int]] = {}
+        # which requests compute what this step (from the scheduler's output only)
+        work = [(nr.req_id, nr.num_computed_tokens) for nr in so.scheduled_new_reqs]
+        cached = so.scheduled_cached_reqs
+        work += [(rid, cached.num_computed_tokens[i]) for i, rid in enumerate(cached.req_ids)]
+        outputs = []
+        for rank in self.ranks:
+            c = rank.connector
+            if c is not None:
+                c.handle_preemptions(meta)
+                c.bind_connector_metadata(meta)
+            for rid in so.finished_req_ids:
+                rank.tables.pop(rid, None)
+            for rid in so.preempted_req_ids or ():
+                rank.tables.pop(rid, None)
+            for nr in so.scheduled_new_reqs:
+                rank.tables[nr.req_id] = list(nr.block_ids[0])
+            for i, rid in enumerate(cached.req_ids):
+                new_ids = cached.new_block_ids[i]
+                if rid in cached.resumed_req_ids:
+                    rank.tables[rid] = list(new_ids[0])
+                elif new_ids is not None:
+                    rank.tables.setdefault(rid, []).extend(new_ids[0])
+            for rid in list(so.num_scheduled_tokens):
+                rank.history[rid] = list(rank.tables[rid])
+            # the forward pass
+            for rid, start in work:
+                req = self.scheduler.requests[rid]
+                tokens = req.all_token_ids
+                n = so.num_scheduled_tokens[rid]
+                table = rank.tables[rid]
+                for pos in range(start, start + n):
+                    self._write_token(rank, tokens, pos, table[pos // self.block_size])
+                if rank.rank == 0:
+                    self.stats.scheduled_tokens += n
+                    # vLLM samples only when the scheduled tokens reach the end of the known ones
+                    sampled[rid] = [self._sample(tokens[: start + n])] if start + n >= req.num_tokens else []
+            kvo = None
+            if c is not None:
+                c.start_load_kv(None)  # async loads start after the forward (kv_connector.py:92-98, 143)
+                c.wait_for_save()
+                results = c.get_transfer_results(so.finished_req_ids)
+                kvo = KVConnectorOutput(
+                    finished_sending=results.finished_sending or None,
+                    finished_recving=results.finished_recving or None,
+                    failed_recving=results.failed_recving,
+                    invalid_block_ids=c.get_block_ids_with_load_errors(),
+                )
+                c.clear_connector_metadata()
+            outputs.append(ModelRunnerOutput(
+                req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                sampled_token_ids=[sampled.get(r, []) for r in req_ids], kv_connector_output=kvo,
+            ))
+        merged = self._aggregator.aggregate(outputs) if self.ranks[0].connector is not None else outputs[0]
+        if merged.kv_connector_output is not None:
+            self.stats.invalid_blocks += len(merged.kv_connector_output.invalid_block_ids)
+            self.stats.loaded_requests += len(merged.kv_connector_output.finished_recving or ())
+        engine_outputs = self.scheduler.update_from_output(so, merged)
+        produced: dict[str, list[int]] = {}
+        for eco in engine_outputs.values():
+            for o in eco.outputs:
+                if o.new_token_ids:
+                    self.outputs.setdefault(o.request_id, []).extend(o.new_token_ids)
+                    produced.setdefault(o.request_id, []).extend(o.new_token_ids)
+                    self.stats.ttft_steps.setdefault(o.request_id, self.stats.steps)
+                if o.finish_reason is not None:
+                    self.finish_status[o.request_id] = o.finish_reason
+        return produced
+
+    def run(self, max_steps: int = 2000, idle_sleep_s: float = 0.001) -> None:
+        """Steps until every request has finished and every held block is back."""
+        for _ in range(max_steps):
+            if not self.scheduler.requests and not self.scheduler.has_unfinished_requests():
+                return
+            before = self.stats.scheduled_tokens
+            self.step()
+            if self.stats.scheduled_tokens == before:
+                time.sleep(idle_sleep_s)  # waiting on transfers: let the copy threads run
+        raise TimeoutError(f"{self.name}: requests {sorted(self.scheduler.requests)} still unfinished after "
+                           f"{max_steps} steps")
+
+    def free_blocks(self) -> int:
+        return self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def assert_drained(self) -> None:
+        """Nothing left behind: no request, every GPU block free (block 0 is vLLM's null block)."""
+        assert not self.scheduler.requests, f"requests left: {sorted(self.scheduler.requests)}"
+        assert self.free_blocks() == self.num_blocks - 1, f"{self.free_blocks()} of {self.num_blocks - 1} blocks free"
+
+    def close(self) -> None:
+        for r in self.ranks:
+            if r.connector is not None:
+                r.connector.shutdown()
+        if self.scheduler.connector is not None:
+            self.scheduler.connector.shutdown()
+
+
+@contextlib.contextmanager
+def as_tp_rank(rank: int, tp: int):
+    """What vLLM's parallel_state answers in TP rank ``rank``'s worker process."""
+    saved = _connector._parallel_ranks
+    _connector._parallel_ranks = lambda vllm_config: (rank, tp, 0, 1)
+    try:
+        yield
+    finally:
+        _connector._parallel_ranks = saved

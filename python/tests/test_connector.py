@@ -1,0 +1,403 @@
+"""PegaKVConnector against the real vLLM package (pinned 0.33.0), on CPU.
+
+Every scenario runs vLLM's own Scheduler, Request, block hasher, KV-cache allocation and
+output aggregation (``pegaflow.connector.sim``); only the model's forward is a deterministic
+writer, so "loaded bytes equal computed bytes" and "outputs equal the cold run's" are exact
+checks. Each test ends with vLLM drained: no request left and every GPU block free.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+sim = pytest.importorskip("pegaflow.connector.sim", reason="needs vllm==0.33.0 (make setup installs it)")
+
+from pegaflow.connector import PegaConnectorMetadata, _layout, _runtime  # noqa: E402
+from pegaflow.errors import InvalidArgumentError  # noqa: E402
+from pegaflow._server import free_port, start_server  # noqa: E402
+
+SimEngine = sim.SimEngine
+EMBEDDED = {"mode": "embedded", "pool_size": "64mb"}
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
+
+
+@pytest.fixture
+def engines():
+    """SimEngines made by the test; closed, with this process's links, afterwards."""
+    made: list[SimEngine] = []
+
+    def make(name, extra=None, **kw):
+        e = SimEngine(name, EMBEDDED if extra is None else extra, **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+    _runtime.close_all()
+
+
+def store_stats(engine: SimEngine) -> dict:
+    return engine.ranks[0].connector._link.engine.stats()
+
+
+def baseline(p: list[int], max_tokens: int, **kw) -> tuple[list[int], int]:
+    """Outputs and computed tokens of the same request without any connector."""
+    e = SimEngine("baseline", connector=False, **kw)
+    e.add("r", p, max_tokens)
+    e.run()
+    return e.outputs["r"], e.stats.scheduled_tokens
+
+
+# ---------------------------------------------------------------------------- embedded mode
+
+
+def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_effects(engines):
+    p = prompt(1, 70)
+    a = engines("a")
+    a.add("r", p, max_tokens=3)
+    a.run()
+    a.assert_drained()
+    assert a.stats.scheduled_tokens == 70 + 2  # all computed: a cold store
+
+    b = engines("b")
+    req = b.add("r", p, max_tokens=3)
+    conn = b.scheduler.connector
+    answers = {conn.get_num_new_matched_tokens(req, 0) for _ in range(3)}
+    assert answers == {(64, True)}  # 4 full blocks; the 70th token is always computed
+    assert store_stats(b)["pegaflow_active_leases"] == 1, "repeated lookups pin one lease, not three"
+    b.run()
+    b.assert_drained()
+    assert b.outputs["r"] == a.outputs["r"]
+    assert b.stats.loaded_requests == 1
+    assert b.stats.scheduled_tokens == 70 - 64 + 2
+    a_table, b_table = a.ranks[0].history["r"], b.ranks[0].history["r"]
+    for i in range(4):  # loaded into b's own blocks: the bytes a computed, and what computing writes
+        assert b.block_bytes(0, b_table[i]) == a.block_bytes(0, a_table[i])
+        assert b.block_matches(0, b_table[i], p, i)
+    stats = store_stats(b)
+    assert stats["pegaflow_active_leases"] == 0
+    assert stats["pegaflow_load_blocks_total"] == 4
+
+
+def test_prefix_extension_hits_the_stored_prefix_then_extends_it(engines):
+    p = prompt(2, 40)
+    a = engines("a")
+    a.add("r1", p, max_tokens=2)
+    a.run()
+    longer = p + prompt(3, 30)
+    b = engines("b")
+    b.add("r2", longer, max_tokens=2)
+    b.run()
+    # a stored blocks 0-1 of the prompt (block 2 mixes in a's generated tokens)
+    assert b.stats.scheduled_tokens == 70 - 32 + 1
+    c = engines("c")
+    c.add("r3", longer, max_tokens=2)
+    c.run()
+    assert c.stats.scheduled_tokens == 70 - 64 + 1
+    assert a.outputs["r1"] == baseline(p, 2)[0]
+    assert b.outputs["r2"] == c.outputs["r3"] == baseline(longer, 2)[0]
+    for e in (a, b, c):
+        e.assert_drained()
+
+
+def test_partial_hit_loads_only_the_shared_blocks(engines):
+    shared = prompt(4, 32)
+    a = engines("a")
+    a.add("r1", shared + prompt(5, 30), max_tokens=1)
+    a.run()
+    b = engines("b")
+    other = shared + prompt(6, 30)
+    req = b.add("r2", other, max_tokens=1)
+    assert b.scheduler.connector.get_num_new_matched_tokens(req, 0) == (32, True)
+    b.run()
+    assert b.stats.scheduled_tokens == 62 - 32
+    assert b.outputs["r2"] == baseline(other, 1)[0]
+    table = b.ranks[0].history["r2"]
+    assert b.block_matches(0, table[0], other, 0) and b.block_matches(0, table[1], other, 1)
+    b.assert_drained()
+
+
+def test_preemption_waits_for_saves_and_outputs_stay_exact(engines):
+    # 12 GPU blocks for three requests that each grow to 5 blocks: vLLM must preempt.
+    a = engines("a", num_blocks=12, max_num_seqs=3)
+    prompts = {f"r{i}": prompt(10 + i, 40) for i in range(3)}
+    for rid, p in prompts.items():
+        a.add(rid, p, max_tokens=30)
+    a.run()
+    a.assert_drained()
+    assert a.stats.preemptions > 0, "the scenario must preempt"
+    for rid, p in prompts.items():
+        assert a.outputs[rid] == baseline(p, 30)[0], rid
+    assert store_stats(a)["pegaflow_active_leases"] == 0
+
+
+def test_abort_while_loading_releases_everything(engines):
+    p = prompt(7, 64)
+    a = engines("a")
+    a.add("r", p, max_tokens=1)
+    a.run()
+    b = engines("b")
+    b.add("r", p, max_tokens=5)
+    b.step()
+    assert b.status("r").name == "WAITING_FOR_REMOTE_KVS"
+    b.abort("r")
+    b.run()
+    b.assert_drained()
+    assert b.outputs["r"] == []
+    stats = store_stats(b)
+    assert stats["pegaflow_active_leases"] == 0 and stats["pegaflow_pinned_blocks"] == 0
+
+
+def test_pool_pressure_evicts_and_never_breaks_vllm(engines):
+    # the pool holds 16 blocks (4 KiB each: 2 layers x 2 heads x 16 tokens x 32 B); 10 prompts need 40
+    a = engines("a", {"mode": "embedded", "pool_size": "64kb"})
+    prompts = {f"r{i}": prompt(20 + i, 65) for i in range(10)}
+    for rid, p in prompts.items():
+        a.add(rid, p, max_tokens=2)
+        a.run()
+    a.assert_drained()
+    stats = store_stats(a)
+    assert stats["pegaflow_cache_block_evictions_total"] > 0
+    assert stats["pegaflow_pool_used_bytes"] <= 64 * 1024
+    for rid, p in prompts.items():
+        assert a.outputs[rid] == baseline(p, 2)[0], rid
+    b = engines("b", {"mode": "embedded", "pool_size": "64kb"})
+    b.add("again", prompts["r9"], max_tokens=2)  # the newest survived eviction
+    b.run()
+    assert b.stats.loaded_requests == 1 and b.outputs["again"] == a.outputs["r9"]
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "BLNHC", "BLHNC"])
+def test_every_dense_vllm_layout_round_trips(engines, layout):
+    p = prompt(30, 50)
+    a = engines("a", layout=layout)
+    a.add("r", p, max_tokens=2)
+    a.run()
+    b = engines("b", layout=layout)
+    b.add("r", p, max_tokens=2)
+    b.run()
+    assert b.stats.loaded_requests == 1 and b.outputs["r"] == a.outputs["r"]
+    table = b.ranks[0].history["r"]
+    assert all(b.block_matches(0, table[i], p, i) for i in range(3))
+
+
+def test_tensor_parallel_ranks_each_store_their_shard(engines):
+    p = prompt(40, 50)
+    a = engines("a", tp=2)
+    a.add("r", p, max_tokens=2)
+    a.run()
+    b = engines("b", tp=2)
+    b.add("r", p, max_tokens=2)
+    b.run()
+    b.assert_drained()
+    assert b.outputs["r"] == a.outputs["r"] and b.stats.loaded_requests == 1
+    for rank in (0, 1):
+        table = b.ranks[rank].history["r"]
+        assert all(b.block_matches(rank, table[i], p, i) for i in range(3)), f"rank {rank}"
+    assert b.block_bytes(0, b.ranks[0].history["r"][0]) != b.block_bytes(1, b.ranks[1].history["r"][0])
+    stats = store_stats(b)
+    assert stats["pegaflow_cache_resident_bytes"] == 3 * 2 * 4096  # 3 blocks x 2 shards
+
+
+def test_mla_is_stored_once_across_tp_ranks(engines):
+    p = prompt(41, 50)
+    a = engines("a", tp=2, mla=True)
+    a.add("r", p, max_tokens=2)
+    a.run()
+    b = engines("b", tp=2, mla=True)
+    b.add("r", p, max_tokens=2)
+    b.run()
+    b.assert_drained()
+    assert b.outputs["r"] == a.outputs["r"] and b.stats.loaded_requests == 1
+    for rank in (0, 1):
+        table = b.ranks[rank].history["r"]
+        assert all(b.block_matches(rank, table[i], p, i) for i in range(3))
+    page = 16 * 64 * 2 * 2  # tokens x latent x fp16 x 2 layers
+    assert store_stats(b)["pegaflow_cache_resident_bytes"] == 3 * page  # one copy, not one per rank
+
+
+def test_namespaces_separate_incompatible_caches(engines):
+    made = []
+
+    def namespace(**kw):
+        made.append(kw)
+        e = engines(f"ns{len(made)}", **kw)
+        return e.ranks[0].connector._link._workers[-1].namespace
+
+    base = namespace()
+    assert namespace() == base, "stable for the same model and geometry"
+    assert namespace(block_size=32) != base
+    import torch
+
+    assert namespace(dtype=torch.bfloat16) != base
+    assert namespace(layout="LBHNC") != base  # other byte order inside a block
+    assert namespace(layout="BLNHC") == base  # same bytes per block: caches are interchangeable
+    assert namespace(tp=2) != base
+
+
+def test_unsupported_layout_and_bad_settings_are_refused_clearly(engines):
+    with pytest.raises(InvalidArgumentError, match=r"LHBNC and BHLNC put heads outside blocks"):
+        engines("lh", layout="LHBNC")
+    with pytest.raises(InvalidArgumentError, match=r"key 'pool' is unknown; expected one of: mode"):
+        engines("bad", {"pool": "1gb"})
+    with pytest.raises(InvalidArgumentError, match=r"mode 'shared'; expected one of \['auto', 'embedded', 'server'\]"):
+        engines("bad2", {"mode": "shared"})
+
+
+def test_legacy_split_kv_tensor_is_two_segments():
+    import torch
+
+    t = torch.zeros(2, 10, 16, 2, 8, dtype=torch.float16)  # [2, num_blocks, tokens, heads, head]
+    g = _layout.describe_layer("l0", t, 10, mla=False)
+    r = g.region
+    assert (r.layout, r.segment_bytes, r.block_stride, r.segment_offset) == ("split_kv", 512, 512, 5120)
+    assert r.base_address == t.data_ptr() and r.region_bytes == 10240
+
+
+def test_metadata_pickles_for_worker_processes():
+    m = PegaConnectorMetadata(plan=b"\x00\x00\x00\x02" + b"\x00" * 12, has_loads=False, has_saves=False,
+                              has_preempted=False)
+    assert pickle.loads(pickle.dumps(m)) == m
+
+
+def test_plugin_entry_point_registers_the_connector_name():
+    from importlib.metadata import entry_points
+
+    assert any(ep.value == "pegaflow._vllm_plugin:register" for ep in entry_points(group="vllm.general_plugins"))
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()
+    cls = KVConnectorFactory.get_connector_class(KVTransferConfig(kv_connector="PegaKVConnector", kv_role="kv_both"))
+    assert cls.__name__ == "PegaKVConnector" and cls.__module__ == "pegaflow.connector"
+
+
+# ---------------------------------------------------------------------------- server mode
+
+
+def server_extra(endpoint: str) -> dict:
+    return {"mode": "server", "endpoint": endpoint, "health_interval_s": 0.2, "deadline_ms": 1000}
+
+
+def run_until(engine: SimEngine, cond, timeout_s: float = 20.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError("condition not reached")
+        engine.step()
+        time.sleep(0.05)
+
+
+def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_path):
+    server = start_server(tmp_path / "pool", pool_size="64mb")
+    port = server.grpc_port
+    try:
+        a = engines("a", server_extra(server.endpoint))
+        p = prompt(50, 70)
+        a.add("r1", p, max_tokens=2)
+        a.run()
+        assert a.scheduler.reset_prefix_cache()  # what vLLM cached locally is gone: the store must serve
+        a.add("r2", p, max_tokens=2)  # a hit: its load is planned, then the server dies
+        killed = []
+
+        def kill(so):
+            if not killed and so.kv_connector_metadata.has_loads:
+                server.stop(kill=True)
+                killed.append(True)
+
+        for _ in range(50):
+            a.step(on_scheduled=kill)
+            if killed:
+                break
+        assert killed, "r2 never got a load planned"
+        a.run()
+        assert a.stats.invalid_blocks > 0, "the failed load was reported block by block"
+        assert a.outputs["r2"] == a.outputs["r1"], "recomputed to the same result"
+        a.add("r3", prompt(51, 40), max_tokens=2)  # while the server is down: a miss, no crash
+        a.run()
+        assert a.outputs["r3"] == baseline(prompt(51, 40), 2)[0]
+
+        server2 = start_server(tmp_path / "pool", grpc_port=port, pool_size="64mb")
+        try:
+            link = a.ranks[0].connector._link
+            run_until(a, lambda: link.engine is not None and server2.instances() == ["a"])
+            a.add("r4", p, max_tokens=2)
+            a.run()
+            assert a.scheduler.reset_prefix_cache()
+            a.add("r5", p, max_tokens=2)
+            before = a.stats.loaded_requests
+            a.run()
+            assert a.stats.loaded_requests == before + 1, "saves and hits work on the restarted server"
+            assert a.outputs["r5"] == a.outputs["r1"]
+            a.assert_drained()
+        finally:
+            server2.stop()
+    finally:
+        server.stop()
+
+
+def test_server_unreachable_at_start_is_a_miss_until_it_answers(engines, tmp_path):
+    port = free_port()
+    a = engines("a", server_extra(f"127.0.0.1:{port}"))
+    p = prompt(60, 50)
+    a.add("r1", p, max_tokens=2)
+    a.run()
+    assert a.outputs["r1"] == baseline(p, 2)[0]
+    server = start_server(tmp_path / "pool", grpc_port=port, pool_size="64mb")
+    try:
+        link = a.ranks[0].connector._link
+        run_until(a, lambda: link.engine is not None and server.instances() == ["a"])
+        assert a.scheduler.reset_prefix_cache()
+        a.add("r2", p, max_tokens=2)
+        a.run()
+        assert a.scheduler.reset_prefix_cache()
+        a.add("r3", p, max_tokens=2)
+        a.run()
+        assert a.stats.loaded_requests == 1 and a.outputs["r3"] == a.outputs["r1"]
+        a.assert_drained()
+    finally:
+        server.stop()
+
+
+SECOND_INSTANCE = r"""
+import json, sys
+from pegaflow.connector.sim import SimEngine
+endpoint, prompt = sys.argv[1], json.loads(sys.argv[2])
+b = SimEngine("b", {"mode": "server", "endpoint": endpoint})
+b.add("r", prompt, max_tokens=3)
+b.run()
+b.assert_drained()
+print("RESULT " + json.dumps({"outputs": b.outputs["r"], "computed": b.stats.scheduled_tokens,
+                              "loaded": b.stats.loaded_requests}))
+b.close()
+"""
+
+
+def test_two_vllm_instances_in_two_processes_share_one_server(engines, tmp_path):
+    server = start_server(tmp_path / "pool", pool_size="64mb")
+    try:
+        a = engines("a", {"mode": "server", "endpoint": server.endpoint})
+        p = prompt(70, 70)
+        a.add("r", p, max_tokens=3)
+        a.run()
+        out = subprocess.run([sys.executable, "-c", SECOND_INSTANCE, server.endpoint, json.dumps(p)],
+                             capture_output=True, text=True, timeout=300)
+        lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+        assert lines, out.stdout[-3000:] + out.stderr[-3000:]
+        result = json.loads(lines[0][len("RESULT "):])
+        assert result == {"outputs": a.outputs["r"], "computed": 70 - 64 + 2, "loaded": 1}
+    finally:
+        server.stop()
