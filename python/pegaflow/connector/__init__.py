@@ -1,290 +1,37 @@
-"""PegaKVConnector: vLLM's v1 KV connector on the PegaFlow-JVM engine.
+"""vLLM's v1 KV connector on the PegaFlow-JVM engine.
 
 Load it with::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector":"PegaKVConnector","kv_role":"kv_both",
         "kv_connector_module_path":"pegaflow.connector","kv_load_failure_policy":"recompute"}'
 
-or, with the package installed, ``"kv_connector":"PegaKVConnector"`` alone (the
-``vllm.general_plugins`` entry point registers the name). Settings go in
-``kv_connector_extra_config`` (see ``_runtime.Settings``): ``mode`` (``auto`` | ``embedded`` |
-``server``), ``endpoint``, ``namespace``, ``pool_size``.
-
-This file only turns vLLM objects into plain data: the request state machine, the per-step
-load and save plans and the leases live in Java (``io.pegaflow.connector``). Loads are
-asynchronous (requests wait in WAITING_FOR_REMOTE_KVS and are released through
-``get_finished``); saves are submitted once per step from the scheduler's plan in
-``wait_for_save`` (so FULL CUDA graphs lose nothing: the per-layer hooks do nothing); a
-failed load is reported per block so vLLM recomputes it; the store being unreachable is a
-miss, never an exception into vLLM.
+``PegaKVConnector`` (in ``_vllm``, imported on first access) adapts vLLM's objects; the
+vLLM-independent parts (``worker.WorkerCore``, the Java brain's ``_brain``, ``_layout``,
+``_runtime``) import without vLLM, which the GPU end-to-end test relies on. The installed
+vLLM's version is checked here, at import, from its metadata (cheap: vLLM is not imported).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from importlib import metadata as _metadata
 
 from .._vllm_version import SUPPORTED_VLLM, check_vllm_version
 
 try:
-    import vllm as _vllm
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        f"pegaflow.connector needs vLLM {SUPPORTED_VLLM}.x: pip install 'vllm==0.33.0' ({e})"
-    ) from e
-
-check_vllm_version(_vllm.__version__)
-
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # noqa: E402
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec  # noqa: E402
-
-from ..errors import PegaflowError  # noqa: E402
-from . import _layout, _runtime  # noqa: E402
-from ._brain import SchedulerBrain, WorkerBrain  # noqa: E402
-
-if TYPE_CHECKING:
-    import torch
-    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
-    from vllm.v1.core.sched.output import SchedulerOutput
-    from vllm.v1.outputs import KVConnectorOutput
-    from vllm.v1.request import Request
-
-log = logging.getLogger("pegaflow.connector")
+    _installed = _metadata.version("vllm")
+except _metadata.PackageNotFoundError:
+    _installed = None
+if _installed is not None:
+    check_vllm_version(_installed)
 
 __all__ = ["PegaKVConnector", "PegaConnectorMetadata", "SUPPORTED_VLLM", "check_vllm_version"]
 
 
-@dataclass
-class PegaConnectorMetadata(KVConnectorMetadata):
-    """One step's plan from the scheduler-side brain, opaque to Python (it pickles as bytes
-    to the worker processes)."""
+def __getattr__(name: str):
+    if name in ("PegaKVConnector", "PegaConnectorMetadata"):
+        if _installed is None:
+            raise ImportError(f"pegaflow.connector.{name} needs vLLM {SUPPORTED_VLLM}.x: pip install 'vllm==0.33.0'")
+        from . import _vllm
 
-    plan: bytes
-    has_loads: bool = True
-    has_saves: bool = True
-    has_preempted: bool = True
-
-
-def _parallel_ranks(vllm_config) -> tuple[int, int, int, int]:
-    """(tp_rank, tp_size, pp_rank, pp_size) of this worker."""
-    pc = vllm_config.parallel_config
-    tp, pp = int(pc.tensor_parallel_size), int(pc.pipeline_parallel_size)
-    if tp * pp == 1:
-        return 0, 1, 0, 1
-    from vllm.distributed import parallel_state
-
-    return parallel_state.get_tensor_model_parallel_rank(), tp, parallel_state.get_pp_group().rank_in_group, pp
-
-
-def _instance_id(vllm_config) -> str:
-    """vLLM gives scheduler and workers the same engine_id; DP ranks are separate instances."""
-    engine_id = vllm_config.kv_transfer_config.engine_id or os.environ.get("PEGAFLOW_INSTANCE_ID", "vllm")
-    pc = vllm_config.parallel_config
-    if int(getattr(pc, "data_parallel_size", 1)) > 1:
-        engine_id = f"{engine_id}_dp{int(getattr(pc, 'data_parallel_rank', 0))}"
-    return engine_id
-
-
-def _is_mla(kv_cache_config) -> bool:
-    return isinstance(kv_cache_config.kv_cache_groups[0].kv_cache_spec, MLAAttentionSpec)
-
-
-def _check_single_group(kv_cache_config) -> None:
-    groups = kv_cache_config.kv_cache_groups
-    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
-    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, (FullAttentionSpec, MLAAttentionSpec)):
-        raise ValueError(
-            f"PegaKVConnector stores one full-attention or MLA KV-cache group; this model has {len(groups)} "
-            f"group(s) {kinds}. Hybrid models (sliding window, Mamba) are not supported: start vLLM with "
-            "--disable-hybrid-kv-cache-manager, or use another connector for this model"
-        )
-
-
-def _kv_role_flags(kv_transfer_config) -> tuple[bool, bool]:
-    """(load, save) from kv_role: kv_both does both, kv_producer only saves, kv_consumer only loads."""
-    role = getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
-    return role != "kv_producer", role != "kv_consumer"
-
-
-class PegaKVConnector(KVConnectorBase_V1):
-    """See the module docstring. Not ``SupportsHMA``: hybrid models are refused at startup."""
-
-    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
-        super().__init__(vllm_config, role, kv_cache_config)
-        if kv_cache_config is None:
-            raise ValueError("PegaKVConnector needs vLLM's kv_cache_config (vLLM 0.33 passes it)")
-        _check_single_group(kv_cache_config)
-        self._settings = _runtime.Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
-        self._block_size = int(vllm_config.cache_config.block_size)
-        self._instance_id = _instance_id(vllm_config)
-        self._load_enabled, self._save_enabled = _kv_role_flags(vllm_config.kv_transfer_config)
-        self._link = _runtime.link_for(self._settings, role.name)
-        self._sched: SchedulerBrain | None = None
-        self._worker: WorkerBrain | None = None
-        # scheduler side
-        self._requests: dict[str, Request] = {}
-        self._hashes_sent: dict[str, int] = {}
-        # worker side
-        self._stream_of = None
-        if role == KVConnectorRole.SCHEDULER:
-            if self._link.mode == "embedded" and self._link.engine is None:
-                raise ValueError(
-                    f"PegaKVConnector mode 'embedded' keeps the cache inside one process, but no worker of instance "
-                    f"'{self._instance_id}' registered its KV cache in this process (pid {os.getpid()}): with tensor or "
-                    "pipeline parallelism the workers run in their own processes. Start `pegaflow-server` and set "
-                    'kv_connector_extra_config {"mode": "server"}'
-                )
-            self._sched = SchedulerBrain(self._link.handle(), self._instance_id, self._block_size, self._load_enabled)
-            self._link.on_rebind(self._sched.rebind)
-        log.info("PegaKVConnector %s: instance %s, mode %s, endpoint %s", role.name, self._instance_id, self._link.mode,
-                 self._settings.endpoint)
-
-    # ================================================================== worker side
-
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
-        kcc = self._kv_cache_config
-        mla = _is_mla(kcc)
-        layers = _layout.describe_kv_caches(kv_caches, int(kcc.num_blocks), mla)
-        device = layers[0].device
-        transfer, device_id = ("cuda", int(device.split(":")[1]) if ":" in device else 0) if device.startswith("cuda") \
-            else ("host", 0)
-        tp_rank, tp_size, pp_rank, pp_size = _parallel_ranks(self._vllm_config)
-        # MLA latents are the same on every TP rank: one stored copy, every rank a replica.
-        store_tp, store_tp_rank = (1, 0) if mla else (tp_size, tp_rank)
-        namespace = self._settings.namespace or _layout.derive_namespace(self._vllm_config, layers, store_tp)
-        worker_rank = pp_rank * tp_size + tp_rank
-        self._link.use_transfer(transfer, device_id)
-        self._link.register_worker(_runtime._Worker(
-            instance_id=self._instance_id, namespace=namespace, tp_size=store_tp, world_size=tp_size * pp_size,
-            worker_rank=worker_rank, tp_rank=store_tp_rank, device=device_id, regions=[g.region for g in layers],
-        ))
-        self._worker = WorkerBrain(self._link.handle(), self._instance_id, worker_rank)
-        self._link.on_rebind(self._worker.rebind)
-        if transfer == "cuda":
-            import torch
-
-            self._stream_of = lambda: torch.cuda.current_stream(device_id).cuda_stream
-        log.info("PegaKVConnector worker %d: %d layers (%s), namespace %s", worker_rank, len(layers),
-                 layers[0].region.layout, namespace)
-
-    def _plan(self, metadata) -> PegaConnectorMetadata | None:
-        return metadata if isinstance(metadata, PegaConnectorMetadata) and self._worker is not None else None
-
-    def handle_preemptions(self, kv_connector_metadata):
-        meta = self._plan(kv_connector_metadata)
-        if meta is not None and meta.has_preempted:
-            self._worker.await_preempted(meta.plan)
-
-    def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        meta = self._plan(self._connector_metadata)
-        if meta is not None and meta.has_loads and self._load_enabled:
-            self._worker.start_loads(meta.plan)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        # Loads are asynchronous: their requests are not in this forward pass.
-        return
-
-    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
-        # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
-        return
-
-    def wait_for_save(self):
-        meta = self._plan(self._connector_metadata)
-        if meta is not None and meta.has_saves and self._save_enabled:
-            self._worker.submit_saves(meta.plan, self._stream_of() if self._stream_of else 0)
-
-    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self._worker is None:
-            return None, None
-        self._link.tick(self._instance_id)
-        sending, recving = self._worker.get_finished(finished_req_ids)
-        return sending or None, recving or None
-
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.load_errors() if self._worker is not None else set()
-
-    # ================================================================== scheduler side
-
-    def on_new_request(self, request: Request) -> None:
-        self._requests[request.request_id] = request
-
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        self._requests[request.request_id] = request
-        hashes = request.block_hashes
-        if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size:
-            return 0, False
-        try:
-            n = self._sched.lookup(request.request_id, hashes, request.num_tokens, num_computed_tokens)
-        except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
-            log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
-            return 0, False
-        return n, n > 0
-
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
-        self._requests[request.request_id] = request
-        self._sched.after_alloc(request.request_id, blocks.get_block_ids()[0], num_external_tokens)
-
-    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        self._link.tick(self._instance_id)
-        sched = self._sched
-        counts = scheduler_output.num_scheduled_tokens
-        if self._save_enabled:
-            for nr in scheduler_output.scheduled_new_reqs:
-                # new, or (V2 model runner) resumed after preemption: the whole block table
-                self._schedule(nr.req_id, nr.block_ids[0], True, nr.num_computed_tokens, counts.get(nr.req_id, 0))
-            cached = scheduler_output.scheduled_cached_reqs
-            resumed = cached.resumed_req_ids
-            for i, req_id in enumerate(cached.req_ids):
-                new_ids = cached.new_block_ids[i]
-                self._schedule(req_id, new_ids[0] if new_ids is not None else (), req_id in resumed,
-                               cached.num_computed_tokens[i], counts.get(req_id, 0))
-        for req_id in scheduler_output.preempted_req_ids or ():
-            sched.preempted(req_id)
-        plan = sched.build_plan()
-        return PegaConnectorMetadata(plan=plan, has_loads=_has(plan, 0), has_saves=_has(plan, 1),
-                                     has_preempted=_has(plan, 2))
-
-    def _schedule(self, req_id: str, block_ids, resumed: bool, num_computed: int, num_scheduled: int) -> None:
-        request = self._requests.get(req_id)
-        if request is None:
-            return
-        hashes = request.block_hashes
-        full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
-        sent = self._hashes_sent.get(req_id, 0)
-        window = hashes[sent:full] if full > sent else []
-        self._sched.schedule(req_id, window, sent, block_ids, resumed, num_computed, num_scheduled)
-        if full > sent:
-            self._hashes_sent[req_id] = full
-
-    def update_connector_output(self, connector_output: KVConnectorOutput):
-        self._sched.finished(connector_output.finished_sending, connector_output.finished_recving)
-
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        self._requests.pop(request.request_id, None)
-        self._hashes_sent.pop(request.request_id, None)
-        return self._sched.request_finished(request.request_id), None
-
-    # ================================================================== both
-
-    def shutdown(self):
-        for brain in (self._sched, self._worker):
-            if brain is not None:
-                self._link.forget(brain.rebind)
-                try:
-                    brain.close()
-                except PegaflowError as e:
-                    log.debug("closing the connector: %s", e)
-        self._sched = self._worker = None
-
-
-def _has(plan: bytes, section: int) -> bool:
-    """Whether section 0 (loads), 1 (saves) or 2 (preempted) of an encoded plan is non-empty:
-    the plan starts with its version and the three sections' counts (big-endian int32)."""
-    at = 4 + 4 * section
-    return len(plan) >= at + 4 and plan[at:at + 4] != b"\x00\x00\x00\x00"
+        return getattr(_vllm, name)
+    raise AttributeError(f"module 'pegaflow.connector' has no attribute '{name}'")

@@ -104,25 +104,27 @@ def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[Laye
     return out
 
 
-def derive_namespace(vllm_config, layers: list[LayerGeometry], store_tp_size: int) -> str:
-    """A name that differs whenever cached bytes would not be interchangeable: model and
-    revision, dtypes, block size, per-layer geometry and byte order, the store's TP split,
-    pipeline split and the prefix-hash algorithm (hashes of different algorithms never meet,
-    but the namespace keeps their pools apart)."""
+def namespace_facts(vllm_config) -> dict:
+    """What a namespace must capture from vLLM's config (plain data)."""
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
-    geometry = sorted({(g.region.layout, g.region.segment_bytes, g.dtype, g.inner_order) for g in layers})
-    facts = {
+    return {
         "model": str(mc.model),
         "revision": str(getattr(mc, "revision", None)),
         "dtype": str(mc.dtype),
         "kv_cache_dtype": str(cc.cache_dtype),
         "block_size": int(cc.block_size),
-        "geometry": geometry,
-        "layers": len(layers),
-        "tp": store_tp_size,
         "pp": int(pc.pipeline_parallel_size),
         "hash_algo": str(getattr(cc, "prefix_caching_hash_algo", "")),
     }
-    digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
-    model = str(mc.model).rstrip("/").rsplit("/", 1)[-1] or "model"
-    return f"{model}:bs{cc.block_size}:tp{store_tp_size}:{digest}"
+
+
+def derive_namespace(facts: dict, layers: list[LayerGeometry], store_tp_size: int) -> str:
+    """A name that differs whenever cached bytes would not be interchangeable: ``facts``
+    (model and revision, dtypes, block size, pipeline split, prefix-hash algorithm: hashes of
+    different algorithms never meet, but the namespace keeps their pools apart), per-layer
+    geometry and byte order, and the store's TP split."""
+    geometry = sorted({(g.region.layout, g.region.segment_bytes, g.dtype, g.inner_order) for g in layers})
+    payload = dict(facts, geometry=geometry, layers=len(layers), tp=store_tp_size)
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    model = str(facts.get("model", "model")).rstrip("/").rsplit("/", 1)[-1] or "model"
+    return f"{model}:bs{facts.get('block_size', '?')}:tp{store_tp_size}:{digest}"
