@@ -2,8 +2,8 @@
 # Builds .gpu/: what the GPU machine needs to run the GPU test tier and the transfer bench,
 # which has no JDK, no Maven and no network there: a jlink'd runtime, the engine's classes
 # and test classes, the JUnit console launcher and the test libraries, and a slim jar
-# (engine + bench CLI + picocli; no server, gRPC or JMH) that ci/gpu-run.sh points
-# PEGAFLOW_JAR at. Everything travels as one folder: carry [".gpu"] (under 64 MiB).
+# (engine, connector brain, in-process bridge, bench CLI, picocli; no server, gRPC or JMH:
+# embedded mode only) that ci/gpu-run.sh points PEGAFLOW_JAR at. Everything travels as one folder: carry [".gpu"] (under 64 MiB).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -22,6 +22,8 @@ modules=java.base,java.logging,java.management,java.instrument,jdk.unsupported
   --compress=zip-9 --output .gpu/jre
 slim=$(mktemp -d)
 cp -r jvm-engine/target/classes/. "$slim/"
+cp -r connector/target/classes/. "$slim/"
+cp -r bridge/target/classes/. "$slim/"
 cp -r bench/target/classes/. "$slim/"
 (cd "$slim" && "$JAVA_HOME/bin/jar" xf "$(find ~/.m2/repository/info/picocli/picocli -name 'picocli-*.jar' | head -1)")
 rm -rf "$slim/META-INF/MANIFEST.MF" "$slim"/io/pegaflow/bench/jmh "$slim"/io/pegaflow/bench/JmhCommand*.class "$slim"/io/pegaflow/bench/RpcCommand*.class
