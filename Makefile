@@ -11,17 +11,19 @@ $(error no JDK >= 25 found; see the message above)
 endif
 export JAVA_HOME
 
-POOL ?= 2gb
+POOL ?= 64mb
+ENGINE_POOL ?= 2gb
 REPORT ?= out/run-report.json
 MVN := ./mvnw -B -q
 VENV := .venv
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup build run test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup build run run-engine test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
 
 help:
-	@echo "make run    - set up, build, run the multi-turn workload (POOL=$(POOL)); writes $(REPORT)"
+	@echo "make run    - set up, build, run multi-turn conversations through vLLM + PegaKVConnector against pegaflow-server (POOL=$(POOL)); writes $(REPORT)"
+	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
 	@echo "make test   - set up, then Maven tests and every CPU pytest tier"
 	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
 	@echo "make bench-rpc - pegaflow-server start and query+lease latency over loopback; writes out/rpc.json"
@@ -44,8 +46,14 @@ $(JAR): $(JAVA_SOURCES)
 build: setup $(JAR)
 	@$(VENV)/bin/python -m pegaflow._bridge > /dev/null
 
+# The main job: multi-turn conversations through vLLM 0.33's scheduler and PegaKVConnector,
+# two instances sharing a pegaflow-server started for the run (docs/connector.md).
 run: setup build
-	$(VENV)/bin/pegaflow-bench workload --pool $(POOL) --json $(REPORT)
+	$(VENV)/bin/pegaflow-bench vllm-workload --pool $(POOL) --json $(REPORT)
+
+# The engine alone under the 1/6 trace (Llama-3.1-8B geometry; docs/engine.md).
+run-engine: setup build
+	$(VENV)/bin/pegaflow-bench workload --pool $(ENGINE_POOL) --json out/engine-report.json
 
 test-java:
 	./mvnw -B package

@@ -92,6 +92,10 @@ def bench_main(argv: list[str] | None = None) -> int:
             from pegaflow.workload import main
 
             return main(args[1:])
+        if args and args[0] == "vllm-workload":
+            from pegaflow.connector.workload import main
+
+            return main(args[1:])
         cmd = java_command(args)
     except PegaflowError as e:
         print(f"pegaflow-bench: {e}", file=sys.stderr)

@@ -54,3 +54,21 @@ def test_bad_option_is_one_clear_line(engine_jar):
     assert proc.returncode != 0
     assert "size '12 parsecs' is not a size" in proc.stderr
     assert "\tat " not in proc.stderr, "a Java stack trace leaked to the user"
+
+
+def test_make_run_job_goes_through_vllm_and_the_connector_against_a_server(engine_jar, tmp_path):
+    """`make run`'s job, scaled down: two vLLM schedulers share one pegaflow-server; a small
+    pool forces evictions; every block vLLM did not compute is checked."""
+    report = tmp_path / "run.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pegaflow.cli", "vllm-workload", "--conversations", "10", "--turns", "3",
+         "--pool", "1mb", "--gpu-blocks", "96", "--json", str(report)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    r = json.loads(report.read_text())
+    assert r["mode"] == "server" and r["instances"] == 2 and r["requests"] == 30
+    assert r["verify_failures"] == 0 and r["verified_blocks"] > 0
+    assert r["tokens_loaded_from_store"] > 0 and r["blocks_saved"] > 0 and r["evictions"] > 0
+    assert 0 < r["hit_rate"] <= r["ideal_hit_rate"] + 0.02
+    assert r["tokens_computed"] < r["prompt_tokens"]

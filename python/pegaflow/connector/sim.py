@@ -69,6 +69,11 @@ class Stats:
     loaded_requests: int = 0
     invalid_blocks: int = 0
     preemptions: int = 0
+    external_tokens: int = 0  # tokens the connector loaded (committed by vLLM)
+    local_hit_tokens: int = 0  # tokens vLLM's own prefix cache served
+    verified_blocks: int = 0
+    verify_failures: int = 0
+    lookup_ns: list[int] = field(default_factory=list)
     ttft_steps: dict[str, int] = field(default_factory=dict)
 
 
@@ -103,8 +108,10 @@ class SimEngine:
         failure_policy: str = "recompute",
         kv_role: str = "kv_both",
         connector: bool = True,
+        verify: bool = False,
     ):
         self.name = name
+        self.verify = verify
         self.block_size = block_size
         self.tp = tp
         self.mla = mla
@@ -158,6 +165,30 @@ class SimEngine:
         self._hasher = get_request_block_hasher(block_size, sha256)
         self._aggregator = KVOutputAggregator(tp)
         self._digests: dict[tuple[int, ...], bytes] = {}
+        self._external: dict[str, int] = {}
+        self._counted: set[str] = set()
+        self.mismatches: list[tuple] = []  # (request, rank, block index, block id, computed tokens, step)
+        if self.scheduler.connector is not None:
+            self._instrument(self.scheduler.connector)
+
+    def _instrument(self, conn) -> None:
+        """Times the scheduler's lookups and notes what vLLM committed to load."""
+        lookup, after_alloc = conn.get_num_new_matched_tokens, conn.update_state_after_alloc
+
+        def timed_lookup(request, num_computed_tokens):
+            t0 = time.perf_counter_ns()
+            try:
+                return lookup(request, num_computed_tokens)
+            finally:
+                self.stats.lookup_ns.append(time.perf_counter_ns() - t0)
+
+        def noted_after_alloc(request, blocks, num_external_tokens):
+            if num_external_tokens > 0:
+                self._external[request.request_id] = num_external_tokens
+            return after_alloc(request, blocks, num_external_tokens)
+
+        conn.get_num_new_matched_tokens = timed_lookup
+        conn.update_state_after_alloc = noted_after_alloc
 
     # ------------------------------------------------------------------ requests
 
@@ -259,6 +290,13 @@ class SimEngine:
                     rank.tables.setdefault(rid, []).extend(new_ids[0])
             for rid in list(so.num_scheduled_tokens):
                 rank.history[rid] = list(rank.tables[rid])
+            for nr in so.scheduled_new_reqs:
+                if rank.rank == 0:
+                    external = self._external.pop(nr.req_id, 0)
+                    if nr.req_id not in self._counted:  # a resumed request's hits are not new hits
+                        self._counted.add(nr.req_id)
+                        self.stats.external_tokens += external
+                        self.stats.local_hit_tokens += max(0, nr.num_computed_tokens - external)
             # the forward pass
             for rid, start in work:
                 req = self.scheduler.requests[rid]
@@ -271,6 +309,19 @@ class SimEngine:
                     self.stats.scheduled_tokens += n
                     # vLLM samples only when the scheduled tokens reach the end of the known ones
                     sampled[rid] = [self._sample(tokens[: start + n])] if start + n >= req.num_tokens else []
+            if self.verify:
+                # After the forward (a block another request computes in this same step may be
+                # a prefix hit, as in vLLM's batched forward): every block vLLM did not compute
+                # for a new request (its own cache hits and loaded ones) must hold exactly what
+                # computing writes.
+                for nr in so.scheduled_new_reqs:
+                    tokens = self.scheduler.requests[nr.req_id].all_token_ids
+                    for i in range(nr.num_computed_tokens // self.block_size):
+                        self.stats.verified_blocks += 1
+                        if not self.block_matches(rank.rank, rank.tables[nr.req_id][i], tokens, i):
+                            self.stats.verify_failures += 1
+                            self.mismatches.append((nr.req_id, rank.rank, i, rank.tables[nr.req_id][i],
+                                                    nr.num_computed_tokens, self.stats.steps))
             kvo = None
             if c is not None:
                 c.start_load_kv(None)  # async loads start after the forward (kv_connector.py:92-98, 143)
