@@ -62,7 +62,7 @@ def test_make_run_job_goes_through_vllm_and_the_connector_against_a_server(engin
     report = tmp_path / "run.json"
     proc = subprocess.run(
         [sys.executable, "-m", "pegaflow.cli", "vllm-workload", "--conversations", "10", "--turns", "3",
-         "--pool", "1mb", "--gpu-blocks", "96", "--json", str(report)],
+         "--pool", "512kb", "--gpu-blocks", "96", "--json", str(report)],
         capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
