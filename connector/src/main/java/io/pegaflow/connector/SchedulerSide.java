@@ -31,6 +31,9 @@ public final class SchedulerSide {
     public static final long ASK_AGAIN = -1;
 
     private PegaEngine engine; // null while disconnected from the store: every lookup misses
+    private final Object rebindLock = new Object();
+    private volatile boolean rebindPending;
+    private PegaEngine pendingEngine;
     private final String instanceId;
     private final int blockSize;
     private final boolean loadEnabled;
@@ -88,6 +91,7 @@ public final class SchedulerSide {
      * Returns 0 on any store failure (server down, instance not registered yet).
      */
     public long lookup(String requestId, byte[] packedHashes, int hashLen, long numTokens, long numComputedTokens) {
+        applyRebind();
         Req r = req(requestId);
         int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
         int base = (int) (numComputedTokens / blockSize);
@@ -154,6 +158,7 @@ public final class SchedulerSide {
      * ones; with 0 external tokens the probe is released.
      */
     public void afterAlloc(String requestId, long[] blockIds, long numExternalTokens) {
+        applyRebind();
         Req r = req(requestId);
         r.table = blockIds.clone();
         if (numExternalTokens <= 0) {
@@ -194,6 +199,7 @@ public final class SchedulerSide {
      */
     public void schedule(String requestId, byte[] packedHashes, int hashLen, int hashOffset, long[] newBlockIds,
             boolean resumed, long numComputedTokens, long numScheduledTokens) {
+        applyRebind();
         if (hashOffset < 0) {
             throw new InvalidArgumentException("request " + requestId + ": hash offset " + hashOffset + "; expected >= 0");
         }
@@ -226,6 +232,7 @@ public final class SchedulerSide {
 
     /** A request was preempted this step: its blocks are freed; it may be resumed later. */
     public void preempted(String requestId) {
+        applyRebind();
         Req r = requests.get(requestId);
         if (r != null) {
             dropProbe(r);
@@ -236,6 +243,7 @@ public final class SchedulerSide {
 
     /** {@code build_connector_meta}: this step's plan, encoded; the step's state is reset. */
     public byte[] buildPlan() {
+        applyRebind();
         StepPlan plan = new StepPlan(new ArrayList<>(pendingLoads.values()), new ArrayList<>(stepSaves),
                 new ArrayList<>(stepPreempted));
         pendingLoads.clear();
@@ -250,6 +258,7 @@ public final class SchedulerSide {
      * saved). Releases any probe lease never committed.
      */
     public boolean requestFinished(String requestId) {
+        applyRebind();
         Req r = requests.get(requestId);
         if (r == null) {
             return false;
@@ -272,6 +281,7 @@ public final class SchedulerSide {
 
     /** {@code update_connector_output}: requests whose saves or loads all workers finished. */
     public void finished(List<String> sending, List<String> recving) {
+        applyRebind();
         for (String id : recving) {
             Req r = requests.get(id);
             if (r != null) {
@@ -288,18 +298,40 @@ public final class SchedulerSide {
 
     /**
      * Switches to another engine (the server restarted, or came back after being unreachable;
-     * null: it is gone). Probes of the old one are dropped, so their requests look up again;
-     * loads already planned carry the old leases and fail, which vLLM recomputes.
+     * null: it is gone). May be called from any thread (the worker's, in a one-process
+     * deployment): the switch is applied by the scheduler's thread at its next call. Probes of
+     * the old engine are then dropped, so their requests look up again; loads already planned
+     * carry the old leases and fail, which vLLM recomputes.
      */
     public void rebind(PegaEngine newEngine) {
-        for (Req r : requests.values()) {
-            dropProbe(r);
+        synchronized (rebindLock) {
+            pendingEngine = newEngine;
+            rebindPending = true;
         }
-        engine = newEngine;
+    }
+
+    /** On the scheduler's thread, before any state is touched. */
+    private void applyRebind() {
+        if (!rebindPending) {
+            return;
+        }
+        PegaEngine next;
+        synchronized (rebindLock) {
+            next = pendingEngine;
+            pendingEngine = null;
+            rebindPending = false;
+        }
+        for (Req r : requests.values()) {
+            r.probed = false; // the old engine's leases die with it (or expire)
+            r.probeLease = null;
+            r.probeHit = 0;
+        }
+        engine = next;
     }
 
     /** Releases every uncommitted probe (connector shutdown). */
     public void shutdown() {
+        applyRebind();
         for (Req r : requests.values()) {
             dropProbe(r);
         }
