@@ -179,6 +179,27 @@ def test_pool_pressure_evicts_and_never_breaks_vllm(engines):
     assert b.stats.loaded_requests == 1 and b.outputs["again"] == a.outputs["r9"]
 
 
+def test_resident_hashes_are_not_stored_twice_and_producers_never_load(engines):
+    """Two save-only instances (kv_role kv_producer) compute the same prompt: the second one's
+    saves are all skipped by the store (the hashes are resident), and neither ever loads.
+    Saves come from wait_for_save alone: the simulation never calls save_kv_layer, as FULL
+    CUDA graphs do not."""
+    p = prompt(8, 70)
+    a = engines("a", kv_role="kv_producer")
+    a.add("r", p, max_tokens=1)
+    a.run()
+    b = engines("b", kv_role="kv_producer")
+    req = b.add("r", p, max_tokens=1)
+    assert b.scheduler.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+    b.run()
+    b.assert_drained()
+    stats = store_stats(b)
+    assert stats["pegaflow_cache_resident_blocks"] == 4
+    assert stats["pegaflow_save_blocks_total"] == 4
+    assert stats["pegaflow_save_skipped_blocks_total"] == 4
+    assert stats["pegaflow_load_blocks_total"] == 0 and b.stats.scheduled_tokens == 70
+
+
 @pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "BLNHC", "BLHNC"])
 def test_every_dense_vllm_layout_round_trips(engines, layout):
     p = prompt(30, 50)
