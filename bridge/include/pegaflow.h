@@ -197,6 +197,13 @@ typedef struct pegaflow_api {
        the old engine, which the caller closes afterwards. */
     int32_t (*sched_rebind)(int64_t sched, int64_t engine);
     int32_t (*worker_rebind)(int64_t worker, int64_t engine);
+
+    /* The id of the server process behind a connected engine ("" when embedded); it changes
+       on every server start. NUL-terminated into buf; *out_len is its length. */
+    int32_t (*engine_server_id)(int64_t engine, char *buf, int32_t cap, int32_t *out_len);
+    /* update_connector_output's invalid_block_ids, before sched_finished: a request whose
+       load failed is not offered hits again (recompute, no retry loop). */
+    int32_t (*sched_failed_blocks)(int64_t sched, const int64_t *ids, int32_t n);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -80,6 +80,8 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_close", [c_int64]),
     ("sched_rebind", [c_int64, c_int64]),
     ("worker_rebind", [c_int64, c_int64]),
+    ("engine_server_id", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("sched_failed_blocks", [c_int64, c_void_p, c_int32]),
 ]
 
 

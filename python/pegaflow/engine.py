@@ -264,6 +264,11 @@ class EngineClient(PegaEngine):
         )
         self._handle = out.value
         self.endpoint = endpoint
+        size = c_int32()
+        buf = ctypes.create_string_buffer(128)
+        api.call("engine_server_id", self._handle, buf, len(buf), ctypes.byref(size))
+        #: the server process this client talks to; it changes on every server start
+        self.server_id = buf.value.decode()
 
 
 def _lease(lease: bytes) -> bytes:

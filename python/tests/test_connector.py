@@ -372,6 +372,41 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
         server.stop()
 
 
+def test_a_server_that_stalls_then_resumes_is_reattached_without_losing_the_cache(engines, tmp_path):
+    """SIGSTOP makes the server miss its deadlines (the link detaches: misses, no waits);
+    SIGCONT brings the same process back (same server id): the kept client is re-attached,
+    its registration still valid, and hits resume."""
+    import signal
+
+    server = start_server(tmp_path / "pool", pool_size="64mb")
+    try:
+        a = engines("a", {**server_extra(server.endpoint), "deadline_ms": 300})
+        p = prompt(52, 50)
+        a.add("r1", p, max_tokens=2)
+        a.run()
+        link = a.ranks[0].connector._link
+        first_client = link.engine
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            run_until(a, lambda: link.detached, timeout_s=10)
+            assert a.scheduler.reset_prefix_cache()
+            a.add("r2", p, max_tokens=2)  # while stalled: a miss, computed, no crash
+            a.run()
+            assert a.outputs["r2"] == a.outputs["r1"]
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        run_until(a, lambda: not link.detached, timeout_s=10)
+        assert link.engine is first_client, "the same server: the same client, nothing re-registered"
+        assert a.scheduler.reset_prefix_cache()
+        before = a.stats.loaded_requests
+        a.add("r3", p, max_tokens=2)
+        a.run()
+        assert a.stats.loaded_requests == before + 1 and a.outputs["r3"] == a.outputs["r1"]
+        a.assert_drained()
+    finally:
+        server.stop()
+
+
 def test_server_unreachable_at_start_is_a_miss_until_it_answers(engines, tmp_path):
     port = free_port()
     a = engines("a", server_extra(f"127.0.0.1:{port}"))

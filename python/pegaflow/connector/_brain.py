@@ -79,6 +79,11 @@ class SchedulerBrain:
         self._api.call("sched_request_finished", self.handle, req_id.encode(), ctypes.byref(hold))
         return bool(hold.value)
 
+    def failed_blocks(self, block_ids: Iterable[int]) -> None:
+        ids, address, n = _ids(block_ids)
+        if n:
+            self._api.call("sched_failed_blocks", self.handle, address, n)
+
     def finished(self, sending: Iterable[str] | None, recving: Iterable[str] | None) -> None:
         s = "\n".join(sending or ())
         r = "\n".join(recving or ())

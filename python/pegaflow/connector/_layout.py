@@ -97,7 +97,15 @@ def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[Laye
     """Every registered layer, sorted by name; they must share one device and dtype."""
     if not kv_caches:
         raise InvalidArgumentError("no KV cache tensors were registered; expected one per attention layer")
-    out = [describe_layer(name, kv_caches[name], num_blocks, mla) for name in sorted(kv_caches)]
+    out = []
+    seen: dict[tuple, str] = {}
+    for name in sorted(kv_caches):
+        t = kv_caches[name]
+        key = (int(t.data_ptr()), tuple(t.shape), tuple(t.stride()), str(t.dtype))
+        if key in seen:
+            continue  # a layer sharing another layer's KV cache (vLLM's KV sharing): stored once
+        seen[key] = name
+        out.append(describe_layer(name, t, num_blocks, mla))
     devices = {g.device for g in out}
     if len(devices) != 1:
         raise InvalidArgumentError(f"KV cache tensors on several devices {sorted(devices)}; expected one per worker")

@@ -109,6 +109,8 @@ class Link:
     transfer: str = "host"
     device: int = 0
     generation: int = 0
+    server_id: str = ""
+    detached: bool = False  # the brains point at no engine while the server does not answer
     _workers: list[_Worker] = field(default_factory=list)
     _rebinders: list = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -124,17 +126,27 @@ class Link:
     def handle(self) -> int:
         """The engine handle for the connector brains (0: none right now)."""
         e = self.engine
-        return 0 if e is None or e._handle is None else e._handle
+        if e is None or e._handle is None or self.detached:
+            return 0
+        return e._handle
 
-    def on_rebind(self, fn) -> None:
-        """``fn(handle)`` is called whenever the engine changes (a brain's rebind)."""
+    def attach(self, make):
+        """``make(handle)`` builds a brain on the current engine; it is rebound whenever the
+        engine changes (both under the lock, so no change is missed in between)."""
         with self._lock:
-            self._rebinders.append(fn)
+            brain = make(self.handle())
+            self._rebinders.append(brain.rebind)
+            return brain
 
     def forget(self, fn) -> None:
         with self._lock:
             if fn in self._rebinders:
                 self._rebinders.remove(fn)
+
+    def _rebind_all(self) -> None:
+        handle = self.handle()
+        for fn in list(self._rebinders):
+            fn(handle)
 
     def use_transfer(self, transfer: str, device: int) -> None:
         """The copy engine the workers of this process need (decided by their tensors)."""
@@ -183,10 +195,10 @@ class Link:
                 new.close()
                 new = None
         old, self.engine = self.engine, new
+        self.server_id = getattr(new, "server_id", "") if new is not None else ""
+        self.detached = False
         self.generation += 1
-        handle = self.handle()
-        for fn in list(self._rebinders):
-            fn(handle)
+        self._rebind_all()
         if old is not None:
             try:
                 old.close()
@@ -196,6 +208,18 @@ class Link:
             if self._down_logged:
                 log.warning("pegaflow-server at %s answers again; cache re-enabled", self.settings.endpoint)
             self._down_logged = False
+
+    def _detach(self) -> None:
+        """The server does not answer: lookups miss at once and loads fail fast (recompute)
+        instead of each waiting for its deadline. The client is kept: if the same server
+        process answers again, its registrations and sessions are still valid."""
+        if not self.detached:
+            self.detached = True
+            self._rebind_all()
+            if not self._down_logged:
+                log.warning("pegaflow-server at %s does not answer; serving without the cache (recompute) until "
+                            "it does", self.settings.endpoint)
+                self._down_logged = True
 
     def register_worker(self, w: _Worker) -> None:
         """Registers a worker now (embedded, or a server that answers) and again after every
@@ -225,8 +249,10 @@ class Link:
     # ------------------------------------------------------------------ health
 
     def tick(self, probe_instance: str | None) -> None:
-        """Server mode, at most every ``health_interval_s``: checks the server and reconnects
-        (a restarted server, or one back from an outage). Cheap when not due."""
+        """Server mode, at most every ``health_interval_s``: checks the server. Unreachable:
+        detach. Answering again as the same process (same server id): re-attach the kept
+        client. A restarted server (new id): register again through a new client, which maps
+        its new pool. Cheap when not due."""
         if self.mode != "server":
             return
         now = time.monotonic()
@@ -236,17 +262,31 @@ class Link:
             if now < self._next_check:
                 return
             self._next_check = now + self.settings.health_interval_s
-            if self.engine is not None:
+            if self.engine is not None and not self.detached:
                 try:
                     if probe_instance is not None:
                         self.engine.query(probe_instance, [])
                     else:
                         self.engine.stats()
                     return
+                except ServerUnavailableError:
+                    self._detach()
                 except PegaflowError as e:
-                    # unavailable, or restarted (the instance is unknown or not sealed there yet)
-                    log.warning("pegaflow-server at %s: %s; reconnecting", self.settings.endpoint, e)
-            self._replace(self._try_connect())
+                    log.info("pegaflow-server at %s: %s; checking whether it restarted", self.settings.endpoint, e)
+            new = self._try_connect()
+            if new is None:
+                if self.engine is not None:
+                    self._detach()
+                return
+            if self.engine is not None and new.server_id == self.server_id:
+                new.close()  # the same server process: what this process registered is still there
+                if self.detached:
+                    self.detached = False
+                    self._rebind_all()
+                    log.warning("pegaflow-server at %s answers again; cache re-enabled", self.settings.endpoint)
+                    self._down_logged = False
+                return
+            self._replace(new)  # a restarted server (or the first connection)
 
     def close(self) -> None:
         with self._lock:
@@ -287,6 +327,7 @@ def link_for(settings: Settings, role: str) -> Link:
         link = Link(settings=settings, mode=mode)
         if probe is not None:
             link.engine = probe  # host copies until a worker says otherwise (use_transfer)
+            link.server_id = probe.server_id
         elif mode == "server":
             link._next_check = 0.0  # keep trying
             link._down_logged = True

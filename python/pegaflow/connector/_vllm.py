@@ -84,6 +84,18 @@ def _is_mla(kv_cache_config) -> bool:
     return isinstance(kv_cache_config.kv_cache_groups[0].kv_cache_spec, MLAAttentionSpec)
 
 
+def _check_parallelism(vllm_config) -> None:
+    pc = vllm_config.parallel_config
+    dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+    pcp = int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+    if dcp > 1 or pcp > 1:
+        raise ValueError(
+            f"PegaKVConnector does not support context parallelism (decode_context_parallel_size={dcp}, "
+            f"prefill_context_parallel_size={pcp}): vLLM's blocks then span {dcp * pcp} ranks' tokens; "
+            "expected 1 for both"
+        )
+
+
 def _check_single_group(kv_cache_config) -> None:
     groups = kv_cache_config.kv_cache_groups
     kinds = [type(g.kv_cache_spec).__name__ for g in groups]
@@ -109,6 +121,7 @@ class PegaKVConnector(KVConnectorBase_V1):
         if kv_cache_config is None:
             raise ValueError("PegaKVConnector needs vLLM's kv_cache_config (vLLM 0.33 passes it)")
         _check_single_group(kv_cache_config)
+        _check_parallelism(vllm_config)
         self._settings = _runtime.Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._instance_id = _instance_id(vllm_config)
@@ -127,8 +140,12 @@ class PegaKVConnector(KVConnectorBase_V1):
                     "pipeline parallelism the workers run in their own processes. Start `pegaflow-server` and set "
                     'kv_connector_extra_config {"mode": "server"}'
                 )
-            self._sched = SchedulerBrain(self._link.handle(), self._instance_id, self._block_size, self._load_enabled)
-            self._link.on_rebind(self._sched.rebind)
+            self._sched = self._link.attach(
+                lambda handle: SchedulerBrain(handle, self._instance_id, self._block_size, self._load_enabled))
+            if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
+                log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
+                            "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
+                            "recomputes instead", vllm_config.kv_transfer_config.kv_load_failure_policy)
         log.info("PegaKVConnector %s: instance %s, mode %s, endpoint %s", role.name, self._instance_id, self._link.mode,
                  self._settings.endpoint)
 
@@ -231,6 +248,7 @@ class PegaKVConnector(KVConnectorBase_V1):
             self._hashes_sent[req_id] = full
 
     def update_connector_output(self, connector_output: KVConnectorOutput):
+        self._sched.failed_blocks(connector_output.invalid_block_ids or ())
         self._sched.finished(connector_output.finished_sending, connector_output.finished_recving)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:

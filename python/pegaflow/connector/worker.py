@@ -57,8 +57,7 @@ class WorkerCore:
             instance_id=self.instance_id, namespace=namespace, tp_size=store_tp, world_size=tp_size * pp_size,
             worker_rank=worker_rank, tp_rank=store_tp_rank, device=device_id, regions=[g.region for g in layers],
         ))
-        self.brain = WorkerBrain(self.link.handle(), self.instance_id, worker_rank)
-        self.link.on_rebind(self.brain.rebind)
+        self.brain = self.link.attach(lambda handle: WorkerBrain(handle, self.instance_id, worker_rank))
         if transfer == "cuda":
             import torch
 

@@ -97,7 +97,8 @@ public final class Bridge {
         "sched_create", "sched_lookup", "sched_after_alloc", "sched_schedule", "sched_preempted", "sched_build_plan",
         "sched_request_finished", "sched_finished", "sched_close",
         "worker_create", "worker_start_loads", "worker_submit_saves", "worker_await_preempted", "worker_get_finished",
-        "worker_load_errors", "worker_close", "sched_rebind", "worker_rebind",
+        "worker_load_errors", "worker_close", "sched_rebind", "worker_rebind", "engine_server_id",
+        "sched_failed_blocks",
     };
 
     private static long buildTable() {
@@ -271,6 +272,7 @@ public final class Bridge {
     static int pfEngineClose(long engine) {
         return guard(() -> {
             PegaEngine e = ENGINES.remove(engine);
+            SERVER_IDS.remove(engine);
             if (e == null) {
                 throw new InvalidArgumentException("engine handle " + engine + " is unknown or closed");
             }
@@ -502,15 +504,47 @@ public final class Bridge {
                         case 1 -> pool -> CudaTransferEngine.create(pool, CudaOptions.defaults().withDevice(device));
                         default -> throw new InvalidArgumentException("transfer " + transfer + "; expected 0 (host) or 1 (cuda)");
                     };
-            PegaEngine engine = io.pegaflow.server.EngineClient.connect(str(endpoint, "endpoint"), copies,
-                    deadlineMs > 0 ? deadlineMs : 5000);
+            io.pegaflow.server.EngineClient.Connection c = io.pegaflow.server.EngineClient.open(str(endpoint, "endpoint"),
+                    copies, deadlineMs > 0 ? deadlineMs : 5000);
             long handle = NEXT_HANDLE.getAndIncrement();
-            ENGINES.put(handle, engine);
+            ENGINES.put(handle, c.engine());
+            SERVER_IDS.put(handle, c.serverId());
             out.set(JAVA_LONG, 0, handle);
         });
     }
 
     // ---------------------------------------------------------------- the vLLM connector's brain
+
+    /** The server process behind each connected engine (engine_connect). */
+    private static final Map<Long, String> SERVER_IDS = new ConcurrentHashMap<>();
+
+    /**
+     * The id of the server process a connected engine talks to ("" for an embedded engine);
+     * it changes on every server start.
+     */
+    static int pfEngineServerId(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> {
+            engine(engine);
+            byte[] id = SERVER_IDS.getOrDefault(engine, "").getBytes(StandardCharsets.UTF_8);
+            buffer(outLen, 4, "out_len").set(JAVA_INT, 0, id.length);
+            if (cap <= id.length) {
+                throw new InvalidArgumentException("server id of " + id.length + " bytes does not fit " + cap
+                        + " bytes; pass a buffer of at least " + (id.length + 1));
+            }
+            MemorySegment b = buffer(buf, cap, "buf");
+            MemorySegment.copy(id, 0, b, JAVA_BYTE, 0, id.length);
+            b.set(JAVA_BYTE, id.length, (byte) 0);
+        });
+    }
+
+    /**
+     * Destination block ids vLLM reported as failed loads this step (update_connector_output's
+     * invalid_block_ids); call before sched_finished. Requests whose load they hit stop being
+     * offered hits, so a load that keeps failing cannot loop.
+     */
+    static int pfSchedFailedBlocks(long sched, MemorySegment ids, int n) {
+        return guard(() -> sched(sched).failedBlocks(longs(ids, n, "ids")));
+    }
 
     /** Results a caller's buffer was too small for, kept for its next call (nothing is lost). */
     private static final Map<Long, byte[]> UNREAD_FINISHED = new ConcurrentHashMap<>();

@@ -43,6 +43,7 @@ public final class SchedulerSide {
     private final List<String> stepPreempted = new ArrayList<>();
     private long lookupFailures;
     private long contractViolations;
+    private long loadFailures;
 
     /** A lease no store issues: a load carrying it fails on every block (recompute). */
     static final LeaseId NO_LEASE = new LeaseId(0, 0);
@@ -60,6 +61,8 @@ public final class SchedulerSide {
         int savedUpTo;
         boolean hadSaves;
         boolean loading;
+        long[] loadTargets = new long[0];
+        boolean loadFailed; // a load of this request failed: no more hits for it (recompute)
         boolean finishedByVllm;
     }
 
@@ -96,7 +99,7 @@ public final class SchedulerSide {
         int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
         int base = (int) (numComputedTokens / blockSize);
         int usable = (int) Math.min(count, Math.max(0, (numTokens - 1) / blockSize)) - base;
-        if (!loadEnabled || usable <= 0 || engine == null) {
+        if (!loadEnabled || usable <= 0 || engine == null || r.loadFailed) {
             dropProbe(r);
             return 0;
         }
@@ -178,12 +181,13 @@ public final class SchedulerSide {
             dropProbe(r);
             int from = Math.min(base, blockIds.length);
             int to = (int) Math.min(blockIds.length, from + Math.max(1, (numExternalTokens + blockSize - 1) / blockSize));
-            pendingLoads.put(requestId, new StepPlan.Load(requestId, NO_LEASE, Arrays.copyOfRange(blockIds, from, to)));
+            r.loadTargets = Arrays.copyOfRange(blockIds, from, to);
+            pendingLoads.put(requestId, new StepPlan.Load(requestId, NO_LEASE, r.loadTargets));
             r.loading = true;
             return;
         }
-        pendingLoads.put(requestId, new StepPlan.Load(requestId, r.probeLease,
-                Arrays.copyOfRange(blockIds, base, base + blocks)));
+        r.loadTargets = Arrays.copyOfRange(blockIds, base, base + blocks);
+        pendingLoads.put(requestId, new StepPlan.Load(requestId, r.probeLease, r.loadTargets));
         r.loading = true;
         r.savedUpTo = Math.max(r.savedUpTo, base + blocks); // loaded blocks are already stored
         r.probed = false;
@@ -237,6 +241,9 @@ public final class SchedulerSide {
         if (r != null) {
             dropProbe(r);
             r.table = new long[0];
+            // Workers finish its saves before vLLM reuses the blocks (handle_preemptions) and
+            // forget them, so only saves after a resume make request_finished hold blocks.
+            r.hadSaves = false;
         }
         stepPreempted.add(requestId);
     }
@@ -264,19 +271,43 @@ public final class SchedulerSide {
             return false;
         }
         dropProbe(r);
-        StepPlan.Load unsent = pendingLoads.remove(requestId);
-        if (unsent != null) {
-            releaseQuietly(unsent.lease());
-            r.loading = false; // never sent to a worker: no finished_recving will come
-        }
+        // A load committed but not yet sent (vLLM can commit outside schedule(), then abort)
+        // stays planned: vLLM keeps the blocks until the workers report it in finished_recving.
         r.finishedByVllm = true;
+        if (r.loading) {
+            return false; // vLLM itself delays freeing a request that waits for its KV
+        }
         if (r.hadSaves) {
             return true;
         }
-        if (!r.loading) {
-            requests.remove(requestId);
-        }
+        requests.remove(requestId);
         return false;
+    }
+
+    /**
+     * {@code update_connector_output}'s {@code invalid_block_ids}: requests whose load targets
+     * include one of them failed to load and are not offered hits again.
+     */
+    public void failedBlocks(long[] blockIds) {
+        applyRebind();
+        if (blockIds.length == 0) {
+            return;
+        }
+        java.util.Set<Long> failed = new java.util.HashSet<>();
+        for (long id : blockIds) {
+            failed.add(id);
+        }
+        for (Req r : requests.values()) {
+            if (r.loading) {
+                for (long id : r.loadTargets) {
+                    if (failed.contains(id)) {
+                        r.loadFailed = true;
+                        loadFailures++;
+                        break;
+                    }
+                }
+            }
+        }
     }
 
     /** {@code update_connector_output}: requests whose saves or loads all workers finished. */
@@ -286,7 +317,8 @@ public final class SchedulerSide {
             Req r = requests.get(id);
             if (r != null) {
                 r.loading = false;
-                if (r.finishedByVllm && !r.hadSaves) {
+                r.loadTargets = new long[0];
+                if (r.finishedByVllm) {
                     requests.remove(id); // aborted while loading: nothing else will come
                 }
             }
@@ -321,6 +353,9 @@ public final class SchedulerSide {
             pendingEngine = null;
             rebindPending = false;
         }
+        if (next == engine) {
+            return; // back on the same engine (the server was briefly unreachable): probes stay valid
+        }
         for (Req r : requests.values()) {
             r.probed = false; // the old engine's leases die with it (or expire)
             r.probeLease = null;
@@ -348,6 +383,11 @@ public final class SchedulerSide {
 
     public long lookupFailures() {
         return lookupFailures;
+    }
+
+    /** Requests whose load failed (they recompute from then on). */
+    public long loadFailures() {
+        return loadFailures;
     }
 
     /** update_state_after_alloc calls that committed to a load this side never offered. */

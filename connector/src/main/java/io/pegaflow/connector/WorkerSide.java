@@ -95,9 +95,14 @@ public final class WorkerSide {
      */
     public void awaitPreempted(byte[] plan) {
         for (String id : StepPlan.decode(plan).preempted()) {
+            // done with them: the scheduler holds blocks only for saves after a resume
             for (CompletableFuture<SaveResult> f : saves.getOrDefault(id, List.of())) {
                 f.handle((r, e) -> null).join();
+                if (f.isCompletedExceptionally()) {
+                    saveFailures++;
+                }
             }
+            saves.remove(id);
         }
     }
 

@@ -278,4 +278,46 @@ class ConnectorBrainTest {
         worker.rebind(engine);
         assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
     }
+
+    @Test
+    void aPreemptedRequestAbortedWhileReloadingIsNotHeldForOldSaves() throws Exception {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0); // saves 2 blocks
+        sched.preempted("a");
+        byte[] plan = sched.buildPlan();
+        worker.awaitPreempted(plan); // its saves finished and are forgotten
+        // resumed with a store hit, then aborted while the load runs
+        assertThat(sched.lookup("a", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        sched.afterAlloc("a", ids(30, 3), 2 * BLOCK);
+        assertThat(sched.requestFinished("a")).as("vLLM waits for finished_recving itself").isFalse();
+        byte[] load = sched.buildPlan();
+        assertThat(StepPlan.decode(load).loads()).as("the committed load still goes out").hasSize(1);
+        worker.startLoads(load);
+        List<String> recving = List.of();
+        for (int i = 0; i < 200 && recving.isEmpty(); i++) {
+            WorkerSide.Finished f = worker.getFinished(i == 0 ? List.of("a") : List.of());
+            assertThat(f.sending()).as("no finished_sending for a request vLLM does not hold").isEmpty();
+            recving = f.recving();
+            Thread.sleep(5);
+        }
+        assertThat(recving).containsExactly("a");
+        sched.finished(List.of(), recving);
+        assertThat(sched.trackedRequests()).isZero();
+    }
+
+    @Test
+    void aRequestWhoseLoadFailedIsNotOfferedHitsAgain() throws Exception {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
+        sched.buildPlan();
+        sched.failedBlocks(new long[] {40});
+        sched.finished(List.of(), List.of("b"));
+        assertThat(sched.loadFailures()).isEqualTo(1);
+        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).as("recompute, no retry loop").isZero();
+        assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).as("other requests still hit").isEqualTo(2 * BLOCK);
+    }
 }

@@ -21,11 +21,22 @@ public final class EngineClient {
      * when the server does not answer.
      */
     public static PegaEngine connect(String endpoint, Function<HostPool, TransferEngine> transfer, long deadlineMs) {
+        return open(endpoint, transfer, deadlineMs).engine();
+    }
+
+    /** A connected engine and the identity of the server process it talks to. */
+    public record Connection(PegaEngine engine, String serverId) {}
+
+    /**
+     * Like {@link #connect}, also returning the server's id (it changes on every server
+     * start), so a client can tell a restarted server from one that was briefly unreachable.
+     */
+    public static Connection open(String endpoint, Function<HostPool, TransferEngine> transfer, long deadlineMs) {
         RemoteStore store = RemoteStore.connect(endpoint, deadlineMs);
         try {
             HealthResponse health = store.health();
             HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
-            return PegaEngine.attach(store, pool, transfer);
+            return new Connection(PegaEngine.attach(store, pool, transfer), health.getServerId());
         } catch (RuntimeException e) {
             store.close();
             throw e;
