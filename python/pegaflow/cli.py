@@ -69,7 +69,7 @@ def _rpc(args: list[str]) -> int:
     if rc == 0:
         path = _json_path(args, "out/rpc.json")
         report = json.loads(path.read_text())
-        report["endpoint"] = "pegaflow-server started by this bench (separate process, loopback TCP)"
+        report["endpoint"] = "pegaflow-server started by this bench (separate process): its local socket, and loopback TCP"
         report["server_start_seconds"] = server.start_seconds
         path.write_text(json.dumps(report, indent=2) + "\n")
         print("  pegaflow-server started in %.2f s (console script to ready)" % server.start_seconds)

@@ -27,9 +27,11 @@ import picocli.CommandLine.Command;
 import picocli.CommandLine.Option;
 
 /**
- * Query + lease of a resident prefix over loopback gRPC, from 1 and from N concurrent clients
- * (each its own channel, as each vLLM instance has). The lease is released after each timed
- * call, untimed. Starts its own server unless {@code --endpoint} names one.
+ * Query + lease of a resident prefix, from 1 and from N concurrent clients (each its own
+ * channel, as each vLLM instance has), through the client's default path (the server's local
+ * Unix socket for co-located clients) and, side by side in the same run, gRPC over loopback
+ * TCP alone. The lease is released after each timed call, untimed. Starts its own server
+ * unless {@code --endpoint} names one.
  */
 @Command(name = "rpc", mixinStandardHelpOptions = true,
         description = "Query+lease latency against pegaflow-server over loopback, 1 and N clients.")
@@ -78,12 +80,18 @@ final class RpcCommand implements Callable<Integer> {
             }
             worker.save(instance, 0, null, ids, h).join();
             List<Map<String, Object>> runs = new ArrayList<>();
+            List<Map<String, Object>> grpcRuns = new ArrayList<>();
             for (int n : new int[] {1, clients}) {
-                runs.add(run(target, instance, h, n));
+                runs.add(run(target, instance, h, n, true));
+                grpcRuns.add(run(target, instance, h, n, false));
             }
             report.put("query_p50_us", runs.get(0).get("p50_us"));
             report.put("query_p99_us", runs.get(0).get("p99_us"));
+            report.put("transport", "local Unix socket (the default for clients on the server's host)");
             report.put("clients", runs);
+            report.put("grpc_tcp_query_p50_us", grpcRuns.get(0).get("p50_us"));
+            report.put("grpc_tcp_query_p99_us", grpcRuns.get(0).get("p99_us"));
+            report.put("grpc_tcp_clients", grpcRuns);
             report.put("hashes", hashes);
             report.put("endpoint", endpoint == null ? "own server in this JVM, loopback TCP" : endpoint);
             report.put("cpus", Runtime.getRuntime().availableProcessors());
@@ -94,19 +102,24 @@ final class RpcCommand implements Callable<Integer> {
             }
         }
         Json.writeFile(json, report);
-        for (Object o : (List<?>) report.get("clients")) {
-            Map<?, ?> r = (Map<?, ?>) o;
-            System.out.printf(Locale.ROOT, "rpc query+lease of %d hashes, %s client(s): p50 %.0f us, p99 %.0f us, %.0f calls/s%n",
-                    hashes, r.get("clients"), r.get("p50_us"), r.get("p99_us"), r.get("calls_per_second"));
+        for (String key : new String[] {"clients", "grpc_tcp_clients"}) {
+            for (Object o : (List<?>) report.get(key)) {
+                Map<?, ?> r = (Map<?, ?>) o;
+                System.out.printf(Locale.ROOT,
+                        "rpc query+lease of %d hashes, %s, %s client(s): p50 %.0f us, p99 %.0f us, %.0f calls/s%n", hashes,
+                        key.equals("clients") ? "local socket" : "gRPC over TCP", r.get("clients"), r.get("p50_us"),
+                        r.get("p99_us"), r.get("calls_per_second"));
+            }
         }
         System.out.println("  report: " + json);
         return 0;
     }
 
-    private Map<String, Object> run(String target, String instance, byte[][] h, int n) throws Exception {
+    private Map<String, Object> run(String target, String instance, byte[][] h, int n, boolean localSocket)
+            throws Exception {
         List<RemoteStore> stores = new ArrayList<>();
         for (int i = 0; i < n; i++) {
-            stores.add(RemoteStore.connect(target, 5000));
+            stores.add(RemoteStore.connect(target, 5000, localSocket));
         }
         int perClient = Math.max(100, calls / n);
         long[][] samples = new long[n][perClient];
@@ -145,6 +158,7 @@ final class RpcCommand implements Callable<Integer> {
         long[] all = Arrays.stream(samples).flatMapToLong(Arrays::stream).sorted().toArray();
         Map<String, Object> r = new LinkedHashMap<>();
         r.put("clients", n);
+        r.put("transport", localSocket ? "local socket" : "gRPC over TCP");
         r.put("calls", all.length);
         r.put("p50_us", all[all.length / 2] / 1e3);
         r.put("p99_us", all[Math.min(all.length - 1, (int) (all.length * 0.99))] / 1e3);

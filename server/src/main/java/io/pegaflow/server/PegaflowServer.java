@@ -71,6 +71,8 @@ public final class PegaflowServer implements AutoCloseable {
     private final PrometheusRegistry registry = new PrometheusRegistry();
     private final Server grpc;
     private final HttpEndpoints http;
+    private volatile LocalSocketServer local;
+    private final RpcMetrics rpcMetrics;
     private final String serverId = UUID.randomUUID().toString();
     private volatile boolean serving;
 
@@ -83,7 +85,8 @@ public final class PegaflowServer implements AutoCloseable {
             this.store = new LocalStore(engine, pool.size());
             this.sessions = new Sessions(store, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, this::health, this::close);
-            this.grpc = builder.addService(ServerInterceptors.intercept(service, new RpcMetrics(registry))).build().start();
+            this.rpcMetrics = new RpcMetrics(registry);
+            this.grpc = builder.addService(ServerInterceptors.intercept(service, rpcMetrics)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds);
@@ -94,8 +97,30 @@ public final class PegaflowServer implements AutoCloseable {
         serving = true;
     }
 
-    /** Listens on {@code config.addr()} (TCP, plaintext; loopback unless told otherwise). */
+    /**
+     * Listens on {@code config.addr()} (TCP, plaintext; loopback unless told otherwise) and on
+     * a Unix socket next to the pool file ({@code <pool>.sock}) for co-located clients' hot calls.
+     */
     public static PegaflowServer start(Config config) throws IOException {
+        return start(config, true);
+    }
+
+    /** As {@link #start(Config)}; {@code localSocket} false leaves the Unix socket off. */
+    public static PegaflowServer start(Config config, boolean localSocket) throws IOException {
+        PegaflowServer s = startTcp(config);
+        if (localSocket) {
+            Path sock = Path.of(config.poolPath() + ".sock");
+            try {
+                s.local = LocalSocketServer.start(sock, s.store, s.rpcMetrics);
+            } catch (IOException | RuntimeException e) {
+                System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,
+                        "no local socket at " + sock + " (" + e + "); clients use gRPC for every call");
+            }
+        }
+        return s;
+    }
+
+    private static PegaflowServer startTcp(Config config) throws IOException {
         // Handlers run on the transport's threads: every engine call is short and never waits
         // on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback query.
         NettyServerBuilder builder = NettyServerBuilder.forAddress(hostPort(config.addr(), "--addr"))
@@ -114,8 +139,10 @@ public final class PegaflowServer implements AutoCloseable {
     }
 
     HealthResponse health() {
+        LocalSocketServer l = local;
         return HealthResponse.newBuilder().setServerVersion(Version.VERSION).setPoolPath(pool.file().toString())
-                .setPoolBytes(pool.size()).setServerId(serverId).setInstances(store.instanceIds().size()).build();
+                .setPoolBytes(pool.size()).setServerId(serverId).setInstances(store.instanceIds().size())
+                .setLocalSocket(l == null ? "" : l.path().toString()).build();
     }
 
     private String healthJson() {
@@ -148,7 +175,8 @@ public final class PegaflowServer implements AutoCloseable {
     public String describe() {
         return "grpc=" + config.addr().replaceAll(":\\d+$", ":" + port()) + " http="
                 + (http == null ? "off" : config.httpAddr().replaceAll(":\\d+$", ":" + httpPort()))
-                + " pool=" + pool.file() + " (" + Sizes.format(pool.size()) + ")";
+                + " pool=" + pool.file() + " (" + Sizes.format(pool.size()) + ")"
+                + (local == null ? "" : " local=" + local.path());
     }
 
     public void awaitTermination() throws InterruptedException {
@@ -162,6 +190,9 @@ public final class PegaflowServer implements AutoCloseable {
             return;
         }
         serving = false;
+        if (local != null) {
+            local.close();
+        }
         grpc.shutdown();
         try {
             if (!grpc.awaitTermination(5, TimeUnit.SECONDS)) {

@@ -61,6 +61,7 @@ public final class RemoteStore implements BlockStore {
     private final long deadlineMs;
     private final String clientId = UUID.randomUUID().toString();
     private final Map<String, ClientCallStreamObserver<SessionRequest>> sessions = new ConcurrentHashMap<>();
+    private final LocalSocketClient local = new LocalSocketClient(this);
 
     private RemoteStore(String endpoint, ManagedChannel channel, long deadlineMs) {
         this.endpoint = endpoint;
@@ -68,8 +69,25 @@ public final class RemoteStore implements BlockStore {
         this.deadlineMs = deadlineMs;
     }
 
-    /** A client of the server at {@code HOST:PORT}; nothing is sent until the first call. */
+    /**
+     * A client of the server at {@code HOST:PORT}; nothing is sent until the first call. Query
+     * and release go over the server's local socket when it has one on this host (see
+     * {@link LocalSocketServer}), everything else over gRPC.
+     */
     public static RemoteStore connect(String endpoint, long deadlineMs) {
+        return connect(endpoint, deadlineMs, true);
+    }
+
+    /** As {@link #connect(String, long)}; {@code localSocket} false sends every call over gRPC. */
+    public static RemoteStore connect(String endpoint, long deadlineMs, boolean localSocket) {
+        RemoteStore s = open(endpoint, deadlineMs);
+        if (!localSocket) {
+            s.local.close();
+        }
+        return s;
+    }
+
+    private static RemoteStore open(String endpoint, long deadlineMs) {
         PegaflowServer.hostPort(endpoint, "endpoint");
         if (deadlineMs <= 0) {
             throw new InvalidArgumentException("deadline " + deadlineMs + " ms; expected > 0");
@@ -90,6 +108,15 @@ public final class RemoteStore implements BlockStore {
 
     public String endpoint() {
         return endpoint;
+    }
+
+    long deadlineMs() {
+        return deadlineMs;
+    }
+
+    /** Calls answered over the server's local socket instead of gRPC. */
+    long localCalls() {
+        return local.answered();
     }
 
     private <T> T call(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
@@ -244,9 +271,7 @@ public final class RemoteStore implements BlockStore {
 
     @Override
     public QueryResult query(String instanceId, byte[][] hashes) {
-        QueryResponse r = call(s -> s.query(QueryRequest.newBuilder().setInstanceId(instanceId).setHashes(pack(hashes))
-                .setHashLen(hashLen(hashes)).build()));
-        return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : LeaseId.fromBytes(r.getLease().toByteArray()));
+        return query(instanceId, pack(hashes).toByteArray(), hashLen(hashes));
     }
 
     @Override
@@ -254,8 +279,20 @@ public final class RemoteStore implements BlockStore {
         if (packed == null) {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
-        QueryResponse r = call(s -> s.query(QueryRequest.newBuilder().setInstanceId(instanceId)
-                .setHashes(UnsafeByteOperations.unsafeWrap(packed)).setHashLen(hashLen).build()));
+        QueryRequest req = QueryRequest.newBuilder().setInstanceId(instanceId)
+                .setHashes(UnsafeByteOperations.unsafeWrap(packed)).setHashLen(hashLen).build();
+        byte[] fast = local.call(LocalSocketServer.QUERY, req);
+        QueryResponse r;
+        if (fast != null) {
+            try {
+                r = QueryResponse.parseFrom(fast);
+            } catch (com.google.protobuf.InvalidProtocolBufferException e) {
+                throw new io.pegaflow.engine.PegaflowException(io.pegaflow.engine.ErrorCode.INTERNAL,
+                        "malformed answer on the local socket: " + e.getMessage());
+            }
+        } else {
+            r = call(s -> s.query(req));
+        }
         return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : LeaseId.fromBytes(r.getLease().toByteArray()));
     }
 
@@ -264,7 +301,10 @@ public final class RemoteStore implements BlockStore {
         if (lease == null) {
             throw new InvalidArgumentException("release: lease is null");
         }
-        call(s -> s.release(ReleaseRequest.newBuilder().setLease(ByteString.copyFrom(lease.toBytes())).build()));
+        ReleaseRequest req = ReleaseRequest.newBuilder().setLease(ByteString.copyFrom(lease.toBytes())).build();
+        if (local.call(LocalSocketServer.RELEASE, req) == null) {
+            call(s -> s.release(req));
+        }
     }
 
     @Override

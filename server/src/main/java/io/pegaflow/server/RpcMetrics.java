@@ -10,7 +10,10 @@ import io.prometheus.metrics.core.metrics.Counter;
 import io.prometheus.metrics.core.metrics.Histogram;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 
-/** {@code pegaflow_rpc_requests_total{method,status}} and {@code pegaflow_rpc_duration_seconds{method}} for every call. */
+/**
+ * {@code pegaflow_rpc_requests_total{method,status}} and {@code pegaflow_rpc_duration_seconds{method}}
+ * for every call, gRPC or local socket (the same method names and gRPC status names).
+ */
 final class RpcMetrics implements ServerInterceptor {
     private final Counter requests;
     private final Histogram duration;
@@ -21,6 +24,12 @@ final class RpcMetrics implements ServerInterceptor {
         duration = Histogram.builder().name("pegaflow_rpc_duration_seconds").help("gRPC call duration")
                 .classicUpperBounds(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5)
                 .labelNames("method").register(registry);
+    }
+
+    /** A call that did not go through gRPC (the local socket). */
+    void record(String method, String status, long nanos) {
+        requests.labelValues(method, status).inc();
+        duration.labelValues(method).observe(nanos / 1e9);
     }
 
     @Override

@@ -37,6 +37,10 @@ public final class ServerMain implements Callable<Integer> {
     @Option(names = "--enable-prometheus", defaultValue = "true", negatable = true, description = "serve /metrics")
     boolean prometheus;
 
+    @Option(names = "--local-socket", defaultValue = "true", negatable = true,
+            description = "also answer query/release on a Unix socket <pool-path>.sock (co-located clients skip gRPC)")
+    boolean localSocket;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -54,7 +58,7 @@ public final class ServerMain implements Callable<Integer> {
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
                 Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus);
-        PegaflowServer server = PegaflowServer.start(config);
+        PegaflowServer server = PegaflowServer.start(config, localSocket);
         Runtime.getRuntime().addShutdownHook(new Thread(server::close, "pegaflow-server-stop"));
         System.out.println("pegaflow-server " + Version.VERSION + " ready " + server.describe());
         System.out.flush();

@@ -1,0 +1,188 @@
+package io.pegaflow.server;
+
+import com.google.protobuf.MessageLite;
+import io.pegaflow.engine.ServerUnavailableException;
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.SelectionKey;
+import java.nio.channels.Selector;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * The client half of {@link LocalSocketServer}: one connection per calling thread, written
+ * and read on that thread (no handoff), bounded by the client's deadline. The socket is found
+ * through Health the first time it is needed. Returns null whenever the fast path cannot
+ * answer (no socket, not on this host, the connection broke), so the caller uses gRPC, which
+ * reports an unreachable server in the usual way.
+ */
+final class LocalSocketClient implements AutoCloseable {
+    private record Conn(SocketChannel channel, Selector selector) {}
+
+    private final RemoteStore store;
+    private final ThreadLocal<Conn> conn = new ThreadLocal<>();
+    private final Set<Conn> all = ConcurrentHashMap.newKeySet();
+    private volatile Path path;
+    private volatile long nextDiscovery; // nanoTime; 0: now
+    private volatile boolean closed;
+    private final java.util.concurrent.atomic.AtomicLong answered = new java.util.concurrent.atomic.AtomicLong();
+
+    LocalSocketClient(RemoteStore store) {
+        this.store = store;
+    }
+
+    /** The answer's payload, or null when the caller should use gRPC instead. */
+    byte[] call(byte method, MessageLite request) {
+        if (closed) {
+            return null;
+        }
+        Conn c = connection();
+        if (c == null) {
+            return null;
+        }
+        long deadline = System.nanoTime() + store.deadlineMs() * 1_000_000L;
+        byte[] body = request.toByteArray();
+        ByteBuffer out = ByteBuffer.allocate(5 + body.length);
+        out.putInt(1 + body.length).put(method).put(body).flip();
+        try {
+            while (out.hasRemaining()) {
+                if (c.channel.write(out) == 0) {
+                    await(c, SelectionKey.OP_WRITE, deadline);
+                }
+            }
+            ByteBuffer header = ByteBuffer.allocate(5);
+            read(c, header, deadline);
+            int length = header.getInt(0);
+            if (length < 1 || length > LocalSocketServer.MAX_FRAME) {
+                throw new IOException("answer frame of " + length + " bytes");
+            }
+            ByteBuffer payload = ByteBuffer.allocate(length - 1);
+            read(c, payload, deadline);
+            byte status = header.get(4);
+            answered.incrementAndGet();
+            if (status != 0) {
+                throw Errors.byCode(status, new String(payload.array(), StandardCharsets.UTF_8));
+            }
+            return payload.array();
+        } catch (DeadlineExceeded e) {
+            drop(c);
+            throw new ServerUnavailableException("pegaflow-server at " + store.endpoint() + " did not answer within "
+                    + store.deadlineMs() + " ms (local socket " + path + ")", null);
+        } catch (IOException e) {
+            drop(c);
+            return null; // broken or closed: gRPC says whether the server is there
+        }
+    }
+
+    private static final class DeadlineExceeded extends IOException {}
+
+    private static void read(Conn c, ByteBuffer buf, long deadline) throws IOException {
+        while (buf.hasRemaining()) {
+            int n = c.channel.read(buf);
+            if (n < 0) {
+                throw new IOException("the server closed the local socket");
+            }
+            if (n == 0) {
+                await(c, SelectionKey.OP_READ, deadline);
+            }
+        }
+    }
+
+    private static void await(Conn c, int op, long deadline) throws IOException {
+        long left = (deadline - System.nanoTime()) / 1_000_000L;
+        if (left <= 0) {
+            throw new DeadlineExceeded();
+        }
+        SelectionKey key = c.channel.keyFor(c.selector);
+        key.interestOps(op);
+        c.selector.select(left);
+        c.selector.selectedKeys().clear();
+    }
+
+    private Conn connection() {
+        Conn c = conn.get();
+        if (c != null && c.channel.isOpen()) {
+            return c;
+        }
+        Path p = discover();
+        if (p == null) {
+            return null;
+        }
+        try {
+            SocketChannel ch = SocketChannel.open(StandardProtocolFamily.UNIX);
+            try {
+                ch.connect(UnixDomainSocketAddress.of(p));
+                ch.configureBlocking(false);
+                Selector sel = Selector.open();
+                ch.register(sel, SelectionKey.OP_READ);
+                c = new Conn(ch, sel);
+            } catch (IOException | RuntimeException e) {
+                ch.close();
+                throw e;
+            }
+        } catch (IOException | RuntimeException e) {
+            path = null;
+            nextDiscovery = System.nanoTime() + 1_000_000_000L; // look again in a second
+            return null;
+        }
+        all.add(c);
+        conn.set(c);
+        return c;
+    }
+
+    private Path discover() {
+        Path p = path;
+        if (p != null) {
+            return p;
+        }
+        if (System.nanoTime() < nextDiscovery) {
+            return null;
+        }
+        nextDiscovery = System.nanoTime() + 1_000_000_000L;
+        try {
+            String s = store.health().getLocalSocket();
+            if (!s.isEmpty() && Files.exists(Path.of(s))) {
+                path = Path.of(s);
+            }
+        } catch (RuntimeException e) {
+            // no answer: gRPC will say so
+        }
+        return path;
+    }
+
+    private void drop(Conn c) {
+        all.remove(c);
+        conn.remove();
+        try {
+            c.channel.close();
+            c.selector.close();
+        } catch (IOException ignored) {
+            // gone anyway
+        }
+    }
+
+    /** Calls the local socket answered (tests, diagnostics). */
+    long answered() {
+        return answered.get();
+    }
+
+    @Override
+    public void close() {
+        closed = true;
+        for (Conn c : all) {
+            try {
+                c.channel.close();
+                c.selector.close();
+            } catch (IOException ignored) {
+                // gone anyway
+            }
+        }
+        all.clear();
+    }
+}
