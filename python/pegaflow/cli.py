@@ -1,6 +1,7 @@
-"""Console scripts. ``pegaflow-bench``: ``bridge`` runs here (it measures this process's JVM);
-``workload``, ``transfer`` and ``jmh`` run the Java benchmark CLI (``transfer`` then adds
-the PyTorch baseline)."""
+"""Console scripts. ``pegaflow-bench``: ``bridge``, ``workload`` (the engine alone,
+``make run-engine``) and ``vllm-workload`` (through vLLM and the connector, ``make run``) run
+in Python; ``rpc``, ``transfer`` and ``jmh`` run the Java benchmark CLI (``rpc`` first starts
+a server from this package, ``transfer`` then adds the PyTorch baseline)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The main job (``make run``): multi-turn conversations through ``PegaEngine``, as vLLM drives it.
+"""The engine alone (``make run-engine``): multi-turn conversations through ``PegaEngine``, as vLLM drives it.
 
 Conversations share system prompts; each turn's prompt is the conversation so far plus a new
 user turn. Per request, like vLLM with a KV connector: hash the prompt's full blocks (chained

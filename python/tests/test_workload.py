@@ -10,7 +10,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-# Small geometry and trace so the tier stays fast; the full Llama-3.1-8B run is `make run`.
+# Small geometry and trace so the tier stays fast; the full Llama-3.1-8B run is `make run-engine`.
 SMALL = [
     "--conversations", "24", "--turns", "4", "--system-prompts", "3", "--concurrency", "4",
     "--prefix-tokens", "256-512", "--turn-tokens", "64-192", "--reply-tokens", "16-64",
