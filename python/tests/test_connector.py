@@ -287,6 +287,28 @@ def test_legacy_split_kv_tensor_is_two_segments():
     assert r.base_address == t.data_ptr() and r.region_bytes == 10240
 
 
+def test_a_layer_sharing_another_layers_kv_cache_is_stored_once():
+    import torch
+
+    own = torch.zeros(10, 2, 16, 32, dtype=torch.float16)
+    other = torch.zeros(10, 2, 16, 32, dtype=torch.float16)
+    layers = _layout.describe_kv_caches({"l0": own, "l1": other, "l2": own}, 10, mla=False)
+    assert [g.region.name for g in layers] == ["l0", "l1"]  # l2 reuses l0's cache (vLLM KV sharing)
+
+
+def test_context_parallelism_is_refused():
+    from types import SimpleNamespace
+
+    from vllm.config import ParallelConfig
+
+    from pegaflow.connector._vllm import _check_parallelism
+
+    _check_parallelism(SimpleNamespace(parallel_config=ParallelConfig(tensor_parallel_size=2)))
+    dcp = SimpleNamespace(parallel_config=ParallelConfig(tensor_parallel_size=2, decode_context_parallel_size=2))
+    with pytest.raises(ValueError, match=r"decode_context_parallel_size=2.*expected 1 for both"):
+        _check_parallelism(dcp)
+
+
 def test_metadata_pickles_for_worker_processes():
     m = PegaConnectorMetadata(plan=b"\x00\x00\x00\x02" + b"\x00" * 12, has_loads=False, has_saves=False,
                               has_preempted=False)

@@ -242,6 +242,8 @@ class PegaKVConnector(KVConnectorBase_V1):
         hashes = request.block_hashes
         full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
         sent = self._hashes_sent.get(req_id, 0)
+        if full <= sent and not block_ids and not resumed:
+            return  # a decode step inside a block: nothing for the brain (no upcall per token)
         window = hashes[sent:full] if full > sent else []
         self._sched.schedule(req_id, window, sent, block_ids, resumed, num_computed, num_scheduled)
         if full > sent:

@@ -525,16 +525,24 @@ public final class Bridge {
     static int pfEngineServerId(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
         return guard(() -> {
             engine(engine);
-            byte[] id = SERVER_IDS.getOrDefault(engine, "").getBytes(StandardCharsets.UTF_8);
-            buffer(outLen, 4, "out_len").set(JAVA_INT, 0, id.length);
-            if (cap <= id.length) {
-                throw new InvalidArgumentException("server id of " + id.length + " bytes does not fit " + cap
-                        + " bytes; pass a buffer of at least " + (id.length + 1));
-            }
-            MemorySegment b = buffer(buf, cap, "buf");
-            MemorySegment.copy(id, 0, b, JAVA_BYTE, 0, id.length);
-            b.set(JAVA_BYTE, id.length, (byte) 0);
+            putText(SERVER_IDS.getOrDefault(engine, "").getBytes(StandardCharsets.UTF_8), buf, cap, outLen, "server id");
         });
+    }
+
+    /**
+     * Writes {@code text} NUL-terminated into {@code buf} of {@code cap} bytes and its length
+     * into {@code *outLen}; when it does not fit, only the length is written and the call fails
+     * naming the size needed.
+     */
+    private static void putText(byte[] text, MemorySegment buf, int cap, MemorySegment outLen, String what) {
+        buffer(outLen, 4, "out_len").set(JAVA_INT, 0, text.length);
+        if (cap <= text.length) {
+            throw new InvalidArgumentException(what + " of " + text.length + " bytes does not fit " + cap
+                    + " bytes; pass a buffer of at least " + (text.length + 1));
+        }
+        MemorySegment b = buffer(buf, cap, "buf");
+        MemorySegment.copy(text, 0, b, JAVA_BYTE, 0, text.length);
+        b.set(JAVA_BYTE, text.length, (byte) 0);
     }
 
     /**
@@ -699,15 +707,10 @@ public final class Bridge {
             } else {
                 workerSide(worker).noteFinished(lines(finished, "finished")); // results are taken on the next call
             }
-            buffer(outLen, 4, "out_len").set(JAVA_INT, 0, text.length);
             if (cap <= text.length) {
-                UNREAD_FINISHED.put(worker, text);
-                throw new InvalidArgumentException("finished list of " + text.length + " bytes does not fit " + cap
-                        + " bytes; call again with a buffer of at least " + (text.length + 1));
+                UNREAD_FINISHED.put(worker, text); // returned by the next call, with a larger buffer
             }
-            MemorySegment b = buffer(buf, cap, "buf");
-            MemorySegment.copy(text, 0, b, JAVA_BYTE, 0, text.length);
-            b.set(JAVA_BYTE, text.length, (byte) 0);
+            putText(text, buf, cap, outLen, "finished list");
         });
     }
 

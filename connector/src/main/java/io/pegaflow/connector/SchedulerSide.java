@@ -138,6 +138,10 @@ public final class SchedulerSide {
         if (r.probeLease != null) {
             releaseQuietly(r.probeLease);
         }
+        forgetProbe(r);
+    }
+
+    private static void forgetProbe(Req r) {
         r.probed = false;
         r.probeLease = null;
         r.probeHit = 0;
@@ -357,9 +361,7 @@ public final class SchedulerSide {
             return; // back on the same engine (the server was briefly unreachable): probes stay valid
         }
         for (Req r : requests.values()) {
-            r.probed = false; // the old engine's leases die with it (or expire)
-            r.probeLease = null;
-            r.probeHit = 0;
+            forgetProbe(r); // the old engine's leases die with it (or expire)
         }
         engine = next;
     }

@@ -15,6 +15,7 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.time.Duration;
+import java.util.ArrayList;
 import java.util.List;
 import java.util.Random;
 import org.junit.jupiter.api.AfterEach;
@@ -112,6 +113,28 @@ class ConnectorBrainTest {
         worker.submitSaves(plan, 0);
     }
 
+    /** Stores two blocks through a cold request "a" whose saves finish; returns their hashes. */
+    private byte[] storedTwoBlocks() throws InterruptedException {
+        byte[] h = hashes(2);
+        runCold("a", h, 2 * BLOCK + 1, 0);
+        sched.requestFinished("a");
+        finishedSendingAfter(List.of("a"));
+        return h;
+    }
+
+    /** Polls get_finished (first with {@code finished}) until a load is reported; sends go to {@code sent}. */
+    private List<String> recvingAfter(List<String> finished, List<String> sent) throws InterruptedException {
+        for (int i = 0; i < 200; i++) {
+            WorkerSide.Finished f = worker.getFinished(i == 0 ? finished : List.of());
+            sent.addAll(f.sending());
+            if (!f.recving().isEmpty()) {
+                return f.recving();
+            }
+            Thread.sleep(5);
+        }
+        return List.of();
+    }
+
     private List<String> finishedSendingAfter(List<String> finished) throws InterruptedException {
         for (int i = 0; i < 200; i++) {
             WorkerSide.Finished f = worker.getFinished(i == 0 ? finished : List.of());
@@ -144,11 +167,7 @@ class ConnectorBrainTest {
         byte[] plan = sched.buildPlan();
         assertThat(StepPlan.decode(plan).loads()).hasSize(1);
         worker.startLoads(plan);
-        List<String> recving = List.of();
-        for (int i = 0; i < 200 && recving.isEmpty(); i++) {
-            recving = worker.getFinished(List.of()).recving();
-            Thread.sleep(5);
-        }
+        List<String> recving = recvingAfter(List.of(), new ArrayList<>());
         assertThat(recving).containsExactly("warm");
         assertThat(worker.drainLoadErrors()).isEmpty();
         for (int i = 0; i < 4; i++) {
@@ -189,21 +208,14 @@ class ConnectorBrainTest {
 
     @Test
     void anAbortWhileLoadingFreesNothingEarlyAndLeavesNoState() throws Exception {
-        byte[] h = hashes(2);
-        runCold("a", h, 2 * BLOCK + 1, 0);
-        sched.requestFinished("a");
-        finishedSendingAfter(List.of("a"));
+        byte[] h = storedTwoBlocks();
         sched.finished(List.of("a"), List.of());
         sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
         sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
         assertThat(sched.requestFinished("b")).as("no saves: vLLM itself waits for finished_recving").isFalse();
         worker.startLoads(plan);
-        List<String> recving = List.of();
-        for (int i = 0; i < 200 && recving.isEmpty(); i++) {
-            recving = worker.getFinished(List.of("b")).recving();
-            Thread.sleep(5);
-        }
+        List<String> recving = recvingAfter(List.of("b"), new ArrayList<>());
         assertThat(recving).containsExactly("b");
         sched.finished(List.of(), recving);
         assertThat(sched.trackedRequests()).isZero();
@@ -211,10 +223,7 @@ class ConnectorBrainTest {
 
     @Test
     void aFailedLoadIsReportedBlockByBlockAndStillFinishes() throws Exception {
-        byte[] h = hashes(2);
-        runCold("a", h, 2 * BLOCK + 1, 0);
-        sched.requestFinished("a");
-        finishedSendingAfter(List.of("a"));
+        byte[] h = storedTwoBlocks();
         sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
         sched.afterAlloc("b", ids(50, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
@@ -259,10 +268,7 @@ class ConnectorBrainTest {
 
     @Test
     void withoutAnEngineLookupsMissAndPlannedLoadsFailUntilRebound() throws Exception {
-        byte[] h = hashes(2);
-        runCold("a", h, 2 * BLOCK + 1, 0);
-        sched.requestFinished("a");
-        finishedSendingAfter(List.of("a"));
+        byte[] h = storedTwoBlocks();
         assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
@@ -293,13 +299,9 @@ class ConnectorBrainTest {
         byte[] load = sched.buildPlan();
         assertThat(StepPlan.decode(load).loads()).as("the committed load still goes out").hasSize(1);
         worker.startLoads(load);
-        List<String> recving = List.of();
-        for (int i = 0; i < 200 && recving.isEmpty(); i++) {
-            WorkerSide.Finished f = worker.getFinished(i == 0 ? List.of("a") : List.of());
-            assertThat(f.sending()).as("no finished_sending for a request vLLM does not hold").isEmpty();
-            recving = f.recving();
-            Thread.sleep(5);
-        }
+        List<String> sent = new ArrayList<>();
+        List<String> recving = recvingAfter(List.of("a"), sent);
+        assertThat(sent).as("no finished_sending for a request vLLM does not hold").isEmpty();
         assertThat(recving).containsExactly("a");
         sched.finished(List.of(), recving);
         assertThat(sched.trackedRequests()).isZero();
@@ -307,10 +309,7 @@ class ConnectorBrainTest {
 
     @Test
     void aRequestWhoseLoadFailedIsNotOfferedHitsAgain() throws Exception {
-        byte[] h = hashes(2);
-        runCold("a", h, 2 * BLOCK + 1, 0);
-        sched.requestFinished("a");
-        finishedSendingAfter(List.of("a"));
+        byte[] h = storedTwoBlocks();
         assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
         sched.buildPlan();

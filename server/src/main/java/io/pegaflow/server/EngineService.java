@@ -172,22 +172,30 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     @Override
     public void query(QueryRequest r, StreamObserver<QueryResponse> out) {
-        answer(out, () -> {
-            QueryResult q = store.query(r.getInstanceId(), r.getHashes().toByteArray(), r.getHashLen());
-            QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
-            if (q.hasLease()) {
-                b.setLease(ByteString.copyFrom(q.lease().toBytes()));
-            }
-            return b.build();
-        });
+        answer(out, () -> query(store, r));
+    }
+
+    /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
+    static QueryResponse query(LocalStore store, QueryRequest r) {
+        QueryResult q = store.query(r.getInstanceId(), r.getHashes().toByteArray(), r.getHashLen());
+        QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
+        if (q.hasLease()) {
+            b.setLease(ByteString.copyFrom(q.lease().toBytes()));
+        }
+        return b.build();
     }
 
     @Override
     public void release(ReleaseRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
-            store.release(LeaseId.fromBytes(r.getLease().toByteArray()));
+            release(store, r);
             return EMPTY;
         });
+    }
+
+    /** Release on {@code store}: the gRPC method and the local socket's. */
+    static void release(LocalStore store, ReleaseRequest r) {
+        store.release(LeaseId.fromBytes(r.getLease().toByteArray()));
     }
 
     @Override

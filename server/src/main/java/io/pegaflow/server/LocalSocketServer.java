@@ -1,14 +1,10 @@
 package io.pegaflow.server;
 
-import com.google.protobuf.ByteString;
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.LeaseId;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.PegaflowException;
-import io.pegaflow.engine.QueryResult;
 import io.pegaflow.server.proto.QueryRequest;
-import io.pegaflow.server.proto.QueryResponse;
 import io.pegaflow.server.proto.ReleaseRequest;
 import java.io.IOException;
 import java.net.StandardProtocolFamily;
@@ -139,17 +135,9 @@ final class LocalSocketServer implements AutoCloseable {
 
     private byte[] handle(byte method, byte[] payload) throws com.google.protobuf.InvalidProtocolBufferException {
         return switch (method) {
-            case QUERY -> {
-                QueryRequest r = QueryRequest.parseFrom(payload);
-                QueryResult q = store.query(r.getInstanceId(), r.getHashes().toByteArray(), r.getHashLen());
-                QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
-                if (q.hasLease()) {
-                    b.setLease(ByteString.copyFrom(q.lease().toBytes()));
-                }
-                yield b.build().toByteArray();
-            }
+            case QUERY -> EngineService.query(store, QueryRequest.parseFrom(payload)).toByteArray();
             case RELEASE -> {
-                store.release(LeaseId.fromBytes(ReleaseRequest.parseFrom(payload).getLease().toByteArray()));
+                EngineService.release(store, ReleaseRequest.parseFrom(payload));
                 yield new byte[0];
             }
             default -> throw new InvalidArgumentException("local socket method " + method + "; expected 1 (query) or 2 (release)");

@@ -213,11 +213,16 @@ public final class RemoteStore implements BlockStore {
     }
 
     static ByteString pack(byte[][] hashes) {
+        return UnsafeByteOperations.unsafeWrap(packBytes(hashes)); // the array is ours and never written again
+    }
+
+    /** The hashes end to end (one length per call). */
+    static byte[] packBytes(byte[][] hashes) {
         if (hashes == null) {
             throw new InvalidArgumentException("hashes must not be null");
         }
         if (hashes.length == 0) {
-            return ByteString.EMPTY;
+            return new byte[0];
         }
         int len = hashes[0] == null ? 0 : hashes[0].length;
         byte[] out = new byte[hashes.length * len];
@@ -228,7 +233,7 @@ public final class RemoteStore implements BlockStore {
             }
             System.arraycopy(hashes[i], 0, out, i * len, len);
         }
-        return UnsafeByteOperations.unsafeWrap(out); // `out` is ours and never written again
+        return out;
     }
 
     private static int hashLen(byte[][] hashes) {
@@ -271,7 +276,7 @@ public final class RemoteStore implements BlockStore {
 
     @Override
     public QueryResult query(String instanceId, byte[][] hashes) {
-        return query(instanceId, pack(hashes).toByteArray(), hashLen(hashes));
+        return query(instanceId, packBytes(hashes), hashLen(hashes));
     }
 
     @Override
