@@ -1,5 +1,5 @@
 /*
- * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 1).
+ * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 2).
  *
  * The engine is Java. A host process (CPython through ctypes, or C, C++, Rust) creates one
  * JVM with JNI_CreateJavaVM, with the engine jar on -Djava.class.path and the options
@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 1
+#define PEGAFLOW_ABI_VERSION 2
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -146,13 +146,45 @@ typedef struct pegaflow_api {
     int32_t (*engine_connect)(const char *endpoint, int32_t copy_threads, int32_t transfer,
                               int32_t device, int64_t deadline_ms, int64_t *out_engine);
 
+    /* The id of the server process behind a connected engine ("" when embedded); it changes
+       on every server start. NUL-terminated into buf; *out_len is its length. */
+    int32_t (*engine_server_id)(int64_t engine, char *buf, int32_t cap, int32_t *out_len);
+
+    /* ---- The store link of one vLLM process (io.pegaflow.client.StoreLink). ----
+       It owns the mode, the embedded engine or the pegaflow-server client, every
+       registration made through it and the reconnects: unreachable server = detached
+       (lookups miss, loads fail, vLLM recomputes); same server back = re-attached; a
+       restarted server = a new client, registrations replayed; an instance the server
+       forgot = registered again. mode: "auto" (server when one answers now, else embedded),
+       "embedded" or "server"; health_interval_ms: how often a daemon thread checks the server
+       (0: never). In server mode an absent server is not an error. */
+    int32_t (*link_open)(const char *mode, const char *endpoint, const char *pool_size,
+                         int32_t copy_threads, int64_t deadline_ms, int64_t health_interval_ms,
+                         int64_t *out_link);
+    /* Registers a worker through the link (now when a store is there, and again on every new
+       server): its instance, then its layers as in register_worker; transfer 0 host copies,
+       1 CUDA on device (the first worker decides an embedded engine's copier). */
+    int32_t (*link_register_worker)(int64_t link, const char *instance_id, const char *ns,
+                                    int32_t tp_size, int32_t world_size, int32_t worker_rank,
+                                    int32_t tp_rank, int32_t transfer, int32_t device,
+                                    int32_t num_layers, const char *layer_names,
+                                    const int64_t *layer_params);
+    int32_t (*link_unregister_instance)(int64_t link, const char *instance_id);
+    /* Lines "key=value": mode, generation, detached, engine, server_id, registrations. */
+    int32_t (*link_status)(int64_t link, char *buf, int32_t cap, int32_t *out_len);
+    /* The bound store's stats as JSON (like stats); PF_UNAVAILABLE while none is bound. */
+    int32_t (*link_stats)(int64_t link, char *buf, int32_t cap, int32_t *out_len);
+    /* Closes the link, its engine or client (copies in flight finish first). */
+    int32_t (*link_close)(int64_t link);
+
     /* ---- The vLLM connector's brain (io.pegaflow.connector), for connector shims. ----
+       Both sides are created on a link and read its current engine at every call.
        Scheduler side: one per engine-core process; called from vLLM's scheduler thread. */
-    /* engine 0: not connected yet (see sched_rebind). */
-    int32_t (*sched_create)(int64_t engine, const char *instance_id, int32_t block_size,
+    int32_t (*sched_create)(int64_t link, const char *instance_id, int32_t block_size,
                             int32_t load_enabled, int64_t *out_sched);
     /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store
-       failure). Side-effect free when repeated with the same inputs. */
+       failure). Side-effect free when repeated with the same inputs (the same hashes,
+       compared exactly). */
     int32_t (*sched_lookup)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
                             int32_t hash_len, int64_t num_tokens, int64_t num_computed,
                             int64_t *out_tokens);
@@ -172,12 +204,16 @@ typedef struct pegaflow_api {
     int32_t (*sched_build_plan)(int64_t sched, uint8_t *buf, int64_t cap, int64_t *out_len);
     /* request_finished: *out_hold = 1 while its blocks must stay until finished_sending. */
     int32_t (*sched_request_finished)(int64_t sched, const char *req_id, int32_t *out_hold);
+    /* update_connector_output's invalid_block_ids, before sched_finished: a request whose
+       load failed is not offered hits again (recompute, no retry loop). */
+    int32_t (*sched_failed_blocks)(int64_t sched, const int64_t *ids, int32_t n);
     /* update_connector_output: '\n'-separated request ids (NULL or "" for none). */
     int32_t (*sched_finished)(int64_t sched, const char *sending, const char *recving);
     int32_t (*sched_close)(int64_t sched);
 
-    /* Worker side: one per worker (TP rank), with that worker's engine handle. */
-    int32_t (*worker_create)(int64_t engine, const char *instance_id, int32_t worker_rank,
+    /* Worker side: one per worker (TP rank). The plan is the scheduler's bytes, decoded once
+       per step however many of the three hooks pass it. */
+    int32_t (*worker_create)(int64_t link, const char *instance_id, int32_t worker_rank,
                              int64_t *out_worker);
     int32_t (*worker_start_loads)(int64_t worker, const uint8_t *plan, int64_t len);
     /* wait_for_save: submits the plan's saves ordered after work queued on stream. */
@@ -191,19 +227,6 @@ typedef struct pegaflow_api {
     /* get_block_ids_with_load_errors: drains the failed destination block ids. */
     int32_t (*worker_load_errors)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
     int32_t (*worker_close)(int64_t worker);
-
-    /* Point a connector at another engine handle (the server restarted or came back; 0: no
-       engine, lookups miss and loads fail so vLLM recomputes). Transfers in flight finish on
-       the old engine, which the caller closes afterwards. */
-    int32_t (*sched_rebind)(int64_t sched, int64_t engine);
-    int32_t (*worker_rebind)(int64_t worker, int64_t engine);
-
-    /* The id of the server process behind a connected engine ("" when embedded); it changes
-       on every server start. NUL-terminated into buf; *out_len is its length. */
-    int32_t (*engine_server_id)(int64_t engine, char *buf, int32_t cap, int32_t *out_len);
-    /* update_connector_output's invalid_block_ids, before sched_finished: a request whose
-       load failed is not offered hits again (recompute, no retry loop). */
-    int32_t (*sched_failed_blocks)(int64_t sched, const int64_t *ids, int32_t n);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -1,5 +1,6 @@
 package io.pegaflow.bench;
 
+import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
@@ -7,9 +8,9 @@ import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.transfer.HostTransferEngine;
-import io.pegaflow.server.EngineClient;
+import io.pegaflow.client.EngineClient;
 import io.pegaflow.server.PegaflowServer;
-import io.pegaflow.server.RemoteStore;
+import io.pegaflow.client.RemoteStore;
 import java.lang.foreign.Arena;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -71,14 +72,14 @@ final class RpcCommand implements Callable<Integer> {
             worker.registerInstance(new InstanceSpec(instance, "rpc-bench", 1, 1));
             worker.registerWorker(instance, new WorkerSpec(0, 0, 0,
                     List.of(new LayerRegion("l", KvLayout.MLA, base, hashes * seg, hashes, seg, seg, 0))));
-            byte[][] h = new byte[hashes][32];
-            Random rnd = new Random(5);
+            byte[] packed = new byte[hashes * 32];
+            new Random(5).nextBytes(packed);
+            BlockHashes h = new BlockHashes(packed, 32);
             long[] ids = new long[hashes];
             for (int i = 0; i < hashes; i++) {
-                rnd.nextBytes(h[i]);
                 ids[i] = i;
             }
-            worker.save(instance, 0, null, ids, h).join();
+            worker.save(instance, 0, ids, h).join();
             List<Map<String, Object>> runs = new ArrayList<>();
             List<Map<String, Object>> grpcRuns = new ArrayList<>();
             for (int n : new int[] {1, clients}) {
@@ -115,7 +116,7 @@ final class RpcCommand implements Callable<Integer> {
         return 0;
     }
 
-    private Map<String, Object> run(String target, String instance, byte[][] h, int n, boolean localSocket)
+    private Map<String, Object> run(String target, String instance, BlockHashes h, int n, boolean localSocket)
             throws Exception {
         List<RemoteStore> stores = new ArrayList<>();
         for (int i = 0; i < n; i++) {

@@ -1,5 +1,7 @@
 package io.pegaflow.connector;
 
+import io.pegaflow.engine.BlockHashes;
+import io.pegaflow.engine.EngineSource;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LeaseId;
 import io.pegaflow.engine.PegaEngine;
@@ -24,16 +26,16 @@ import java.util.Map;
  * while the request's cache state is unchanged, so repeated lookups have no side effects);
  * a <em>pending load</em> (committed by afterAlloc, sent in the next plan); then saves of
  * newly completed full blocks, step by step. Any store failure in a lookup is a miss, never
- * an exception into vLLM. Not thread-safe: vLLM's scheduler calls from one thread.
+ * an exception into vLLM. The engine comes from an {@link EngineSource} at each call (the
+ * store link replaces it after a server restart); a probe remembers the generation whose
+ * lease it holds and is void in any other. Not thread-safe: vLLM's scheduler calls from one
+ * thread.
  */
 public final class SchedulerSide {
     /** What {@link #lookup} returns for "not known yet, ask again" (vLLM's None). */
     public static final long ASK_AGAIN = -1;
 
-    private PegaEngine engine; // null while disconnected from the store: every lookup misses
-    private final Object rebindLock = new Object();
-    private volatile boolean rebindPending;
-    private PegaEngine pendingEngine;
+    private final EngineSource source;
     private final String instanceId;
     private final int blockSize;
     private final boolean loadEnabled;
@@ -50,33 +52,38 @@ public final class SchedulerSide {
 
     /** Per-request state. */
     private static final class Req {
-        // probe
-        long probeKey;
+        // probe: the exact window it asked about, the engine and generation its lease is from
+        BlockHashes probeWindow;
         int probeBase;
         int probeHit;
         LeaseId probeLease;
+        PegaEngine probeEngine;
+        long probeGeneration;
         boolean probed;
         // blocks
         long[] table = new long[0];
         int savedUpTo;
         boolean hadSaves;
         boolean loading;
+        PegaEngine loadEngine; // issued the pending load's lease (released there at shutdown)
         long[] loadTargets = new long[0];
         boolean loadFailed; // a load of this request failed: no more hits for it (recompute)
         boolean finishedByVllm;
     }
 
     /**
-     * @param engine      the store's engine, or null while there is none (every lookup misses
-     *                    until {@link #rebind})
+     * @param source      where the store's engine is found at each call (none: every lookup misses)
      * @param blockSize   vLLM's block size in tokens (one hash per block)
      * @param loadEnabled false for save-only deployments: lookups always miss
      */
-    public SchedulerSide(PegaEngine engine, String instanceId, int blockSize, boolean loadEnabled) {
+    public SchedulerSide(EngineSource source, String instanceId, int blockSize, boolean loadEnabled) {
         if (blockSize < 1) {
             throw new InvalidArgumentException("block size " + blockSize + "; expected >= 1 token");
         }
-        this.engine = engine;
+        if (source == null) {
+            throw new InvalidArgumentException("engine source is null; expected the store link");
+        }
+        this.source = source;
         this.instanceId = instanceId;
         this.blockSize = blockSize;
         this.loadEnabled = loadEnabled;
@@ -93,61 +100,51 @@ public final class SchedulerSide {
      * the same, so calling again changes nothing; changed inputs release the old lease first.
      * Returns 0 on any store failure (server down, instance not registered yet).
      */
-    public long lookup(String requestId, byte[] packedHashes, int hashLen, long numTokens, long numComputedTokens) {
-        applyRebind();
+    public long lookup(String requestId, BlockHashes hashes, long numTokens, long numComputedTokens) {
         Req r = req(requestId);
-        int count = hashLen == 0 ? 0 : packedHashes.length / hashLen;
         int base = (int) (numComputedTokens / blockSize);
-        int usable = (int) Math.min(count, Math.max(0, (numTokens - 1) / blockSize)) - base;
-        if (!loadEnabled || usable <= 0 || engine == null || r.loadFailed) {
+        int usable = (int) Math.min(hashes.count(), Math.max(0, (numTokens - 1) / blockSize)) - base;
+        EngineSource.Binding now = source.binding();
+        if (!loadEnabled || usable <= 0 || now.engine() == null || r.loadFailed) {
             dropProbe(r);
             return 0;
         }
-        long key = probeKey(packedHashes, hashLen, base, usable);
-        if (r.probed && r.probeKey == key && r.probeBase == base) {
+        if (r.probed && r.probeGeneration == now.generation() && r.probeBase == base
+                && r.probeWindow.count() == usable && r.probeWindow.sameAs(hashes, base)) {
             return (long) r.probeHit * blockSize;
         }
         dropProbe(r);
-        byte[] query = Arrays.copyOfRange(packedHashes, base * hashLen, (base + usable) * hashLen);
+        BlockHashes window = hashes.slice(base, base + usable);
         QueryResult q;
         try {
-            q = engine.query(instanceId, query, hashLen);
+            q = now.engine().query(instanceId, window);
         } catch (PegaflowException e) {
             lookupFailures++;
             return 0; // the store is unavailable or not ready: recompute
         }
         r.probed = true;
-        r.probeKey = key;
+        r.probeWindow = window;
         r.probeBase = base;
         r.probeHit = q.hitBlocks();
         r.probeLease = q.lease();
+        r.probeEngine = now.engine();
+        r.probeGeneration = now.generation();
         return (long) q.hitBlocks() * blockSize;
     }
 
-    private static long probeKey(byte[] hashes, int hashLen, int base, int usable) {
-        long h = 1469598103934665603L ^ base ^ ((long) usable << 32);
-        int end = (base + usable) * hashLen;
-        for (int i = base * hashLen; i < end; i += Math.max(1, hashLen)) {
-            h = (h ^ hashes[i]) * 1099511628211L;
-            h = (h ^ hashes[Math.min(end - 1, i + hashLen - 1)]) * 1099511628211L;
-        }
-        return h;
-    }
-
-    private void dropProbe(Req r) {
+    private static void dropProbe(Req r) {
         if (r.probeLease != null) {
-            releaseQuietly(r.probeLease);
+            releaseQuietly(r.probeEngine, r.probeLease);
         }
-        forgetProbe(r);
-    }
-
-    private static void forgetProbe(Req r) {
         r.probed = false;
         r.probeLease = null;
+        r.probeEngine = null;
+        r.probeWindow = null;
         r.probeHit = 0;
     }
 
-    private void releaseQuietly(LeaseId lease) {
+    /** On the engine that issued it: after a restart the old engine is closed and this fails quietly. */
+    private static void releaseQuietly(PegaEngine engine, LeaseId lease) {
         if (engine == null) {
             return;
         }
@@ -165,7 +162,6 @@ public final class SchedulerSide {
      * ones; with 0 external tokens the probe is released.
      */
     public void afterAlloc(String requestId, long[] blockIds, long numExternalTokens) {
-        applyRebind();
         Req r = req(requestId);
         r.table = blockIds.clone();
         if (numExternalTokens <= 0) {
@@ -188,26 +184,29 @@ public final class SchedulerSide {
             r.loadTargets = Arrays.copyOfRange(blockIds, from, to);
             pendingLoads.put(requestId, new StepPlan.Load(requestId, NO_LEASE, r.loadTargets));
             r.loading = true;
+            r.loadEngine = null;
             return;
         }
         r.loadTargets = Arrays.copyOfRange(blockIds, base, base + blocks);
         pendingLoads.put(requestId, new StepPlan.Load(requestId, r.probeLease, r.loadTargets));
         r.loading = true;
+        r.loadEngine = r.probeEngine;
         r.savedUpTo = Math.max(r.savedUpTo, base + blocks); // loaded blocks are already stored
         r.probed = false;
         r.probeLease = null;
+        r.probeEngine = null;
+        r.probeWindow = null;
     }
 
     /**
      * One scheduled request of this step: a window of its full-block hashes (hash
-     * {@code hashOffset + i} is the i-th in {@code packedHashes}; callers pass only hashes they
+     * {@code hashOffset + i} is the i-th of {@code hashes}; callers pass only hashes they
      * have not passed before), the new block ids appended to its table (or its whole table when
      * {@code resumed}), and its token counts. Full blocks that this step completes and that are
      * not stored yet are saved.
      */
-    public void schedule(String requestId, byte[] packedHashes, int hashLen, int hashOffset, long[] newBlockIds,
+    public void schedule(String requestId, BlockHashes hashes, int hashOffset, long[] newBlockIds,
             boolean resumed, long numComputedTokens, long numScheduledTokens) {
-        applyRebind();
         if (hashOffset < 0) {
             throw new InvalidArgumentException("request " + requestId + ": hash offset " + hashOffset + "; expected >= 0");
         }
@@ -219,7 +218,7 @@ public final class SchedulerSide {
             System.arraycopy(newBlockIds, 0, t, r.table.length, newBlockIds.length);
             r.table = t;
         }
-        int count = hashOffset + (hashLen == 0 ? 0 : packedHashes.length / hashLen);
+        int count = hashOffset + hashes.count();
         // Blocks vLLM had cached locally are saved too (deduplicated if already stored), so
         // other instances sharing the store find them.
         int full = (int) Math.min(count, Math.min(r.table.length, (numComputedTokens + numScheduledTokens) / blockSize));
@@ -228,19 +227,13 @@ public final class SchedulerSide {
             return;
         }
         long[] ids = Arrays.copyOfRange(r.table, from, full);
-        byte[][] hashes = new byte[full - from][];
-        for (int i = from; i < full; i++) {
-            int at = (i - hashOffset) * hashLen;
-            hashes[i - from] = Arrays.copyOfRange(packedHashes, at, at + hashLen);
-        }
-        stepSaves.add(new StepPlan.Save(requestId, ids, hashes));
+        stepSaves.add(new StepPlan.Save(requestId, ids, hashes.slice(from - hashOffset, full - hashOffset)));
         r.savedUpTo = full;
         r.hadSaves = true;
     }
 
     /** A request was preempted this step: its blocks are freed; it may be resumed later. */
     public void preempted(String requestId) {
-        applyRebind();
         Req r = requests.get(requestId);
         if (r != null) {
             dropProbe(r);
@@ -254,7 +247,6 @@ public final class SchedulerSide {
 
     /** {@code build_connector_meta}: this step's plan, encoded; the step's state is reset. */
     public byte[] buildPlan() {
-        applyRebind();
         StepPlan plan = new StepPlan(new ArrayList<>(pendingLoads.values()), new ArrayList<>(stepSaves),
                 new ArrayList<>(stepPreempted));
         pendingLoads.clear();
@@ -269,7 +261,6 @@ public final class SchedulerSide {
      * saved). Releases any probe lease never committed.
      */
     public boolean requestFinished(String requestId) {
-        applyRebind();
         Req r = requests.get(requestId);
         if (r == null) {
             return false;
@@ -293,7 +284,6 @@ public final class SchedulerSide {
      * include one of them failed to load and are not offered hits again.
      */
     public void failedBlocks(long[] blockIds) {
-        applyRebind();
         if (blockIds.length == 0) {
             return;
         }
@@ -316,7 +306,6 @@ public final class SchedulerSide {
 
     /** {@code update_connector_output}: requests whose saves or loads all workers finished. */
     public void finished(List<String> sending, List<String> recving) {
-        applyRebind();
         for (String id : recving) {
             Req r = requests.get(id);
             if (r != null) {
@@ -332,48 +321,14 @@ public final class SchedulerSide {
         }
     }
 
-    /**
-     * Switches to another engine (the server restarted, or came back after being unreachable;
-     * null: it is gone). May be called from any thread (the worker's, in a one-process
-     * deployment): the switch is applied by the scheduler's thread at its next call. Probes of
-     * the old engine are then dropped, so their requests look up again; loads already planned
-     * carry the old leases and fail, which vLLM recomputes.
-     */
-    public void rebind(PegaEngine newEngine) {
-        synchronized (rebindLock) {
-            pendingEngine = newEngine;
-            rebindPending = true;
-        }
-    }
-
-    /** On the scheduler's thread, before any state is touched. */
-    private void applyRebind() {
-        if (!rebindPending) {
-            return;
-        }
-        PegaEngine next;
-        synchronized (rebindLock) {
-            next = pendingEngine;
-            pendingEngine = null;
-            rebindPending = false;
-        }
-        if (next == engine) {
-            return; // back on the same engine (the server was briefly unreachable): probes stay valid
-        }
-        for (Req r : requests.values()) {
-            forgetProbe(r); // the old engine's leases die with it (or expire)
-        }
-        engine = next;
-    }
-
     /** Releases every uncommitted probe (connector shutdown). */
     public void shutdown() {
-        applyRebind();
         for (Req r : requests.values()) {
             dropProbe(r);
         }
         for (StepPlan.Load l : pendingLoads.values()) {
-            releaseQuietly(l.lease());
+            Req r = requests.get(l.requestId());
+            releaseQuietly(r == null ? null : r.loadEngine, l.lease());
         }
         pendingLoads.clear();
     }

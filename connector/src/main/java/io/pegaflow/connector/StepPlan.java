@@ -1,5 +1,6 @@
 package io.pegaflow.connector;
 
+import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LeaseId;
 import java.io.ByteArrayInputStream;
@@ -24,8 +25,8 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     /** Load the leased blocks into {@code blockIds} (one per leased block, in order). */
     public record Load(String requestId, LeaseId lease, long[] blockIds) {}
 
-    /** Save {@code blockIds[i]} under {@code hashes[i]} (all of this worker's layers). */
-    public record Save(String requestId, long[] blockIds, byte[][] hashes) {}
+    /** Save {@code blockIds[i]} under hash {@code i} (all of this worker's layers). */
+    public record Save(String requestId, long[] blockIds, BlockHashes hashes) {}
 
     public boolean isEmpty() {
         return loads.isEmpty() && saves.isEmpty() && preempted.isEmpty();
@@ -34,7 +35,7 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     public byte[] encode() {
         ByteArrayOutputStream bytes = new ByteArrayOutputStream();
         try (DataOutputStream out = new DataOutputStream(bytes)) {
-            // header: version, then the three section counts (shims peek at them to skip calls)
+            // header: version, then the three section counts
             out.writeInt(VERSION);
             out.writeInt(loads.size());
             out.writeInt(saves.size());
@@ -47,11 +48,8 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
             for (Save s : saves) {
                 out.writeUTF(s.requestId());
                 writeLongs(out, s.blockIds());
-                int len = s.hashes().length == 0 ? 0 : s.hashes()[0].length;
-                out.writeInt(len);
-                for (byte[] h : s.hashes()) {
-                    out.write(h);
-                }
+                out.writeInt(s.hashes().hashLen());
+                out.write(s.hashes().packed());
             }
             for (String id : preempted) {
                 out.writeUTF(id);
@@ -88,11 +86,13 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
                 String id = in.readUTF();
                 long[] blocks = readLongs(in);
                 int len = in.readInt();
-                byte[][] hashes = new byte[blocks.length][len];
-                for (byte[] h : hashes) {
-                    in.readFully(h);
+                if (len < 0 || (long) len * blocks.length > data.length) {
+                    throw new InvalidArgumentException("step plan save of request " + id + ": " + blocks.length
+                            + " hashes of " + len + " bytes exceed the plan's " + data.length + " bytes");
                 }
-                saves.add(new Save(id, blocks, hashes));
+                byte[] packed = new byte[blocks.length * len];
+                in.readFully(packed);
+                saves.add(new Save(id, blocks, blocks.length == 0 ? BlockHashes.EMPTY : new BlockHashes(packed, len)));
             }
             List<String> preempted = new ArrayList<>();
             for (int i = nPreempted; i > 0; i--) {
@@ -112,7 +112,11 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     }
 
     private static long[] readLongs(DataInputStream in) throws IOException {
-        long[] v = new long[in.readInt()];
+        int n = in.readInt();
+        if (n < 0 || n > in.available() / Long.BYTES) {
+            throw new IOException(n + " block ids announced, " + in.available() + " bytes left");
+        }
+        long[] v = new long[n];
         for (int i = 0; i < v.length; i++) {
             v[i] = in.readLong();
         }

@@ -1,9 +1,10 @@
 package io.pegaflow.connector;
 
-import io.pegaflow.engine.LoadResult;
+import io.pegaflow.engine.CopyResult;
+import io.pegaflow.engine.EngineSource;
+import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
-import io.pegaflow.engine.SaveResult;
 import io.pegaflow.engine.ServerUnavailableException;
 import io.pegaflow.engine.TransferFailedException;
 import java.util.ArrayList;
@@ -22,45 +23,53 @@ import java.util.concurrent.CompletionException;
  * from scheduler metadata, not from per-layer hooks, so FULL CUDA graphs lose nothing), and
  * tells vLLM which requests finished loading and which finished requests' saves are done.
  * Failed loads are reported block by block so vLLM recomputes them; failed saves only lose
- * cache. Calls come from the worker's one thread, copies complete on the engine's.
+ * cache. The engine comes from an {@link EngineSource} at each operation (none: loads fail,
+ * saves are skipped). Calls come from the worker's one thread, copies complete on the
+ * engine's. vLLM hands the same step plan to three hooks; it is decoded once.
  */
 public final class WorkerSide {
-    private volatile PegaEngine engine; // null while disconnected: loads fail (recompute), saves are skipped
+    private final EngineSource source;
+    private byte[] lastPlanBytes;
+    private StepPlan lastPlan;
     private final String instanceId;
     private final int workerRank;
-    private final Map<String, CompletableFuture<LoadResult>> loads = new HashMap<>();
+    private final Map<String, CompletableFuture<CopyResult>> loads = new HashMap<>();
     private final Map<String, long[]> loadTargets = new HashMap<>();
-    private final Map<String, List<CompletableFuture<SaveResult>>> saves = new HashMap<>();
+    private final Map<String, List<CompletableFuture<CopyResult>>> saves = new HashMap<>();
     private final Set<String> finishedByVllm = new LinkedHashSet<>();
     private final Set<Long> loadErrors = new LinkedHashSet<>();
     private long saveFailures;
 
-    public WorkerSide(PegaEngine engine, String instanceId, int workerRank) {
-        this.engine = engine;
+    public WorkerSide(EngineSource source, String instanceId, int workerRank) {
+        if (source == null) {
+            throw new InvalidArgumentException("engine source is null; expected the store link");
+        }
+        this.source = source;
         this.instanceId = instanceId;
         this.workerRank = workerRank;
     }
 
     private PegaEngine current(String what) {
-        PegaEngine e = engine;
+        PegaEngine e = source.binding().engine();
         if (e == null) {
             throw new ServerUnavailableException(what + ": not connected to a store", null);
         }
         return e;
     }
 
-    /**
-     * Switches to another engine (after a server restart or reconnect; null while there is
-     * none). Transfers in flight finish on the old one, which the caller closes afterwards.
-     */
-    public void rebind(PegaEngine newEngine) {
-        engine = newEngine;
+    /** The step's plan, decoded once for the hooks that pass the same bytes. */
+    private StepPlan plan(byte[] bytes) {
+        if (lastPlan == null || !java.util.Arrays.equals(bytes, lastPlanBytes)) {
+            lastPlan = StepPlan.decode(bytes);
+            lastPlanBytes = bytes;
+        }
+        return lastPlan;
     }
 
     /** {@code start_load_kv}: start every load of the plan (async; see {@link #getFinished}). */
     public void startLoads(byte[] plan) {
-        for (StepPlan.Load l : StepPlan.decode(plan).loads()) {
-            CompletableFuture<LoadResult> f;
+        for (StepPlan.Load l : plan(plan).loads()) {
+            CompletableFuture<CopyResult> f;
             try {
                 f = current("load of request " + l.requestId()).load(instanceId, workerRank, l.lease(), l.blockIds());
             } catch (PegaflowException e) {
@@ -77,8 +86,8 @@ public final class WorkerSide {
      * CUDA stream {@code stream} (0: none, or host copies). Returns at once.
      */
     public void submitSaves(byte[] plan, long stream) {
-        for (StepPlan.Save s : StepPlan.decode(plan).saves()) {
-            CompletableFuture<SaveResult> f;
+        for (StepPlan.Save s : plan(plan).saves()) {
+            CompletableFuture<CopyResult> f;
             try {
                 f = current("save of request " + s.requestId()).save(instanceId, workerRank, null, s.blockIds(), s.hashes(),
                         stream);
@@ -94,9 +103,9 @@ public final class WorkerSide {
      * longer read their GPU blocks, which vLLM is about to reuse.
      */
     public void awaitPreempted(byte[] plan) {
-        for (String id : StepPlan.decode(plan).preempted()) {
+        for (String id : plan(plan).preempted()) {
             // done with them: the scheduler holds blocks only for saves after a resume
-            for (CompletableFuture<SaveResult> f : saves.getOrDefault(id, List.of())) {
+            for (CompletableFuture<CopyResult> f : saves.getOrDefault(id, List.of())) {
                 f.handle((r, e) -> null).join();
                 if (f.isCompletedExceptionally()) {
                     saveFailures++;
@@ -136,13 +145,13 @@ public final class WorkerSide {
         List<String> sending = new ArrayList<>();
         for (var it = finishedByVllm.iterator(); it.hasNext(); ) {
             String id = it.next();
-            List<CompletableFuture<SaveResult>> pending = saves.get(id);
+            List<CompletableFuture<CopyResult>> pending = saves.get(id);
             if (pending == null) {
                 it.remove(); // no saves: the scheduler did not hold its blocks
                 continue;
             }
             if (pending.stream().allMatch(CompletableFuture::isDone)) {
-                for (CompletableFuture<SaveResult> f : pending) {
+                for (CompletableFuture<CopyResult> f : pending) {
                     if (f.isCompletedExceptionally()) {
                         saveFailures++;
                     }

@@ -3,6 +3,8 @@ package io.pegaflow.connector;
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
+import io.pegaflow.engine.BlockHashes;
+import io.pegaflow.engine.EngineSource;
 import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
@@ -10,6 +12,7 @@ import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.WorkerSpec;
+import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -17,6 +20,7 @@ import java.lang.foreign.ValueLayout;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.atomic.AtomicReference;
 import java.util.Random;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
@@ -36,6 +40,8 @@ class ConnectorBrainTest {
     private final Arena arena = Arena.ofShared();
     private final Random rnd = new Random(21);
     private PegaEngine engine;
+    /** What the store link would hand out: tests switch it to simulate a server going away. */
+    private final AtomicReference<EngineSource.Binding> bound = new AtomicReference<>();
     private SchedulerSide sched;
     private WorkerSide worker;
     private List<LayerRegion> layers;
@@ -47,8 +53,9 @@ class ConnectorBrainTest {
         layers = List.of(region("layers.0"), region("layers.1"));
         engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
         engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
-        sched = new SchedulerSide(engine, "vllm", BLOCK, true);
-        worker = new WorkerSide(engine, "vllm", 0);
+        bound.set(new EngineSource.Binding(engine, 1));
+        sched = new SchedulerSide(bound::get, "vllm", BLOCK, true);
+        worker = new WorkerSide(bound::get, "vllm", 0);
     }
 
     @AfterEach
@@ -84,10 +91,10 @@ class ConnectorBrainTest {
         }
     }
 
-    private byte[] hashes(int n) {
+    private BlockHashes hashes(int n) {
         byte[] h = new byte[n * 32];
         rnd.nextBytes(h);
-        return h;
+        return new BlockHashes(h, 32);
     }
 
     private static long[] ids(int from, int n) {
@@ -99,14 +106,14 @@ class ConnectorBrainTest {
     }
 
     /** A cold request of {@code tokens} tokens computed in one step in blocks [from, ...): its full blocks get saved. */
-    private void runCold(String id, byte[] hashes, int tokens, int from) {
-        assertThat(sched.lookup(id, hashes, 32, tokens, 0)).isZero();
+    private void runCold(String id, BlockHashes hashes, int tokens, int from) {
+        assertThat(sched.lookup(id, hashes, tokens, 0)).isZero();
         int need = (tokens + BLOCK - 1) / BLOCK;
         sched.afterAlloc(id, ids(from, need), 0);
         for (int i = 0; i < need; i++) {
             fill(from + i);
         }
-        sched.schedule(id, hashes, 32, 0, new long[0], false, 0, tokens);
+        sched.schedule(id, hashes, 0, new long[0], false, 0, tokens);
         byte[] plan = sched.buildPlan();
         assertThat(StepPlan.decode(plan).saves()).hasSize(1);
         worker.startLoads(plan);
@@ -114,8 +121,8 @@ class ConnectorBrainTest {
     }
 
     /** Stores two blocks through a cold request "a" whose saves finish; returns their hashes. */
-    private byte[] storedTwoBlocks() throws InterruptedException {
-        byte[] h = hashes(2);
+    private BlockHashes storedTwoBlocks() throws InterruptedException {
+        BlockHashes h = hashes(2);
         runCold("a", h, 2 * BLOCK + 1, 0);
         sched.requestFinished("a");
         finishedSendingAfter(List.of("a"));
@@ -148,7 +155,7 @@ class ConnectorBrainTest {
 
     @Test
     void coldThenWarmLoadsTheSavedBytesIntoOtherBlocks() throws Exception {
-        byte[] h = hashes(4);
+        BlockHashes h = hashes(4);
         runCold("cold", h, 4 * BLOCK + 3, 0);
         byte[][] saved = {block(0), block(1), block(2), block(3)};
         assertThat(sched.requestFinished("cold")).as("blocks held until the save is done").isTrue();
@@ -160,7 +167,7 @@ class ConnectorBrainTest {
         // returns the same answer and pins one lease.
         long tokens = 4 * BLOCK + 5;
         for (int i = 0; i < 3; i++) {
-            assertThat(sched.lookup("warm", h, 32, tokens, 0)).isEqualTo(4 * BLOCK);
+            assertThat(sched.lookup("warm", h, tokens, 0)).isEqualTo(4 * BLOCK);
         }
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
         sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
@@ -176,31 +183,31 @@ class ConnectorBrainTest {
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         sched.finished(List.of(), recving);
         // Next step: the loaded prefix is not saved again, only what this step completes.
-        sched.schedule("warm", h, 32, 0, new long[0], false, 4 * BLOCK, 5);
+        sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5);
         assertThat(StepPlan.decode(sched.buildPlan()).saves()).isEmpty();
     }
 
     @Test
     void theLastPromptTokenIsAlwaysLeftToCompute() throws Exception {
-        byte[] h = hashes(3);
+        BlockHashes h = hashes(3);
         runCold("a", h, 3 * BLOCK, 0);
         sched.requestFinished("a");
         finishedSendingAfter(List.of("a"));
-        assertThat(sched.lookup("b", h, 32, 3 * BLOCK, 0)).as("3 full blocks, prompt of exactly 48 tokens").isEqualTo(2 * BLOCK);
-        assertThat(sched.lookup("c", h, 32, 3 * BLOCK + 1, 0)).isEqualTo(3 * BLOCK);
-        assertThat(sched.lookup("d", h, 32, 3 * BLOCK + 1, BLOCK)).as("beyond vLLM's local hit").isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("b", h, 3 * BLOCK, 0)).as("3 full blocks, prompt of exactly 48 tokens").isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("c", h, 3 * BLOCK + 1, 0)).isEqualTo(3 * BLOCK);
+        assertThat(sched.lookup("d", h, 3 * BLOCK + 1, BLOCK)).as("beyond vLLM's local hit").isEqualTo(2 * BLOCK);
         sched.shutdown();
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
     }
 
     @Test
     void aChangedRequestReleasesItsOldProbe() throws Exception {
-        byte[] h = hashes(4);
+        BlockHashes h = hashes(4);
         runCold("a", h, 4 * BLOCK + 1, 0);
         sched.requestFinished("a");
         finishedSendingAfter(List.of("a"));
-        assertThat(sched.lookup("b", h, 32, 4 * BLOCK + 1, 0)).isEqualTo(4 * BLOCK);
-        assertThat(sched.lookup("b", h, 32, 4 * BLOCK + 1, 2 * BLOCK)).isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("b", h, 4 * BLOCK + 1, 0)).isEqualTo(4 * BLOCK);
+        assertThat(sched.lookup("b", h, 4 * BLOCK + 1, 2 * BLOCK)).isEqualTo(2 * BLOCK);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("the first probe's lease was released").isEqualTo(1);
         sched.afterAlloc("b", ids(30, 5), 0);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("allocation without a load releases it").isZero();
@@ -208,9 +215,9 @@ class ConnectorBrainTest {
 
     @Test
     void anAbortWhileLoadingFreesNothingEarlyAndLeavesNoState() throws Exception {
-        byte[] h = storedTwoBlocks();
+        BlockHashes h = storedTwoBlocks();
         sched.finished(List.of("a"), List.of());
-        sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
+        sched.lookup("b", h, 2 * BLOCK + 1, 0);
         sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
         assertThat(sched.requestFinished("b")).as("no saves: vLLM itself waits for finished_recving").isFalse();
@@ -223,8 +230,8 @@ class ConnectorBrainTest {
 
     @Test
     void aFailedLoadIsReportedBlockByBlockAndStillFinishes() throws Exception {
-        byte[] h = storedTwoBlocks();
-        sched.lookup("b", h, 32, 2 * BLOCK + 1, 0);
+        BlockHashes h = storedTwoBlocks();
+        sched.lookup("b", h, 2 * BLOCK + 1, 0);
         sched.afterAlloc("b", ids(50, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
         engine.release(StepPlan.decode(plan).loads().get(0).lease()); // the lease is gone before the worker loads
@@ -238,13 +245,13 @@ class ConnectorBrainTest {
     @Test
     void aStoreFailureIsAMissNeverAnException() {
         engine.close();
-        assertThat(sched.lookup("x", hashes(3), 32, 3 * BLOCK + 1, 0)).isZero();
+        assertThat(sched.lookup("x", hashes(3), 3 * BLOCK + 1, 0)).isZero();
         assertThat(sched.lookupFailures()).isEqualTo(1);
     }
 
     @Test
     void preemptedRequestsWaitForTheirSavesAndAMismatchedCommitIsRefused() throws Exception {
-        byte[] h = hashes(2);
+        BlockHashes h = hashes(2);
         runCold("a", h, 2 * BLOCK + 1, 0);
         sched.preempted("a");
         byte[] plan = sched.buildPlan();
@@ -253,7 +260,7 @@ class ConnectorBrainTest {
         assertThat(engine.stats().get(Gauge.RESIDENT_BLOCKS)).as("the save finished before the blocks were reused").isEqualTo(2);
         // vLLM commits to 16 external tokens after the lookup offered 32: never thrown into
         // vLLM; the request gets a load that fails on its target block, so vLLM recomputes it.
-        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         long[] table = ids(0, 3);
         sched.afterAlloc("b", table, BLOCK);
         assertThat(sched.contractViolations()).isEqualTo(1);
@@ -267,33 +274,31 @@ class ConnectorBrainTest {
     }
 
     @Test
-    void withoutAnEngineLookupsMissAndPlannedLoadsFailUntilRebound() throws Exception {
-        byte[] h = storedTwoBlocks();
-        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+    void withoutAnEngineLookupsMissAndPlannedLoadsFailUntilItIsBack() throws Exception {
+        BlockHashes h = storedTwoBlocks();
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
-        // the server went away between the plan and the load
-        sched.rebind(null);
-        worker.rebind(null);
-        assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).as("no store: a miss").isZero();
+        // the server went away between the plan and the load (the link detached: same generation)
+        bound.set(new EngineSource.Binding(null, 1));
+        assertThat(sched.lookup("c", h, 2 * BLOCK + 1, 0)).as("no store: a miss").isZero();
         worker.startLoads(plan);
         assertThat(worker.getFinished(List.of()).recving()).containsExactly("b");
         assertThat(worker.drainLoadErrors()).containsExactly(40, 41);
         // it came back
-        sched.rebind(engine);
-        worker.rebind(engine);
-        assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        bound.set(new EngineSource.Binding(engine, 1));
+        assertThat(sched.lookup("c", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
     }
 
     @Test
     void aPreemptedRequestAbortedWhileReloadingIsNotHeldForOldSaves() throws Exception {
-        byte[] h = hashes(2);
+        BlockHashes h = hashes(2);
         runCold("a", h, 2 * BLOCK + 1, 0); // saves 2 blocks
         sched.preempted("a");
         byte[] plan = sched.buildPlan();
         worker.awaitPreempted(plan); // its saves finished and are forgotten
         // resumed with a store hit, then aborted while the load runs
-        assertThat(sched.lookup("a", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("a", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         sched.afterAlloc("a", ids(30, 3), 2 * BLOCK);
         assertThat(sched.requestFinished("a")).as("vLLM waits for finished_recving itself").isFalse();
         byte[] load = sched.buildPlan();
@@ -309,14 +314,45 @@ class ConnectorBrainTest {
 
     @Test
     void aRequestWhoseLoadFailedIsNotOfferedHitsAgain() throws Exception {
-        byte[] h = storedTwoBlocks();
-        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        BlockHashes h = storedTwoBlocks();
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         sched.afterAlloc("b", ids(40, 3), 2 * BLOCK);
         sched.buildPlan();
         sched.failedBlocks(new long[] {40});
         sched.finished(List.of(), List.of("b"));
         assertThat(sched.loadFailures()).isEqualTo(1);
-        assertThat(sched.lookup("b", h, 32, 2 * BLOCK + 1, 0)).as("recompute, no retry loop").isZero();
-        assertThat(sched.lookup("c", h, 32, 2 * BLOCK + 1, 0)).as("other requests still hit").isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).as("recompute, no retry loop").isZero();
+        assertThat(sched.lookup("c", h, 2 * BLOCK + 1, 0)).as("other requests still hit").isEqualTo(2 * BLOCK);
+    }
+
+    @Test
+    void aRepeatedLookupIsAnsweredFromItsProbeOnlyForExactlyTheSameHashes() throws Exception {
+        BlockHashes h = storedTwoBlocks();
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        // Same first and last byte of every hash, one byte in the middle differs: another
+        // prefix (the old memo key, built from those two bytes, collided here).
+        byte[] other = h.packed().clone();
+        other[16] ^= 0x5a;
+        other[32 + 16] ^= 0x5a;
+        long queries = engine.stats().get(Counter.QUERY_REQUESTS);
+        assertThat(sched.lookup("b", new BlockHashes(other, 32), 2 * BLOCK + 1, 0)).as("not stored: a miss").isZero();
+        assertThat(engine.stats().get(Counter.QUERY_REQUESTS)).as("asked the store again").isEqualTo(queries + 1);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("the first probe's lease was released").isZero();
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(engine.stats().get(Counter.QUERY_REQUESTS)).as("the same hashes: answered from the probe")
+                .isEqualTo(queries + 2);
+    }
+
+    @Test
+    void aProbeFromAnEarlierGenerationIsNotReused() throws Exception {
+        BlockHashes h = storedTwoBlocks();
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        long queries = engine.stats().get(Counter.QUERY_REQUESTS);
+        bound.set(new EngineSource.Binding(engine, 2)); // the link replaced its engine
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(engine.stats().get(Counter.QUERY_REQUESTS)).as("looked up again").isEqualTo(queries + 1);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("one lease: the old one was released where it was issued")
+                .isEqualTo(1);
     }
 }

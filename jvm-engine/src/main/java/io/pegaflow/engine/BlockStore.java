@@ -5,8 +5,10 @@ import java.util.List;
 /**
  * The control plane as workers use it: in this process ({@link LocalStore}) or across a
  * socket (pegaflow-server's client). It decides which pool offsets a save writes and a load
- * reads; the caller moves the bytes between its own regions and its mapping of the pool.
- * Semantics, errors and invariants are those of {@link LocalStore}.
+ * reads ({@link CopyPlan}); the caller moves the bytes between its own regions and its
+ * mapping of the pool, then ends the plan with {@link #endCopy}. Semantics, errors and
+ * invariants are those of {@link LocalStore}; {@code BlockStoreContract} checks both
+ * implementations against one suite.
  */
 public interface BlockStore extends AutoCloseable {
     void registerInstance(InstanceSpec spec);
@@ -17,20 +19,21 @@ public interface BlockStore extends AutoCloseable {
 
     void unregisterInstance(String instanceId);
 
-    SavePlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds, byte[][] hashes);
+    /** Claims pool space for the worker's slots of {@code blockIds[i]} under hash {@code i}. */
+    CopyPlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds, BlockHashes hashes);
 
-    SaveResult commitSave(long reservationId, boolean ok, long bytes, long nanos);
+    /** Consumes the worker's share of {@code lease}; the plan reads the leased blocks into {@code dstBlockIds}. */
+    CopyPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds);
 
-    QueryResult query(String instanceId, byte[][] hashes);
+    /**
+     * Ends an open save (its slots become filled, or are rolled back when {@code !ok}) or an
+     * open load (its blocks are unpinned). {@code bytes} and {@code nanos} describe the copy.
+     */
+    CopyResult endCopy(long planId, boolean ok, long bytes, long nanos);
 
-    /** The same query over {@code hashLen}-byte hashes packed back to back. */
-    QueryResult query(String instanceId, byte[] packed, int hashLen);
+    QueryResult query(String instanceId, BlockHashes hashes);
 
     void release(LeaseId lease);
-
-    LoadPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds);
-
-    LoadResult endLoad(long loadId, boolean ok, long bytes, long nanos);
 
     EngineStats stats();
 

@@ -46,7 +46,12 @@ final class BlockTable {
 
     /** The block stored under {@code hash}, or null. */
     Block get(byte[] hash) {
-        return probe(hash, 0, hash.length, slot(word(hash, 0, hash.length, 0), hash.length));
+        return get(hash, 0, hash.length);
+    }
+
+    /** The block stored under the hash at {@code buf[start, start+len)}, or null. */
+    Block get(byte[] buf, int start, int len) {
+        return probe(buf, start, len, slot(word(buf, start, len, 0), len));
     }
 
     /** The block stored under the hash at {@code buf[start, start+len)}, starting at its home slot. */

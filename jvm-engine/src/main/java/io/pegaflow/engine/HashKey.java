@@ -33,6 +33,11 @@ final class HashKey {
         return new HashKey(bytes.clone());
     }
 
+    /** A key holding a copy of hash {@code i} of {@code hashes}. */
+    static HashKey of(BlockHashes hashes, int i) {
+        return new HashKey(Arrays.copyOfRange(hashes.packed(), i * hashes.hashLen(), (i + 1) * hashes.hashLen()));
+    }
+
     /** Checks one hash of a request; {@code index} and {@code what} name it in the message. */
     static void validate(byte[] hash, int index, String what) {
         if (hash == null || hash.length == 0 || hash.length > MAX_BYTES) {

@@ -59,8 +59,8 @@ public final class LocalStore implements BlockStore {
     private long pinnedBlocks;
     private long evictableBytes;
     private boolean closed;
-    private final Map<Long, Reservation> reservations = new HashMap<>();
-    private final Map<Long, OpenLoad> loads = new HashMap<>();
+    /** Saves and loads between their plan and endCopy, by plan id. */
+    private final Map<Long, OpenCopy> open = new HashMap<>();
     private long nextId = 1;
     // --- end guarded ---
 
@@ -291,20 +291,20 @@ public final class LocalStore implements BlockStore {
                     unpinAll(l.blocks);
                 }
             }
-            for (Iterator<Reservation> it = reservations.values().iterator(); it.hasNext(); ) {
-                Reservation r = it.next();
-                if (r.instance == inst) {
+            for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
+                OpenCopy op = it.next();
+                if (op.instance() == inst) {
                     it.remove();
-                    rollbackSave(r.worker, inst.ns.layout, r.blocks);
-                    count(Counter.SAVE_FAILURES, 1);
-                }
-            }
-            for (Iterator<OpenLoad> it = loads.values().iterator(); it.hasNext(); ) {
-                OpenLoad l = it.next();
-                if (l.instance == inst) {
-                    it.remove();
-                    unpinAll(l.blocks);
-                    count(Counter.LOAD_FAILURES, 1);
+                    switch (op) {
+                        case Reservation r -> {
+                            rollbackSave(r.worker, inst.ns.layout, r.blocks);
+                            count(Counter.SAVE_FAILURES, 1);
+                        }
+                        case OpenLoad l -> {
+                            unpinAll(l.blocks);
+                            count(Counter.LOAD_FAILURES, 1);
+                        }
+                    }
                 }
             }
         } finally {
@@ -325,20 +325,16 @@ public final class LocalStore implements BlockStore {
      *     evicting every unreferenced block; nothing was allocated
      */
     @Override
-    public SavePlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds,
-            byte[][] hashes) {
+    public CopyPlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds,
+            BlockHashes hashes) {
         if (blockIds == null || hashes == null) {
             throw new InvalidArgumentException("save: blockIds and hashes must not be null");
         }
-        if (blockIds.length != hashes.length) {
-            throw new InvalidArgumentException("save: " + blockIds.length + " block ids but " + hashes.length
-                    + " hashes; expected equal lengths");
-        }
-        for (int i = 0; i < hashes.length; i++) {
-            HashKey.validate(hashes[i], i, "hashes");
+        if (blockIds.length != hashes.count()) {
+            throw new InvalidArgumentException("save: " + blockIds.length + " block ids but " + hashes.count()
+                    + " hashes; expected equal counts");
         }
         List<PlannedBlock> planned = new ArrayList<>();
-        SavePlan plan;
         lock.lock();
         try {
             checkOpen();
@@ -349,23 +345,22 @@ public final class LocalStore implements BlockStore {
                 checkBlockIds(blockIds, "blockIds", worker.regions[r]);
             }
             planSave(inst, worker, regionIdx, blockIds, hashes, planned);
-            int skipped = hashes.length - planned.size();
+            int skipped = hashes.count() - planned.size();
             count(Counter.SAVE_REQUESTS, 1);
             count(Counter.SAVE_SKIPPED_BLOCKS, skipped);
             if (planned.isEmpty()) {
-                return new SavePlan(0, skipped, 0, new int[0], new int[0], new long[0]);
+                return CopyPlan.nothing(skipped);
             }
             long id = nextId++;
-            reservations.put(id, new Reservation(inst, worker, planned));
-            plan = toPlan(id, skipped, inst.ns.layout, worker, planned);
+            open.put(id, new Reservation(inst, worker, planned));
+            return toPlan(id, skipped, inst.ns.layout, worker, planned);
         } finally {
             lock.unlock();
         }
-        return plan;
     }
 
     /** Where each claimed slot goes: triples (request index, region index, pool offset). */
-    private static SavePlan toPlan(long id, int skipped, NamespaceLayout layout, Instance.Worker worker,
+    private static CopyPlan toPlan(long id, int skipped, NamespaceLayout layout, Instance.Worker worker,
             List<PlannedBlock> planned) {
         int n = 0;
         for (PlannedBlock p : planned) {
@@ -384,43 +379,19 @@ public final class LocalStore implements BlockStore {
                 k++;
             }
         }
-        return new SavePlan(id, skipped, planned.size(), blockIndex, regionIndex, hostOffset);
+        return new CopyPlan(id, CopyPlan.Direction.SAVE, planned.size(), skipped, blockIndex, regionIndex, hostOffset);
     }
 
-    /**
-     * Finishes a reservation: with {@code ok} the claimed slots are filled and blocks whose
-     * last slot this was become visible; otherwise the slots are released and their space
-     * freed. {@code bytes} and {@code nanos} describe the copy, for metrics.
-     */
-    @Override
-    public SaveResult commitSave(long reservationId, boolean ok, long bytes, long nanos) {
-        lock.lock();
-        try {
-            checkOpen();
-            Reservation r = reservations.remove(reservationId);
-            if (r == null) {
-                throw new InvalidArgumentException("save reservation " + reservationId
-                        + " is unknown: already committed, rolled back, or its instance was unregistered");
-            }
-            commitLocked(r.instance, r.worker, r.blocks, ok);
-            if (ok) {
-                count(Counter.SAVE_BLOCKS, r.blocks.size());
-                count(Counter.SAVE_BYTES, bytes);
-                count(Counter.SAVE_NANOS, nanos);
-            } else {
-                count(Counter.SAVE_FAILURES, 1);
-            }
-            return new SaveResult(ok ? r.blocks.size() : 0, 0, ok ? bytes : 0);
-        } finally {
-            lock.unlock();
-        }
+    /** A save or load between its plan and {@link #endCopy}. */
+    private sealed interface OpenCopy permits Reservation, OpenLoad {
+        Instance instance();
     }
 
     /** An open save: the instance, the worker and the blocks it claimed. */
-    private record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks) {}
+    private record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks) implements OpenCopy {}
 
     /** An open load: the blocks it pinned. */
-    private record OpenLoad(Instance instance, Block[] blocks) {}
+    private record OpenLoad(Instance instance, Block[] blocks) implements OpenCopy {}
 
     /** One block of a save: which of the worker's regions it writes and the allocation backing them. */
     private static final class PlannedBlock {
@@ -441,7 +412,7 @@ public final class LocalStore implements BlockStore {
     }
 
     /** Under lock: decides what to write, checks capacity, then allocates and claims slots. */
-    private void planSave(Instance inst, Instance.Worker worker, int[] regionIdx, long[] blockIds, byte[][] hashes,
+    private void planSave(Instance inst, Instance.Worker worker, int[] regionIdx, long[] blockIds, BlockHashes hashes,
             List<PlannedBlock> plans) {
         NamespaceIndex ns = inst.ns;
         NamespaceLayout layout = ns.layout;
@@ -449,15 +420,14 @@ public final class LocalStore implements BlockStore {
         Set<HashKey> seen = new HashSet<>();
         long unit = allocator.unitBytes();
         long needed = 0;
-        for (int i = 0; i < hashes.length; i++) {
-            HashKey key = HashKey.of(hashes[i]);
-            if (!seen.add(key)) {
-                continue;
-            }
-            Block b = ns.blocks.get(hashes[i]);
+        byte[] packed = hashes.packed();
+        int len = hashes.hashLen();
+        for (int i = 0; i < hashes.count(); i++) {
+            Block b = ns.blocks.get(packed, i * len, len);
             if (b != null && b.sealed) {
                 continue;
             }
+            HashKey key = b != null ? b.key : HashKey.of(hashes, i);
             int[] todo = new int[regionIdx.length];
             int n = 0;
             long bytes = 0;
@@ -566,40 +536,15 @@ public final class LocalStore implements BlockStore {
     /**
      * Finds the longest prefix of {@code hashes} whose blocks are all resident (sealed) and
      * returns its length with a lease that pins those blocks until every worker loaded them,
-     * the lease is released, or it expires. Refreshes the blocks' recency.
+     * the lease is released, or it expires. Refreshes the blocks' recency. Reads the packed
+     * hashes in place: no per-hash arrays.
      */
     @Override
-    public QueryResult query(String instanceId, byte[][] hashes) {
+    public QueryResult query(String instanceId, BlockHashes hashes) {
         if (hashes == null) {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
-        int len = hashes.length == 0 || hashes[0] == null ? 1 : hashes[0].length;
-        byte[] packed = new byte[hashes.length * Math.max(1, len)];
-        for (int i = 0; i < hashes.length; i++) {
-            HashKey.validate(hashes[i], i, "hashes");
-            if (hashes[i].length != len) {
-                throw new InvalidArgumentException("hashes[" + i + "] is " + hashes[i].length + " bytes but hashes[0] is "
-                        + len + "; expected one length per query");
-            }
-            System.arraycopy(hashes[i], 0, packed, i * len, len);
-        }
-        return query(instanceId, packed, len);
-    }
-
-    /**
-     * {@link #query(String, byte[][])} over hashes packed back to back, {@code hashLen} bytes
-     * each (what the bridge and the server receive): no per-hash arrays.
-     */
-    @Override
-    public QueryResult query(String instanceId, byte[] packed, int hashLen) {
-        if (packed == null) {
-            throw new InvalidArgumentException("query: hashes must not be null");
-        }
-        if (packed.length > 0 && (hashLen < 1 || hashLen > HashKey.MAX_BYTES || packed.length % hashLen != 0)) {
-            throw new InvalidArgumentException("query: " + packed.length + " bytes of hashes with hash_len " + hashLen
-                    + "; expected 1 <= hash_len <= " + HashKey.MAX_BYTES + " dividing the byte count");
-        }
-        int count = packed.length == 0 ? 0 : packed.length / hashLen;
+        int count = hashes.count();
         LeaseId leaseId = null;
         int hit;
         lock.lock();
@@ -609,7 +554,7 @@ public final class LocalStore implements BlockStore {
             long now = clock.getAsLong();
             expireLeases(now);
             Block[] found = new Block[count];
-            hit = inst.ns.blocks.sealedPrefix(packed, hashLen, count, found);
+            hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
             if (hit > 0) {
                 Block[] pinned = hit == found.length ? found : Arrays.copyOf(found, hit);
                 do {
@@ -661,7 +606,7 @@ public final class LocalStore implements BlockStore {
      * {@code dstBlockIds}, region index, pool offset).
      */
     @Override
-    public LoadPlan beginLoad(String instanceId, int workerRank, LeaseId leaseId, long[] dstBlockIds) {
+    public CopyPlan beginLoad(String instanceId, int workerRank, LeaseId leaseId, long[] dstBlockIds) {
         if (leaseId == null || dstBlockIds == null) {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
         }
@@ -716,33 +661,53 @@ public final class LocalStore implements BlockStore {
                 }
             }
             long id = nextId++;
-            loads.put(id, new OpenLoad(inst, blocks));
-            return new LoadPlan(id, blocks.length, blockIndex, regionIndex, hostOffset);
+            open.put(id, new OpenLoad(inst, blocks));
+            return new CopyPlan(id, CopyPlan.Direction.LOAD, blocks.length, 0, blockIndex, regionIndex, hostOffset);
         } finally {
             lock.unlock();
         }
     }
 
-    /** Unpins the blocks of a load; {@code bytes} and {@code nanos} describe the copy, for metrics. */
+    /**
+     * Ends an open save or load. A save with {@code ok} fills its claimed slots, and blocks
+     * whose last slot this was become visible; otherwise its slots are released and their
+     * space freed. A load unpins its blocks. {@code bytes} and {@code nanos} describe the
+     * copy, for metrics.
+     */
     @Override
-    public LoadResult endLoad(long loadId, boolean ok, long bytes, long nanos) {
+    public CopyResult endCopy(long planId, boolean ok, long bytes, long nanos) {
+        if (bytes < 0 || nanos < 0) {
+            throw new InvalidArgumentException("end of copy " + planId + ": bytes " + bytes + ", nanos " + nanos
+                    + "; expected >= 0");
+        }
         lock.lock();
         try {
             checkOpen();
-            OpenLoad l = loads.remove(loadId);
-            if (l == null) {
-                throw new InvalidArgumentException("load " + loadId
-                        + " is unknown: already ended, or its instance was unregistered");
+            OpenCopy op = open.remove(planId);
+            if (op == null) {
+                throw new InvalidArgumentException("copy " + planId
+                        + " is unknown: already ended, rolled back, or its instance was unregistered");
             }
-            unpinAll(l.blocks);
+            boolean save = op instanceof Reservation;
+            int blocks;
+            switch (op) {
+                case Reservation r -> {
+                    commitLocked(r.instance, r.worker, r.blocks, ok);
+                    blocks = r.blocks.size();
+                }
+                case OpenLoad l -> {
+                    unpinAll(l.blocks);
+                    blocks = l.blocks.length;
+                }
+            }
             if (ok) {
-                count(Counter.LOAD_BLOCKS, l.blocks.length);
-                count(Counter.LOAD_BYTES, bytes);
-                count(Counter.LOAD_NANOS, nanos);
+                count(save ? Counter.SAVE_BLOCKS : Counter.LOAD_BLOCKS, blocks);
+                count(save ? Counter.SAVE_BYTES : Counter.LOAD_BYTES, bytes);
+                count(save ? Counter.SAVE_NANOS : Counter.LOAD_NANOS, nanos);
             } else {
-                count(Counter.LOAD_FAILURES, 1);
+                count(save ? Counter.SAVE_FAILURES : Counter.LOAD_FAILURES, 1);
             }
-            return new LoadResult(ok ? l.blocks.length : 0, ok ? bytes : 0);
+            return new CopyResult(ok ? blocks : 0, 0, ok ? bytes : 0);
         } finally {
             lock.unlock();
         }
@@ -878,7 +843,7 @@ public final class LocalStore implements BlockStore {
     public int openOperations() {
         lock.lock();
         try {
-            return reservations.size() + loads.size();
+            return open.size();
         } finally {
             lock.unlock();
         }
@@ -900,8 +865,7 @@ public final class LocalStore implements BlockStore {
                 sweeper.shutdownNow();
             }
             leases.clear();
-            reservations.clear();
-            loads.clear();
+            open.clear();
             for (NamespaceIndex ns : namespaces.values()) {
                 for (Block b : ns.blocks.values()) {
                     freeAllocations(b);

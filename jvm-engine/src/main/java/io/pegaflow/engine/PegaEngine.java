@@ -133,20 +133,15 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
-    // ---------------------------------------------------------------- save
+    // ---------------------------------------------------------------- save, query, release, load
 
-    /** Saves every layer of the worker for the given blocks. See {@link #save(String, int, List, long[], byte[][], long)}. */
-    public CompletableFuture<SaveResult> save(String instanceId, int workerRank, long[] blockIds, byte[][] hashes) {
+    /** Saves every layer of the worker for the given blocks. See {@link #save(String, int, List, long[], BlockHashes, long)}. */
+    public CompletableFuture<CopyResult> save(String instanceId, int workerRank, long[] blockIds, BlockHashes hashes) {
         return save(instanceId, workerRank, null, blockIds, hashes, 0);
     }
 
-    public CompletableFuture<SaveResult> save(
-            String instanceId, int workerRank, List<String> layerNames, long[] blockIds, byte[][] hashes) {
-        return save(instanceId, workerRank, layerNames, blockIds, hashes, 0);
-    }
-
     /**
-     * Copies the worker's slots of {@code blockIds[i]} into the pool under {@code hashes[i]}
+     * Copies the worker's slots of {@code blockIds[i]} into the pool under hash {@code i}
      * for the named layers ({@code null}: all of the worker's layers). Blocks already resident,
      * and slots already saved or being saved, are skipped; pool space is claimed at once
      * (evicting if needed) and a block becomes visible when its last slot lands. The copy is
@@ -155,81 +150,25 @@ public final class PegaEngine implements AutoCloseable {
      * @throws PoolExhaustedException when the pool cannot hold the new slots even after
      *     evicting every unreferenced block; nothing was allocated
      */
-    public CompletableFuture<SaveResult> save(String instanceId, int workerRank, List<String> layerNames,
-            long[] blockIds, byte[][] hashes, long waitStream) {
+    public CompletableFuture<CopyResult> save(String instanceId, int workerRank, List<String> layerNames,
+            long[] blockIds, BlockHashes hashes, long waitStream) {
         startOp();
         try {
-            SavePlan plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
-            if (plan.reservationId() == 0) {
-                return CompletableFuture.completedFuture(new SaveResult(0, plan.skippedBlocks(), 0));
+            CopyPlan plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
+            if (plan.id() == 0) {
+                return CompletableFuture.completedFuture(new CopyResult(0, plan.skippedBlocks(), 0));
             }
-            CompletableFuture<SaveResult> result = new CompletableFuture<>();
-            track(instanceId, result);
-            long[] ids = new long[plan.plannedBlocks()];
-            try {
-                LayerRegion[] worker = regionsOf(instanceId, workerRank);
-                CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_HOST, plan.slots() * 2).waitFor(waitStream);
-                int lastBlock = -1;
-                int distinct = 0;
-                for (int k = 0; k < plan.slots(); k++) {
-                    LayerRegion region = worker[plan.regionIndex()[k]];
-                    long blockId = blockIds[plan.blockIndex()[k]];
-                    if (plan.blockIndex()[k] != lastBlock) {
-                        lastBlock = plan.blockIndex()[k];
-                        ids[distinct++] = blockId;
-                    }
-                    for (int s = 0; s < region.segments(); s++) {
-                        batch.add(region.pieceAddress(blockId, s), plan.hostOffset()[k] + s * region.segmentBytes(),
-                                region.segmentBytes());
-                    }
-                }
-                long start = clock.getAsLong();
-                transfer.submit(batch).whenComplete((ok, err) -> {
-                    try {
-                        long nanos = clock.getAsLong() - start;
-                        store.commitSave(plan.reservationId(), err == null, batch.totalBytes(), nanos);
-                        if (err != null) {
-                            result.completeExceptionally(new TransferFailedException("save copy for instance '" + instanceId
-                                    + "' worker " + workerRank + " failed: " + err, ids, err));
-                        } else {
-                            result.complete(new SaveResult(plan.plannedBlocks(), plan.skippedBlocks(), batch.totalBytes()));
-                        }
-                    } catch (Throwable t) {
-                        result.completeExceptionally(t);
-                    }
-                });
-            } catch (Throwable t) {
-                try {
-                    store.commitSave(plan.reservationId(), false, 0, 0);
-                } catch (RuntimeException ignored) {
-                    // the store rejects nothing it handed out; report the original failure
-                }
-                result.completeExceptionally(new TransferFailedException("save copy for instance '" + instanceId
-                        + "' worker " + workerRank + " could not start: " + t, ids, t));
-            }
-            return result;
+            return submit(instanceId, workerRank, plan, blockIds, waitStream);
         } finally {
             endOp();
         }
     }
 
-    // ---------------------------------------------------------------- query, release
-
     /** See {@link LocalStore#query}. */
-    public QueryResult query(String instanceId, byte[][] hashes) {
+    public QueryResult query(String instanceId, BlockHashes hashes) {
         startOp();
         try {
             return store.query(instanceId, hashes);
-        } finally {
-            endOp();
-        }
-    }
-
-    /** {@link #query(String, byte[][])} over {@code hashLen}-byte hashes packed back to back. */
-    public QueryResult query(String instanceId, byte[] packed, int hashLen) {
-        startOp();
-        try {
-            return store.query(instanceId, packed, hashLen);
         } finally {
             endOp();
         }
@@ -245,59 +184,82 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
-    // ---------------------------------------------------------------- load
-
     /**
      * Consumes this worker's share of a lease and copies the leased blocks' slots for the
      * worker's layers into {@code dstBlockIds} (one per leased block, in order). The future
      * fails with a {@link TransferFailedException} naming the destination block ids if the
      * copy fails.
      */
-    public CompletableFuture<LoadResult> load(String instanceId, int workerRank, LeaseId leaseId, long[] dstBlockIds) {
+    public CompletableFuture<CopyResult> load(String instanceId, int workerRank, LeaseId leaseId, long[] dstBlockIds) {
         startOp();
         try {
-            LoadPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
-            CompletableFuture<LoadResult> result = new CompletableFuture<>();
-            track(instanceId, result);
-            long[] dst = dstBlockIds.clone();
-            try {
-                LayerRegion[] worker = regionsOf(instanceId, workerRank);
-                CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_DEVICE, plan.hostOffset().length * 2);
-                for (int k = 0; k < plan.hostOffset().length; k++) {
-                    LayerRegion region = worker[plan.regionIndex()[k]];
-                    long blockId = dst[plan.blockIndex()[k]];
-                    for (int s = 0; s < region.segments(); s++) {
-                        batch.add(region.pieceAddress(blockId, s), plan.hostOffset()[k] + s * region.segmentBytes(),
-                                region.segmentBytes());
-                    }
-                }
-                long start = clock.getAsLong();
-                transfer.submit(batch).whenComplete((ok, err) -> {
-                    try {
-                        store.endLoad(plan.loadId(), err == null, batch.totalBytes(), clock.getAsLong() - start);
-                        if (err != null) {
-                            result.completeExceptionally(new TransferFailedException("load copy for instance '" + instanceId
-                                    + "' worker " + workerRank + " failed: " + err, dst, err));
-                        } else {
-                            result.complete(new LoadResult(plan.blocks(), batch.totalBytes()));
-                        }
-                    } catch (Throwable t) {
-                        result.completeExceptionally(t);
-                    }
-                });
-            } catch (Throwable t) {
-                try {
-                    store.endLoad(plan.loadId(), false, 0, 0);
-                } catch (RuntimeException ignored) {
-                    // report the original failure
-                }
-                result.completeExceptionally(new TransferFailedException("load copy for instance '" + instanceId
-                        + "' worker " + workerRank + " could not start: " + t, dst, t));
-            }
-            return result;
+            CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
+            return submit(instanceId, workerRank, plan, dstBlockIds.clone(), 0);
         } finally {
             endOp();
         }
+    }
+
+    /**
+     * Moves a plan's bytes between the worker's regions and the pool, then ends the plan with
+     * the outcome; a plan whose copy cannot even start is ended as failed (rolled back). The
+     * future fails with a {@link TransferFailedException} naming the caller's block ids
+     * involved (for a load: every destination, whose bytes are then not valid).
+     */
+    private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan, long[] blockIds,
+            long waitStream) {
+        CompletableFuture<CopyResult> result = new CompletableFuture<>();
+        track(instanceId, result);
+        boolean save = plan.direction() == CopyPlan.Direction.SAVE;
+        String what = (save ? "save" : "load") + " copy for instance '" + instanceId + "' worker " + workerRank;
+        long[] failed = save ? distinctBlocks(plan, blockIds) : blockIds;
+        try {
+            LayerRegion[] worker = regionsOf(instanceId, workerRank);
+            CopyBatch batch = new CopyBatch(plan.direction().batch(), plan.slots() * 2).waitFor(waitStream);
+            for (int k = 0; k < plan.slots(); k++) {
+                LayerRegion region = worker[plan.regionIndex()[k]];
+                long blockId = blockIds[plan.blockIndex()[k]];
+                for (int s = 0; s < region.segments(); s++) {
+                    batch.add(region.pieceAddress(blockId, s), plan.hostOffset()[k] + s * region.segmentBytes(),
+                            region.segmentBytes());
+                }
+            }
+            long start = clock.getAsLong();
+            transfer.submit(batch).whenComplete((ok, err) -> {
+                try {
+                    store.endCopy(plan.id(), err == null, batch.totalBytes(), clock.getAsLong() - start);
+                    if (err != null) {
+                        result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
+                    } else {
+                        result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), batch.totalBytes()));
+                    }
+                } catch (Throwable t) {
+                    result.completeExceptionally(t);
+                }
+            });
+        } catch (Throwable t) {
+            try {
+                store.endCopy(plan.id(), false, 0, 0);
+            } catch (RuntimeException ignored) {
+                // the store rejects nothing it handed out; report the original failure
+            }
+            result.completeExceptionally(new TransferFailedException(what + " could not start: " + t, failed, t));
+        }
+        return result;
+    }
+
+    /** The caller's block ids a save plan writes, each once, in plan order. */
+    private static long[] distinctBlocks(CopyPlan plan, long[] blockIds) {
+        long[] ids = new long[plan.blocks()];
+        int last = -1;
+        int n = 0;
+        for (int k = 0; k < plan.slots() && n < ids.length; k++) {
+            if (plan.blockIndex()[k] != last) {
+                last = plan.blockIndex()[k];
+                ids[n++] = blockIds[last];
+            }
+        }
+        return ids;
     }
 
     // ---------------------------------------------------------------- maintenance, stats, close

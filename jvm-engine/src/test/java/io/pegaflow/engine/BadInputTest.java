@@ -46,9 +46,9 @@ class BadInputTest {
             world.fillPattern(i, saved[i]);
         }
         for (WorkerSpec w : world.workers) {
-            engine.save("inst", w.workerRank(), new long[] {0, 1, 2}, saved).join();
+            engine.save("inst", w.workerRank(), new long[] {0, 1, 2}, BlockHashes.of(saved)).join();
         }
-        lease = engine.query("inst", saved).lease();
+        lease = engine.query("inst", BlockHashes.of(saved)).lease();
         gaugesBefore = engine.stats().gauges();
     }
 
@@ -105,23 +105,23 @@ class BadInputTest {
                 t.engine.registerWorker("half", new WorkerSpec(1, 1, 0, List.of(t.half.workers.get(1).layers().get(0)))));
         add(c, "two owners of one slot", TopologyMismatchException.class, "tp rank 0 of instance 'half' is registered by workers 0 and 1", t ->
                 t.engine.registerWorker("half", rank(t.half.workers.get(1), 1, 0)));
-        add(c, "save to unknown instance", UnknownInstanceException.class, "instance 'nope'", t -> t.engine.save("nope", 0, new long[] {0}, new byte[][] {ok}));
-        add(c, "save before sealing", RegistrationIncompleteException.class, "1 of 2 workers registered", t -> t.engine.save("half", 0, new long[] {0}, new byte[][] {ok}));
-        add(c, "save from unknown worker", UnknownInstanceException.class, "worker rank 7 is not registered", t -> t.engine.save("inst", 7, new long[] {0}, new byte[][] {ok}));
+        add(c, "save to unknown instance", UnknownInstanceException.class, "instance 'nope'", t -> t.engine.save("nope", 0, new long[] {0}, BlockHashes.of(new byte[][] {ok})));
+        add(c, "save before sealing", RegistrationIncompleteException.class, "1 of 2 workers registered", t -> t.engine.save("half", 0, new long[] {0}, BlockHashes.of(new byte[][] {ok})));
+        add(c, "save from unknown worker", UnknownInstanceException.class, "worker rank 7 is not registered", t -> t.engine.save("inst", 7, new long[] {0}, BlockHashes.of(new byte[][] {ok})));
         add(c, "save with null arrays", InvalidArgumentException.class, "must not be null", t -> t.engine.save("inst", 0, null, null));
-        add(c, "save with mismatched lengths", InvalidArgumentException.class, "2 block ids but 1 hashes", t -> t.engine.save("inst", 0, new long[] {0, 1}, new byte[][] {ok}));
+        add(c, "save with mismatched lengths", InvalidArgumentException.class, "2 block ids but 1 hashes", t -> t.engine.save("inst", 0, new long[] {0, 1}, BlockHashes.of(new byte[][] {ok})));
         add(c, "save block id out of range", InvalidArgumentException.class, "blockIds[1] = 16 out of range [0, 16) for layer 'model.layers.0.self_attn.attn'", t ->
-                t.engine.save("inst", 0, new long[] {3, 16}, new byte[][] {ok, ok}));
-        add(c, "save negative block id", InvalidArgumentException.class, "blockIds[0] = -1 out of range", t -> t.engine.save("inst", 0, new long[] {-1}, new byte[][] {ok}));
-        add(c, "save empty hash", InvalidArgumentException.class, "hashes[0] is 0 bytes; expected 1..64 bytes", t -> t.engine.save("inst", 0, new long[] {0}, new byte[][] {new byte[0]}));
-        add(c, "save oversized hash", InvalidArgumentException.class, "hashes[0] is 65 bytes", t -> t.engine.save("inst", 0, new long[] {0}, new byte[][] {new byte[65]}));
-        add(c, "save null hash", InvalidArgumentException.class, "hashes[0] is null", t -> t.engine.save("inst", 0, new long[] {0}, new byte[][] {null}));
+                t.engine.save("inst", 0, new long[] {3, 16}, BlockHashes.of(new byte[][] {ok, ok})));
+        add(c, "save negative block id", InvalidArgumentException.class, "blockIds[0] = -1 out of range", t -> t.engine.save("inst", 0, new long[] {-1}, BlockHashes.of(new byte[][] {ok})));
+        add(c, "save empty hash", InvalidArgumentException.class, "hashes[0] is 0 bytes; expected 1..64 bytes", t -> t.engine.save("inst", 0, new long[] {0}, BlockHashes.of(new byte[][] {new byte[0]})));
+        add(c, "save oversized hash", InvalidArgumentException.class, "hashes[0] is 65 bytes", t -> t.engine.save("inst", 0, new long[] {0}, BlockHashes.of(new byte[][] {new byte[65]})));
+        add(c, "save null hash", InvalidArgumentException.class, "hashes[0] is null", t -> t.engine.save("inst", 0, new long[] {0}, BlockHashes.of(new byte[][] {null})));
         add(c, "save unknown layer", InvalidArgumentException.class, "layer 'lm_head' is not registered by worker 0", t ->
-                t.engine.save("inst", 0, List.of("lm_head"), new long[] {0}, new byte[][] {ok}));
-        add(c, "query unknown instance", UnknownInstanceException.class, "instance 'nope'", t -> t.engine.query("nope", new byte[][] {ok}));
-        add(c, "query before sealing", RegistrationIncompleteException.class, "instance 'half' has 1 of 2", t -> t.engine.query("half", new byte[][] {ok}));
+                t.engine.save("inst", 0, List.of("lm_head"), new long[] {0}, BlockHashes.of(new byte[][] {ok}), 0));
+        add(c, "query unknown instance", UnknownInstanceException.class, "instance 'nope'", t -> t.engine.query("nope", BlockHashes.of(new byte[][] {ok})));
+        add(c, "query before sealing", RegistrationIncompleteException.class, "instance 'half' has 1 of 2", t -> t.engine.query("half", BlockHashes.of(new byte[][] {ok})));
         add(c, "query null hashes", InvalidArgumentException.class, "hashes must not be null", t -> t.engine.query("inst", null));
-        add(c, "query bad hash", InvalidArgumentException.class, "hashes[1] is null", t -> t.engine.query("inst", new byte[][] {ok, null}));
+        add(c, "query bad hash", InvalidArgumentException.class, "hashes[1] is null", t -> t.engine.query("inst", BlockHashes.of(new byte[][] {ok, null})));
         add(c, "load unknown lease", UnknownLeaseException.class, "lease 00000000000000010000000000000002 is unknown", t ->
                 t.engine.load("inst", 0, new LeaseId(1, 2), new long[] {5}));
         add(c, "load wrong count", InvalidArgumentException.class, "2 destination block ids for 3 leased blocks", t ->
@@ -171,7 +171,7 @@ class BadInputTest {
                 // every case throws; we only care that nothing changed
             }
         });
-        QueryResult q = engine.query("inst", saved);
+        QueryResult q = engine.query("inst", BlockHashes.of(saved));
         assertThat(q.hitBlocks()).isEqualTo(3);
         for (WorkerSpec w : world.workers) {
             engine.load("inst", w.workerRank(), q.lease(), new long[] {10, 11, 12}).join();

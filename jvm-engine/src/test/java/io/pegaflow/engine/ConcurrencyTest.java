@@ -60,7 +60,7 @@ class ConcurrencyTest {
                         byte[][] chain = chains[rnd.nextInt(CHAINS)];
                         int len = 1 + rnd.nextInt(CHAIN_LENGTH);
                         byte[][] prefix = java.util.Arrays.copyOf(chain, len);
-                        QueryResult q = engine.query(inst, prefix);
+                        QueryResult q = engine.query(inst, BlockHashes.of(prefix));
                         if (q.hasLease()) {
                             long[] dst = new long[q.hitBlocks()];
                             for (int i = 0; i < dst.length; i++) {
@@ -76,8 +76,8 @@ class ConcurrencyTest {
                                     assertThat(world.holdsPattern(world.workers.get(0), dst[i], prefix[i])).isTrue();
                                 }
                             } else {
-                                CompletableFuture<LoadResult> l0 = engine.load(inst, 0, q.lease(), dst);
-                                CompletableFuture<LoadResult> l1 = engine.load(inst, 1, q.lease(), dst);
+                                CompletableFuture<CopyResult> l0 = engine.load(inst, 0, q.lease(), dst);
+                                CompletableFuture<CopyResult> l1 = engine.load(inst, 1, q.lease(), dst);
                                 l0.join();
                                 l1.join();
                                 for (int i = 0; i < dst.length; i++) {
@@ -97,8 +97,8 @@ class ConcurrencyTest {
                                 world.fillPattern(src[i], hashes[i]);
                             }
                             try {
-                                CompletableFuture<SaveResult> s0 = engine.save(inst, 0, src, hashes);
-                                CompletableFuture<SaveResult> s1 = engine.save(inst, 1, src, hashes);
+                                CompletableFuture<CopyResult> s0 = engine.save(inst, 0, src, BlockHashes.of(hashes));
+                                CompletableFuture<CopyResult> s1 = engine.save(inst, 1, src, BlockHashes.of(hashes));
                                 s0.join();
                                 s1.join();
                             } catch (PoolExhaustedException e) {

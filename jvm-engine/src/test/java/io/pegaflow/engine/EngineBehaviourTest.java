@@ -65,12 +65,12 @@ class EngineBehaviourTest {
             world.fillPattern(ids[i], hashes[i]);
         }
         for (WorkerSpec w : world.workers) {
-            engine.save("inst", w.workerRank(), ids, hashes).join();
+            engine.save("inst", w.workerRank(), ids, BlockHashes.of(hashes)).join();
         }
     }
 
     private int hits(byte[]... hashes) {
-        QueryResult q = engine.query("inst", hashes);
+        QueryResult q = engine.query("inst", BlockHashes.of(hashes));
         if (q.hasLease()) {
             engine.release(q.lease());
         }
@@ -83,11 +83,11 @@ class EngineBehaviourTest {
         byte[][] h = KvWorld.randomHashes(rnd, 4);
         saveAll(h, 0);
         long used = engine.stats().get(Gauge.POOL_USED_BYTES);
-        SaveResult again = engine.save("inst", 0, new long[] {8, 9, 10, 11}, h).join();
-        assertThat(again).isEqualTo(new SaveResult(0, 4, 0));
+        CopyResult again = engine.save("inst", 0, new long[] {8, 9, 10, 11}, BlockHashes.of(h)).join();
+        assertThat(again).isEqualTo(new CopyResult(0, 4, 0));
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isEqualTo(used);
-        SaveResult dupInCall = engine.save("inst", 0, new long[] {12, 13}, new byte[][] {h[0].clone(), KvWorld.randomHash(rnd)}).join();
-        assertThat(dupInCall.savedBlocks()).isEqualTo(1);
+        CopyResult dupInCall = engine.save("inst", 0, new long[] {12, 13}, BlockHashes.of(new byte[][] {h[0].clone(), KvWorld.randomHash(rnd)})).join();
+        assertThat(dupInCall.blocks()).isEqualTo(1);
         engine.verifyInvariants();
     }
 
@@ -96,13 +96,13 @@ class EngineBehaviourTest {
         start(16, 2, null);
         byte[] h = KvWorld.randomHash(rnd);
         world.fillPattern(0, h);
-        engine.save("inst", 0, new long[] {0}, new byte[][] {h}).join();
+        engine.save("inst", 0, new long[] {0}, BlockHashes.of(new byte[][] {h})).join();
         assertThat(hits(h)).as("tp rank 1 has not saved").isZero();
         assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isEqualTo(1);
         // Layer by layer on rank 1: still invisible after the first layer.
-        engine.save("inst", 1, List.of(KvWorld.layerName(0)), new long[] {0}, new byte[][] {h}).join();
+        engine.save("inst", 1, List.of(KvWorld.layerName(0)), new long[] {0}, BlockHashes.of(new byte[][] {h}), 0).join();
         assertThat(hits(h)).isZero();
-        engine.save("inst", 1, List.of(KvWorld.layerName(1)), new long[] {0}, new byte[][] {h}).join();
+        engine.save("inst", 1, List.of(KvWorld.layerName(1)), new long[] {0}, BlockHashes.of(new byte[][] {h}), 0).join();
         assertThat(hits(h)).isEqualTo(1);
         assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
         engine.verifyInvariants();
@@ -130,11 +130,11 @@ class EngineBehaviourTest {
         start(8);
         byte[][] h = KvWorld.randomHashes(rnd, 9);
         saveAll(java.util.Arrays.copyOf(h, 8), 0);
-        QueryResult lease = engine.query("inst", java.util.Arrays.copyOf(h, 8));
+        QueryResult lease = engine.query("inst", BlockHashes.of(java.util.Arrays.copyOf(h, 8)));
         assertThat(lease.hitBlocks()).isEqualTo(8);
         EngineStats before = engine.stats();
         world.fillPattern(8, h[8]);
-        assertThatThrownBy(() -> engine.save("inst", 0, new long[] {8}, new byte[][] {h[8]}))
+        assertThatThrownBy(() -> engine.save("inst", 0, new long[] {8}, BlockHashes.of(new byte[][] {h[8]})))
                 .isInstanceOf(PoolExhaustedException.class)
                 .hasMessageContaining("8 blocks are pinned");
         assertThat(engine.stats().gauges()).isEqualTo(before.gauges());
@@ -157,7 +157,7 @@ class EngineBehaviourTest {
         start(8);
         byte[][] h = KvWorld.randomHashes(rnd, 2);
         saveAll(h, 0);
-        QueryResult q = engine.query("inst", h);
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
         clock.advance(Duration.ofSeconds(9));
         engine.sweep();
@@ -178,7 +178,7 @@ class EngineBehaviourTest {
         start(8, 2, null);
         byte[][] h = KvWorld.randomHashes(rnd, 2);
         saveAll(h, 0);
-        QueryResult q = engine.query("inst", h);
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
         engine.load("inst", 0, q.lease(), new long[] {4, 5}).join();
         assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {6, 7}))
                 .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("worker 0 already consumed");
@@ -187,7 +187,7 @@ class EngineBehaviourTest {
         assertThat(world.holdsPattern(4, h[0]) && world.holdsPattern(5, h[1])).isTrue();
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("consumed by both workers").isZero();
 
-        QueryResult q2 = engine.query("inst", h);
+        QueryResult q2 = engine.query("inst", BlockHashes.of(h));
         engine.load("inst", 1, q2.lease(), new long[] {6, 7}).join();
         engine.release(q2.lease());
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
@@ -200,14 +200,14 @@ class EngineBehaviourTest {
         start(8);
         byte[][] h = KvWorld.randomHashes(rnd, 3);
         saveAll(h, 0);
-        QueryResult q = engine.query("inst", h);
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
         engine.unregisterInstance("inst");
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
-        assertThatThrownBy(() -> engine.query("inst", h)).isInstanceOf(UnknownInstanceException.class);
+        assertThatThrownBy(() -> engine.query("inst", BlockHashes.of(h))).isInstanceOf(UnknownInstanceException.class);
         assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
         try (KvWorld restarted = new KvWorld("inst-2", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
             restarted.register(engine);
-            QueryResult again = engine.query("inst-2", h);
+            QueryResult again = engine.query("inst-2", BlockHashes.of(h));
             assertThat(again.hitBlocks()).isEqualTo(3);
             engine.load("inst-2", 0, again.lease(), new long[] {10, 11, 12}).join();
             assertThat(restarted.holdsPattern(10, h[0]) && restarted.holdsPattern(12, h[2])).isTrue();
@@ -237,7 +237,7 @@ class EngineBehaviourTest {
         start(8, 2, null);
         byte[] h = KvWorld.randomHash(rnd);
         world.fillPattern(0, h);
-        engine.save("inst", 0, new long[] {0}, new byte[][] {h}).join();
+        engine.save("inst", 0, new long[] {0}, BlockHashes.of(new byte[][] {h})).join();
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isPositive();
         clock.advance(Duration.ofMinutes(4));
         engine.sweep();
@@ -257,7 +257,7 @@ class EngineBehaviourTest {
         byte[][] h = KvWorld.randomHashes(rnd, 2);
         world.fillPattern(3, h[0]);
         world.fillPattern(4, h[1]);
-        CompletableFuture<SaveResult> f = engine.save("inst", 0, new long[] {3, 4}, h);
+        CompletableFuture<CopyResult> f = engine.save("inst", 0, new long[] {3, 4}, BlockHashes.of(h));
         assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
                 .isInstanceOf(TransferFailedException.class).hasMessageContaining("[3, 4]");
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isZero();
@@ -266,10 +266,10 @@ class EngineBehaviourTest {
         engine.verifyInvariants();
 
         fail.set(false);
-        engine.save("inst", 0, new long[] {3, 4}, h).join();
-        QueryResult q = engine.query("inst", h);
+        engine.save("inst", 0, new long[] {3, 4}, BlockHashes.of(h)).join();
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
         fail.set(true);
-        CompletableFuture<LoadResult> load = engine.load("inst", 0, q.lease(), new long[] {7, 9});
+        CompletableFuture<CopyResult> load = engine.load("inst", 0, q.lease(), new long[] {7, 9});
         assertThatThrownBy(load::join).cause().isInstanceOf(TransferFailedException.class).hasMessageContaining("[7, 9]");
         assertThat(((TransferFailedException) load.handle((r, e) -> e).join()).blockIds()).containsExactly(7, 9);
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("failed load released its pins").isZero();
@@ -285,11 +285,11 @@ class EngineBehaviourTest {
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 3);
         saveAll(h, 0);
-        engine.query("inst", h); // a lease left outstanding
+        engine.query("inst", BlockHashes.of(h)); // a lease left outstanding
         assertThat(sink.get(Gauge.RESIDENT_BLOCKS)).isEqualTo(3);
         assertThat(sink.get(Counter.SAVE_BLOCKS)).isEqualTo(3);
         engine.close();
-        assertThatThrownBy(() -> engine.query("inst", h)).isInstanceOf(EngineClosedException.class);
+        assertThatThrownBy(() -> engine.query("inst", BlockHashes.of(h))).isInstanceOf(EngineClosedException.class);
         engine = null;
     }
 
@@ -304,10 +304,10 @@ class EngineBehaviourTest {
             store.registerInstance(w.spec);
             store.registerWorker("dead", w.workers.get(0));
             byte[][] h = KvWorld.randomHashes(rnd, 3);
-            SavePlan done = store.reserveSave("dead", 0, null, new long[] {0, 1}, new byte[][] {h[0], h[1]});
-            store.commitSave(done.reservationId(), true, 0, 0);
-            LoadPlan open = store.beginLoad("dead", 0, store.query("dead", new byte[][] {h[0], h[1]}).lease(), new long[] {5, 6});
-            SavePlan reserved = store.reserveSave("dead", 0, null, new long[] {2}, new byte[][] {h[2]});
+            CopyPlan done = store.reserveSave("dead", 0, null, new long[] {0, 1}, BlockHashes.of(new byte[][] {h[0], h[1]}));
+            store.endCopy(done.id(), true, 0, 0);
+            CopyPlan open = store.beginLoad("dead", 0, store.query("dead", BlockHashes.of(new byte[][] {h[0], h[1]})).lease(), new long[] {5, 6});
+            CopyPlan reserved = store.reserveSave("dead", 0, null, new long[] {2}, BlockHashes.of(new byte[][] {h[2]}));
             assertThat(reserved.slots()).isEqualTo(2);
             assertThat(store.openOperations()).isEqualTo(2);
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
@@ -316,10 +316,10 @@ class EngineBehaviourTest {
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
             assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
             assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).as("saved blocks stay").isEqualTo(2);
-            assertThatThrownBy(() -> store.endLoad(open.loadId(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
-                    .hasMessageContaining("load " + open.loadId() + " is unknown");
-            assertThatThrownBy(() -> store.commitSave(reserved.reservationId(), true, 0, 0))
-                    .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("reservation " + reserved.reservationId());
+            assertThatThrownBy(() -> store.endCopy(open.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("copy " + open.id() + " is unknown");
+            assertThatThrownBy(() -> store.endCopy(reserved.id(), true, 0, 0))
+                    .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("copy " + reserved.id() + " is unknown");
             store.verifyInvariants();
         }
     }
@@ -344,11 +344,11 @@ class EngineBehaviourTest {
             for (int i = 0; i < h.length; i++) {
                 world.fillPattern(w, src[i], h[i]);
             }
-            engine.save("mla", w.workerRank(), src, h).join();
+            engine.save("mla", w.workerRank(), src, BlockHashes.of(h)).join();
         }
         assertThat(sink.get(Counter.SAVE_BLOCKS)).as("one stored copy").isEqualTo(2);
         assertThat(sink.get(Gauge.POOL_USED_BYTES)).isEqualTo(2 * 2 * 256);
-        QueryResult q = engine.query("mla", h);
+        QueryResult q = engine.query("mla", BlockHashes.of(h));
         assertThat(q.hitBlocks()).isEqualTo(2);
         for (WorkerSpec w : replicas) {
             engine.load("mla", w.workerRank(), q.lease(), new long[] {10, 11}).join();

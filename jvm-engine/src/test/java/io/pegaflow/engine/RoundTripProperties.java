@@ -54,22 +54,22 @@ class RoundTripProperties {
             }
             byte[][] hashes = KvWorld.randomHashes(rnd, saved);
 
-            List<CompletableFuture<SaveResult>> saves = new ArrayList<>();
+            List<CompletableFuture<CopyResult>> saves = new ArrayList<>();
             for (WorkerSpec w : world.workers) {
-                saves.add(engine.save("inst", w.workerRank(), src, hashes));
+                saves.add(engine.save("inst", w.workerRank(), src, BlockHashes.of(hashes)));
             }
-            for (CompletableFuture<SaveResult> f : saves) {
-                assertThat(f.join().savedBlocks()).isEqualTo(saved);
+            for (CompletableFuture<CopyResult> f : saves) {
+                assertThat(f.join().blocks()).isEqualTo(saved);
             }
             // Wipe the sources so a load that read from the device side would be caught.
             for (long b : src) {
                 world.fillRandom(b, rnd);
             }
 
-            QueryResult q = engine.query("inst", hashes);
+            QueryResult q = engine.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(saved);
             for (WorkerSpec w : world.workers) {
-                LoadResult r = engine.load("inst", w.workerRank(), q.lease(), dst).join();
+                CopyResult r = engine.load("inst", w.workerRank(), q.lease(), dst).join();
                 assertThat(r.blocks()).isEqualTo(saved);
             }
             for (int i = 0; i < saved; i++) {
@@ -101,12 +101,12 @@ class RoundTripProperties {
                     toSave.add(hashes[i]);
                 }
             }
-            engine.save("i", 0, ids.stream().mapToLong(Long::longValue).toArray(), toSave.toArray(new byte[0][])).join();
+            engine.save("i", 0, ids.stream().mapToLong(Long::longValue).toArray(), BlockHashes.of(toSave.toArray(new byte[0][]))).join();
             int expected = 0;
             while (expected < chain && resident[expected]) {
                 expected++;
             }
-            QueryResult q = engine.query("i", hashes);
+            QueryResult q = engine.query("i", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(expected);
             assertThat(q.hasLease()).isEqualTo(expected > 0);
             if (q.hasLease()) {

@@ -65,15 +65,15 @@ abstract class TransferContract {
                 expected.add(world.snapshot(b));
             }
             byte[][] hashes = KvWorld.randomHashes(rnd, saved);
-            List<CompletableFuture<SaveResult>> saves = new ArrayList<>();
+            List<CompletableFuture<CopyResult>> saves = new ArrayList<>();
             for (WorkerSpec w : world.workers) {
-                saves.add(engine.save("inst", w.workerRank(), src, hashes));
+                saves.add(engine.save("inst", w.workerRank(), src, BlockHashes.of(hashes)));
             }
             saves.forEach(CompletableFuture::join);
             for (long b : src) {
                 world.fillRandom(b, rnd); // a load that read the device side would now differ
             }
-            QueryResult q = engine.query("inst", hashes);
+            QueryResult q = engine.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(saved);
             for (WorkerSpec w : world.workers) {
                 engine.load("inst", w.workerRank(), q.lease(), dst).join();
@@ -114,14 +114,14 @@ abstract class TransferContract {
                             dst[i] = dstBase + i;
                             world.fillPattern(src[i], hashes[i]);
                         }
-                        CompletableFuture<SaveResult> s0 = engine.save("inst", 0, src, hashes);
-                        CompletableFuture<SaveResult> s1 = engine.save("inst", 1, src, hashes);
+                        CompletableFuture<CopyResult> s0 = engine.save("inst", 0, src, BlockHashes.of(hashes));
+                        CompletableFuture<CopyResult> s1 = engine.save("inst", 1, src, BlockHashes.of(hashes));
                         s0.join();
                         s1.join();
-                        QueryResult q = engine.query("inst", hashes);
+                        QueryResult q = engine.query("inst", BlockHashes.of(hashes));
                         assertThat(q.hitBlocks()).isEqualTo(chain);
-                        CompletableFuture<LoadResult> l0 = engine.load("inst", 0, q.lease(), dst);
-                        CompletableFuture<LoadResult> l1 = engine.load("inst", 1, q.lease(), dst);
+                        CompletableFuture<CopyResult> l0 = engine.load("inst", 0, q.lease(), dst);
+                        CompletableFuture<CopyResult> l1 = engine.load("inst", 1, q.lease(), dst);
                         l0.join();
                         l1.join();
                         for (int i = 0; i < chain; i++) {

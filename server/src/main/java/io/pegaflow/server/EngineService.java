@@ -1,42 +1,44 @@
 package io.pegaflow.server;
 
+import io.pegaflow.client.Errors;
+import io.pegaflow.client.Version;
+
 import com.google.protobuf.ByteString;
 import io.grpc.stub.ServerCallStreamObserver;
 import io.grpc.stub.StreamObserver;
+import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.EngineStats;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.LeaseId;
-import io.pegaflow.engine.LoadResult;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
-import io.pegaflow.engine.SaveResult;
 import io.pegaflow.engine.TopologyMismatchException;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
-import io.pegaflow.server.proto.BeginLoadRequest;
-import io.pegaflow.server.proto.CommitSaveRequest;
-import io.pegaflow.server.proto.Empty;
-import io.pegaflow.server.proto.EndLoadRequest;
-import io.pegaflow.server.proto.EngineGrpc;
-import io.pegaflow.server.proto.HealthRequest;
-import io.pegaflow.server.proto.HealthResponse;
-import io.pegaflow.server.proto.LoadPlan;
-import io.pegaflow.server.proto.QueryRequest;
-import io.pegaflow.server.proto.QueryResponse;
-import io.pegaflow.server.proto.RegisterInstanceRequest;
-import io.pegaflow.server.proto.RegisterWorkerRequest;
-import io.pegaflow.server.proto.ReleaseRequest;
-import io.pegaflow.server.proto.ReserveSaveRequest;
-import io.pegaflow.server.proto.SavePlan;
-import io.pegaflow.server.proto.SessionEvent;
-import io.pegaflow.server.proto.SessionRequest;
-import io.pegaflow.server.proto.StatsRequest;
-import io.pegaflow.server.proto.StatsResponse;
-import io.pegaflow.server.proto.UnregisterInstanceRequest;
+import io.pegaflow.client.proto.BeginLoadRequest;
+import io.pegaflow.client.proto.CopyDirection;
+import io.pegaflow.client.proto.CopyPlan;
+import io.pegaflow.client.proto.CopyResult;
+import io.pegaflow.client.proto.Empty;
+import io.pegaflow.client.proto.EndCopyRequest;
+import io.pegaflow.client.proto.EngineGrpc;
+import io.pegaflow.client.proto.HealthRequest;
+import io.pegaflow.client.proto.HealthResponse;
+import io.pegaflow.client.proto.QueryRequest;
+import io.pegaflow.client.proto.QueryResponse;
+import io.pegaflow.client.proto.RegisterInstanceRequest;
+import io.pegaflow.client.proto.RegisterWorkerRequest;
+import io.pegaflow.client.proto.ReleaseRequest;
+import io.pegaflow.client.proto.ReserveSaveRequest;
+import io.pegaflow.client.proto.SessionEvent;
+import io.pegaflow.client.proto.SessionRequest;
+import io.pegaflow.client.proto.StatsRequest;
+import io.pegaflow.client.proto.StatsResponse;
+import io.pegaflow.client.proto.UnregisterInstanceRequest;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.function.Supplier;
@@ -78,20 +80,9 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     private static final Empty EMPTY = Empty.getDefaultInstance();
 
-    static byte[][] hashes(ByteString packed, int hashLen) {
-        if (packed.isEmpty()) {
-            return new byte[0][];
-        }
-        if (hashLen < 1 || hashLen > 64 || packed.size() % hashLen != 0) {
-            throw new InvalidArgumentException("hashes: " + packed.size() + " bytes with hash_len " + hashLen
-                    + "; expected 1 <= hash_len <= 64 dividing the byte count");
-        }
-        byte[][] out = new byte[packed.size() / hashLen][];
-        for (int i = 0; i < out.length; i++) {
-            out[i] = new byte[hashLen];
-            packed.copyTo(out[i], i * hashLen, 0, hashLen);
-        }
-        return out;
+    /** The request's packed hashes as they came (the one form the store reads). */
+    static BlockHashes hashes(ByteString packed, int hashLen) {
+        return packed.isEmpty() ? BlockHashes.EMPTY : new BlockHashes(packed.toByteArray(), hashLen);
     }
 
     static long[] longs(List<Long> values) {
@@ -123,7 +114,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     public void registerWorker(RegisterWorkerRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
             List<LayerRegion> layers = new ArrayList<>();
-            for (io.pegaflow.server.proto.LayerRegion l : r.getLayersList()) {
+            for (io.pegaflow.client.proto.LayerRegion l : r.getLayersList()) {
                 KvLayout layout = switch (l.getLayout()) {
                     case SPLIT_KV -> KvLayout.SPLIT_KV;
                     case COMBINED -> KvLayout.COMBINED;
@@ -148,25 +139,36 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     }
 
     @Override
-    public void reserveSave(ReserveSaveRequest r, StreamObserver<SavePlan> out) {
+    public void reserveSave(ReserveSaveRequest r, StreamObserver<CopyPlan> out) {
         answer(out, () -> {
             List<String> layers = r.getLayerNamesCount() == 0 ? null : r.getLayerNamesList();
-            io.pegaflow.engine.SavePlan p = store.reserveSave(r.getInstanceId(), r.getWorkerRank(), layers,
-                    longs(r.getBlockIdsList()), hashes(r.getHashes(), r.getHashLen()));
-            SavePlan.Builder b = SavePlan.newBuilder().setReservationId(p.reservationId())
-                    .setSkippedBlocks(p.skippedBlocks()).setPlannedBlocks(p.plannedBlocks());
-            for (int k = 0; k < p.slots(); k++) {
-                b.addBlockIndex(p.blockIndex()[k]).addRegionIndex(p.regionIndex()[k]).addHostOffset(p.hostOffset()[k]);
-            }
-            return b.build();
+            return plan(store.reserveSave(r.getInstanceId(), r.getWorkerRank(), layers, longs(r.getBlockIdsList()),
+                    hashes(r.getHashes(), r.getHashLen())));
         });
     }
 
     @Override
-    public void commitSave(CommitSaveRequest r, StreamObserver<io.pegaflow.server.proto.SaveResult> out) {
+    public void beginLoad(BeginLoadRequest r, StreamObserver<CopyPlan> out) {
+        answer(out, () -> plan(store.beginLoad(r.getInstanceId(), r.getWorkerRank(),
+                LeaseId.fromBytes(r.getLease().toByteArray()), longs(r.getDstBlockIdsList()))));
+    }
+
+    private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {
+        CopyPlan.Builder b = CopyPlan.newBuilder().setId(p.id()).setBlocks(p.blocks()).setSkippedBlocks(p.skippedBlocks())
+                .setDirection(p.direction() == io.pegaflow.engine.CopyPlan.Direction.LOAD ? CopyDirection.LOAD
+                        : CopyDirection.SAVE);
+        for (int k = 0; k < p.slots(); k++) {
+            b.addBlockIndex(p.blockIndex()[k]).addRegionIndex(p.regionIndex()[k]).addHostOffset(p.hostOffset()[k]);
+        }
+        return b.build();
+    }
+
+    @Override
+    public void endCopy(EndCopyRequest r, StreamObserver<CopyResult> out) {
         answer(out, () -> {
-            SaveResult s = store.commitSave(r.getReservationId(), r.getOk(), r.getBytes(), r.getNanos());
-            return io.pegaflow.server.proto.SaveResult.newBuilder().setSavedBlocks(s.savedBlocks()).setBytes(s.bytes()).build();
+            io.pegaflow.engine.CopyResult c = store.endCopy(r.getId(), r.getOk(), r.getBytes(), r.getNanos());
+            return CopyResult.newBuilder().setBlocks(c.blocks()).setSkippedBlocks(c.skippedBlocks()).setBytes(c.bytes())
+                    .build();
         });
     }
 
@@ -177,7 +179,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
     static QueryResponse query(LocalStore store, QueryRequest r) {
-        QueryResult q = store.query(r.getInstanceId(), r.getHashes().toByteArray(), r.getHashLen());
+        QueryResult q = store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
         QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
         if (q.hasLease()) {
             b.setLease(ByteString.copyFrom(q.lease().toBytes()));
@@ -196,27 +198,6 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     /** Release on {@code store}: the gRPC method and the local socket's. */
     static void release(LocalStore store, ReleaseRequest r) {
         store.release(LeaseId.fromBytes(r.getLease().toByteArray()));
-    }
-
-    @Override
-    public void beginLoad(BeginLoadRequest r, StreamObserver<LoadPlan> out) {
-        answer(out, () -> {
-            io.pegaflow.engine.LoadPlan p = store.beginLoad(r.getInstanceId(), r.getWorkerRank(),
-                    LeaseId.fromBytes(r.getLease().toByteArray()), longs(r.getDstBlockIdsList()));
-            LoadPlan.Builder b = LoadPlan.newBuilder().setLoadId(p.loadId()).setBlocks(p.blocks());
-            for (int k = 0; k < p.hostOffset().length; k++) {
-                b.addBlockIndex(p.blockIndex()[k]).addRegionIndex(p.regionIndex()[k]).addHostOffset(p.hostOffset()[k]);
-            }
-            return b.build();
-        });
-    }
-
-    @Override
-    public void endLoad(EndLoadRequest r, StreamObserver<io.pegaflow.server.proto.LoadResult> out) {
-        answer(out, () -> {
-            LoadResult l = store.endLoad(r.getLoadId(), r.getOk(), r.getBytes(), r.getNanos());
-            return io.pegaflow.server.proto.LoadResult.newBuilder().setBlocks(l.blocks()).setBytes(l.bytes()).build();
-        });
     }
 
     @Override

@@ -1,11 +1,14 @@
 package io.pegaflow.server;
 
+import io.pegaflow.client.Errors;
+import io.pegaflow.client.Wire;
+
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.PegaflowException;
-import io.pegaflow.server.proto.QueryRequest;
-import io.pegaflow.server.proto.ReleaseRequest;
+import io.pegaflow.client.proto.QueryRequest;
+import io.pegaflow.client.proto.ReleaseRequest;
 import java.io.IOException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
@@ -31,9 +34,9 @@ import java.util.concurrent.ConcurrentHashMap;
  * proto, or the error message in UTF-8)}. Big-endian.
  */
 final class LocalSocketServer implements AutoCloseable {
-    static final byte QUERY = 1;
-    static final byte RELEASE = 2;
-    static final int MAX_FRAME = 64 << 20;
+    static final byte QUERY = Wire.QUERY;
+    static final byte RELEASE = Wire.RELEASE;
+    static final int MAX_FRAME = Wire.MAX_FRAME;
     private static final System.Logger LOG = System.getLogger(LocalSocketServer.class.getName());
 
     private final Path path;

@@ -1,5 +1,8 @@
 package io.pegaflow.server;
 
+import io.pegaflow.client.Version;
+import io.pegaflow.client.Wire;
+
 import io.grpc.Server;
 import io.grpc.ServerBuilder;
 import io.grpc.ServerInterceptors;
@@ -9,7 +12,7 @@ import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.pool.HostPool;
-import io.pegaflow.server.proto.HealthResponse;
+import io.pegaflow.client.proto.HealthResponse;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.io.IOException;
 import java.net.InetSocketAddress;
@@ -49,19 +52,7 @@ public final class PegaflowServer implements AutoCloseable {
 
     /** Parses {@code host:port}; throws naming the flag and the value. */
     public static InetSocketAddress hostPort(String text, String flag) {
-        int colon = text == null ? -1 : text.lastIndexOf(':');
-        try {
-            if (colon <= 0) {
-                throw new NumberFormatException();
-            }
-            int port = Integer.parseInt(text.substring(colon + 1));
-            if (port < 0 || port > 65535) {
-                throw new NumberFormatException();
-            }
-            return new InetSocketAddress(text.substring(0, colon), port);
-        } catch (NumberFormatException e) {
-            throw new InvalidArgumentException(flag + " '" + text + "' is not HOST:PORT (e.g. 127.0.0.1:50055)");
-        }
+        return Wire.hostPort(text, flag);
     }
 
     private final Config config;

@@ -1,5 +1,7 @@
 package io.pegaflow.server;
 
+import io.pegaflow.client.Version;
+
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.Sizes;
 import java.nio.file.Path;

@@ -1,5 +1,9 @@
 package io.pegaflow.server;
 
+import io.pegaflow.engine.BlockHashes;
+
+import io.pegaflow.client.RemoteStore;
+
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
@@ -8,7 +12,7 @@ import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
-import io.pegaflow.engine.SavePlan;
+import io.pegaflow.engine.CopyPlan;
 import io.pegaflow.engine.ServerUnavailableException;
 import io.pegaflow.engine.UnknownInstanceException;
 import io.pegaflow.engine.UnknownLeaseException;
@@ -53,8 +57,8 @@ class LocalSocketTest {
                 List.of(new LayerRegion("l", KvLayout.MLA, base, 8 * seg, 8, seg, seg, 0))));
         hashes = new byte[][] {new byte[32], new byte[32]};
         hashes[1][0] = 1;
-        SavePlan p = store.reserveSave("inst", 0, null, new long[] {0, 1}, hashes);
-        store.commitSave(p.reservationId(), true, 0, 0);
+        CopyPlan p = store.reserveSave("inst", 0, null, new long[] {0, 1}, BlockHashes.of(hashes));
+        store.endCopy(p.id(), true, 0, 0);
     }
 
     @AfterEach
@@ -69,13 +73,13 @@ class LocalSocketTest {
     void queryAndReleaseGoOverTheLocalSocket() {
         assertThat(Files.exists(Path.of(dir.resolve("pool") + ".sock"))).isTrue();
         try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 2000)) {
-            QueryResult q = client.query("inst", hashes);
+            QueryResult q = client.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(2);
             client.release(q.lease());
             assertThat(client.localCalls()).isEqualTo(2);
             assertThatThrownBy(() -> client.release(q.lease())).isInstanceOf(UnknownLeaseException.class)
                     .hasMessageContaining(q.lease().toString());
-            assertThatThrownBy(() -> client.query("nope", hashes)).isInstanceOf(UnknownInstanceException.class)
+            assertThatThrownBy(() -> client.query("nope", BlockHashes.of(hashes))).isInstanceOf(UnknownInstanceException.class)
                     .hasMessageContaining("'nope'");
             assertThat(client.localCalls()).isEqualTo(4);
             assertThat(server.store().stats().get(io.pegaflow.engine.metrics.Gauge.ACTIVE_LEASES)).isZero();
@@ -94,7 +98,7 @@ class LocalSocketTest {
             LocalSocketServer.readFully(c, ByteBuffer.wrap(body));
             assertThat(header.get(4)).isEqualTo((byte) io.pegaflow.engine.ErrorCode.INVALID_ARGUMENT.value());
             assertThat(new String(body, StandardCharsets.UTF_8)).contains("method 9; expected 1 (query) or 2 (release)");
-            byte[] query = io.pegaflow.server.proto.QueryRequest.newBuilder().setInstanceId("inst")
+            byte[] query = io.pegaflow.client.proto.QueryRequest.newBuilder().setInstanceId("inst")
                     .setHashes(com.google.protobuf.ByteString.copyFrom(hashes[0])).setHashLen(32).build().toByteArray();
             c.write(ByteBuffer.allocate(5 + query.length).putInt(1 + query.length).put(LocalSocketServer.QUERY).put(query).flip());
             header.clear();
@@ -102,7 +106,7 @@ class LocalSocketTest {
             byte[] answer = new byte[header.getInt(0) - 1];
             LocalSocketServer.readFully(c, ByteBuffer.wrap(answer));
             assertThat(header.get(4)).isZero();
-            io.pegaflow.server.proto.QueryResponse r = io.pegaflow.server.proto.QueryResponse.parseFrom(answer);
+            io.pegaflow.client.proto.QueryResponse r = io.pegaflow.client.proto.QueryResponse.parseFrom(answer);
             assertThat(r.getHitBlocks()).isEqualTo(1);
             server.store().release(io.pegaflow.engine.LeaseId.fromBytes(r.getLease().toByteArray()));
         }
@@ -111,11 +115,11 @@ class LocalSocketTest {
     @Test
     void aClosedServerFallsBackToGrpcAndFailsWithinTheDeadline() {
         try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 500)) {
-            client.release(client.query("inst", hashes).lease());
+            client.release(client.query("inst", BlockHashes.of(hashes)).lease());
             server.close();
             server = null;
             long t0 = System.nanoTime();
-            assertThatThrownBy(() -> client.query("inst", hashes)).isInstanceOf(ServerUnavailableException.class);
+            assertThatThrownBy(() -> client.query("inst", BlockHashes.of(hashes))).isInstanceOf(ServerUnavailableException.class);
             assertThat((System.nanoTime() - t0) / 1_000_000).isLessThan(2000);
         }
     }

@@ -1,5 +1,10 @@
 package io.pegaflow.server;
 
+import io.pegaflow.engine.BlockHashes;
+
+import io.pegaflow.client.RemoteStore;
+import io.pegaflow.client.Version;
+
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
@@ -15,7 +20,7 @@ import io.pegaflow.engine.LeaseId;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.RegistrationIncompleteException;
-import io.pegaflow.engine.SaveResult;
+import io.pegaflow.engine.CopyResult;
 import io.pegaflow.engine.TopologyMismatchException;
 import io.pegaflow.engine.UnknownInstanceException;
 import io.pegaflow.engine.UnknownLeaseException;
@@ -134,9 +139,9 @@ class ServerTest {
                 fill(ra, blk);
             }
             byte[][] h = hashes(3);
-            SaveResult saved = a.save("vllm-a", 0, new long[] {0, 1, 2}, h).join();
-            assertThat(saved.savedBlocks()).isEqualTo(3);
-            QueryResult q = b.query("vllm-b", h);
+            CopyResult saved = a.save("vllm-a", 0, new long[] {0, 1, 2}, BlockHashes.of(h)).join();
+            assertThat(saved.blocks()).isEqualTo(3);
+            QueryResult q = b.query("vllm-b", BlockHashes.of(h));
             assertThat(q.hitBlocks()).isEqualTo(3);
             b.load("vllm-b", 0, q.lease(), new long[] {7, 9, 11}).join();
             for (int i = 0; i < 3; i++) {
@@ -156,15 +161,15 @@ class ServerTest {
             w.registerInstance(new InstanceSpec("i", "ns", 1, 1));
             w.registerWorker("i", new WorkerSpec(0, 0, 0, r));
             EngineStats before = server.store().stats();
-            assertThatThrownBy(() -> w.query("nope", hashes(1))).isInstanceOf(UnknownInstanceException.class)
+            assertThatThrownBy(() -> w.query("nope", BlockHashes.of(hashes(1)))).isInstanceOf(UnknownInstanceException.class)
                     .hasMessageContaining("instance 'nope' is not registered");
             assertThatThrownBy(() -> w.release(new LeaseId(1, 2))).isInstanceOf(UnknownLeaseException.class);
-            assertThatThrownBy(() -> w.save("i", 0, new long[] {BLOCKS}, hashes(1))).isInstanceOf(InvalidArgumentException.class)
+            assertThatThrownBy(() -> w.save("i", 0, new long[] {BLOCKS}, BlockHashes.of(hashes(1)))).isInstanceOf(InvalidArgumentException.class)
                     .hasMessageContaining("blockIds[0] = 16 out of range [0, 16)");
-            assertThatThrownBy(() -> w.query("i", new byte[][] {new byte[32], new byte[8]}))
+            assertThatThrownBy(() -> w.query("i", BlockHashes.of(new byte[][] {new byte[32], new byte[8]})))
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("hashes[1] is 8 bytes");
             raw.registerInstance(new InstanceSpec("half", "ns2", 1, 2));
-            assertThatThrownBy(() -> raw.query("half", hashes(1))).isInstanceOf(RegistrationIncompleteException.class);
+            assertThatThrownBy(() -> raw.query("half", BlockHashes.of(hashes(1)))).isInstanceOf(RegistrationIncompleteException.class);
             assertThatThrownBy(() -> raw.registerWorker("i", new WorkerSpec(0, 0, 0,
                     List.of(new LayerRegion("x", KvLayout.MLA, 4096, 100, 4, 64, 64, 0)))))
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("regionBytes is 100");
@@ -176,9 +181,9 @@ class ServerTest {
     @Test
     void aClientOfAnotherVersionIsRefusedClearly() throws Exception {
         try (RemoteStore raw = store()) {
-            io.pegaflow.server.proto.EngineGrpc.EngineBlockingStub stub = io.pegaflow.server.proto.EngineGrpc.newBlockingStub(
+            io.pegaflow.client.proto.EngineGrpc.EngineBlockingStub stub = io.pegaflow.client.proto.EngineGrpc.newBlockingStub(
                     InProcessChannelBuilder.forName(name).directExecutor().build());
-            assertThatThrownBy(() -> stub.registerInstance(io.pegaflow.server.proto.RegisterInstanceRequest.newBuilder()
+            assertThatThrownBy(() -> stub.registerInstance(io.pegaflow.client.proto.RegisterInstanceRequest.newBuilder()
                     .setClientVersion("0.0.9").setInstanceId("old").setNamespace("ns").setTpSize(1).setWorldSize(1).build()))
                     .hasMessageContaining("FAILED_PRECONDITION")
                     .hasMessageContaining("PegaFlow version mismatch: client 0.0.9, server " + Version.VERSION);
@@ -195,8 +200,8 @@ class ServerTest {
         w.registerWorker("dies", new WorkerSpec(0, 0, 0, r));
         fill(r, 0);
         byte[][] h = hashes(1);
-        w.save("dies", 0, new long[] {0}, h).join();
-        QueryResult q = w.query("dies", h);
+        w.save("dies", 0, new long[] {0}, BlockHashes.of(h)).join();
+        QueryResult q = w.query("dies", BlockHashes.of(h));
         assertThat(server.store().stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
         w.close(); // the session stream ends, as it does when the process dies
         long deadline = System.nanoTime() + Duration.ofSeconds(5).toNanos();
@@ -215,7 +220,7 @@ class ServerTest {
         try (PegaEngine w = worker()) {
             w.registerInstance(new InstanceSpec("web", "ns", 1, 1));
             w.registerWorker("web", new WorkerSpec(0, 0, 0, regions()));
-            w.query("web", hashes(2));
+            w.query("web", BlockHashes.of(hashes(2)));
             HttpClient http = HttpClient.newHttpClient();
             String base = "http://127.0.0.1:" + server.httpPort();
             HttpResponse<String> health = http.send(HttpRequest.newBuilder(URI.create(base + "/health")).build(),

@@ -1,5 +1,6 @@
 package io.pegaflow.bench.jmh;
 
+import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.KvLayout;
@@ -43,7 +44,7 @@ public class QueryLeaseBenchmark {
 
         PegaEngine engine;
         Arena arena;
-        byte[][] hashes;
+        BlockHashes hashes;
 
         @Setup(Level.Trial)
         public void setUp() {
@@ -55,10 +56,11 @@ public class QueryLeaseBenchmark {
             engine.registerWorker("bench", new WorkerSpec(0, 0, 0,
                     List.of(new LayerRegion("layer.0", KvLayout.MLA, base, blocks * 512L, blocks, 512, 512, 0))));
             Random rnd = new Random(1);
-            hashes = new byte[blocks][32];
+            byte[] packed = new byte[blocks * 32];
+            rnd.nextBytes(packed);
+            hashes = new BlockHashes(packed, 32);
             long[] ids = new long[blocks];
             for (int i = 0; i < blocks; i++) {
-                rnd.nextBytes(hashes[i]);
                 ids[i] = i;
             }
             engine.save("bench", 0, ids, hashes).join();

@@ -1,4 +1,4 @@
-package io.pegaflow.server;
+package io.pegaflow.client;
 
 import com.google.protobuf.MessageLite;
 import io.pegaflow.engine.ServerUnavailableException;
@@ -16,7 +16,7 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
 /**
- * The client half of {@link LocalSocketServer}: one connection per calling thread, written
+ * The client half of {@code LocalSocketServer}: one connection per calling thread, written
  * and read on that thread (no handoff), bounded by the client's deadline. The socket is found
  * through Health the first time it is needed. Returns null whenever the fast path cannot
  * answer (no socket, not on this host, the connection broke), so the caller uses gRPC, which
@@ -59,7 +59,7 @@ final class LocalSocketClient implements AutoCloseable {
             ByteBuffer header = ByteBuffer.allocate(5);
             read(c, header, deadline);
             int length = header.getInt(0);
-            if (length < 1 || length > LocalSocketServer.MAX_FRAME) {
+            if (length < 1 || length > Wire.MAX_FRAME) {
                 throw new IOException("answer frame of " + length + " bytes");
             }
             ByteBuffer payload = ByteBuffer.allocate(length - 1);

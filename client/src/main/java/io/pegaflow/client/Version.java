@@ -1,4 +1,4 @@
-package io.pegaflow.server;
+package io.pegaflow.client;
 
 /** The one version string client and server compare at registration (they must be equal). */
 public final class Version {

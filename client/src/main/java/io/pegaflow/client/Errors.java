@@ -1,4 +1,4 @@
-package io.pegaflow.server;
+package io.pegaflow.client;
 
 import io.grpc.Metadata;
 import io.grpc.Status;
@@ -20,7 +20,7 @@ import io.pegaflow.engine.UnknownLeaseException;
  * into the same typed exception. Transport failures become {@link ServerUnavailableException}.
  */
 public final class Errors {
-    static final Metadata.Key<String> CODE = Metadata.Key.of("pegaflow-error-code", Metadata.ASCII_STRING_MARSHALLER);
+    public static final Metadata.Key<String> CODE = Metadata.Key.of("pegaflow-error-code", Metadata.ASCII_STRING_MARSHALLER);
 
     private Errors() {}
 
@@ -66,7 +66,7 @@ public final class Errors {
         };
     }
 
-    static PegaflowException byCode(int value, String message) {
+    public static PegaflowException byCode(int value, String message) {
         for (ErrorCode c : ErrorCode.values()) {
             if (c.value() == value) {
                 return switch (c) {

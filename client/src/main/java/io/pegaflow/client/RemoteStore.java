@@ -1,4 +1,4 @@
-package io.pegaflow.server;
+package io.pegaflow.client;
 
 import com.google.protobuf.ByteString;
 import com.google.protobuf.UnsafeByteOperations;
@@ -7,38 +7,39 @@ import io.grpc.StatusRuntimeException;
 import io.grpc.netty.shaded.io.grpc.netty.NettyChannelBuilder;
 import io.grpc.stub.ClientCallStreamObserver;
 import io.grpc.stub.ClientResponseObserver;
+import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.BlockStore;
+import io.pegaflow.engine.CopyPlan;
+import io.pegaflow.engine.CopyResult;
 import io.pegaflow.engine.EngineStats;
+import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.LeaseId;
-import io.pegaflow.engine.LoadPlan;
-import io.pegaflow.engine.LoadResult;
+import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.QueryResult;
-import io.pegaflow.engine.SavePlan;
-import io.pegaflow.engine.SaveResult;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
-import io.pegaflow.server.proto.BeginLoadRequest;
-import io.pegaflow.server.proto.CommitSaveRequest;
-import io.pegaflow.server.proto.Empty;
-import io.pegaflow.server.proto.EndLoadRequest;
-import io.pegaflow.server.proto.EngineGrpc;
-import io.pegaflow.server.proto.HealthRequest;
-import io.pegaflow.server.proto.HealthResponse;
-import io.pegaflow.server.proto.KvLayout;
-import io.pegaflow.server.proto.QueryRequest;
-import io.pegaflow.server.proto.QueryResponse;
-import io.pegaflow.server.proto.RegisterInstanceRequest;
-import io.pegaflow.server.proto.RegisterWorkerRequest;
-import io.pegaflow.server.proto.ReleaseRequest;
-import io.pegaflow.server.proto.ReserveSaveRequest;
-import io.pegaflow.server.proto.SessionEvent;
-import io.pegaflow.server.proto.SessionRequest;
-import io.pegaflow.server.proto.StatsRequest;
-import io.pegaflow.server.proto.UnregisterInstanceRequest;
+import io.pegaflow.client.proto.BeginLoadRequest;
+import io.pegaflow.client.proto.CopyDirection;
+import io.pegaflow.client.proto.Empty;
+import io.pegaflow.client.proto.EndCopyRequest;
+import io.pegaflow.client.proto.EngineGrpc;
+import io.pegaflow.client.proto.HealthRequest;
+import io.pegaflow.client.proto.HealthResponse;
+import io.pegaflow.client.proto.KvLayout;
+import io.pegaflow.client.proto.QueryRequest;
+import io.pegaflow.client.proto.QueryResponse;
+import io.pegaflow.client.proto.RegisterInstanceRequest;
+import io.pegaflow.client.proto.RegisterWorkerRequest;
+import io.pegaflow.client.proto.ReleaseRequest;
+import io.pegaflow.client.proto.ReserveSaveRequest;
+import io.pegaflow.client.proto.SessionEvent;
+import io.pegaflow.client.proto.SessionRequest;
+import io.pegaflow.client.proto.StatsRequest;
+import io.pegaflow.client.proto.UnregisterInstanceRequest;
 import java.util.EnumMap;
 import java.util.List;
 import java.util.Map;
@@ -72,7 +73,7 @@ public final class RemoteStore implements BlockStore {
     /**
      * A client of the server at {@code HOST:PORT}; nothing is sent until the first call. Query
      * and release go over the server's local socket when it has one on this host (see
-     * {@link LocalSocketServer}), everything else over gRPC.
+     * {@code LocalSocketServer}), everything else over gRPC.
      */
     public static RemoteStore connect(String endpoint, long deadlineMs) {
         return connect(endpoint, deadlineMs, true);
@@ -88,7 +89,7 @@ public final class RemoteStore implements BlockStore {
     }
 
     private static RemoteStore open(String endpoint, long deadlineMs) {
-        PegaflowServer.hostPort(endpoint, "endpoint");
+        Wire.hostPort(endpoint, "endpoint");
         if (deadlineMs <= 0) {
             throw new InvalidArgumentException("deadline " + deadlineMs + " ms; expected > 0");
         }
@@ -110,12 +111,12 @@ public final class RemoteStore implements BlockStore {
         return endpoint;
     }
 
-    long deadlineMs() {
+    public long deadlineMs() {
         return deadlineMs;
     }
 
     /** Calls answered over the server's local socket instead of gRPC. */
-    long localCalls() {
+    public long localCalls() {
         return local.answered();
     }
 
@@ -176,7 +177,7 @@ public final class RemoteStore implements BlockStore {
                     throw new InvalidArgumentException("worker " + worker.workerRank() + " of instance '" + instanceId
                             + "' has a null layer region");
                 }
-                b.addLayers(io.pegaflow.server.proto.LayerRegion.newBuilder().setName(r.layerName() == null ? "" : r.layerName())
+                b.addLayers(io.pegaflow.client.proto.LayerRegion.newBuilder().setName(r.layerName() == null ? "" : r.layerName())
                         .setLayout(switch (r.layout()) {
                             case SPLIT_KV -> KvLayout.SPLIT_KV;
                             case COMBINED -> KvLayout.COMBINED;
@@ -193,7 +194,7 @@ public final class RemoteStore implements BlockStore {
     public boolean isSealed(String instanceId) {
         // Sealed instances answer queries; an unsealed one is refused with REGISTRATION_INCOMPLETE.
         try {
-            query(instanceId, new byte[0][]);
+            query(instanceId, BlockHashes.EMPTY);
             return true;
         } catch (io.pegaflow.engine.RegistrationIncompleteException e) {
             return false;
@@ -212,50 +213,43 @@ public final class RemoteStore implements BlockStore {
         }
     }
 
-    static ByteString pack(byte[][] hashes) {
-        return UnsafeByteOperations.unsafeWrap(packBytes(hashes)); // the array is ours and never written again
-    }
-
-    /** The hashes end to end (one length per call). */
-    static byte[] packBytes(byte[][] hashes) {
-        if (hashes == null) {
-            throw new InvalidArgumentException("hashes must not be null");
-        }
-        if (hashes.length == 0) {
-            return new byte[0];
-        }
-        int len = hashes[0] == null ? 0 : hashes[0].length;
-        byte[] out = new byte[hashes.length * len];
-        for (int i = 0; i < hashes.length; i++) {
-            if (hashes[i] == null || hashes[i].length != len) {
-                throw new InvalidArgumentException("hashes[" + i + "] is " + (hashes[i] == null ? "null" : hashes[i].length
-                        + " bytes") + "; expected " + len + " bytes like hashes[0] (one length per call)");
-            }
-            System.arraycopy(hashes[i], 0, out, i * len, len);
-        }
-        return out;
-    }
-
-    private static int hashLen(byte[][] hashes) {
-        return hashes.length == 0 || hashes[0] == null ? 0 : hashes[0].length;
-    }
-
     @Override
-    public SavePlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds,
-            byte[][] hashes) {
+    public CopyPlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds,
+            BlockHashes hashes) {
         if (blockIds == null || hashes == null) {
             throw new InvalidArgumentException("save: blockIds and hashes must not be null");
         }
         ReserveSaveRequest.Builder b = ReserveSaveRequest.newBuilder().setInstanceId(instanceId).setWorkerRank(workerRank)
-                .setHashes(pack(hashes)).setHashLen(hashLen(hashes));
+                .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen());
         if (layerNames != null) {
             b.addAllLayerNames(layerNames);
         }
         for (long id : blockIds) {
             b.addBlockIds(id);
         }
-        io.pegaflow.server.proto.SavePlan p = call(s -> s.reserveSave(b.build()));
+        return plan(call(s -> s.reserveSave(b.build())));
+    }
+
+    @Override
+    public CopyPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds) {
+        if (lease == null || dstBlockIds == null) {
+            throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
+        }
+        BeginLoadRequest.Builder b = BeginLoadRequest.newBuilder().setInstanceId(instanceId).setWorkerRank(workerRank)
+                .setLease(ByteString.copyFrom(lease.toBytes()));
+        for (long id : dstBlockIds) {
+            b.addDstBlockIds(id);
+        }
+        return plan(call(s -> s.beginLoad(b.build())));
+    }
+
+    private static CopyPlan plan(io.pegaflow.client.proto.CopyPlan p) {
         int n = p.getHostOffsetCount();
+        if (p.getBlockIndexCount() != n || p.getRegionIndexCount() != n) {
+            throw new PegaflowException(ErrorCode.INTERNAL, "copy plan " + p.getId() + " with " + p.getBlockIndexCount()
+                    + " block indexes, " + p.getRegionIndexCount() + " region indexes and " + n
+                    + " offsets; expected equal counts");
+        }
         int[] blockIndex = new int[n];
         int[] regionIndex = new int[n];
         long[] hostOffset = new long[n];
@@ -264,36 +258,32 @@ public final class RemoteStore implements BlockStore {
             regionIndex[k] = p.getRegionIndex(k);
             hostOffset[k] = p.getHostOffset(k);
         }
-        return new SavePlan(p.getReservationId(), p.getSkippedBlocks(), p.getPlannedBlocks(), blockIndex, regionIndex, hostOffset);
+        CopyPlan.Direction direction = p.getDirection() == CopyDirection.LOAD ? CopyPlan.Direction.LOAD
+                : CopyPlan.Direction.SAVE;
+        return new CopyPlan(p.getId(), direction, p.getBlocks(), p.getSkippedBlocks(), blockIndex, regionIndex, hostOffset);
     }
 
     @Override
-    public SaveResult commitSave(long reservationId, boolean ok, long bytes, long nanos) {
-        io.pegaflow.server.proto.SaveResult r = call(s -> s.commitSave(CommitSaveRequest.newBuilder()
-                .setReservationId(reservationId).setOk(ok).setBytes(bytes).setNanos(nanos).build()));
-        return new SaveResult(r.getSavedBlocks(), 0, r.getBytes());
+    public CopyResult endCopy(long planId, boolean ok, long bytes, long nanos) {
+        io.pegaflow.client.proto.CopyResult r = call(s -> s.endCopy(EndCopyRequest.newBuilder().setId(planId).setOk(ok)
+                .setBytes(bytes).setNanos(nanos).build()));
+        return new CopyResult(r.getBlocks(), r.getSkippedBlocks(), r.getBytes());
     }
 
     @Override
-    public QueryResult query(String instanceId, byte[][] hashes) {
-        return query(instanceId, packBytes(hashes), hashLen(hashes));
-    }
-
-    @Override
-    public QueryResult query(String instanceId, byte[] packed, int hashLen) {
-        if (packed == null) {
+    public QueryResult query(String instanceId, BlockHashes hashes) {
+        if (hashes == null) {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
         QueryRequest req = QueryRequest.newBuilder().setInstanceId(instanceId)
-                .setHashes(UnsafeByteOperations.unsafeWrap(packed)).setHashLen(hashLen).build();
-        byte[] fast = local.call(LocalSocketServer.QUERY, req);
+                .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen()).build();
+        byte[] fast = local.call(Wire.QUERY, req);
         QueryResponse r;
         if (fast != null) {
             try {
                 r = QueryResponse.parseFrom(fast);
             } catch (com.google.protobuf.InvalidProtocolBufferException e) {
-                throw new io.pegaflow.engine.PegaflowException(io.pegaflow.engine.ErrorCode.INTERNAL,
-                        "malformed answer on the local socket: " + e.getMessage());
+                throw new PegaflowException(ErrorCode.INTERNAL, "malformed answer on the local socket: " + e.getMessage());
             }
         } else {
             r = call(s -> s.query(req));
@@ -307,39 +297,9 @@ public final class RemoteStore implements BlockStore {
             throw new InvalidArgumentException("release: lease is null");
         }
         ReleaseRequest req = ReleaseRequest.newBuilder().setLease(ByteString.copyFrom(lease.toBytes())).build();
-        if (local.call(LocalSocketServer.RELEASE, req) == null) {
+        if (local.call(Wire.RELEASE, req) == null) {
             call(s -> s.release(req));
         }
-    }
-
-    @Override
-    public LoadPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds) {
-        if (lease == null || dstBlockIds == null) {
-            throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
-        }
-        BeginLoadRequest.Builder b = BeginLoadRequest.newBuilder().setInstanceId(instanceId).setWorkerRank(workerRank)
-                .setLease(ByteString.copyFrom(lease.toBytes()));
-        for (long id : dstBlockIds) {
-            b.addDstBlockIds(id);
-        }
-        io.pegaflow.server.proto.LoadPlan p = call(s -> s.beginLoad(b.build()));
-        int n = p.getHostOffsetCount();
-        int[] blockIndex = new int[n];
-        int[] regionIndex = new int[n];
-        long[] hostOffset = new long[n];
-        for (int k = 0; k < n; k++) {
-            blockIndex[k] = p.getBlockIndex(k);
-            regionIndex[k] = p.getRegionIndex(k);
-            hostOffset[k] = p.getHostOffset(k);
-        }
-        return new LoadPlan(p.getLoadId(), p.getBlocks(), blockIndex, regionIndex, hostOffset);
-    }
-
-    @Override
-    public LoadResult endLoad(long loadId, boolean ok, long bytes, long nanos) {
-        io.pegaflow.server.proto.LoadResult r = call(s -> s.endLoad(EndLoadRequest.newBuilder().setLoadId(loadId)
-                .setOk(ok).setBytes(bytes).setNanos(nanos).build()));
-        return new LoadResult(r.getBlocks(), r.getBytes());
     }
 
     @Override

@@ -1,9 +1,9 @@
-package io.pegaflow.server;
+package io.pegaflow.client;
 
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.TransferEngine;
-import io.pegaflow.server.proto.HealthResponse;
+import io.pegaflow.client.proto.HealthResponse;
 import java.nio.file.Path;
 import java.util.function.Function;
 

@@ -1,0 +1,198 @@
+package io.pegaflow.bridge;
+
+import static io.pegaflow.bridge.Marshal.buffer;
+import static io.pegaflow.bridge.Marshal.bytes;
+import static io.pegaflow.bridge.Marshal.guard;
+import static io.pegaflow.bridge.Marshal.hashes;
+import static io.pegaflow.bridge.Marshal.lines;
+import static io.pegaflow.bridge.Marshal.longs;
+import static io.pegaflow.bridge.Marshal.putText;
+import static io.pegaflow.bridge.Marshal.str;
+import static java.lang.foreign.ValueLayout.JAVA_BYTE;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+
+import io.pegaflow.connector.SchedulerSide;
+import io.pegaflow.connector.WorkerSide;
+import io.pegaflow.engine.InvalidArgumentException;
+import java.lang.foreign.MemorySegment;
+import java.nio.charset.StandardCharsets;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+/**
+ * The vLLM connector's brains ({@code io.pegaflow.connector}) as exports for the Python shim:
+ * scheduler side ({@code sched_*}) and worker side ({@code worker_*}), each created on a store
+ * link, which gives them the current engine at every call. Results a caller's buffer was too
+ * small for are kept for its next call, so nothing is lost.
+ */
+final class ConnectorExports {
+    static final Marshal.Handles<SchedulerSide> SCHEDULERS = new Marshal.Handles<>("scheduler connector");
+    static final Marshal.Handles<WorkerSide> WORKERS = new Marshal.Handles<>("worker connector");
+    private static final Map<Long, byte[]> UNREAD_PLANS = new ConcurrentHashMap<>();
+    private static final Map<Long, byte[]> UNREAD_FINISHED = new ConcurrentHashMap<>();
+    private static final Map<Long, long[]> UNREAD_ERRORS = new ConcurrentHashMap<>();
+
+    private ConnectorExports() {}
+
+    private static SchedulerSide sched(long handle) {
+        return SCHEDULERS.get(handle);
+    }
+
+    private static WorkerSide workerSide(long handle) {
+        return WORKERS.get(handle);
+    }
+
+    static int pfSchedCreate(long link, MemorySegment instanceId, int blockSize, int loadEnabled, MemorySegment out) {
+        return guard(() -> {
+            MemorySegment o = buffer(out, 8, "out");
+            SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), str(instanceId, "instance_id"), blockSize,
+                    loadEnabled != 0);
+            o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
+        });
+    }
+
+    /** {@code *out_tokens}: matched tokens beyond num_computed (0 on a miss or a store failure). */
+    static int pfSchedLookup(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen, long numTokens,
+            long numComputed, MemorySegment outTokens) {
+        return guard(() -> buffer(outTokens, 8, "out_tokens").set(JAVA_LONG, 0, sched(sched).lookup(str(reqId, "req_id"),
+                hashes(hashes, n, hashLen), numTokens, numComputed)));
+    }
+
+    static int pfSchedAfterAlloc(long sched, MemorySegment reqId, MemorySegment blockIds, int n, long numExternal) {
+        return guard(() -> sched(sched).afterAlloc(str(reqId, "req_id"), longs(blockIds, n, "block_ids"), numExternal));
+    }
+
+    static int pfSchedSchedule(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen, int hashOffset,
+            MemorySegment newBlockIds, int nIds, int resumed, long numComputed, long numScheduled) {
+        return guard(() -> sched(sched).schedule(str(reqId, "req_id"), hashes(hashes, n, hashLen), hashOffset,
+                longs(newBlockIds, nIds, "new_block_ids"), resumed != 0, numComputed, numScheduled));
+    }
+
+    static int pfSchedPreempted(long sched, MemorySegment reqId) {
+        return guard(() -> sched(sched).preempted(str(reqId, "req_id")));
+    }
+
+    /**
+     * Builds this step's plan into {@code buf}; {@code *out_len} is its size. When it does not
+     * fit, nothing is lost: PF_INVALID_ARGUMENT is returned with the size, the plan is kept,
+     * and the next call (with a larger buffer) returns it.
+     */
+    static int pfSchedBuildPlan(long sched, MemorySegment buf, long cap, MemorySegment outLen) {
+        return guard(() -> {
+            byte[] plan = UNREAD_PLANS.remove(sched);
+            if (plan == null) {
+                plan = sched(sched).buildPlan();
+            }
+            buffer(outLen, 8, "out_len").set(JAVA_LONG, 0, plan.length);
+            if (cap < plan.length) {
+                UNREAD_PLANS.put(sched, plan);
+                throw new InvalidArgumentException("plan of " + plan.length + " bytes does not fit a buffer of " + cap
+                        + " bytes; call again with a buffer of at least " + plan.length);
+            }
+            MemorySegment.copy(plan, 0, buffer(buf, plan.length == 0 ? 1 : plan.length, "buf"), JAVA_BYTE, 0, plan.length);
+        });
+    }
+
+    static int pfSchedRequestFinished(long sched, MemorySegment reqId, MemorySegment outHold) {
+        return guard(() -> buffer(outHold, 4, "out_hold").set(JAVA_INT, 0,
+                sched(sched).requestFinished(str(reqId, "req_id")) ? 1 : 0));
+    }
+
+    /**
+     * Destination block ids vLLM reported as failed loads this step (update_connector_output's
+     * invalid_block_ids); call before sched_finished. Requests whose load they hit stop being
+     * offered hits, so a load that keeps failing cannot loop.
+     */
+    static int pfSchedFailedBlocks(long sched, MemorySegment ids, int n) {
+        return guard(() -> sched(sched).failedBlocks(longs(ids, n, "ids")));
+    }
+
+    /** {@code sending} and {@code recving}: request ids separated by '\n' (NULL or "" for none). */
+    static int pfSchedFinished(long sched, MemorySegment sending, MemorySegment recving) {
+        return guard(() -> sched(sched).finished(lines(sending, "sending"), lines(recving, "recving")));
+    }
+
+    static int pfSchedClose(long sched) {
+        return guard(() -> {
+            SchedulerSide s = SCHEDULERS.remove(sched);
+            if (s != null) {
+                s.shutdown();
+            }
+            UNREAD_PLANS.remove(sched);
+        });
+    }
+
+    static int pfWorkerCreate(long link, MemorySegment instanceId, int workerRank, MemorySegment out) {
+        return guard(() -> {
+            MemorySegment o = buffer(out, 8, "out");
+            WorkerSide w = new WorkerSide(LinkExports.LINKS.get(link), str(instanceId, "instance_id"), workerRank);
+            o.set(JAVA_LONG, 0, WORKERS.add(w));
+        });
+    }
+
+    static int pfWorkerStartLoads(long worker, MemorySegment plan, long len) {
+        return guard(() -> workerSide(worker).startLoads(bytes(plan, len, "plan")));
+    }
+
+    static int pfWorkerSubmitSaves(long worker, MemorySegment plan, long len, long stream) {
+        return guard(() -> workerSide(worker).submitSaves(bytes(plan, len, "plan"), stream));
+    }
+
+    static int pfWorkerAwaitPreempted(long worker, MemorySegment plan, long len) {
+        return guard(() -> workerSide(worker).awaitPreempted(bytes(plan, len, "plan")));
+    }
+
+    /**
+     * {@code finished}: ids vLLM finished this step ('\n'-separated). Writes lines "S <id>"
+     * (saves done: free the blocks) and "R <id>" (load done) into {@code buf}; *out_len is
+     * the text's length (it is kept for the next call when it does not fit).
+     */
+    static int pfWorkerGetFinished(long worker, MemorySegment finished, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> {
+            byte[] text = UNREAD_FINISHED.remove(worker);
+            if (text == null) {
+                WorkerSide.Finished f = workerSide(worker).getFinished(lines(finished, "finished"));
+                StringBuilder sb = new StringBuilder();
+                f.sending().forEach(id -> sb.append("S ").append(id).append('\n'));
+                f.recving().forEach(id -> sb.append("R ").append(id).append('\n'));
+                text = sb.toString().getBytes(StandardCharsets.UTF_8);
+            } else {
+                workerSide(worker).noteFinished(lines(finished, "finished")); // results are taken on the next call
+            }
+            if (cap <= text.length) {
+                UNREAD_FINISHED.put(worker, text); // returned by the next call, with a larger buffer
+            }
+            putText(text, buf, cap, outLen, "finished list");
+        });
+    }
+
+    static int pfWorkerLoadErrors(long worker, MemorySegment out, int cap, MemorySegment outCount) {
+        return guard(() -> {
+            long[] ids = UNREAD_ERRORS.remove(worker);
+            if (ids == null) {
+                ids = workerSide(worker).drainLoadErrors();
+            }
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, ids.length);
+            if (ids.length > cap) {
+                UNREAD_ERRORS.put(worker, ids);
+                throw new InvalidArgumentException(ids.length + " failed block ids do not fit " + cap
+                        + "; call again with room for " + ids.length);
+            }
+            if (ids.length > 0) {
+                MemorySegment.copy(ids, 0, buffer(out, 8L * ids.length, "out"), JAVA_LONG, 0, ids.length);
+            }
+        });
+    }
+
+    static int pfWorkerClose(long worker) {
+        return guard(() -> {
+            WorkerSide w = WORKERS.remove(worker);
+            UNREAD_FINISHED.remove(worker);
+            UNREAD_ERRORS.remove(worker);
+            if (w != null) {
+                w.shutdown();
+            }
+        });
+    }
+}

@@ -1,0 +1,344 @@
+package io.pegaflow.bridge;
+
+import static io.pegaflow.bridge.Marshal.buffer;
+import static io.pegaflow.bridge.Marshal.guard;
+import static io.pegaflow.bridge.Marshal.hashes;
+import static io.pegaflow.bridge.Marshal.longs;
+import static io.pegaflow.bridge.Marshal.putText;
+import static io.pegaflow.bridge.Marshal.str;
+import static java.lang.foreign.ValueLayout.JAVA_BYTE;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+
+import io.pegaflow.client.EngineClient;
+import io.pegaflow.engine.CopyResult;
+import io.pegaflow.engine.EngineConfig;
+import io.pegaflow.engine.EngineStats;
+import io.pegaflow.engine.ErrorCode;
+import io.pegaflow.engine.InstanceSpec;
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.KvLayout;
+import io.pegaflow.engine.LayerRegion;
+import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.QueryResult;
+import io.pegaflow.engine.TransferFailedException;
+import io.pegaflow.engine.WorkerSpec;
+import io.pegaflow.engine.cuda.CudaOptions;
+import io.pegaflow.engine.cuda.CudaTransferEngine;
+import io.pegaflow.engine.metrics.Counter;
+import io.pegaflow.engine.metrics.Gauge;
+import java.lang.foreign.MemorySegment;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
+
+/**
+ * The engine's exports: create or connect an engine, register, save, query, load, release,
+ * and the completions of asynchronous copies (see {@code pegaflow.h} for each contract).
+ */
+final class EngineExports {
+    static final Marshal.Handles<PegaEngine> ENGINES = new Marshal.Handles<>("engine");
+    static final Marshal.Handles<CompletableFuture<?>> COMPLETIONS = new Marshal.Handles<>("completion");
+
+    /** Fields per layer in {@code register_worker}'s {@code layer_params}. */
+    static final int LAYER_PARAMS = 7;
+
+    private EngineExports() {}
+
+    static PegaEngine engine(long handle) {
+        return ENGINES.get(handle);
+    }
+
+    static CompletableFuture<?> completion(long handle) {
+        return COMPLETIONS.get(handle);
+    }
+
+    /** Copies this thread's last error message (UTF-8, NUL-terminated, truncated to cap-1); returns its full length. */
+    static int pfLastError(MemorySegment buf, int cap) {
+        try {
+            byte[] msg = Marshal.lastError().getBytes(StandardCharsets.UTF_8);
+            if (!buf.equals(MemorySegment.NULL) && cap > 0) {
+                MemorySegment b = buf.reinterpret(cap);
+                int n = Math.min(msg.length, cap - 1);
+                MemorySegment.copy(msg, 0, b, JAVA_BYTE, 0, n);
+                b.set(JAVA_BYTE, n, (byte) 0);
+            }
+            return msg.length;
+        } catch (Throwable t) {
+            return 0;
+        }
+    }
+
+    /** Does nothing: the cost of one call across the boundary. */
+    static int pfNoop() {
+        return 0;
+    }
+
+    /** {@code flags} bit 0: commit every pool page now ({@link EngineConfig#prefault()}). */
+    static int pfEngineCreate(MemorySegment poolSize, int copyThreads, long leaseTtlMs, int transfer, int device,
+            int flags, MemorySegment outEngine) {
+        return guard(() -> {
+            if ((flags & ~1) != 0) {
+                throw new InvalidArgumentException("engine_create: flags 0x" + Integer.toHexString(flags)
+                        + "; expected only bit 0 (prefault)");
+            }
+            EngineConfig.Builder b = EngineConfig.builder().poolSize(str(poolSize, "pool_size")).copyThreads(copyThreads)
+                    .prefault((flags & 1) != 0);
+            if (leaseTtlMs > 0) {
+                b.leaseTtl(Duration.ofMillis(leaseTtlMs));
+            }
+            switch (transfer) {
+                case 0 -> { }
+                case 1 -> b.transfer(pool -> CudaTransferEngine.create(pool, CudaOptions.defaults().withDevice(device)));
+                default -> throw new InvalidArgumentException("transfer " + transfer + "; expected 0 (host) or 1 (cuda)");
+            }
+            MemorySegment out = buffer(outEngine, 8, "out_engine");
+            out.set(JAVA_LONG, 0, ENGINES.add(PegaEngine.create(b.build())));
+        });
+    }
+
+    static int pfEngineClose(long engine) {
+        return guard(() -> {
+            PegaEngine e = ENGINES.take(engine);
+            SERVER_IDS.remove(engine);
+            e.close();
+        });
+    }
+
+    static int pfRegisterInstance(long engine, MemorySegment instanceId, MemorySegment namespace, int tpSize, int worldSize) {
+        return guard(() -> engine(engine).registerInstance(
+                new InstanceSpec(str(instanceId, "instance_id"), str(namespace, "namespace"), tpSize, worldSize)));
+    }
+
+    /**
+     * {@code layer_names}: the layers' names separated by '\n'; {@code layer_params}: per
+     * layer 7 int64 (layout 0=SPLIT_KV 1=COMBINED 2=MLA, base address, region bytes, blocks,
+     * block stride, segment bytes, segment offset).
+     */
+    static int pfRegisterWorker(long engine, MemorySegment instanceId, int workerRank, int tpRank, int deviceId,
+            int numLayers, MemorySegment layerNames, MemorySegment layerParams) {
+        return guard(() -> {
+            List<LayerRegion> regions = regions(numLayers, layerNames, layerParams);
+            engine(engine).registerWorker(str(instanceId, "instance_id"), new WorkerSpec(workerRank, tpRank, deviceId, regions));
+        });
+    }
+
+    static int pfUnregisterInstance(long engine, MemorySegment instanceId) {
+        return guard(() -> engine(engine).unregisterInstance(str(instanceId, "instance_id")));
+    }
+
+    /** {@code layer_names}: NULL for all of the worker's layers, else '\n'-separated names. */
+    static int pfSave(long engine, MemorySegment instanceId, int workerRank, int n, MemorySegment blockIds,
+            MemorySegment hashes, int hashLen, MemorySegment layerNames, long waitStream, MemorySegment outCompletion) {
+        return guard(() -> {
+            MemorySegment out = buffer(outCompletion, 8, "out_completion");
+            List<String> layers = layerNames.equals(MemorySegment.NULL) ? null : List.of(str(layerNames, "layer_names").split("\n"));
+            CompletableFuture<CopyResult> f = engine(engine).save(str(instanceId, "instance_id"), workerRank, layers,
+                    longs(blockIds, n, "block_ids"), hashes(hashes, n, hashLen), waitStream);
+            out.set(JAVA_LONG, 0, COMPLETIONS.add(f));
+        });
+    }
+
+    /** Writes the hit count and, when it is > 0, the 16-byte lease (else 16 zero bytes). */
+    static int pfQuery(long engine, MemorySegment instanceId, int n, MemorySegment hashes, int hashLen,
+            MemorySegment outHit, MemorySegment outLease) {
+        return guard(() -> {
+            MemorySegment hit = buffer(outHit, 4, "out_hit");
+            MemorySegment lease = buffer(outLease, LeaseId.BYTES, "out_lease");
+            if (n < 0) {
+                throw new InvalidArgumentException("query: hash count " + n + "; expected >= 0");
+            }
+            QueryResult q = engine(engine).query(str(instanceId, "instance_id"), hashes(hashes, n, hashLen));
+            hit.set(JAVA_INT, 0, q.hitBlocks());
+            byte[] bytes = q.hasLease() ? q.lease().toBytes() : new byte[LeaseId.BYTES];
+            MemorySegment.copy(bytes, 0, lease, JAVA_BYTE, 0, LeaseId.BYTES);
+        });
+    }
+
+    static int pfLoad(long engine, MemorySegment instanceId, int workerRank, MemorySegment lease, int n,
+            MemorySegment dstBlockIds, MemorySegment outCompletion) {
+        return guard(() -> {
+            MemorySegment out = buffer(outCompletion, 8, "out_completion");
+            LeaseId id = LeaseId.fromBytes(buffer(lease, LeaseId.BYTES, "lease").toArray(JAVA_BYTE));
+            CompletableFuture<CopyResult> f = engine(engine).load(str(instanceId, "instance_id"), workerRank, id,
+                    longs(dstBlockIds, n, "dst_block_ids"));
+            out.set(JAVA_LONG, 0, COMPLETIONS.add(f));
+        });
+    }
+
+    static int pfRelease(long engine, MemorySegment lease) {
+        return guard(() -> engine(engine).release(LeaseId.fromBytes(buffer(lease, LeaseId.BYTES, "lease").toArray(JAVA_BYTE))));
+    }
+
+    /**
+     * Waits up to {@code timeout_ms} (< 0: forever) for a completion; on success writes three
+     * int64: blocks saved (or loaded), blocks skipped (saves), bytes copied. A failed operation
+     * returns its error code (TRANSFER_FAILED: {@code failed_blocks} lists the block ids).
+     */
+    static int pfWait(long completion, long timeoutMs, MemorySegment outValues) {
+        return guard(() -> {
+            CompletableFuture<?> f = completion(completion);
+            Object r;
+            try {
+                r = timeoutMs < 0 ? f.get() : f.get(timeoutMs, TimeUnit.MILLISECONDS);
+            } catch (TimeoutException e) {
+                throw new PegaflowException(ErrorCode.TIMEOUT, "completion " + completion + " not done after " + timeoutMs + " ms");
+            } catch (ExecutionException e) {
+                Throwable cause = e.getCause();
+                if (cause instanceof PegaflowException pe) {
+                    throw pe;
+                }
+                throw new PegaflowException(ErrorCode.INTERNAL, String.valueOf(cause), cause);
+            }
+            if (!outValues.equals(MemorySegment.NULL)) {
+                MemorySegment out = outValues.reinterpret(24);
+                long[] v = r instanceof CopyResult c ? new long[] {c.blocks(), c.skippedBlocks(), c.bytes()} : new long[3];
+                MemorySegment.copy(v, 0, out, JAVA_LONG, 0, 3);
+            }
+        });
+    }
+
+    static int pfPoll(long completion, MemorySegment outDone) {
+        return guard(() -> buffer(outDone, 4, "out_done").set(JAVA_INT, 0, completion(completion).isDone() ? 1 : 0));
+    }
+
+    static int pfCompletionFree(long completion) {
+        return guard(() -> {
+            COMPLETIONS.take(completion);
+        });
+    }
+
+    /** The block ids a failed transfer did not move (up to cap), and their count. */
+    static int pfFailedBlocks(long completion, MemorySegment out, int cap, MemorySegment outCount) {
+        return guard(() -> {
+            CompletableFuture<?> f = completion(completion);
+            long[] ids = new long[0];
+            if (f.isCompletedExceptionally()) {
+                Throwable t = f.handle((r, e) -> e).join();
+                if (t instanceof TransferFailedException tf) {
+                    ids = tf.blockIds();
+                }
+            }
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, ids.length);
+            int n = Math.min(ids.length, Math.max(0, cap));
+            if (n > 0) {
+                MemorySegment.copy(ids, 0, buffer(out, 8L * n, "out"), JAVA_LONG, 0, n);
+            }
+        });
+    }
+
+    /** Engine stats as JSON (UTF-8, NUL-terminated if it fits); writes the full length. */
+    static int pfStats(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> {
+            byte[] json = statsJson(engine(engine).stats());
+            buffer(outLen, 4, "out_len").set(JAVA_INT, 0, json.length);
+            if (!buf.equals(MemorySegment.NULL) && cap > json.length) {
+                putText(json, buf, cap, outLen, "stats");
+            }
+        });
+    }
+
+    /** Gauges and counters as one JSON object. */
+    static byte[] statsJson(EngineStats s) {
+        {
+            StringBuilder sb = new StringBuilder("{");
+            for (Gauge g : Gauge.values()) {
+                sb.append('"').append(g.metricName()).append("\":").append(s.get(g)).append(',');
+            }
+            for (Counter c : Counter.values()) {
+                sb.append('"').append(c.metricName()).append("\":").append(s.get(c)).append(',');
+            }
+            sb.setCharAt(sb.length() - 1, '}');
+            return sb.toString().getBytes(StandardCharsets.UTF_8);
+        }
+    }
+
+    /** Closes every engine (waiting for copies in flight) and frees every completion: for process exit. */
+    static int pfShutdown() {
+        return guard(() -> {
+            LinkExports.closeAll();
+            for (Long h : ENGINES.handles()) {
+                PegaEngine e = ENGINES.remove(h);
+                if (e != null) {
+                    e.close();
+                }
+            }
+            COMPLETIONS.clear();
+        });
+    }
+
+    /**
+     * A worker engine whose control plane is pegaflow-server at {@code endpoint}
+     * ({@code HOST:PORT}): it maps the server's shared pool and copies itself; every other
+     * function works on the handle as on an embedded engine. {@code deadline_ms} bounds each
+     * call to the server (an unreachable server is PF_UNAVAILABLE within it).
+     */
+    static int pfEngineConnect(MemorySegment endpoint, int copyThreads, int transfer, int device, long deadlineMs,
+            MemorySegment outEngine) {
+        return guard(() -> {
+            MemorySegment out = buffer(outEngine, 8, "out_engine");
+            java.util.function.Function<io.pegaflow.engine.pool.HostPool, io.pegaflow.engine.transfer.TransferEngine> copies =
+                    switch (transfer) {
+                        case 0 -> pool -> new io.pegaflow.engine.transfer.HostTransferEngine(pool, Math.max(1, copyThreads));
+                        case 1 -> pool -> CudaTransferEngine.create(pool, CudaOptions.defaults().withDevice(device));
+                        default -> throw new InvalidArgumentException("transfer " + transfer + "; expected 0 (host) or 1 (cuda)");
+                    };
+            io.pegaflow.client.EngineClient.Connection c = io.pegaflow.client.EngineClient.open(str(endpoint, "endpoint"),
+                    copies, deadlineMs > 0 ? deadlineMs : 5000);
+            long handle = ENGINES.add(c.engine());
+            SERVER_IDS.put(handle, c.serverId());
+            out.set(JAVA_LONG, 0, handle);
+        });
+    }
+
+    /** The server process behind each connected engine (engine_connect). */
+    private static final Map<Long, String> SERVER_IDS = new ConcurrentHashMap<>();
+
+    /**
+     * The id of the server process a connected engine talks to ("" for an embedded engine);
+     * it changes on every server start.
+     */
+    static int pfEngineServerId(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> {
+            engine(engine);
+            putText(SERVER_IDS.getOrDefault(engine, "").getBytes(StandardCharsets.UTF_8), buf, cap, outLen, "server id");
+        });
+    }
+
+    /** {@code register_worker}'s layer arguments (names '\n'-separated, 7 int64 per layer) as regions. */
+    static List<LayerRegion> regions(int numLayers, MemorySegment layerNames, MemorySegment layerParams) {
+        if (numLayers < 1 || numLayers > 65536) {
+            throw new InvalidArgumentException("register_worker: num_layers " + numLayers + "; expected 1..65536");
+        }
+        String[] names = str(layerNames, "layer_names").split("\n", -1);
+        if (names.length != numLayers) {
+            throw new InvalidArgumentException("register_worker: num_layers " + numLayers + " but " + names.length
+                    + " names in layer_names; expected equal and >= 1");
+        }
+        long[] p = longs(layerParams, numLayers * LAYER_PARAMS, "layer_params");
+        List<LayerRegion> regions = new ArrayList<>();
+        KvLayout[] layouts = KvLayout.values();
+        for (int i = 0; i < numLayers; i++) {
+            int at = i * LAYER_PARAMS;
+            if (p[at] < 0 || p[at] >= layouts.length) {
+                throw new InvalidArgumentException("layer '" + names[i] + "': layout " + p[at]
+                        + "; expected 0 (SPLIT_KV), 1 (COMBINED) or 2 (MLA)");
+            }
+            if (p[at + 3] > Integer.MAX_VALUE) {
+                throw new InvalidArgumentException("layer '" + names[i] + "': numBlocks " + p[at + 3] + " too large");
+            }
+            regions.add(new LayerRegion(names[i], layouts[(int) p[at]], p[at + 1], p[at + 2], (int) p[at + 3],
+                    p[at + 4], p[at + 5], p[at + 6]));
+        }
+        return regions;
+    }
+}

@@ -1,0 +1,100 @@
+package io.pegaflow.bridge;
+
+import static io.pegaflow.bridge.Marshal.buffer;
+import static io.pegaflow.bridge.Marshal.guard;
+import static io.pegaflow.bridge.Marshal.putText;
+import static io.pegaflow.bridge.Marshal.str;
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+
+import io.pegaflow.client.StoreLink;
+import io.pegaflow.engine.InstanceSpec;
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.WorkerSpec;
+import java.lang.foreign.MemorySegment;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+
+/**
+ * The store link's exports: one handle per vLLM process and settings owns the mode, the
+ * engine or server client, the registrations and the reconnects ({@link StoreLink}); the
+ * connector brains are created on it and the host only forwards.
+ */
+final class LinkExports {
+    static final Marshal.Handles<StoreLink> LINKS = new Marshal.Handles<>("store link");
+
+    private LinkExports() {}
+
+    /**
+     * {@code mode}: auto | embedded | server; {@code health_interval_ms}: how often a daemon
+     * thread checks the server (0: never). In server mode an absent server is not an error.
+     */
+    static int pfLinkOpen(MemorySegment mode, MemorySegment endpoint, MemorySegment poolSize, int copyThreads,
+            long deadlineMs, long healthIntervalMs, MemorySegment outLink) {
+        return guard(() -> {
+            MemorySegment out = buffer(outLink, 8, "out_link");
+            if (healthIntervalMs < 0) {
+                throw new InvalidArgumentException("health_interval_ms " + healthIntervalMs + "; expected >= 0");
+            }
+            StoreLink.Settings settings = new StoreLink.Settings(str(mode, "mode"), str(endpoint, "endpoint"),
+                    str(poolSize, "pool_size"), copyThreads, deadlineMs, Duration.ofMillis(healthIntervalMs));
+            out.set(JAVA_LONG, 0, LINKS.add(StoreLink.open(settings)));
+        });
+    }
+
+    /**
+     * Registers a worker through the link (now, and again on every new server): its instance
+     * and its layers as in {@code register_worker}; {@code transfer} 0 host copies, 1 CUDA on
+     * {@code device}.
+     */
+    static int pfLinkRegisterWorker(long link, MemorySegment instanceId, MemorySegment namespace, int tpSize,
+            int worldSize, int workerRank, int tpRank, int transfer, int device, int numLayers, MemorySegment layerNames,
+            MemorySegment layerParams) {
+        return guard(() -> {
+            if (transfer != 0 && transfer != 1) {
+                throw new InvalidArgumentException("transfer " + transfer + "; expected 0 (host) or 1 (cuda)");
+            }
+            String id = str(instanceId, "instance_id");
+            InstanceSpec instance = new InstanceSpec(id, str(namespace, "namespace"), tpSize, worldSize);
+            WorkerSpec worker = new WorkerSpec(workerRank, tpRank, device,
+                    EngineExports.regions(numLayers, layerNames, layerParams));
+            LINKS.get(link).registerWorker(instance, worker, new StoreLink.Copier(transfer == 1, device));
+        });
+    }
+
+    static int pfLinkUnregisterInstance(long link, MemorySegment instanceId) {
+        return guard(() -> LINKS.get(link).unregisterInstance(str(instanceId, "instance_id")));
+    }
+
+    /**
+     * Lines {@code key=value}: mode, generation, detached, engine (0/1), server_id,
+     * registrations. NUL-terminated into buf; *out_len is the text's length.
+     */
+    static int pfLinkStatus(long link, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> {
+            StoreLink.Status s = LINKS.get(link).status();
+            String text = "mode=" + s.mode().text() + "\ngeneration=" + s.generation() + "\ndetached=" + (s.detached() ? 1 : 0)
+                    + "\nengine=" + (s.engine() ? 1 : 0) + "\nserver_id=" + s.serverId() + "\nregistrations="
+                    + s.registrations() + "\n";
+            putText(text.getBytes(StandardCharsets.UTF_8), buf, cap, outLen, "link status");
+        });
+    }
+
+    /** The bound engine's stats as JSON, like {@code stats} (PF_UNAVAILABLE while none is bound). */
+    static int pfLinkStats(long link, MemorySegment buf, int cap, MemorySegment outLen) {
+        return guard(() -> putText(EngineExports.statsJson(LINKS.get(link).stats()), buf, cap, outLen, "stats"));
+    }
+
+    /** Closes the link: its engine or client (copies in flight finish first). */
+    static int pfLinkClose(long link) {
+        return guard(() -> LINKS.take(link).close());
+    }
+
+    static void closeAll() {
+        for (Long h : LINKS.handles()) {
+            StoreLink l = LINKS.remove(h);
+            if (l != null) {
+                l.close();
+            }
+        }
+    }
+}
