@@ -14,7 +14,7 @@ rm -rf .gpu && mkdir -p .gpu/lib
 cp -r jvm-engine/target/classes .gpu/classes
 cp -r jvm-engine/target/test-classes .gpu/test-classes
 ./mvnw -q -B -pl jvm-engine dependency:copy-dependencies -DincludeScope=test -DoutputDirectory="$root/.gpu/lib" \
-  -DexcludeGroupIds=org.junit.jupiter,org.junit.platform,org.opentest4j,org.apiguardian,net.jqwik,net.bytebuddy
+  -DexcludeGroupIds=org.junit.jupiter,org.junit.platform,org.opentest4j,org.apiguardian,net.bytebuddy
 ./mvnw -q -B dependency:copy -Dartifact=org.junit.platform:junit-platform-console-standalone:1.14.4 \
   -DoutputDirectory="$root/.gpu/lib"
 modules=java.base,java.logging,java.management,java.instrument,jdk.unsupported

@@ -7,28 +7,57 @@ import java.util.Collections;
 import java.util.List;
 import java.util.Random;
 import java.util.concurrent.CompletableFuture;
-import net.jqwik.api.ForAll;
-import net.jqwik.api.Property;
-import net.jqwik.api.constraints.IntRange;
-import net.jqwik.api.constraints.LongRange;
+import java.util.stream.LongStream;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.MethodSource;
 
 /**
  * Save -> query -> load into different block ids, byte-exact, over random layouts (split,
  * combined, MLA, cross-layer; several TP ranks and PP stages), with an untouched block as
- * negative control. jqwik prints the seed of any failing try; rerun with it to reproduce.
+ * negative control. Seeded tries ({@link Seeds}): a failure names its seed; rerun it alone with
+ * {@code -Dpegaflow.seed=<seed>}.
  */
 class RoundTripProperties {
 
-    @Property(tries = 60)
+    static LongStream tries60() {
+        return Seeds.seeds(60);
+    }
+
+    static LongStream tries30() {
+        return Seeds.seeds(30);
+    }
+
+    @ParameterizedTest(name = "seed {0}")
+    @MethodSource("tries60")
+    void savedBlocksLoadBackByteExactIntoOtherBlockIds(long trySeed) {
+        Seeds.check(trySeed, g -> savedBlocksLoadBackByteExactIntoOtherBlockIds(
+                g.oneOf("kind", KvWorld.Kind.values()),
+                g.intIn("tpLog", 1, 3),
+                g.intIn("pp", 1, 2),
+                g.intIn("layersPerStage", 1, 3),
+                g.intIn("segmentWords", 1, 64),
+                g.intIn("padWords", 0, 3),
+                g.intIn("saved", 1, 6),
+                g.longIn("seed", 0, Long.MAX_VALUE)));
+    }
+
+    @ParameterizedTest(name = "seed {0}")
+    @MethodSource("tries30")
+    void queryReturnsLongestResidentContiguousPrefix(long trySeed) {
+        Seeds.check(trySeed, g -> queryReturnsLongestResidentContiguousPrefix(
+                g.intIn("chain", 1, 12),
+                g.longIn("seed", 0, Long.MAX_VALUE)));
+    }
+
     void savedBlocksLoadBackByteExactIntoOtherBlockIds(
-            @ForAll KvWorld.Kind kind,
-            @ForAll @IntRange(min = 1, max = 3) int tpLog,
-            @ForAll @IntRange(min = 1, max = 2) int pp,
-            @ForAll @IntRange(min = 1, max = 3) int layersPerStage,
-            @ForAll @IntRange(min = 1, max = 64) int segmentWords,
-            @ForAll @IntRange(min = 0, max = 3) int padWords,
-            @ForAll @IntRange(min = 1, max = 6) int saved,
-            @ForAll @LongRange(min = 0, max = Long.MAX_VALUE) long seed) {
+            KvWorld.Kind kind,
+            int tpLog,
+            int pp,
+            int layersPerStage,
+            int segmentWords,
+            int padWords,
+            int saved,
+            long seed) {
         int tp = 1 << (tpLog - 1);
         int numBlocks = 2 * saved + 2;
         Random rnd = new Random(seed);
@@ -82,10 +111,9 @@ class RoundTripProperties {
         }
     }
 
-    @Property(tries = 30)
     void queryReturnsLongestResidentContiguousPrefix(
-            @ForAll @IntRange(min = 1, max = 12) int chain,
-            @ForAll @LongRange(min = 0, max = Long.MAX_VALUE) long seed) {
+            int chain,
+            long seed) {
         Random rnd = new Random(seed);
         try (PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolSize("4mb").build());
                 KvWorld world = new KvWorld("i", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, chain, 64, 0)) {

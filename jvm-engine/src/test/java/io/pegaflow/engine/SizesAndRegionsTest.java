@@ -4,14 +4,17 @@ import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import java.util.Random;
-import net.jqwik.api.ForAll;
-import net.jqwik.api.Property;
-import net.jqwik.api.constraints.IntRange;
-import net.jqwik.api.constraints.LongRange;
+import java.util.stream.LongStream;
+import org.junit.jupiter.api.Test;
 import org.junit.jupiter.params.ParameterizedTest;
 import org.junit.jupiter.params.provider.CsvSource;
+import org.junit.jupiter.params.provider.MethodSource;
 import org.junit.jupiter.params.provider.ValueSource;
 
+/**
+ * Size parsing and region checks. {@code overlapMatchesBruteForce} runs seeded tries
+ * ({@link Seeds}): a failure names its seed; rerun it alone with {@code -Dpegaflow.seed=<seed>}.
+ */
 class SizesAndRegionsTest {
 
     @ParameterizedTest
@@ -50,12 +53,41 @@ class SizesAndRegionsTest {
         new LayerRegion("l", KvLayout.SPLIT_KV, 4096, 4096, 4, stride, seg, segOff).validate();
     }
 
+    static LongStream tries400() {
+        return Seeds.seeds(400);
+    }
+
+    @ParameterizedTest(name = "seed {0}")
+    @MethodSource("tries400")
+    void overlapMatchesBruteForce(long trySeed) {
+        Seeds.check(trySeed, g -> overlapMatchesBruteForce(
+                g.intIn("nA", 1, 5), g.intIn("nB", 1, 5),
+                g.intIn("strideUnits", 1, 6),
+                g.longIn("seed", 0, Long.MAX_VALUE)));
+    }
+
+    /**
+     * Regression (found by the brute-force property): the closed form had the two piece lengths
+     * swapped ({@code -lenA < delta + k*stride < lenB}), so pieces of different lengths that
+     * overlap were missed, e.g. a 16-byte piece inside a 32-byte one.
+     */
+    @Test
+    void overlapOfPiecesOfDifferentLengths() {
+        // Two 32-byte pieces, 64 bytes apart: [4096, 4128) and [4160, 4192).
+        LayerRegion a = new LayerRegion("a", KvLayout.MLA, 4096, 1 << 20, 2, 64, 32, 0);
+        LayerRegion inside = new LayerRegion("b", KvLayout.MLA, 4096 + 16, 1 << 20, 1, 64, 16, 0);
+        assertThat(a.overlaps(inside)).isTrue();
+        assertThat(inside.overlaps(a)).isTrue();
+        LayerRegion between = new LayerRegion("c", KvLayout.MLA, 4096 + 32, 1 << 20, 1, 64, 16, 0);
+        assertThat(a.overlaps(between)).isFalse();
+        assertThat(between.overlaps(a)).isFalse();
+    }
+
     /** The closed-form overlap test agrees with comparing every pair of pieces. */
-    @Property(tries = 400)
     void overlapMatchesBruteForce(
-            @ForAll @IntRange(min = 1, max = 5) int nA, @ForAll @IntRange(min = 1, max = 5) int nB,
-            @ForAll @IntRange(min = 1, max = 6) int strideUnits,
-            @ForAll @LongRange(min = 0, max = Long.MAX_VALUE) long seed) {
+            int nA, int nB,
+            int strideUnits,
+            long seed) {
         Random rnd = new Random(seed);
         long stride = strideUnits * 16L;
         LayerRegion a = randomRegion("a", rnd, nA, stride);

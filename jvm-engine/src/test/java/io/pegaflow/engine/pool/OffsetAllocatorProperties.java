@@ -3,25 +3,51 @@ package io.pegaflow.engine.pool;
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
+import io.pegaflow.engine.Seeds;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.Random;
 import java.util.TreeMap;
-import net.jqwik.api.ForAll;
-import net.jqwik.api.Property;
-import net.jqwik.api.constraints.IntRange;
-import net.jqwik.api.constraints.LongRange;
+import java.util.stream.LongStream;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.MethodSource;
 
-/** The allocator against a reference model of live intervals, under random alloc/free sequences. */
+/**
+ * The allocator against a reference model of live intervals, under random alloc/free sequences.
+ * Seeded tries ({@link Seeds}): a failure names its seed; rerun it alone with
+ * {@code -Dpegaflow.seed=<seed>}.
+ */
 class OffsetAllocatorProperties {
 
-    @Property(tries = 200)
+    static LongStream tries200() {
+        return Seeds.seeds(200);
+    }
+
+    static LongStream tries500() {
+        return Seeds.seeds(500);
+    }
+
+    @ParameterizedTest(name = "seed {0}")
+    @MethodSource("tries200")
+    void liveAllocationsNeverOverlapAndAccountingIsExact(long trySeed) {
+        Seeds.check(trySeed, g -> liveAllocationsNeverOverlapAndAccountingIsExact(
+                g.intIn("capacityUnits", 1, 4096),
+                g.intIn("steps", 1, 600),
+                g.longIn("seed", 0, Long.MAX_VALUE)));
+    }
+
+    @ParameterizedTest(name = "seed {0}")
+    @MethodSource("tries500")
+    void binsBracketTheSize(long trySeed) {
+        Seeds.check(trySeed, g -> binsBracketTheSize(g.intIn("units", 1, Integer.MAX_VALUE)));
+    }
+
     void liveAllocationsNeverOverlapAndAccountingIsExact(
-            @ForAll @IntRange(min = 1, max = 4096) int capacityUnits,
-            @ForAll @IntRange(min = 1, max = 600) int steps,
-            @ForAll @LongRange(min = 0, max = Long.MAX_VALUE) long seed) {
+            int capacityUnits,
+            int steps,
+            long seed) {
         long unit = HostPool.ALIGNMENT;
         OffsetAllocator a = new OffsetAllocator(capacityUnits * unit, unit);
         Random rnd = new Random(seed);
@@ -65,8 +91,7 @@ class OffsetAllocatorProperties {
         assertThat(a.offsetBytes(all)).isZero();
     }
 
-    @Property(tries = 500)
-    void binsBracketTheSize(@ForAll @IntRange(min = 1, max = Integer.MAX_VALUE) int units) {
+    void binsBracketTheSize(int units) {
         int up = OffsetAllocator.binRoundUp(units);
         int down = OffsetAllocator.binRoundDown(units);
         assertThat(OffsetAllocator.binSize(up)).isGreaterThanOrEqualTo(units);
@@ -92,6 +117,31 @@ class OffsetAllocatorProperties {
         assertThat(a.offsetBytes(merged)).isEqualTo(512);
         assertThatThrownBy(() -> a.free(h[1])).isInstanceOf(IllegalArgumentException.class).hasMessageContaining("not live");
         assertThatThrownBy(() -> a.allocate(0)).isInstanceOf(IllegalArgumentException.class);
+    }
+
+    /**
+     * Regression (found by the model property): a free range whose size is not a bin size is
+     * filed in the bin below it, so a request of exactly that size, which rounds up to the bin
+     * above, found no bin and got NO_SPACE although the range fits exactly.
+     */
+    @Test
+    void exactFitOfAFreeRangeOfNonBinSize() {
+        // The whole pool: 17 units is filed in bin 16; a request for 17 rounds up to bin 18.
+        OffsetAllocator whole = new OffsetAllocator(17 * 512, 512);
+        long all = whole.allocate(17 * 512);
+        assertThat(all).isNotEqualTo(OffsetAllocator.NO_SPACE);
+        assertThat(whole.offsetBytes(all)).isZero();
+        // A freed hole of 17 units between live allocations.
+        OffsetAllocator a = new OffsetAllocator(40 * 512, 512);
+        long left = a.allocate(512);
+        long hole = a.allocate(17 * 512);
+        long right = a.allocate(22 * 512);
+        assertThat(right).isNotEqualTo(OffsetAllocator.NO_SPACE);
+        a.free(hole);
+        long again = a.allocate(17 * 512);
+        assertThat(again).isNotEqualTo(OffsetAllocator.NO_SPACE);
+        assertThat(a.offsetBytes(again)).isEqualTo(512);
+        assertThat(a.offsetBytes(left)).isZero();
     }
 
     @Test
