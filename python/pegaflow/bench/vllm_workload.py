@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .._server import start_server
+from pegaflow._server import start_server
 
 
 def _range(option: str, text: str) -> tuple[int, int]:
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         for e in engines:
             e.close()
-        from . import _runtime
+        from pegaflow.connector import _runtime
 
         _runtime.close_all()
         if server is not None:

@@ -54,7 +54,7 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.worker.utils import allocate_kv_cache  # noqa: E402
 
-from . import _vllm as _connector  # noqa: E402
+from pegaflow.connector import _vllm as _connector  # noqa: E402
 
 TINY_MODEL = Path(__file__).with_name("tiny_llama")
 LAYERS = 2
