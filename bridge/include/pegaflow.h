@@ -133,7 +133,8 @@ typedef struct pegaflow_api {
     /* Block ids whose bytes a failed copy did not move (up to cap) and their count. */
     int32_t (*failed_blocks)(int64_t completion, int64_t *out, int32_t cap, int32_t *out_count);
 
-    /* Gauges and counters as a JSON object; *out_len = its length (buffer needs one more). */
+    /* Gauges and counters as a JSON object; *out_len = its length (the buffer needs one more;
+       PF_INVALID_ARGUMENT when it is smaller). */
     int32_t (*stats)(int64_t engine, char *buf, int32_t cap, int32_t *out_len);
 
     /* Closes every engine and frees every completion (call before process exit). */

@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -62,6 +62,14 @@ EXPORTS: list[tuple[str, list]] = [
     ("stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("shutdown", []),
     ("engine_connect", [c_char_p, c_int32, c_int32, c_int32, c_int64, POINTER(c_int64)]),
+    ("engine_server_id", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("link_open", [c_char_p, c_char_p, c_char_p, c_int32, c_int64, c_int64, POINTER(c_int64)]),
+    ("link_register_worker", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int32, c_int32, c_int32, c_int32,
+                              c_int32, c_char_p, c_void_p]),
+    ("link_unregister_instance", [c_int64, c_char_p]),
+    ("link_status", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("link_stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("link_close", [c_int64]),
     ("sched_create", [c_int64, c_char_p, c_int32, c_int32, POINTER(c_int64)]),
     ("sched_lookup", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int64, c_int64, POINTER(c_int64)]),
     ("sched_after_alloc", [c_int64, c_char_p, c_void_p, c_int32, c_int64]),
@@ -69,6 +77,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("sched_preempted", [c_int64, c_char_p]),
     ("sched_build_plan", [c_int64, c_void_p, c_int64, POINTER(c_int64)]),
     ("sched_request_finished", [c_int64, c_char_p, POINTER(c_int32)]),
+    ("sched_failed_blocks", [c_int64, c_void_p, c_int32]),
     ("sched_finished", [c_int64, c_char_p, c_char_p]),
     ("sched_close", [c_int64]),
     ("worker_create", [c_int64, c_char_p, c_int32, POINTER(c_int64)]),
@@ -78,10 +87,6 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_get_finished", [c_int64, c_char_p, c_void_p, c_int32, POINTER(c_int32)]),
     ("worker_load_errors", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("worker_close", [c_int64]),
-    ("sched_rebind", [c_int64, c_int64]),
-    ("worker_rebind", [c_int64, c_int64]),
-    ("engine_server_id", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
-    ("sched_failed_blocks", [c_int64, c_void_p, c_int32]),
 ]
 
 

@@ -169,11 +169,10 @@ class PegaEngine:
     def register_worker(
         self, instance_id: str, worker_rank: int, tp_rank: int, layers: Sequence[LayerRegion], device_id: int = 0
     ) -> None:
-        names = "\n".join(layer.name for layer in layers)
-        params = array.array("q", [v for layer in layers for v in layer.params()])
+        names, params = _regions(layers)
         _bridge.api().call(
             "register_worker", self._h(), instance_id.encode(), worker_rank, tp_rank, device_id, len(layers),
-            names.encode(), params.buffer_info()[0],
+            names, params.buffer_info()[0],
         )
 
     def unregister_instance(self, instance_id: str) -> None:
@@ -217,14 +216,7 @@ class PegaEngine:
         _bridge.api().call("release", self._h(), _lease(lease))
 
     def stats(self) -> dict[str, int]:
-        api = _bridge.api()
-        size = c_int32()
-        buf = ctypes.create_string_buffer(8192)
-        api.call("stats", self._h(), buf, len(buf), ctypes.byref(size))
-        if size.value >= len(buf):
-            buf = ctypes.create_string_buffer(size.value + 1)
-            api.call("stats", self._h(), buf, len(buf), ctypes.byref(size))
-        return json.loads(buf.value)
+        return json.loads(text_out("stats", self._h()))
 
     def close(self) -> None:
         """Waits for copies in flight and frees the pool; later calls raise EngineClosedError."""
@@ -264,11 +256,29 @@ class EngineClient(PegaEngine):
         )
         self._handle = out.value
         self.endpoint = endpoint
-        size = c_int32()
-        buf = ctypes.create_string_buffer(128)
-        api.call("engine_server_id", self._handle, buf, len(buf), ctypes.byref(size))
         #: the server process this client talks to; it changes on every server start
-        self.server_id = buf.value.decode()
+        self.server_id = text_out("engine_server_id", self._handle)
+
+
+def _regions(layers: Sequence[LayerRegion]) -> tuple[bytes, array.array]:
+    """register_worker's layer arguments: the names ('\\n'-separated) and 7 int64 per layer
+    (keep the array alive for the call)."""
+    return "\n".join(layer.name for layer in layers).encode(), array.array("q", [v for layer in layers for v in layer.params()])
+
+
+def text_out(name: str, handle: int, size_hint: int = 8192) -> str:
+    """Calls ``name(handle, buf, cap, &len)`` (a text export) with a buffer that fits."""
+    api = _bridge.api()
+    size = c_int32()
+    buf = ctypes.create_string_buffer(size_hint)
+    try:
+        api.call(name, handle, buf, len(buf), ctypes.byref(size))
+    except InvalidArgumentError:
+        if size.value < len(buf):
+            raise
+        buf = ctypes.create_string_buffer(size.value + 1)
+        api.call(name, handle, buf, len(buf), ctypes.byref(size))
+    return buf.value.decode()
 
 
 def _lease(lease: bytes) -> bytes:

@@ -49,7 +49,7 @@ def engines():
 
 
 def store_stats(engine: SimEngine) -> dict:
-    return engine.ranks[0].connector._link.engine.stats()
+    return engine.ranks[0].connector._link.stats()
 
 
 def baseline(p: list[int], max_tokens: int, **kw) -> tuple[list[int], int]:
@@ -255,7 +255,7 @@ def test_namespaces_separate_incompatible_caches(engines):
     def namespace(**kw):
         made.append(kw)
         e = engines(f"ns{len(made)}", **kw)
-        return e.ranks[0].connector._link._workers[-1].namespace
+        return e.ranks[0].connector._worker.namespace
 
     base = namespace()
     assert namespace() == base, "stable for the same model and geometry"
@@ -310,8 +310,7 @@ def test_context_parallelism_is_refused():
 
 
 def test_metadata_pickles_for_worker_processes():
-    m = PegaConnectorMetadata(plan=b"\x00\x00\x00\x02" + b"\x00" * 12, has_loads=False, has_saves=False,
-                              has_preempted=False)
+    m = PegaConnectorMetadata(plan=b"\x00\x00\x00\x02" + b"\x00" * 12)
     assert pickle.loads(pickle.dumps(m)) == m
 
 
@@ -359,7 +358,8 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
         killed = []
 
         def kill(so):
-            if not killed and so.kv_connector_metadata.has_loads:
+            # the plan's header: version, then the counts of loads, saves, preempted (int32 BE)
+            if not killed and so.kv_connector_metadata.plan[4:8] != b"\x00" * 4:
                 server.stop(kill=True)
                 killed.append(True)
 
@@ -378,7 +378,7 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
         server2 = start_server(tmp_path / "pool", grpc_port=port, pool_size="64mb")
         try:
             link = a.ranks[0].connector._link
-            run_until(a, lambda: link.engine is not None and server2.instances() == ["a"])
+            run_until(a, lambda: link.status()["engine"] == "1" and server2.instances() == ["a"])
             a.add("r4", p, max_tokens=2)
             a.run()
             assert a.scheduler.reset_prefix_cache()
@@ -407,18 +407,20 @@ def test_a_server_that_stalls_then_resumes_is_reattached_without_losing_the_cach
         a.add("r1", p, max_tokens=2)
         a.run()
         link = a.ranks[0].connector._link
-        first_client = link.engine
+        first = link.status()
         server.proc.send_signal(signal.SIGSTOP)
         try:
-            run_until(a, lambda: link.detached, timeout_s=10)
+            run_until(a, lambda: link.status()["detached"] == "1", timeout_s=10)
             assert a.scheduler.reset_prefix_cache()
             a.add("r2", p, max_tokens=2)  # while stalled: a miss, computed, no crash
             a.run()
             assert a.outputs["r2"] == a.outputs["r1"]
         finally:
             server.proc.send_signal(signal.SIGCONT)
-        run_until(a, lambda: not link.detached, timeout_s=10)
-        assert link.engine is first_client, "the same server: the same client, nothing re-registered"
+        run_until(a, lambda: link.status()["detached"] == "0", timeout_s=10)
+        again = link.status()
+        assert (again["generation"], again["server_id"]) == (first["generation"], first["server_id"]), \
+            "the same server: the same client (same generation), nothing re-registered"
         assert a.scheduler.reset_prefix_cache()
         before = a.stats.loaded_requests
         a.add("r3", p, max_tokens=2)
@@ -439,7 +441,7 @@ def test_server_unreachable_at_start_is_a_miss_until_it_answers(engines, tmp_pat
     server = start_server(tmp_path / "pool", grpc_port=port, pool_size="64mb")
     try:
         link = a.ranks[0].connector._link
-        run_until(a, lambda: link.engine is not None and server.instances() == ["a"])
+        run_until(a, lambda: link.status()["engine"] == "1" and server.instances() == ["a"])
         assert a.scheduler.reset_prefix_cache()
         a.add("r2", p, max_tokens=2)
         a.run()

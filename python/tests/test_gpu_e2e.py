@@ -105,7 +105,7 @@ def round_trip(device: str) -> dict:
     settings = _runtime.Settings(mode="embedded", pool_size="256mb")
     core = WorkerCore(settings, "e2e")
     namespace = core.register(views, NB, mla=False, facts={"model": "tiny-random-llama", "block_size": BS})
-    sched = SchedulerBrain(core.link.handle(), "e2e", BS, True)
+    sched = SchedulerBrain(core.link.handle, "e2e", BS, True)
     hashes = block_hashes(prompt, PROMPT_BLOCKS)
     try:
         # request a: cold; its 5 full blocks are saved after "the forward"

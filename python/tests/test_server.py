@@ -19,7 +19,7 @@ from pegaflow._server import free_port, start_server
 
 pytestmark = pytest.mark.integration
 
-PROTO = Path(__file__).resolve().parents[2] / "server" / "src" / "main" / "proto" / "pegaflow.proto"
+PROTO = Path(__file__).resolve().parents[2] / "client" / "src" / "main" / "proto" / "pegaflow.proto"
 
 
 @pytest.fixture(scope="module")

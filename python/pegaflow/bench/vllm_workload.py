@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
                 seen.update(req.block_hashes)
                 conv.extend(engine.outputs[rid])
         wall = time.perf_counter() - wall0
-        stats = engines[0].ranks[0].connector._link.engine.stats()  # the server's counters
+        stats = engines[0].ranks[0].connector._link.stats()  # the server's counters
         for e in engines:
             e.assert_drained()
     finally:

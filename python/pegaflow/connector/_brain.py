@@ -1,49 +1,29 @@
 """ctypes calls into the connector's brain in Java (``io.pegaflow.connector``): plain data
-in, plain data out. The state machines live there; this file only marshals."""
+in, plain data out. The state machines live there; this file only marshals. Both brains are
+created on a store link handle (``_runtime.Link``), which gives them the current engine."""
 
 from __future__ import annotations
 
-import array
 import ctypes
 from collections.abc import Iterable, Sequence
 from ctypes import c_int32, c_int64
 
 from .. import _bridge
+from ..engine import _hashes, _ids
 from ..errors import InvalidArgumentError
 
 
-def _ids(values: Iterable[int]) -> tuple[array.array, int, int]:
-    a = array.array("q", values)
-    return a, a.buffer_info()[0] if a else 0, len(a)
-
-
-def _pack(hashes: Sequence[bytes]) -> tuple[bytes, int, int]:
-    """Hashes of one length, packed; (bytes, count, length)."""
-    if not hashes:
-        return b"", 0, 0
-    length = len(hashes[0])
-    packed = b"".join(hashes)
-    if len(packed) != length * len(hashes):
-        lengths = sorted({len(h) for h in hashes})
-        raise InvalidArgumentError(f"block hashes of lengths {lengths}; expected one length per request")
-    return packed, len(hashes), length
-
-
 class SchedulerBrain:
-    def __init__(self, engine_handle: int, instance_id: str, block_size: int, load_enabled: bool):
+    def __init__(self, link_handle: int, instance_id: str, block_size: int, load_enabled: bool):
         out = c_int64()
         self._api = _bridge.api()
-        self._api.call("sched_create", engine_handle, instance_id.encode(), block_size, int(load_enabled),
+        self._api.call("sched_create", link_handle, instance_id.encode(), block_size, int(load_enabled),
                        ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
 
-    def rebind(self, engine_handle: int) -> None:
-        if self.handle is not None:
-            self._api.call("sched_rebind", self.handle, engine_handle)
-
     def lookup(self, req_id: str, hashes: Sequence[bytes], num_tokens: int, num_computed: int) -> int:
-        packed, n, length = _pack(hashes)
+        packed, n, length = _hashes(hashes)
         out = c_int64()
         self._api.call("sched_lookup", self.handle, req_id.encode(), packed, n, length, num_tokens, num_computed,
                        ctypes.byref(out))
@@ -55,7 +35,7 @@ class SchedulerBrain:
 
     def schedule(self, req_id: str, hashes: Sequence[bytes], hash_offset: int, new_block_ids: Sequence[int],
                  resumed: bool, num_computed: int, num_scheduled: int) -> None:
-        packed, n, length = _pack(hashes)
+        packed, n, length = _hashes(hashes)
         ids, address, n_ids = _ids(new_block_ids)
         self._api.call("sched_schedule", self.handle, req_id.encode(), packed, n, length, hash_offset, address, n_ids,
                        int(resumed), num_computed, num_scheduled)
@@ -97,17 +77,13 @@ class SchedulerBrain:
 
 
 class WorkerBrain:
-    def __init__(self, engine_handle: int, instance_id: str, worker_rank: int):
+    def __init__(self, link_handle: int, instance_id: str, worker_rank: int):
         out = c_int64()
         self._api = _bridge.api()
-        self._api.call("worker_create", engine_handle, instance_id.encode(), worker_rank, ctypes.byref(out))
+        self._api.call("worker_create", link_handle, instance_id.encode(), worker_rank, ctypes.byref(out))
         self.handle: int | None = out.value
         self._text = ctypes.create_string_buffer(1 << 14)
         self._errors = (c_int64 * 1024)()
-
-    def rebind(self, engine_handle: int) -> None:
-        if self.handle is not None:
-            self._api.call("worker_rebind", self.handle, engine_handle)
 
     def start_loads(self, plan: bytes) -> None:
         self._api.call("worker_start_loads", self.handle, plan, len(plan))

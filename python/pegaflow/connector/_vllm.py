@@ -7,7 +7,7 @@ Load it with::
 
 or, with the package installed, ``"kv_connector":"PegaKVConnector"`` alone (the
 ``vllm.general_plugins`` entry point registers the name). Settings go in
-``kv_connector_extra_config`` (see ``_runtime.Settings``): ``mode`` (``auto`` | ``embedded`` |
+``kv_connector_extra_config`` (see ``settings.Settings``): ``mode`` (``auto`` | ``embedded`` |
 ``server``), ``endpoint``, ``namespace``, ``pool_size``.
 
 This file only turns vLLM objects into plain data: the request state machine, the per-step
@@ -36,7 +36,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 from ..errors import PegaflowError
 from . import _layout, _runtime
 from ._brain import SchedulerBrain
-from .worker import WorkerCore, plan_sections
+from .settings import Settings
+from .worker import WorkerCore
 
 if TYPE_CHECKING:
     import torch
@@ -55,9 +56,6 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     to the worker processes)."""
 
     plan: bytes
-    has_loads: bool = True
-    has_saves: bool = True
-    has_preempted: bool = True
 
 
 def _parallel_ranks(vllm_config) -> tuple[int, int, int, int]:
@@ -122,26 +120,25 @@ class PegaKVConnector(KVConnectorBase_V1):
             raise ValueError("PegaKVConnector needs vLLM's kv_cache_config (vLLM 0.33 passes it)")
         _check_single_group(kv_cache_config)
         _check_parallelism(vllm_config)
-        self._settings = _runtime.Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
+        self._settings = Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._instance_id = _instance_id(vllm_config)
         self._load_enabled, self._save_enabled = _kv_role_flags(vllm_config.kv_transfer_config)
-        self._link = _runtime.link_for(self._settings, role.name)
+        self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
         self._worker: WorkerCore | None = None
         # scheduler side
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
-            if self._link.mode == "embedded" and self._link.engine is None:
+            if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
                 raise ValueError(
                     f"PegaKVConnector mode 'embedded' keeps the cache inside one process, but no worker of instance "
                     f"'{self._instance_id}' registered its KV cache in this process (pid {os.getpid()}): with tensor or "
                     "pipeline parallelism the workers run in their own processes. Start `pegaflow-server` and set "
                     'kv_connector_extra_config {"mode": "server"}'
                 )
-            self._sched = self._link.attach(
-                lambda handle: SchedulerBrain(handle, self._instance_id, self._block_size, self._load_enabled))
+            self._sched = SchedulerBrain(self._link.handle, self._instance_id, self._block_size, self._load_enabled)
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -216,7 +213,6 @@ class PegaKVConnector(KVConnectorBase_V1):
         self._sched.after_alloc(request.request_id, blocks.get_block_ids()[0], num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        self._link.tick(self._instance_id)
         sched = self._sched
         counts = scheduler_output.num_scheduled_tokens
         if self._save_enabled:
@@ -231,9 +227,7 @@ class PegaKVConnector(KVConnectorBase_V1):
                                cached.num_computed_tokens[i], counts.get(req_id, 0))
         for req_id in scheduler_output.preempted_req_ids or ():
             sched.preempted(req_id)
-        plan = sched.build_plan()
-        loads, saves, preempted = plan_sections(plan)
-        return PegaConnectorMetadata(plan=plan, has_loads=loads, has_saves=saves, has_preempted=preempted)
+        return PegaConnectorMetadata(plan=sched.build_plan())
 
     def _schedule(self, req_id: str, block_ids, resumed: bool, num_computed: int, num_scheduled: int) -> None:
         request = self._requests.get(req_id)
@@ -261,8 +255,6 @@ class PegaKVConnector(KVConnectorBase_V1):
     # ================================================================== both
 
     def shutdown(self):
-        if self._sched is not None:
-            self._link.forget(self._sched.rebind)
         for part in (self._sched, self._worker):
             if part is not None:
                 try:

@@ -10,29 +10,21 @@ from collections.abc import Iterable
 
 from . import _layout, _runtime
 from ._brain import WorkerBrain
+from .settings import Settings
 
 log = logging.getLogger("pegaflow.connector")
-
-
-def plan_sections(plan: bytes) -> tuple[bool, bool, bool]:
-    """(has loads, has saves, has preempted) of an encoded step plan: it starts with its
-    version and the three sections' counts (big-endian int32)."""
-    def nonzero(at: int) -> bool:
-        return len(plan) >= at + 4 and plan[at:at + 4] != b"\x00\x00\x00\x00"
-
-    return nonzero(4), nonzero(8), nonzero(12)
 
 
 class WorkerCore:
     """One worker (TP rank) of one instance."""
 
-    def __init__(self, settings: _runtime.Settings, instance_id: str, load_enabled: bool = True,
+    def __init__(self, settings: Settings, instance_id: str, load_enabled: bool = True,
                  save_enabled: bool = True):
         self.settings = settings
         self.instance_id = instance_id
         self.load_enabled = load_enabled
         self.save_enabled = save_enabled
-        self.link = _runtime.link_for(settings, "WORKER")
+        self.link = _runtime.link_for(settings)
         self.brain: WorkerBrain | None = None
         self.namespace: str | None = None
         self.layers: list[_layout.LayerGeometry] = []
@@ -52,12 +44,9 @@ class WorkerCore:
         store_tp, store_tp_rank = (1, 0) if mla else (tp_size, tp_rank)
         namespace = self.settings.namespace or _layout.derive_namespace(facts, layers, store_tp)
         worker_rank = pp_rank * tp_size + tp_rank
-        self.link.use_transfer(transfer, device_id)
-        self.link.register_worker(_runtime._Worker(
-            instance_id=self.instance_id, namespace=namespace, tp_size=store_tp, world_size=tp_size * pp_size,
-            worker_rank=worker_rank, tp_rank=store_tp_rank, device=device_id, regions=[g.region for g in layers],
-        ))
-        self.brain = self.link.attach(lambda handle: WorkerBrain(handle, self.instance_id, worker_rank))
+        self.link.register_worker(self.instance_id, namespace, store_tp, tp_size * pp_size, worker_rank, store_tp_rank,
+                                  [g.region for g in layers], transfer, device_id)
+        self.brain = WorkerBrain(self.link.handle, self.instance_id, worker_rank)
         if transfer == "cuda":
             import torch
 
@@ -69,23 +58,22 @@ class WorkerCore:
 
     def handle_preemptions(self, plan: bytes | None) -> None:
         """Before vLLM reuses preempted requests' blocks: their saves stop reading them."""
-        if self.brain is not None and plan and plan_sections(plan)[2]:
+        if self.brain is not None and plan:
             self.brain.await_preempted(plan)
 
     def start_loads(self, plan: bytes | None) -> None:
-        if self.brain is not None and plan and self.load_enabled and plan_sections(plan)[0]:
+        if self.brain is not None and plan and self.load_enabled:
             self.brain.start_loads(plan)
 
     def submit_saves(self, plan: bytes | None) -> None:
         """Once per step, after the forward: ordered after the work queued on the current
         CUDA stream (the KV writes), so it never copies a half-written block."""
-        if self.brain is not None and plan and self.save_enabled and plan_sections(plan)[1]:
+        if self.brain is not None and plan and self.save_enabled:
             self.brain.submit_saves(plan, self._stream_of() if self._stream_of else 0)
 
     def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str]]:
         if self.brain is None:
             return set(), set()
-        self.link.tick(self.instance_id)
         return self.brain.get_finished(finished_req_ids)
 
     def load_errors(self) -> set[int]:
@@ -93,6 +81,5 @@ class WorkerCore:
 
     def close(self) -> None:
         if self.brain is not None:
-            self.link.forget(self.brain.rebind)
             brain, self.brain = self.brain, None
             brain.close()

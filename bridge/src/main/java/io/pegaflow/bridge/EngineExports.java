@@ -236,14 +236,10 @@ final class EngineExports {
         });
     }
 
-    /** Engine stats as JSON (UTF-8, NUL-terminated if it fits); writes the full length. */
+    /** Engine stats as JSON (UTF-8, NUL-terminated); *out_len is its length, PF_INVALID_ARGUMENT when it does not fit. */
     static int pfStats(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
         return guard(() -> {
-            byte[] json = statsJson(engine(engine).stats());
-            buffer(outLen, 4, "out_len").set(JAVA_INT, 0, json.length);
-            if (!buf.equals(MemorySegment.NULL) && cap > json.length) {
-                putText(json, buf, cap, outLen, "stats");
-            }
+            putText(statsJson(engine(engine).stats()), buf, cap, outLen, "stats");
         });
     }
 

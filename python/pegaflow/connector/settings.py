@@ -1,0 +1,71 @@
+"""The connector's settings, from ``kv_connector_extra_config`` (keys may carry a
+``pegaflow.`` prefix) and a few environment variables; unknown keys and bad values are
+refused with the accepted ones listed."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import InvalidArgumentError
+
+MODES = ("auto", "embedded", "server")
+DEFAULT_ENDPOINT = "127.0.0.1:50055"
+_KEYS = {
+    "mode": "auto | embedded | server (default auto: server when one answers, else embedded)",
+    "endpoint": f"HOST:PORT of pegaflow-server (default {DEFAULT_ENDPOINT}, env PEGAFLOW_ENDPOINT)",
+    "namespace": "cache namespace override (default: derived from model, dtype, block size, layout, TP)",
+    "pool_size": "embedded mode's host pool, e.g. 30gb (default 8gb, env PEGAFLOW_POOL_SIZE)",
+    "copy_threads": "threads copying between the pool and the KV cache (default 2)",
+    "deadline_ms": "bound on every call to the server (default 2000)",
+    "health_interval_s": "server mode: how often the link checks the server (default 1.0, >= 0.01)",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    mode: str = "auto"
+    endpoint: str = DEFAULT_ENDPOINT
+    namespace: str | None = None
+    pool_size: str = "8gb"
+    copy_threads: int = 2
+    deadline_ms: int = 2000
+    health_interval_s: float = 1.0
+
+    @staticmethod
+    def from_extra(extra: dict | None, env: dict | None = None) -> "Settings":
+        """From ``kv_connector_extra_config`` (keys may carry a ``pegaflow.`` prefix)."""
+        env = os.environ if env is None else env
+        raw = {}
+        for key, value in (extra or {}).items():
+            k = key.removeprefix("pegaflow.")
+            if k not in _KEYS:
+                accepted = ", ".join(f"{name} ({doc})" for name, doc in _KEYS.items())
+                raise InvalidArgumentError(f"kv_connector_extra_config key '{key}' is unknown; expected one of: {accepted}")
+            raw[k] = value
+        mode = str(raw.get("mode", env.get("PEGAFLOW_MODE", "auto"))).lower()
+        if mode not in MODES:
+            raise InvalidArgumentError(f"kv_connector_extra_config mode '{mode}'; expected one of {list(MODES)}")
+
+        def number(key, kind, default, minimum):
+            value = raw.get(key, default)
+            try:
+                n = kind(value)
+            except (TypeError, ValueError):
+                raise InvalidArgumentError(f"kv_connector_extra_config {key} '{value}'; expected a number") from None
+            if n < minimum:
+                raise InvalidArgumentError(f"kv_connector_extra_config {key} {n}; expected >= {minimum}")
+            return n
+
+        namespace = raw.get("namespace")
+        if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
+            raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
+        return Settings(
+            mode=mode,
+            endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
+            namespace=namespace,
+            pool_size=str(raw.get("pool_size", env.get("PEGAFLOW_POOL_SIZE", "8gb"))),
+            copy_threads=number("copy_threads", int, 2, 1),
+            deadline_ms=number("deadline_ms", int, 2000, 1),
+            health_interval_s=number("health_interval_s", float, 1.0, 0.01),
+        )
