@@ -32,7 +32,11 @@ public final class EngineClient {
      * start), so a client can tell a restarted server from one that was briefly unreachable.
      */
     public static Connection open(String endpoint, Function<HostPool, TransferEngine> transfer, long deadlineMs) {
-        RemoteStore store = RemoteStore.connect(endpoint, deadlineMs);
+        return open(RemoteStore.connect(endpoint, deadlineMs), transfer);
+    }
+
+    /** Like {@link #open(String, Function, long)} over a client the caller made (in-process transport in tests); takes ownership of it. */
+    public static Connection open(RemoteStore store, Function<HostPool, TransferEngine> transfer) {
         try {
             HealthResponse health = store.health();
             HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
