@@ -57,7 +57,8 @@ enum pf_error {
     PF_INTERNAL = 9,
     PF_CUDA = 10,
     PF_TIMEOUT = 11,
-    PF_UNAVAILABLE = 12
+    PF_UNAVAILABLE = 12,
+    PF_PERMISSION_DENIED = 13
 };
 
 #define PF_FLAG_PREFAULT 1
@@ -117,8 +118,9 @@ typedef struct pegaflow_api {
                     const uint8_t *lease, int32_t n, const int64_t *dst_block_ids,
                     int64_t *out_completion);
 
-    /* Drops a lease and its remaining shares. */
-    int32_t (*release)(int64_t engine, const uint8_t *lease);
+    /* Drops a lease of instance_id and its remaining shares (PF_PERMISSION_DENIED for a lease
+       issued to another instance: nothing changes). */
+    int32_t (*release)(int64_t engine, const char *instance_id, const uint8_t *lease);
 
     /* Waits up to timeout_ms (< 0: forever). On success out_values (may be NULL) gets
        {blocks saved or loaded, blocks skipped as already resident, bytes copied}. Returns

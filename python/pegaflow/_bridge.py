@@ -54,7 +54,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("save", [c_int64, c_char_p, c_int32, c_int32, c_void_p, c_char_p, c_int32, c_char_p, c_int64, POINTER(c_int64)]),
     ("query", [c_int64, c_char_p, c_int32, c_char_p, c_int32, POINTER(c_int32), c_void_p]),
     ("load", [c_int64, c_char_p, c_int32, c_char_p, c_int32, c_void_p, POINTER(c_int64)]),
-    ("release", [c_int64, c_char_p]),
+    ("release", [c_int64, c_char_p, c_char_p]),
     ("wait", [c_int64, c_int64, c_void_p]),
     ("poll", [c_int64, POINTER(c_int32)]),
     ("completion_free", [c_int64]),

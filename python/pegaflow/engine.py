@@ -212,8 +212,9 @@ class PegaEngine:
         _bridge.api().call("load", self._h(), instance_id.encode(), worker_rank, _lease(lease), n, address, ctypes.byref(out))
         return Completion(out.value)
 
-    def release(self, lease: bytes) -> None:
-        _bridge.api().call("release", self._h(), _lease(lease))
+    def release(self, instance_id: str, lease: bytes) -> None:
+        """Drops a lease this instance got from ``query`` (another instance's is refused)."""
+        _bridge.api().call("release", self._h(), instance_id.encode(), _lease(lease))
 
     def stats(self) -> dict[str, int]:
         return json.loads(text_out("stats", self._h()))

@@ -88,6 +88,12 @@ class ServerUnavailableError(PegaflowError, ConnectionError):
     code = 12
 
 
+class PermissionDeniedError(PegaflowError, PermissionError):
+    """No or a wrong server credential, or an id of another instance; nothing changed."""
+
+    code = 13
+
+
 BY_CODE: dict[int, type[PegaflowError]] = {
     cls.code: cls
     for cls in (
@@ -103,6 +109,7 @@ BY_CODE: dict[int, type[PegaflowError]] = {
         CudaError,
         EngineTimeoutError,
         ServerUnavailableError,
+        PermissionDeniedError,
     )
 }
 

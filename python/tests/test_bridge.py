@@ -68,11 +68,11 @@ def test_a_miss_has_no_lease(engine, cache):
     "call, error, message",
     [
         (lambda e, c: e.query("nope", hashes(1)), errors.UnknownInstanceError, "instance 'nope' is not registered"),
-        (lambda e, c: e.release(b"\x01" * 16), errors.UnknownLeaseError, "is unknown"),
+        (lambda e, c: e.release("inst", b"\x01" * 16), errors.UnknownLeaseError, "is unknown"),
         (lambda e, c: e.save("inst", 0, [BLOCKS], hashes(1)), errors.InvalidArgumentError,
          f"blockIds[0] = {BLOCKS} out of range [0, {BLOCKS})"),
         (lambda e, c: e.save("inst", 0, [1, 2], hashes(1)), errors.InvalidArgumentError, "2 block ids but 1 hashes"),
-        (lambda e, c: e.release(b"short"), errors.InvalidArgumentError, "expected 16 bytes"),
+        (lambda e, c: e.release("inst", b"short"), errors.InvalidArgumentError, "expected 16 bytes"),
         (lambda e, c: e.register_instance("inst", "other-ns", 1, 1), errors.TopologyMismatchError, "re-registration"),
         (lambda e, c: e.register_worker("inst", 0, 0, c.regions()), errors.InvalidArgumentError, "already sealed"),
         (lambda e, c: (e.register_instance("half", "ns2", 1, 2), e.query("half", hashes(1))),
@@ -108,7 +108,7 @@ def test_pool_exhausted_with_everything_pinned(cache):
         q = small.query("inst", h[:4])
         with pytest.raises(errors.PoolExhaustedError, match="pinned"):
             small.save("inst", 0, [4], h[4:])
-        small.release(q.lease)
+        small.release("inst", q.lease)
         assert small.save("inst", 0, [4], h[4:]).wait().blocks == 1
 
 

@@ -102,7 +102,7 @@ def test_bad_input_gets_a_typed_error_and_nothing_is_lost(server):
         with pytest.raises(errors.UnknownInstanceError, match="instance 'ghost' is not registered"):
             c.query("ghost", h)
         with pytest.raises(errors.UnknownLeaseError):
-            c.release(b"\x07" * 16)
+            c.release("strict", b"\x07" * 16)
         with pytest.raises(errors.InvalidArgumentError, match="out of range"):
             c.save("strict", 0, [999], hashes(1))
         with pytest.raises(errors.InvalidArgumentError, match="refused the request"):

@@ -62,13 +62,13 @@ def run(calls: int, query_hashes: int) -> dict:
         hashes = [os.urandom(32) for _ in range(blocks)]
         engine.save("bench", 0, list(range(blocks)), hashes).wait()
         for _ in range(2000):
-            engine.release(engine.query("bench", hashes).lease)
+            engine.release("bench", engine.query("bench", hashes).lease)
         query = []
         for _ in range(max(1000, calls // 100)):
             t0 = clock()
             q = engine.query("bench", hashes)
             query.append(clock() - t0)
-            engine.release(q.lease)
+            engine.release("bench", q.lease)
         rss_end = _rss_mib()
 
     t50, t99 = _percentiles(trivial)

@@ -132,7 +132,7 @@ final class RpcCommand implements Callable<Integer> {
             RemoteStore s = stores.get(c);
             threads.add(Thread.ofPlatform().start(() -> {
                 for (int w = 0; w < 500; w++) { // warm-up: JIT, channel, HTTP/2 windows
-                    s.release(s.query(instance, h).lease());
+                    s.release(instance, s.query(instance, h).lease());
                 }
                 ready.countDown();
                 try {
@@ -144,7 +144,7 @@ final class RpcCommand implements Callable<Integer> {
                     long t0 = System.nanoTime();
                     QueryResult q = s.query(instance, h);
                     samples[me][i] = System.nanoTime() - t0;
-                    s.release(q.lease());
+                    s.release(instance, q.lease());
                 }
             }));
         }

@@ -152,7 +152,7 @@ public final class Bridge {
             engine.save("train", 0, new long[] {0, 1}, h).join();
             QueryResult q = engine.query("train", h);
             engine.load("train", 0, q.lease(), new long[] {2, 3}).join();
-            engine.release(engine.query("train", h).lease());
+            engine.release("train", engine.query("train", h).lease());
             engine.stats();
         }
     }

@@ -19,7 +19,7 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.QueryResult;
@@ -153,14 +153,14 @@ final class EngineExports {
             MemorySegment outHit, MemorySegment outLease) {
         return guard(() -> {
             MemorySegment hit = buffer(outHit, 4, "out_hit");
-            MemorySegment lease = buffer(outLease, LeaseId.BYTES, "out_lease");
+            MemorySegment lease = buffer(outLease, Token.BYTES, "out_lease");
             if (n < 0) {
                 throw new InvalidArgumentException("query: hash count " + n + "; expected >= 0");
             }
             QueryResult q = engine(engine).query(str(instanceId, "instance_id"), hashes(hashes, n, hashLen));
             hit.set(JAVA_INT, 0, q.hitBlocks());
-            byte[] bytes = q.hasLease() ? q.lease().toBytes() : new byte[LeaseId.BYTES];
-            MemorySegment.copy(bytes, 0, lease, JAVA_BYTE, 0, LeaseId.BYTES);
+            byte[] bytes = q.hasLease() ? q.lease().toBytes() : new byte[Token.BYTES];
+            MemorySegment.copy(bytes, 0, lease, JAVA_BYTE, 0, Token.BYTES);
         });
     }
 
@@ -168,15 +168,16 @@ final class EngineExports {
             MemorySegment dstBlockIds, MemorySegment outCompletion) {
         return guard(() -> {
             MemorySegment out = buffer(outCompletion, 8, "out_completion");
-            LeaseId id = LeaseId.fromBytes(buffer(lease, LeaseId.BYTES, "lease").toArray(JAVA_BYTE));
+            Token id = Token.fromBytes(buffer(lease, Token.BYTES, "lease").toArray(JAVA_BYTE));
             CompletableFuture<CopyResult> f = engine(engine).load(str(instanceId, "instance_id"), workerRank, id,
                     longs(dstBlockIds, n, "dst_block_ids"));
             out.set(JAVA_LONG, 0, COMPLETIONS.add(f));
         });
     }
 
-    static int pfRelease(long engine, MemorySegment lease) {
-        return guard(() -> engine(engine).release(LeaseId.fromBytes(buffer(lease, LeaseId.BYTES, "lease").toArray(JAVA_BYTE))));
+    static int pfRelease(long engine, MemorySegment instanceId, MemorySegment lease) {
+        return guard(() -> engine(engine).release(str(instanceId, "instance_id"),
+                Token.fromBytes(buffer(lease, Token.BYTES, "lease").toArray(JAVA_BYTE))));
     }
 
     /**

@@ -7,6 +7,7 @@ import io.pegaflow.engine.EngineClosedException;
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.PermissionDeniedException;
 import io.pegaflow.engine.PoolExhaustedException;
 import io.pegaflow.engine.RegistrationIncompleteException;
 import io.pegaflow.engine.ServerUnavailableException;
@@ -34,6 +35,7 @@ public final class Errors {
                 case UNKNOWN_INSTANCE, UNKNOWN_LEASE, REGISTRATION_INCOMPLETE, TOPOLOGY_MISMATCH -> Status.FAILED_PRECONDITION;
                 case POOL_EXHAUSTED -> Status.RESOURCE_EXHAUSTED;
                 case CLOSED, UNAVAILABLE -> Status.UNAVAILABLE;
+                case PERMISSION_DENIED -> Status.PERMISSION_DENIED;
                 case TIMEOUT -> Status.DEADLINE_EXCEEDED;
                 default -> Status.INTERNAL;
             };
@@ -61,6 +63,8 @@ public final class Errors {
             case RESOURCE_EXHAUSTED, INVALID_ARGUMENT -> new InvalidArgumentException("pegaflow-server at " + endpoint
                     + " refused the request: " + description);
             case FAILED_PRECONDITION -> new PegaflowException(ErrorCode.TOPOLOGY_MISMATCH, description);
+            case UNAUTHENTICATED, PERMISSION_DENIED -> new PermissionDeniedException("pegaflow-server at " + endpoint
+                    + " refused the call: " + description);
             default -> new PegaflowException(ErrorCode.INTERNAL, "pegaflow-server at " + endpoint + ": " + status.getCode()
                     + ": " + description, e);
         };
@@ -77,6 +81,7 @@ public final class Errors {
                     case TOPOLOGY_MISMATCH -> new TopologyMismatchException(message);
                     case POOL_EXHAUSTED -> new PoolExhaustedException(message);
                     case CLOSED -> new EngineClosedException(message);
+                    case PERMISSION_DENIED -> new PermissionDeniedException(message);
                     default -> new PegaflowException(c, message);
                 };
             }

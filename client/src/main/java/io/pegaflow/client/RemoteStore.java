@@ -16,7 +16,7 @@ import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.WorkerSpec;
@@ -231,7 +231,7 @@ public final class RemoteStore implements BlockStore {
     }
 
     @Override
-    public CopyPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds) {
+    public CopyPlan beginLoad(String instanceId, int workerRank, Token lease, long[] dstBlockIds) {
         if (lease == null || dstBlockIds == null) {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
         }
@@ -260,13 +260,16 @@ public final class RemoteStore implements BlockStore {
         }
         CopyPlan.Direction direction = p.getDirection() == CopyDirection.LOAD ? CopyPlan.Direction.LOAD
                 : CopyPlan.Direction.SAVE;
-        return new CopyPlan(p.getId(), direction, p.getBlocks(), p.getSkippedBlocks(), blockIndex, regionIndex, hostOffset);
+        return new CopyPlan(Token.fromBytes(p.getId().toByteArray(), "copy id"), direction, p.getBlocks(), p.getSkippedBlocks(), blockIndex, regionIndex, hostOffset);
     }
 
     @Override
-    public CopyResult endCopy(long planId, boolean ok, long bytes, long nanos) {
-        io.pegaflow.client.proto.CopyResult r = call(s -> s.endCopy(EndCopyRequest.newBuilder().setId(planId).setOk(ok)
-                .setBytes(bytes).setNanos(nanos).build()));
+    public CopyResult endCopy(String instanceId, Token planId, boolean ok, long bytes, long nanos) {
+        if (planId == null) {
+            throw new InvalidArgumentException("end of copy: id is null");
+        }
+        io.pegaflow.client.proto.CopyResult r = call(s -> s.endCopy(EndCopyRequest.newBuilder().setInstanceId(instanceId)
+                .setId(ByteString.copyFrom(planId.toBytes())).setOk(ok).setBytes(bytes).setNanos(nanos).build()));
         return new CopyResult(r.getBlocks(), r.getSkippedBlocks(), r.getBytes());
     }
 
@@ -288,15 +291,16 @@ public final class RemoteStore implements BlockStore {
         } else {
             r = call(s -> s.query(req));
         }
-        return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : LeaseId.fromBytes(r.getLease().toByteArray()));
+        return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : Token.fromBytes(r.getLease().toByteArray()));
     }
 
     @Override
-    public void release(LeaseId lease) {
+    public void release(String instanceId, Token lease) {
         if (lease == null) {
             throw new InvalidArgumentException("release: lease is null");
         }
-        ReleaseRequest req = ReleaseRequest.newBuilder().setLease(ByteString.copyFrom(lease.toBytes())).build();
+        ReleaseRequest req = ReleaseRequest.newBuilder().setInstanceId(instanceId).setLease(ByteString.copyFrom(lease.toBytes()))
+                .build();
         if (local.call(Wire.RELEASE, req) == null) {
             call(s -> s.release(req));
         }

@@ -3,7 +3,7 @@ package io.pegaflow.connector;
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.EngineSource;
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.QueryResult;
@@ -48,7 +48,7 @@ public final class SchedulerSide {
     private long loadFailures;
 
     /** A lease no store issues: a load carrying it fails on every block (recompute). */
-    static final LeaseId NO_LEASE = new LeaseId(0, 0);
+    static final Token NO_LEASE = Token.NONE;
 
     /** Per-request state. */
     private static final class Req {
@@ -56,7 +56,7 @@ public final class SchedulerSide {
         BlockHashes probeWindow;
         int probeBase;
         int probeHit;
-        LeaseId probeLease;
+        Token probeLease;
         PegaEngine probeEngine;
         long probeGeneration;
         boolean probed;
@@ -132,7 +132,7 @@ public final class SchedulerSide {
         return (long) q.hitBlocks() * blockSize;
     }
 
-    private static void dropProbe(Req r) {
+    private void dropProbe(Req r) {
         if (r.probeLease != null) {
             releaseQuietly(r.probeEngine, r.probeLease);
         }
@@ -144,12 +144,12 @@ public final class SchedulerSide {
     }
 
     /** On the engine that issued it: after a restart the old engine is closed and this fails quietly. */
-    private static void releaseQuietly(PegaEngine engine, LeaseId lease) {
+    private void releaseQuietly(PegaEngine engine, Token lease) {
         if (engine == null) {
             return;
         }
         try {
-            engine.release(lease);
+            engine.release(instanceId, lease);
         } catch (PegaflowException ignored) {
             // expired, or the server is gone: either way nothing stays pinned
         }

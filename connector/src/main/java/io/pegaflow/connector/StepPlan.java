@@ -2,7 +2,7 @@ package io.pegaflow.connector;
 
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import java.io.ByteArrayInputStream;
 import java.io.ByteArrayOutputStream;
 import java.io.DataInputStream;
@@ -23,7 +23,7 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     private static final int VERSION = 2;
 
     /** Load the leased blocks into {@code blockIds} (one per leased block, in order). */
-    public record Load(String requestId, LeaseId lease, long[] blockIds) {}
+    public record Load(String requestId, Token lease, long[] blockIds) {}
 
     /** Save {@code blockIds[i]} under hash {@code i} (all of this worker's layers). */
     public record Save(String requestId, long[] blockIds, BlockHashes hashes) {}
@@ -77,9 +77,9 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
             List<Load> loads = new ArrayList<>();
             for (int i = nLoads; i > 0; i--) {
                 String id = in.readUTF();
-                byte[] lease = new byte[LeaseId.BYTES];
+                byte[] lease = new byte[Token.BYTES];
                 in.readFully(lease);
-                loads.add(new Load(id, LeaseId.fromBytes(lease), readLongs(in)));
+                loads.add(new Load(id, Token.fromBytes(lease), readLongs(in)));
             }
             List<Save> saves = new ArrayList<>();
             for (int i = nSaves; i > 0; i--) {

@@ -234,7 +234,7 @@ class ConnectorBrainTest {
         sched.lookup("b", h, 2 * BLOCK + 1, 0);
         sched.afterAlloc("b", ids(50, 3), 2 * BLOCK);
         byte[] plan = sched.buildPlan();
-        engine.release(StepPlan.decode(plan).loads().get(0).lease()); // the lease is gone before the worker loads
+        engine.release("vllm", StepPlan.decode(plan).loads().get(0).lease()); // the lease is gone before the worker loads
         worker.startLoads(plan);
         WorkerSide.Finished f = worker.getFinished(List.of());
         assertThat(f.recving()).containsExactly("b");

@@ -23,17 +23,20 @@ public interface BlockStore extends AutoCloseable {
     CopyPlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds, BlockHashes hashes);
 
     /** Consumes the worker's share of {@code lease}; the plan reads the leased blocks into {@code dstBlockIds}. */
-    CopyPlan beginLoad(String instanceId, int workerRank, LeaseId lease, long[] dstBlockIds);
+    CopyPlan beginLoad(String instanceId, int workerRank, Token lease, long[] dstBlockIds);
 
     /**
      * Ends an open save (its slots become filled, or are rolled back when {@code !ok}) or an
      * open load (its blocks are unpinned). {@code bytes} and {@code nanos} describe the copy.
+     * Only the instance the plan was issued to may end it; one never ended is rolled back
+     * after the copy TTL.
      */
-    CopyResult endCopy(long planId, boolean ok, long bytes, long nanos);
+    CopyResult endCopy(String instanceId, Token planId, boolean ok, long bytes, long nanos);
 
     QueryResult query(String instanceId, BlockHashes hashes);
 
-    void release(LeaseId lease);
+    /** Drops a lease of {@code instanceId} (a lease of another instance is refused). */
+    void release(String instanceId, Token lease);
 
     EngineStats stats();
 

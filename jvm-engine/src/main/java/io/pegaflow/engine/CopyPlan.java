@@ -8,10 +8,11 @@ import io.pegaflow.engine.transfer.CopyBatch;
  * worker's registered layers) of the caller's block at index {@code blockIndex[k]} (into the
  * block ids of the request) and pool offset {@code hostOffset[k]} (segments back to back).
  * A save copies block to pool, a load pool to block. {@code id} names the open operation for
- * {@link BlockStore#endCopy}; 0 means nothing to copy (every block skipped). Until it ends,
+ * {@link BlockStore#endCopy} (128 random bits, bound to the instance it was issued to);
+ * {@link Token#NONE} means nothing to copy (every block skipped). Until it ends,
  * the blocks involved stay pinned.
  */
-public record CopyPlan(long id, Direction direction, int blocks, int skippedBlocks, int[] blockIndex,
+public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlocks, int[] blockIndex,
         int[] regionIndex, long[] hostOffset) {
     /** Which way the bytes go. */
     public enum Direction {
@@ -27,7 +28,12 @@ public record CopyPlan(long id, Direction direction, int blocks, int skippedBloc
 
     /** A save with nothing to copy. */
     static CopyPlan nothing(int skippedBlocks) {
-        return new CopyPlan(0, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new long[0]);
+        return new CopyPlan(Token.NONE, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new long[0]);
+    }
+
+    /** Whether there is nothing to copy (and nothing to end). */
+    public boolean isEmpty() {
+        return id.equals(Token.NONE);
     }
 
     public int slots() {

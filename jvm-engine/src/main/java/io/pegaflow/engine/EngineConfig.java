@@ -18,6 +18,8 @@ import java.util.function.LongSupplier;
  * @param sweepInterval how often the background sweeper expires leases; zero disables the
  *                      thread (leases still expire on every query, load and release)
  * @param inflightTtl   how long a block with some but not all slots saved may wait
+ * @param copyTtl       how long a save or load may stay open before it is rolled back (its
+ *                      copier died without a session to say so)
  * @param copyThreads   threads of the host copy engine (also used to pre-fault the pool)
  * @param prefault      commit every pool page at start instead of on first write
  * @param transfer      builds the copy engine over the pool (host by default; CUDA later)
@@ -29,6 +31,7 @@ public record EngineConfig(
         Duration leaseTtl,
         Duration sweepInterval,
         Duration inflightTtl,
+        Duration copyTtl,
         int copyThreads,
         boolean prefault,
         Function<HostPool, TransferEngine> transfer,
@@ -45,6 +48,7 @@ public record EngineConfig(
         private Duration leaseTtl = Duration.ofSeconds(600);
         private Duration sweepInterval = Duration.ofSeconds(30);
         private Duration inflightTtl = Duration.ofMinutes(5);
+        private Duration copyTtl = Duration.ofMinutes(3);
         private int copyThreads = 2;
         private boolean prefault;
         private Function<HostPool, TransferEngine> transfer;
@@ -76,6 +80,11 @@ public record EngineConfig(
 
         public Builder inflightTtl(Duration ttl) {
             this.inflightTtl = ttl;
+            return this;
+        }
+
+        public Builder copyTtl(Duration ttl) {
+            this.copyTtl = ttl;
             return this;
         }
 
@@ -111,6 +120,7 @@ public record EngineConfig(
             }
             requirePositive("leaseTtl", leaseTtl);
             requirePositive("inflightTtl", inflightTtl);
+            requirePositive("copyTtl", copyTtl);
             if (sweepInterval == null || sweepInterval.isNegative()) {
                 throw new InvalidArgumentException("sweepInterval " + sweepInterval + "; expected >= 0 (0 disables the sweeper thread)");
             }
@@ -123,7 +133,7 @@ public record EngineConfig(
             int threads = copyThreads;
             Function<HostPool, TransferEngine> factory =
                     transfer != null ? transfer : pool -> new HostTransferEngine(pool, threads);
-            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyThreads, prefault, factory, metrics, nanoClock);
+            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory, metrics, nanoClock);
         }
 
         private static void requirePositive(String name, Duration d) {

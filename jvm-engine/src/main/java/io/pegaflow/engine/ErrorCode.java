@@ -20,7 +20,12 @@ public enum ErrorCode {
     /** A wait on a completion ran out of time; the operation is still in flight. */
     TIMEOUT(11),
     /** pegaflow-server did not answer (down, restarting, or past the call's deadline). */
-    UNAVAILABLE(12);
+    UNAVAILABLE(12),
+    /**
+     * The caller may not do this: no or a wrong server credential, or an id (lease, copy,
+     * session) that belongs to another instance. Nothing changed.
+     */
+    PERMISSION_DENIED(13);
 
     private final int value;
 

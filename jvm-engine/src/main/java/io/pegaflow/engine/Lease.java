@@ -7,13 +7,13 @@ import java.util.BitSet;
  * its share by loading, the lease is released, or it expires. Guarded by the engine lock.
  */
 final class Lease {
-    final LeaseId id;
+    final Token id;
     final Instance instance;
     final Block[] blocks;
     final BitSet consumedBy = new BitSet();
     final long expiresAtNanos;
 
-    Lease(LeaseId id, Instance instance, Block[] blocks, long expiresAtNanos) {
+    Lease(Token id, Instance instance, Block[] blocks, long expiresAtNanos) {
         this.id = id;
         this.instance = instance;
         this.blocks = blocks;

@@ -12,7 +12,7 @@ import java.util.function.Consumer;
  * LocalStore's lock.
  */
 final class LeaseTable {
-    private final LinkedHashMap<LeaseId, Lease> leases = new LinkedHashMap<>();
+    private final LinkedHashMap<Token, Lease> leases = new LinkedHashMap<>();
     private final SecureRandom random = new SecureRandom();
     private final long ttlNanos;
     private final Consumer<Block[]> pin;
@@ -30,12 +30,12 @@ final class LeaseTable {
     }
 
     /** A new lease of {@code inst} on {@code blocks}, expiring a TTL after {@code now}; pins the blocks. */
-    LeaseId issue(Instance inst, Block[] blocks, long now) {
-        byte[] bytes = new byte[LeaseId.BYTES];
-        LeaseId id;
+    Token issue(Instance inst, Block[] blocks, long now) {
+        byte[] bytes = new byte[Token.BYTES];
+        Token id;
         do {
             random.nextBytes(bytes);
-            id = LeaseId.fromBytes(bytes);
+            id = Token.fromBytes(bytes);
         } while (leases.containsKey(id));
         leases.put(id, new Lease(id, inst, blocks, now + ttlNanos));
         pin.accept(blocks);
@@ -43,7 +43,7 @@ final class LeaseTable {
     }
 
     /** The live lease {@code id}; {@link UnknownLeaseException} if there is none. */
-    Lease get(LeaseId id) {
+    Lease get(Token id) {
         Lease lease = leases.get(id);
         if (lease == null) {
             throw unknown(id);
@@ -52,7 +52,7 @@ final class LeaseTable {
     }
 
     /** Drops the live lease {@code id} and unpins its blocks; {@link UnknownLeaseException} if there is none. */
-    void remove(LeaseId id) {
+    void remove(Token id) {
         Lease lease = leases.remove(id);
         if (lease == null) {
             throw unknown(id);
@@ -101,7 +101,7 @@ final class LeaseTable {
         }
     }
 
-    private static UnknownLeaseException unknown(LeaseId id) {
+    private static UnknownLeaseException unknown(Token id) {
         return new UnknownLeaseException("lease " + id + " is unknown: never issued, released, consumed by every worker, or expired");
     }
 }

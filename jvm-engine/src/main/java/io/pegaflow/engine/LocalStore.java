@@ -9,6 +9,7 @@ import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.metrics.MetricsSink;
 import io.pegaflow.engine.pool.OffsetAllocator;
 import java.util.ArrayList;
+import java.security.SecureRandom;
 import java.util.Arrays;
 import java.util.EnumMap;
 import java.util.HashMap;
@@ -42,6 +43,7 @@ public final class LocalStore implements BlockStore {
     private final MetricsSink extraSink;
     private final LongSupplier clock;
     private final long inflightTtlNanos;
+    private final long copyTtlNanos;
     private final ScheduledExecutorService sweeper;
 
     private final ReentrantLock lock = new ReentrantLock();
@@ -54,8 +56,8 @@ public final class LocalStore implements BlockStore {
     private long residentBytes;
     private boolean closed;
     /** Saves and loads between their plan and endCopy, by plan id. */
-    private final Map<Long, OpenCopy> open = new HashMap<>();
-    private long nextId = 1;
+    private final Map<Token, OpenCopy> open = new HashMap<>();
+    private final SecureRandom ids = new SecureRandom();
     // --- end guarded ---
 
     /** A store handing out offsets in a pool of {@code capacityBytes}. */
@@ -66,6 +68,7 @@ public final class LocalStore implements BlockStore {
         this.clock = config.nanoClock();
         this.leases = new LeaseTable(config.leaseTtl().toNanos(), this::pinAll, this::unpinAll);
         this.inflightTtlNanos = config.inflightTtl().toNanos();
+        this.copyTtlNanos = config.copyTtl().toNanos();
         this.extraSink = config.metrics();
         this.allocator = new OffsetAllocator(capacityBytes);
         if (extraSink != null) {
@@ -152,16 +155,7 @@ public final class LocalStore implements BlockStore {
                 OpenCopy op = it.next();
                 if (op.instance() == inst) {
                     it.remove();
-                    switch (op) {
-                        case Reservation r -> {
-                            rollbackSave(r.worker(), inst.ns.layout, r.blocks());
-                            count(Counter.SAVE_FAILURES, 1);
-                        }
-                        case OpenLoad l -> {
-                            unpinAll(l.blocks());
-                            count(Counter.LOAD_FAILURES, 1);
-                        }
-                    }
+                    abort(op);
                 }
             }
         } finally {
@@ -208,8 +202,8 @@ public final class LocalStore implements BlockStore {
             if (planned.isEmpty()) {
                 return CopyPlan.nothing(skipped);
             }
-            long id = nextId++;
-            Reservation reservation = new Reservation(inst, worker, planned);
+            Token id = newCopyId();
+            Reservation reservation = new Reservation(inst, worker, planned, clock.getAsLong() + copyTtlNanos);
             open.put(id, reservation);
             return reservation.plan(id, skipped);
         } finally {
@@ -351,7 +345,7 @@ public final class LocalStore implements BlockStore {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
         int count = hashes.count();
-        LeaseId leaseId = null;
+        Token leaseId = null;
         int hit;
         lock.lock();
         try {
@@ -378,7 +372,7 @@ public final class LocalStore implements BlockStore {
 
     /** Drops a lease and all its remaining shares. */
     @Override
-    public void release(LeaseId leaseId) {
+    public void release(String instanceId, Token leaseId) {
         if (leaseId == null) {
             throw new InvalidArgumentException("release: lease is null");
         }
@@ -386,6 +380,7 @@ public final class LocalStore implements BlockStore {
         try {
             checkOpen();
             expireLeases(clock.getAsLong());
+            checkOwner(leases.get(leaseId).instance, instanceId, "lease " + leaseId);
             leases.remove(leaseId);
         } finally {
             lock.unlock();
@@ -400,7 +395,7 @@ public final class LocalStore implements BlockStore {
      * {@code dstBlockIds}, region index, pool offset).
      */
     @Override
-    public CopyPlan beginLoad(String instanceId, int workerRank, LeaseId leaseId, long[] dstBlockIds) {
+    public CopyPlan beginLoad(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
         if (leaseId == null || dstBlockIds == null) {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
         }
@@ -411,10 +406,7 @@ public final class LocalStore implements BlockStore {
             Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
             expireLeases(clock.getAsLong());
             Lease lease = leases.get(leaseId);
-            if (lease.instance != inst) {
-                throw new UnknownLeaseException("lease " + leaseId + " belongs to instance '"
-                        + lease.instance.spec.instanceId() + "', not '" + instanceId + "'");
-            }
+            checkOwner(lease.instance, instanceId, "lease " + leaseId);
             if (lease.consumedBy.get(workerRank)) {
                 throw new InvalidArgumentException("worker " + workerRank + " already consumed its share of lease " + leaseId);
             }
@@ -432,8 +424,8 @@ public final class LocalStore implements BlockStore {
                 leases.remove(leaseId);
             }
             count(Counter.LOAD_REQUESTS, 1);
-            long id = nextId++;
-            OpenLoad load = new OpenLoad(inst, blocks);
+            Token id = newCopyId();
+            OpenLoad load = new OpenLoad(inst, blocks, clock.getAsLong() + copyTtlNanos);
             open.put(id, load);
             return load.plan(id, worker);
         } finally {
@@ -445,22 +437,25 @@ public final class LocalStore implements BlockStore {
      * Ends an open save or load. A save with {@code ok} fills its claimed slots, and blocks
      * whose last slot this was become visible; otherwise its slots are released and their
      * space freed. A load unpins its blocks. {@code bytes} and {@code nanos} describe the
-     * copy, for metrics.
+     * copy, for metrics. Only the instance the plan was issued to may end it
+     * ({@link PermissionDeniedException} otherwise, and nothing changes).
      */
     @Override
-    public CopyResult endCopy(long planId, boolean ok, long bytes, long nanos) {
-        if (bytes < 0 || nanos < 0) {
+    public CopyResult endCopy(String instanceId, Token planId, boolean ok, long bytes, long nanos) {
+        if (planId == null || bytes < 0 || nanos < 0) {
             throw new InvalidArgumentException("end of copy " + planId + ": bytes " + bytes + ", nanos " + nanos
-                    + "; expected >= 0");
+                    + "; expected a copy id and bytes, nanos >= 0");
         }
         lock.lock();
         try {
             checkOpen();
-            OpenCopy op = open.remove(planId);
+            OpenCopy op = open.get(planId);
             if (op == null) {
                 throw new InvalidArgumentException("copy " + planId
-                        + " is unknown: already ended, rolled back, or its instance was unregistered");
+                        + " is unknown: already ended, rolled back, expired, or its instance was unregistered");
             }
+            checkOwner(op.instance(), instanceId, "copy " + planId);
+            open.remove(planId);
             boolean save = op instanceof Reservation;
             int blocks;
             switch (op) {
@@ -488,13 +483,18 @@ public final class LocalStore implements BlockStore {
 
     // ---------------------------------------------------------------- sweeping, stats, close
 
-    /** Expires leases past their TTL and drops partially saved blocks past the in-flight TTL. */
+    /**
+     * Expires leases past their TTL, rolls back saves and loads open longer than the copy TTL
+     * (their copier died without a session to say so), and drops partially saved blocks past
+     * the in-flight TTL.
+     */
     public void sweep() {
         lock.lock();
         try {
             checkOpen();
             long now = clock.getAsLong();
             expireLeases(now);
+            expireCopies(now); // before the in-flight blocks: a rolled-back save may leave them unreferenced
             for (Iterator<Block> it = inflight.iterator(); it.hasNext(); ) {
                 Block b = it.next();
                 if (b.refs == 0 && now - b.touchedNanos > inflightTtlNanos) {
@@ -641,6 +641,50 @@ public final class LocalStore implements BlockStore {
     private void checkOpen() {
         if (closed) {
             throw new EngineClosedException("engine is closed");
+        }
+    }
+
+    private Token newCopyId() {
+        Token id;
+        do {
+            id = Token.random(ids);
+        } while (open.containsKey(id));
+        return id;
+    }
+
+    /**
+     * Ids are unguessable, and bound too: a lease or copy acts only for the instance it was
+     * issued to, so one tenant holding another's id still cannot end, load or release it.
+     */
+    private static void checkOwner(Instance owner, String instanceId, String what) {
+        if (!owner.spec.instanceId().equals(instanceId)) {
+            throw new PermissionDeniedException(what + " was not issued to instance '" + instanceId + "'; refused");
+        }
+    }
+
+    /** Rolls back saves and loads whose copier never ended them (its process died without a session). */
+    private void expireCopies(long now) {
+        for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
+            OpenCopy op = it.next();
+            if (op.deadlineNanos() - now <= 0) {
+                it.remove();
+                abort(op);
+                count(Counter.COPIES_EXPIRED, 1);
+            }
+        }
+    }
+
+    /** Undoes an open save or load that will never end normally. */
+    private void abort(OpenCopy op) {
+        switch (op) {
+            case Reservation r -> {
+                rollbackSave(r.worker(), r.instance().ns.layout, r.blocks());
+                count(Counter.SAVE_FAILURES, 1);
+            }
+            case OpenLoad l -> {
+                unpinAll(l.blocks());
+                count(Counter.LOAD_FAILURES, 1);
+            }
         }
     }
 

@@ -10,10 +10,14 @@ import java.util.List;
 sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     Instance instance();
 
+    /** When the store gives up on it and rolls it back (its copier is presumed dead). */
+    long deadlineNanos();
+
     /** An open save: the instance, the worker and the blocks it claimed. */
-    record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks) implements OpenCopy {
+    record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks, long deadlineNanos)
+            implements OpenCopy {
         /** Where each claimed slot goes: triples (request index, region index, pool offset). */
-        CopyPlan plan(long id, int skipped) {
+        CopyPlan plan(Token id, int skipped) {
             NamespaceLayout layout = instance.ns.layout;
             int n = 0;
             for (PlannedBlock p : blocks) {
@@ -37,9 +41,9 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     }
 
     /** An open load: the blocks it pinned. */
-    record OpenLoad(Instance instance, Block[] blocks) implements OpenCopy {
+    record OpenLoad(Instance instance, Block[] blocks, long deadlineNanos) implements OpenCopy {
         /** Where each of {@code worker}'s slots is: triples (lease index, region index, pool offset). */
-        CopyPlan plan(long id, Instance.Worker worker) {
+        CopyPlan plan(Token id, Instance.Worker worker) {
             NamespaceLayout layout = instance.ns.layout;
             int tpRank = worker.spec.tpRank();
             int regions = worker.regions.length;

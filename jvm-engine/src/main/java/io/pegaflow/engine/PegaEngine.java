@@ -155,7 +155,7 @@ public final class PegaEngine implements AutoCloseable {
         startOp();
         try {
             CopyPlan plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
-            if (plan.id() == 0) {
+            if (plan.isEmpty()) {
                 return CompletableFuture.completedFuture(new CopyResult(0, plan.skippedBlocks(), 0));
             }
             return submit(instanceId, workerRank, plan, blockIds, waitStream);
@@ -174,11 +174,11 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
-    /** Drops a lease and all its remaining shares. */
-    public void release(LeaseId leaseId) {
+    /** Drops a lease of {@code instanceId} and all its remaining shares. */
+    public void release(String instanceId, Token leaseId) {
         startOp();
         try {
-            store.release(leaseId);
+            store.release(instanceId, leaseId);
         } finally {
             endOp();
         }
@@ -190,7 +190,7 @@ public final class PegaEngine implements AutoCloseable {
      * fails with a {@link TransferFailedException} naming the destination block ids if the
      * copy fails.
      */
-    public CompletableFuture<CopyResult> load(String instanceId, int workerRank, LeaseId leaseId, long[] dstBlockIds) {
+    public CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
         startOp();
         try {
             CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
@@ -227,7 +227,7 @@ public final class PegaEngine implements AutoCloseable {
             long start = clock.getAsLong();
             transfer.submit(batch).whenComplete((ok, err) -> {
                 try {
-                    store.endCopy(plan.id(), err == null, batch.totalBytes(), clock.getAsLong() - start);
+                    store.endCopy(instanceId, plan.id(), err == null, batch.totalBytes(), clock.getAsLong() - start);
                     if (err != null) {
                         result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
                     } else {
@@ -239,7 +239,7 @@ public final class PegaEngine implements AutoCloseable {
             });
         } catch (Throwable t) {
             try {
-                store.endCopy(plan.id(), false, 0, 0);
+                store.endCopy(instanceId, plan.id(), false, 0, 0);
             } catch (RuntimeException ignored) {
                 // the store rejects nothing it handed out; report the original failure
             }

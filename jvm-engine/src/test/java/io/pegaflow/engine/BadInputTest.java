@@ -30,7 +30,7 @@ class BadInputTest {
     private KvWorld world;
     private KvWorld half;
     private byte[][] saved;
-    private LeaseId lease;
+    private Token lease;
     private Map<Gauge, Long> gaugesBefore;
 
     @BeforeAll
@@ -123,15 +123,15 @@ class BadInputTest {
         add(c, "query null hashes", InvalidArgumentException.class, "hashes must not be null", t -> t.engine.query("inst", null));
         add(c, "query bad hash", InvalidArgumentException.class, "hashes[1] is null", t -> t.engine.query("inst", BlockHashes.of(new byte[][] {ok, null})));
         add(c, "load unknown lease", UnknownLeaseException.class, "lease 00000000000000010000000000000002 is unknown", t ->
-                t.engine.load("inst", 0, new LeaseId(1, 2), new long[] {5}));
+                t.engine.load("inst", 0, new Token(1, 2), new long[] {5}));
         add(c, "load wrong count", InvalidArgumentException.class, "2 destination block ids for 3 leased blocks", t ->
                 t.engine.load("inst", 0, t.lease, new long[] {5, 6}));
         add(c, "load destination out of range", InvalidArgumentException.class, "dstBlockIds[2] = 99 out of range [0, 16)", t ->
                 t.engine.load("inst", 0, t.lease, new long[] {5, 6, 99}));
         add(c, "load null lease", InvalidArgumentException.class, "must not be null", t -> t.engine.load("inst", 0, null, new long[] {1}));
-        add(c, "release unknown lease", UnknownLeaseException.class, "is unknown", t -> t.engine.release(new LeaseId(3, 4)));
-        add(c, "release null", InvalidArgumentException.class, "lease is null", t -> t.engine.release(null));
-        add(c, "lease of wrong length", InvalidArgumentException.class, "lease of 15 bytes; expected exactly 16 bytes", t -> LeaseId.fromBytes(new byte[15]));
+        add(c, "release unknown lease", UnknownLeaseException.class, "is unknown", t -> t.engine.release("inst", new Token(3, 4)));
+        add(c, "release null", InvalidArgumentException.class, "lease is null", t -> t.engine.release("inst", null));
+        add(c, "lease of wrong length", InvalidArgumentException.class, "lease of 15 bytes; expected exactly 16 bytes", t -> Token.fromBytes(new byte[15]));
         add(c, "unregister unknown", UnknownInstanceException.class, "instance 'ghost'", t -> t.engine.unregisterInstance("ghost"));
         add(c, "bad pool size", InvalidArgumentException.class, "size '12 parsecs'", t -> EngineConfig.builder().poolSize("12 parsecs"));
         add(c, "tiny pool", InvalidArgumentException.class, "pool size 100 bytes", t -> EngineConfig.builder().poolBytes(100).build());

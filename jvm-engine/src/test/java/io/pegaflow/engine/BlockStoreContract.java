@@ -119,7 +119,7 @@ public abstract class BlockStoreContract {
     private int hits(byte[]... hashes) {
         QueryResult q = engine.query("inst", BlockHashes.of(hashes));
         if (q.hasLease()) {
-            engine.release(q.lease());
+            engine.release("inst", q.lease());
         }
         return q.hitBlocks();
     }
@@ -217,7 +217,7 @@ public abstract class BlockStoreContract {
         assertThat(engine.stats().get(Counter.LEASES_EXPIRED)).isEqualTo(1);
         assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {4, 5}))
                 .isInstanceOf(UnknownLeaseException.class).hasMessageContaining(q.lease().toString());
-        assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+        assertThatThrownBy(() -> engine.release("inst", q.lease())).isInstanceOf(UnknownLeaseException.class);
         verifyInvariants();
     }
 
@@ -237,7 +237,7 @@ public abstract class BlockStoreContract {
 
         QueryResult q2 = engine.query("inst", BlockHashes.of(h));
         engine.load("inst", 1, q2.lease(), new long[] {6, 7}).join();
-        engine.release(q2.lease());
+        engine.release("inst", q2.lease());
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
         assertThatThrownBy(() -> engine.load("inst", 0, q2.lease(), new long[] {6, 7})).isInstanceOf(UnknownLeaseException.class);
         verifyInvariants();
@@ -252,7 +252,7 @@ public abstract class BlockStoreContract {
         engine.unregisterInstance("inst");
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThatThrownBy(() -> engine.query("inst", BlockHashes.of(h))).isInstanceOf(UnknownInstanceException.class);
-        assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+        assertThatThrownBy(() -> engine.release("inst", q.lease())).isInstanceOf(UnknownLeaseException.class);
         try (KvWorld restarted = new KvWorld("inst-2", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
             restarted.register(engine);
             QueryResult again = engine.query("inst-2", BlockHashes.of(h));
@@ -358,7 +358,7 @@ public abstract class BlockStoreContract {
             store.registerWorker("dead", w.workers.get(0));
             byte[][] h = KvWorld.randomHashes(rnd, 3);
             CopyPlan done = store.reserveSave("dead", 0, null, new long[] {0, 1}, BlockHashes.of(new byte[][] {h[0], h[1]}));
-            store.endCopy(done.id(), true, 0, 0);
+            store.endCopy("dead", done.id(), true, 0, 0);
             CopyPlan open = store.beginLoad("dead", 0, store.query("dead", BlockHashes.of(new byte[][] {h[0], h[1]})).lease(), new long[] {5, 6});
             CopyPlan reserved = store.reserveSave("dead", 0, null, new long[] {2}, BlockHashes.of(new byte[][] {h[2]}));
             assertThat(reserved.slots()).isEqualTo(2);
@@ -369,10 +369,76 @@ public abstract class BlockStoreContract {
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
             assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
             assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).as("saved blocks stay").isEqualTo(2);
-            assertThatThrownBy(() -> store.endCopy(open.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
+            assertThatThrownBy(() -> store.endCopy("dead", open.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
                     .hasMessageContaining("copy " + open.id() + " is unknown");
-            assertThatThrownBy(() -> store.endCopy(reserved.id(), true, 0, 0))
+            assertThatThrownBy(() -> store.endCopy("dead", reserved.id(), true, 0, 0))
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("copy " + reserved.id() + " is unknown");
+            verifyInvariants();
+        }
+    }
+
+    /**
+     * Ids are bound to the instance they were issued to: another instance (a tenant that
+     * learned or guessed an id) cannot release a lease, load it, or end a save or load, and
+     * nothing changes when it tries; the owner then proceeds as if nothing happened.
+     */
+    @Test
+    void anIdIssuedToOneInstanceIsRefusedToAnother() {
+        try (BlockStore store = store(config(1 << 20).build());
+                KvWorld a = new KvWorld("a", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0);
+                KvWorld b = new KvWorld("b", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            for (KvWorld w : List.of(a, b)) {
+                store.registerInstance(w.spec);
+                store.registerWorker(w.spec.instanceId(), w.workers.get(0));
+            }
+            BlockHashes h = BlockHashes.of(KvWorld.randomHashes(rnd, 2));
+            CopyPlan save = store.reserveSave("a", 0, null, new long[] {0, 1}, h);
+            assertThat(save.id()).isNotEqualTo(Token.NONE);
+            EngineStats before = store.stats();
+            assertThatThrownBy(() -> store.endCopy("b", save.id(), true, 0, 0)).isInstanceOf(PermissionDeniedException.class)
+                    .hasMessageContaining("not issued to instance 'b'");
+            assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isEqualTo(before.get(Gauge.INFLIGHT_BLOCKS));
+            assertThat(openOperations()).as("still a's to end").isEqualTo(1);
+            store.endCopy("a", save.id(), true, 0, 0);
+
+            Token lease = store.query("a", h).lease();
+            assertThatThrownBy(() -> store.release("b", lease)).isInstanceOf(PermissionDeniedException.class);
+            assertThatThrownBy(() -> store.beginLoad("b", 0, lease, new long[] {5, 6}))
+                    .isInstanceOf(PermissionDeniedException.class);
+            assertThat(store.stats().get(Gauge.ACTIVE_LEASES)).as("a's lease is untouched").isEqualTo(1);
+            CopyPlan load = store.beginLoad("a", 0, lease, new long[] {5, 6});
+            assertThatThrownBy(() -> store.endCopy("b", load.id(), true, 0, 0)).isInstanceOf(PermissionDeniedException.class);
+            store.endCopy("a", load.id(), true, 0, 0);
+            assertThat(openOperations()).isZero();
+            verifyInvariants();
+        }
+    }
+
+    /** A copier that dies without a session (no unregister) does not leak: its open copies roll back after the copy TTL. */
+    @Test
+    void savesAndLoadsNeverEndedAreRolledBackAfterTheCopyTtl() {
+        requireTheConfiguredClock();
+        try (BlockStore store = store(config(1 << 20).copyTtl(Duration.ofSeconds(60)).build());
+                KvWorld w = new KvWorld("dead", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            store.registerInstance(w.spec);
+            store.registerWorker("dead", w.workers.get(0));
+            BlockHashes h = BlockHashes.of(KvWorld.randomHashes(rnd, 3));
+            store.endCopy("dead", store.reserveSave("dead", 0, null, new long[] {0, 1}, h.slice(0, 2)).id(), true, 0, 0);
+            long resident = store.stats().get(Gauge.POOL_USED_BYTES);
+            CopyPlan load = store.beginLoad("dead", 0, store.query("dead", h.slice(0, 2)).lease(), new long[] {5, 6});
+            CopyPlan save = store.reserveSave("dead", 0, null, new long[] {2}, h.slice(2, 3));
+            clock.advance(Duration.ofSeconds(59));
+            sweep();
+            assertThat(openOperations()).as("not yet").isEqualTo(2);
+            clock.advance(Duration.ofSeconds(2));
+            sweep();
+            assertThat(openOperations()).isZero();
+            assertThat(store.stats().get(Counter.COPIES_EXPIRED)).isEqualTo(2);
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+            assertThat(store.stats().get(Gauge.POOL_USED_BYTES)).as("back to the resident bytes").isEqualTo(resident);
+            assertThatThrownBy(() -> store.endCopy("dead", save.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("expired");
+            assertThatThrownBy(() -> store.endCopy("dead", load.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class);
             verifyInvariants();
         }
     }
@@ -407,7 +473,7 @@ public abstract class BlockStoreContract {
             assertThat(world.holdsPattern(w, 10, h[0]) && world.holdsPattern(w, 11, h[1])).isTrue();
         }
         // each worker's load consumed its share of the lease
-        assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+        assertThatThrownBy(() -> engine.release("mla", q.lease())).isInstanceOf(UnknownLeaseException.class);
         verifyInvariants();
     }
 

@@ -68,10 +68,10 @@ class ConcurrencyTest {
                             }
                             int mode = rnd.nextInt(8);
                             if (mode == 0) {
-                                engine.release(q.lease());
+                                engine.release(inst, q.lease());
                             } else if (mode == 1) {
                                 engine.load(inst, 0, q.lease(), dst).join();
-                                engine.release(q.lease());
+                                engine.release(inst, q.lease());
                                 for (int i = 0; i < dst.length; i++) {
                                     assertThat(world.holdsPattern(world.workers.get(0), dst[i], prefix[i])).isTrue();
                                 }

@@ -138,7 +138,7 @@ class RoundTripProperties {
             assertThat(q.hitBlocks()).isEqualTo(expected);
             assertThat(q.hasLease()).isEqualTo(expected > 0);
             if (q.hasLease()) {
-                engine.release(q.lease());
+                engine.release("i", q.lease());
             }
             engine.verifyInvariants();
         }

@@ -12,7 +12,7 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.TopologyMismatchException;
@@ -150,11 +150,11 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void beginLoad(BeginLoadRequest r, StreamObserver<CopyPlan> out) {
         answer(out, () -> plan(store.beginLoad(r.getInstanceId(), r.getWorkerRank(),
-                LeaseId.fromBytes(r.getLease().toByteArray()), longs(r.getDstBlockIdsList()))));
+                Token.fromBytes(r.getLease().toByteArray()), longs(r.getDstBlockIdsList()))));
     }
 
     private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {
-        CopyPlan.Builder b = CopyPlan.newBuilder().setId(p.id()).setBlocks(p.blocks()).setSkippedBlocks(p.skippedBlocks())
+        CopyPlan.Builder b = CopyPlan.newBuilder().setId(ByteString.copyFrom(p.id().toBytes())).setBlocks(p.blocks()).setSkippedBlocks(p.skippedBlocks())
                 .setDirection(p.direction() == io.pegaflow.engine.CopyPlan.Direction.LOAD ? CopyDirection.LOAD
                         : CopyDirection.SAVE);
         for (int k = 0; k < p.slots(); k++) {
@@ -166,7 +166,8 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void endCopy(EndCopyRequest r, StreamObserver<CopyResult> out) {
         answer(out, () -> {
-            io.pegaflow.engine.CopyResult c = store.endCopy(r.getId(), r.getOk(), r.getBytes(), r.getNanos());
+            io.pegaflow.engine.CopyResult c = store.endCopy(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"),
+                    r.getOk(), r.getBytes(), r.getNanos());
             return CopyResult.newBuilder().setBlocks(c.blocks()).setSkippedBlocks(c.skippedBlocks()).setBytes(c.bytes())
                     .build();
         });
@@ -197,7 +198,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     /** Release on {@code store}: the gRPC method and the local socket's. */
     static void release(LocalStore store, ReleaseRequest r) {
-        store.release(LeaseId.fromBytes(r.getLease().toByteArray()));
+        store.release(r.getInstanceId(), Token.fromBytes(r.getLease().toByteArray()));
     }
 
     @Override

@@ -58,7 +58,7 @@ class LocalSocketTest {
         hashes = new byte[][] {new byte[32], new byte[32]};
         hashes[1][0] = 1;
         CopyPlan p = store.reserveSave("inst", 0, null, new long[] {0, 1}, BlockHashes.of(hashes));
-        store.endCopy(p.id(), true, 0, 0);
+        store.endCopy("inst", p.id(), true, 0, 0);
     }
 
     @AfterEach
@@ -75,9 +75,9 @@ class LocalSocketTest {
         try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 2000)) {
             QueryResult q = client.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(2);
-            client.release(q.lease());
+            client.release("inst", q.lease());
             assertThat(client.localCalls()).isEqualTo(2);
-            assertThatThrownBy(() -> client.release(q.lease())).isInstanceOf(UnknownLeaseException.class)
+            assertThatThrownBy(() -> client.release("inst", q.lease())).isInstanceOf(UnknownLeaseException.class)
                     .hasMessageContaining(q.lease().toString());
             assertThatThrownBy(() -> client.query("nope", BlockHashes.of(hashes))).isInstanceOf(UnknownInstanceException.class)
                     .hasMessageContaining("'nope'");
@@ -108,14 +108,14 @@ class LocalSocketTest {
             assertThat(header.get(4)).isZero();
             io.pegaflow.client.proto.QueryResponse r = io.pegaflow.client.proto.QueryResponse.parseFrom(answer);
             assertThat(r.getHitBlocks()).isEqualTo(1);
-            server.store().release(io.pegaflow.engine.LeaseId.fromBytes(r.getLease().toByteArray()));
+            server.store().release("inst", io.pegaflow.engine.Token.fromBytes(r.getLease().toByteArray()));
         }
     }
 
     @Test
     void aClosedServerFallsBackToGrpcAndFailsWithinTheDeadline() {
         try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 500)) {
-            client.release(client.query("inst", BlockHashes.of(hashes)).lease());
+            client.release("inst", client.query("inst", BlockHashes.of(hashes)).lease());
             server.close();
             server = null;
             long t0 = System.nanoTime();

@@ -16,7 +16,7 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.RegistrationIncompleteException;
@@ -163,7 +163,7 @@ class ServerTest {
             EngineStats before = server.store().stats();
             assertThatThrownBy(() -> w.query("nope", BlockHashes.of(hashes(1)))).isInstanceOf(UnknownInstanceException.class)
                     .hasMessageContaining("instance 'nope' is not registered");
-            assertThatThrownBy(() -> w.release(new LeaseId(1, 2))).isInstanceOf(UnknownLeaseException.class);
+            assertThatThrownBy(() -> w.release("nope", new Token(1, 2))).isInstanceOf(UnknownLeaseException.class);
             assertThatThrownBy(() -> w.save("i", 0, new long[] {BLOCKS}, BlockHashes.of(hashes(1)))).isInstanceOf(InvalidArgumentException.class)
                     .hasMessageContaining("blockIds[0] = 16 out of range [0, 16)");
             assertThatThrownBy(() -> w.query("i", BlockHashes.of(new byte[][] {new byte[32], new byte[8]})))

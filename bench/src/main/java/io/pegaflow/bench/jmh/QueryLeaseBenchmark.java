@@ -5,7 +5,7 @@ import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.WorkerSpec;
@@ -80,14 +80,14 @@ public class QueryLeaseBenchmark {
 
         @TearDown(Level.Invocation)
         public void release(Store store) {
-            store.engine.release(result.lease());
+            store.engine.release("bench", result.lease());
         }
     }
 
     /** Takes, untimed, the lease each releaseLease invocation drops. */
     @State(Scope.Thread)
     public static class Held {
-        LeaseId lease;
+        Token lease;
 
         @Setup(Level.Invocation)
         public void lease(Store store) {
@@ -103,6 +103,6 @@ public class QueryLeaseBenchmark {
 
     @Benchmark
     public void releaseLease(Store store, Held held) {
-        store.engine.release(held.lease);
+        store.engine.release("bench", held.lease);
     }
 }

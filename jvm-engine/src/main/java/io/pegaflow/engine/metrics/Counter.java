@@ -22,7 +22,8 @@ public enum Counter {
     POOL_ALLOC_FAILURES("pegaflow_pool_alloc_failures_total", "saves refused because the pool was exhausted"),
     LEASES_CREATED("pegaflow_leases_created_total", "leases issued by queries"),
     LEASES_EXPIRED("pegaflow_leases_expired_total", "leases dropped by the TTL sweeper"),
-    INFLIGHT_GC("pegaflow_inflight_gc_cleaned_total", "partially saved blocks dropped after the in-flight TTL");
+    INFLIGHT_GC("pegaflow_inflight_gc_cleaned_total", "partially saved blocks dropped after the in-flight TTL"),
+    COPIES_EXPIRED("pegaflow_copies_expired_total", "saves and loads rolled back because their copier never ended them");
 
     private final String metricName;
     private final String help;
