@@ -50,6 +50,20 @@ final class Block {
         return filled == slotState.length;
     }
 
+    /** Checks the block's own counts and flags, as an indexed block (see {@link LocalStore#verifyInvariants}). */
+    void verify() {
+        int count = 0;
+        for (byte s : slotState) {
+            if (s == FILLED) {
+                count++;
+            }
+        }
+        LocalStore.require(count == filled, "block " + key + " counts " + filled + " filled slots, has " + count);
+        LocalStore.require(refs >= 0, "block " + key + " has refs " + refs);
+        LocalStore.require(sealed == complete(), "block " + key + " sealed=" + sealed + " but complete=" + complete());
+        LocalStore.require(!removed, "removed block " + key + " still indexed");
+    }
+
     void addAllocation(long handle, long size) {
         if (allocationCount == allocations.length) {
             allocations = Arrays.copyOf(allocations, allocationCount * 2);

@@ -1,6 +1,10 @@
 package io.pegaflow.engine;
 
+import java.util.Arrays;
+import java.util.HashSet;
+import java.util.List;
 import java.util.Map;
+import java.util.Set;
 
 /**
  * A registered instance: its workers as they arrive and, once all {@code worldSize} are in,
@@ -33,6 +37,34 @@ final class Instance {
         Worker(WorkerSpec spec) {
             this.spec = spec;
             this.regions = spec.layers().toArray(new LayerRegion[0]);
+        }
+
+        /** Indexes into {@link #regions} of the named layers ({@code null}: all), in the order named. */
+        int[] selectRegions(String instanceId, List<String> layerNames) {
+            if (layerNames == null) {
+                int[] all = new int[regions.length];
+                Arrays.setAll(all, i -> i);
+                return all;
+            }
+            int[] idx = new int[layerNames.size()];
+            Set<String> seen = new HashSet<>();
+            for (int i = 0; i < idx.length; i++) {
+                String name = layerNames.get(i);
+                if (!seen.add(name)) {
+                    throw new InvalidArgumentException("layer '" + name + "' listed twice in one save");
+                }
+                idx[i] = -1;
+                for (int r = 0; r < regions.length; r++) {
+                    if (regions[r].layerName().equals(name)) {
+                        idx[i] = r;
+                    }
+                }
+                if (idx[i] < 0) {
+                    throw new InvalidArgumentException("layer '" + name + "' is not registered by worker "
+                            + spec.workerRank() + " of instance '" + instanceId + "'");
+                }
+            }
+            return idx;
         }
     }
 }

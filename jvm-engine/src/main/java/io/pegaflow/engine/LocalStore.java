@@ -1,5 +1,8 @@
 package io.pegaflow.engine;
 
+import io.pegaflow.engine.OpenCopy.OpenLoad;
+import io.pegaflow.engine.OpenCopy.PlannedBlock;
+import io.pegaflow.engine.OpenCopy.Reservation;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.CounterMetrics;
 import io.pegaflow.engine.metrics.Gauge;
@@ -11,14 +14,11 @@ import java.util.EnumMap;
 import java.util.HashMap;
 import java.util.HashSet;
 import java.util.Iterator;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.TreeMap;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
-import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.LongSupplier;
@@ -41,23 +41,17 @@ public final class LocalStore implements BlockStore {
     private final CounterMetrics counters = new CounterMetrics();
     private final MetricsSink extraSink;
     private final LongSupplier clock;
-    private final long leaseTtlNanos;
     private final long inflightTtlNanos;
     private final ScheduledExecutorService sweeper;
 
     private final ReentrantLock lock = new ReentrantLock();
     // --- guarded by lock ---
-    private final Map<String, Instance> instances = new HashMap<>();
-    private final Map<String, NamespaceIndex> namespaces = new HashMap<>();
-    /** Insertion order is expiry order (one TTL for all leases). */
-    private final LinkedHashMap<LeaseId, Lease> leases = new LinkedHashMap<>();
+    private final InstanceRegistry registry = new InstanceRegistry();
+    private final LeaseTable leases;
+    private final LruList lru = new LruList();
     private final Set<Block> inflight = new HashSet<>();
-    private Block lruHead;
-    private Block lruTail;
     private long residentBlocks;
     private long residentBytes;
-    private long pinnedBlocks;
-    private long evictableBytes;
     private boolean closed;
     /** Saves and loads between their plan and endCopy, by plan id. */
     private final Map<Long, OpenCopy> open = new HashMap<>();
@@ -70,7 +64,7 @@ public final class LocalStore implements BlockStore {
             throw new InvalidArgumentException("engine config is null; expected EngineConfig.builder()...build()");
         }
         this.clock = config.nanoClock();
-        this.leaseTtlNanos = config.leaseTtl().toNanos();
+        this.leases = new LeaseTable(config.leaseTtl().toNanos(), this::pinAll, this::unpinAll);
         this.inflightTtlNanos = config.inflightTtl().toNanos();
         this.extraSink = config.metrics();
         this.allocator = new OffsetAllocator(capacityBytes);
@@ -105,15 +99,7 @@ public final class LocalStore implements BlockStore {
         lock.lock();
         try {
             checkOpen();
-            Instance existing = instances.get(spec.instanceId());
-            if (existing != null) {
-                if (existing.spec.equals(spec)) {
-                    return;
-                }
-                throw new TopologyMismatchException("instance '" + spec.instanceId() + "' is registered as " + existing.spec
-                        + "; re-registration asked for " + spec);
-            }
-            instances.put(spec.instanceId(), new Instance(spec));
+            registry.register(spec);
         } finally {
             lock.unlock();
         }
@@ -128,67 +114,11 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public void registerWorker(String instanceId, WorkerSpec worker) {
-        if (worker == null) {
-            throw new InvalidArgumentException("worker spec for instance '" + instanceId + "' is null");
-        }
-        if (worker.layers() == null || worker.layers().isEmpty()) {
-            throw new InvalidArgumentException("worker " + worker.workerRank() + " of instance '" + instanceId
-                    + "' registers no layers; expected at least one LayerRegion");
-        }
-        Set<String> names = new HashSet<>();
-        List<LayerRegion> regions = worker.layers();
-        for (LayerRegion r : regions) {
-            if (r == null) {
-                throw new InvalidArgumentException("worker " + worker.workerRank() + " of instance '" + instanceId
-                        + "' has a null layer region");
-            }
-            r.validate();
-            if (!names.add(r.layerName())) {
-                throw new InvalidArgumentException("layer '" + r.layerName() + "' appears twice in worker "
-                        + worker.workerRank() + " of instance '" + instanceId + "'");
-            }
-        }
-        for (int i = 0; i < regions.size(); i++) {
-            for (int j = i + 1; j < regions.size(); j++) {
-                if (regions.get(i).overlaps(regions.get(j))) {
-                    throw new InvalidArgumentException("layers '" + regions.get(i).layerName() + "' and '"
-                            + regions.get(j).layerName() + "' of worker " + worker.workerRank()
-                            + " overlap in memory; expected disjoint regions");
-                }
-            }
-        }
+        InstanceRegistry.checkWorker(instanceId, worker);
         lock.lock();
         try {
             checkOpen();
-            Instance inst = instance(instanceId);
-            if (inst.sealed()) {
-                throw new InvalidArgumentException("instance '" + instanceId + "' is already sealed: all "
-                        + inst.spec.worldSize() + " workers registered");
-            }
-            int rank = worker.workerRank();
-            if (rank < 0 || rank >= inst.spec.worldSize()) {
-                throw new InvalidArgumentException("worker rank " + rank + " out of range [0, " + inst.spec.worldSize()
-                        + ") for instance '" + instanceId + "'");
-            }
-            if (worker.tpRank() < 0 || worker.tpRank() >= inst.spec.tpSize()) {
-                throw new InvalidArgumentException("tp rank " + worker.tpRank() + " out of range [0, "
-                        + inst.spec.tpSize() + ") for instance '" + instanceId + "'");
-            }
-            if (inst.workers[rank] != null) {
-                throw new InvalidArgumentException("worker rank " + rank + " of instance '" + instanceId
-                        + "' is already registered");
-            }
-            inst.workers[rank] = new Instance.Worker(worker);
-            inst.registeredWorkers++;
-            if (inst.registeredWorkers == inst.spec.worldSize()) {
-                try {
-                    seal(inst);
-                } catch (RuntimeException e) {
-                    inst.workers[rank] = null;
-                    inst.registeredWorkers--;
-                    throw e;
-                }
-            }
+            registry.addWorker(instanceId, worker);
         } finally {
             lock.unlock();
         }
@@ -200,75 +130,10 @@ public final class LocalStore implements BlockStore {
         lock.lock();
         try {
             checkOpen();
-            return instance(instanceId).sealed();
+            return registry.get(instanceId).sealed();
         } finally {
             lock.unlock();
         }
-    }
-
-    private void seal(Instance inst) {
-        int tp = inst.spec.tpSize();
-        TreeMap<String, NamespaceLayout.LayerGeometry> geometry = new TreeMap<>();
-        Map<String, int[]> owners = new HashMap<>();
-        for (Instance.Worker w : inst.workers) {
-            for (LayerRegion r : w.regions) {
-                NamespaceLayout.LayerGeometry g =
-                        new NamespaceLayout.LayerGeometry(r.layerName(), r.layout(), r.segmentBytes());
-                NamespaceLayout.LayerGeometry prev = geometry.putIfAbsent(r.layerName(), g);
-                if (prev != null && !prev.equals(g)) {
-                    throw new TopologyMismatchException("layer '" + r.layerName() + "' of instance '" + inst.spec.instanceId()
-                            + "' is " + prev.layout() + " with segmentBytes " + prev.segmentBytes() + " on one rank but "
-                            + g.layout() + " with segmentBytes " + g.segmentBytes() + " on worker " + w.spec.workerRank()
-                            + "; expected the same geometry on every rank");
-                }
-                int[] byTp = owners.computeIfAbsent(r.layerName(), k -> {
-                    int[] a = new int[tp];
-                    Arrays.fill(a, -1);
-                    return a;
-                });
-                int tpRank = w.spec.tpRank();
-                // MLA latents are identical on every TP rank: workers registering the same
-                // (layer, tp rank) are replicas that share one stored copy (the first save
-                // to claim a slot writes it, the others skip it).
-                if (byTp[tpRank] >= 0 && r.layout() != KvLayout.MLA) {
-                    throw new TopologyMismatchException("layer '" + r.layerName() + "' tp rank " + tpRank + " of instance '"
-                            + inst.spec.instanceId() + "' is registered by workers " + byTp[tpRank] + " and "
-                            + w.spec.workerRank() + "; expected exactly one owner");
-                }
-                byTp[tpRank] = w.spec.workerRank();
-            }
-        }
-        for (Map.Entry<String, int[]> e : owners.entrySet()) {
-            for (int t = 0; t < tp; t++) {
-                if (e.getValue()[t] < 0) {
-                    throw new TopologyMismatchException("layer '" + e.getKey() + "' of instance '" + inst.spec.instanceId()
-                            + "' has no worker for tp rank " + t + "; expected every layer on every tp rank");
-                }
-            }
-        }
-        NamespaceLayout layout = new NamespaceLayout(tp, List.copyOf(geometry.values()));
-        NamespaceIndex ns = namespaces.get(inst.spec.namespace());
-        if (ns != null && !ns.layout.equals(layout)) {
-            throw new TopologyMismatchException("namespace '" + inst.spec.namespace() + "' is shared by incompatible KV layouts: "
-                    + "it holds " + ns.layout + " but instance '" + inst.spec.instanceId() + "' registers " + layout);
-        }
-        Map<String, Integer> ids = new HashMap<>();
-        int id = 0;
-        for (String name : geometry.keySet()) {
-            ids.put(name, id++);
-        }
-        for (Instance.Worker w : inst.workers) {
-            w.layerIds = new int[w.regions.length];
-            for (int i = 0; i < w.regions.length; i++) {
-                w.layerIds[i] = ids.get(w.regions[i].layerName());
-            }
-        }
-        if (ns == null) {
-            ns = new NamespaceIndex(inst.spec.namespace(), layout);
-            namespaces.put(ns.namespace, ns);
-        }
-        inst.layerIds = ids;
-        inst.ns = ns;
     }
 
     /**
@@ -281,27 +146,19 @@ public final class LocalStore implements BlockStore {
         lock.lock();
         try {
             checkOpen();
-            Instance inst = instance(instanceId);
-            instances.remove(instanceId);
-            inst.removed = true;
-            for (Iterator<Lease> it = leases.values().iterator(); it.hasNext(); ) {
-                Lease l = it.next();
-                if (l.instance == inst) {
-                    it.remove();
-                    unpinAll(l.blocks);
-                }
-            }
+            Instance inst = registry.remove(instanceId);
+            leases.removeAll(inst);
             for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
                 OpenCopy op = it.next();
                 if (op.instance() == inst) {
                     it.remove();
                     switch (op) {
                         case Reservation r -> {
-                            rollbackSave(r.worker, inst.ns.layout, r.blocks);
+                            rollbackSave(r.worker(), inst.ns.layout, r.blocks());
                             count(Counter.SAVE_FAILURES, 1);
                         }
                         case OpenLoad l -> {
-                            unpinAll(l.blocks);
+                            unpinAll(l.blocks());
                             count(Counter.LOAD_FAILURES, 1);
                         }
                     }
@@ -338,11 +195,11 @@ public final class LocalStore implements BlockStore {
         lock.lock();
         try {
             checkOpen();
-            Instance inst = sealedInstance(instanceId);
-            Instance.Worker worker = worker(inst, workerRank);
-            int[] regionIdx = selectRegions(inst, worker, layerNames);
+            Instance inst = registry.sealed(instanceId);
+            Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
+            int[] regionIdx = worker.selectRegions(inst.spec.instanceId(), layerNames);
             for (int r : regionIdx) {
-                checkBlockIds(blockIds, "blockIds", worker.regions[r]);
+                worker.regions[r].checkBlockIds(blockIds, "blockIds");
             }
             planSave(inst, worker, regionIdx, blockIds, hashes, planned);
             int skipped = hashes.count() - planned.size();
@@ -352,62 +209,11 @@ public final class LocalStore implements BlockStore {
                 return CopyPlan.nothing(skipped);
             }
             long id = nextId++;
-            open.put(id, new Reservation(inst, worker, planned));
-            return toPlan(id, skipped, inst.ns.layout, worker, planned);
+            Reservation reservation = new Reservation(inst, worker, planned);
+            open.put(id, reservation);
+            return reservation.plan(id, skipped);
         } finally {
             lock.unlock();
-        }
-    }
-
-    /** Where each claimed slot goes: triples (request index, region index, pool offset). */
-    private static CopyPlan toPlan(long id, int skipped, NamespaceLayout layout, Instance.Worker worker,
-            List<PlannedBlock> planned) {
-        int n = 0;
-        for (PlannedBlock p : planned) {
-            n += p.regions.length;
-        }
-        int[] blockIndex = new int[n];
-        int[] regionIndex = new int[n];
-        long[] hostOffset = new long[n];
-        int k = 0;
-        int tpRank = worker.spec.tpRank();
-        for (PlannedBlock p : planned) {
-            for (int r : p.regions) {
-                blockIndex[k] = p.requestIndex;
-                regionIndex[k] = r;
-                hostOffset[k] = p.block.slotOffset[layout.slot(worker.layerIds[r], tpRank)];
-                k++;
-            }
-        }
-        return new CopyPlan(id, CopyPlan.Direction.SAVE, planned.size(), skipped, blockIndex, regionIndex, hostOffset);
-    }
-
-    /** A save or load between its plan and {@link #endCopy}. */
-    private sealed interface OpenCopy permits Reservation, OpenLoad {
-        Instance instance();
-    }
-
-    /** An open save: the instance, the worker and the blocks it claimed. */
-    private record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks) implements OpenCopy {}
-
-    /** An open load: the blocks it pinned. */
-    private record OpenLoad(Instance instance, Block[] blocks) implements OpenCopy {}
-
-    /** One block of a save: which of the worker's regions it writes and the allocation backing them. */
-    private static final class PlannedBlock {
-        final int requestIndex;
-        final HashKey key;
-        Block block;
-        final int[] regions;
-        final long bytes;
-        long allocation;
-
-        PlannedBlock(int requestIndex, HashKey key, Block block, int[] regions, long bytes) {
-            this.requestIndex = requestIndex;
-            this.key = key;
-            this.block = block;
-            this.regions = regions;
-            this.bytes = bytes;
         }
     }
 
@@ -444,12 +250,12 @@ public final class LocalStore implements BlockStore {
             plans.add(new PlannedBlock(i, key, b, Arrays.copyOf(todo, n), bytes));
             needed += (bytes + unit - 1) / unit * unit;
         }
-        if (needed > allocator.freeBytes() + evictableBytes) {
+        if (needed > allocator.freeBytes() + lru.evictableBytes()) {
             count(Counter.POOL_ALLOC_FAILURES, 1);
             plans.clear();
             throw new PoolExhaustedException("host pool exhausted: saving needs " + Sizes.format(needed)
                     + " but the pool (" + Sizes.format(allocator.capacityBytes()) + ") has " + Sizes.format(allocator.freeBytes())
-                    + " free and " + Sizes.format(evictableBytes) + " evictable; " + pinnedBlocks
+                    + " free and " + Sizes.format(lru.evictableBytes()) + " evictable; " + lru.pinnedBlocks()
                     + " blocks are pinned by leases or loads and " + inflight.size() + " blocks are being assembled");
         }
         long now = clock.getAsLong();
@@ -483,7 +289,7 @@ public final class LocalStore implements BlockStore {
                 b.slotOffset[slot] = offset;
                 offset += worker.regions[r].slotBytes();
             }
-            pin(b);
+            lru.pin(b);
         }
     }
 
@@ -524,7 +330,7 @@ public final class LocalStore implements BlockStore {
                 inflight.remove(b);
                 residentBlocks++;
                 residentBytes += b.bytes;
-                pinnedBlocks++; // the save's own reference; unpin below may make it evictable
+                lru.addPinned(); // the save's own reference; unpin below may make it evictable
                 count(Counter.BLOCKS_SEALED, 1);
             }
             unpin(b);
@@ -550,21 +356,13 @@ public final class LocalStore implements BlockStore {
         lock.lock();
         try {
             checkOpen();
-            Instance inst = sealedInstance(instanceId);
+            Instance inst = registry.sealed(instanceId);
             long now = clock.getAsLong();
             expireLeases(now);
             Block[] found = new Block[count];
             hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
             if (hit > 0) {
-                Block[] pinned = hit == found.length ? found : Arrays.copyOf(found, hit);
-                do {
-                    ThreadLocalRandom rnd = ThreadLocalRandom.current();
-                    leaseId = new LeaseId(rnd.nextLong(), rnd.nextLong());
-                } while (leases.containsKey(leaseId));
-                leases.put(leaseId, new Lease(leaseId, inst, pinned, now + leaseTtlNanos));
-                for (Block b : pinned) {
-                    pin(b);
-                }
+                leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
             }
             count(Counter.QUERY_REQUESTS, 1);
             count(Counter.HIT_BLOCKS, hit);
@@ -588,11 +386,7 @@ public final class LocalStore implements BlockStore {
         try {
             checkOpen();
             expireLeases(clock.getAsLong());
-            Lease lease = leases.remove(leaseId);
-            if (lease == null) {
-                throw unknownLease(leaseId);
-            }
-            unpinAll(lease.blocks);
+            leases.remove(leaseId);
         } finally {
             lock.unlock();
         }
@@ -613,13 +407,10 @@ public final class LocalStore implements BlockStore {
         lock.lock();
         try {
             checkOpen();
-            Instance inst = sealedInstance(instanceId);
-            Instance.Worker worker = worker(inst, workerRank);
+            Instance inst = registry.sealed(instanceId);
+            Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
             expireLeases(clock.getAsLong());
             Lease lease = leases.get(leaseId);
-            if (lease == null) {
-                throw unknownLease(leaseId);
-            }
             if (lease.instance != inst) {
                 throw new UnknownLeaseException("lease " + leaseId + " belongs to instance '"
                         + lease.instance.spec.instanceId() + "', not '" + instanceId + "'");
@@ -632,37 +423,19 @@ public final class LocalStore implements BlockStore {
                         + " destination block ids for " + lease.blocks.length + " leased blocks; expected equal counts");
             }
             for (LayerRegion r : worker.regions) {
-                checkBlockIds(dstBlockIds, "dstBlockIds", r);
+                r.checkBlockIds(dstBlockIds, "dstBlockIds");
             }
             Block[] blocks = lease.blocks;
             lease.consumedBy.set(workerRank);
-            for (Block b : blocks) {
-                pin(b);
-            }
+            pinAll(blocks);
             if (lease.fullyConsumed()) {
                 leases.remove(leaseId);
-                unpinAll(blocks);
             }
             count(Counter.LOAD_REQUESTS, 1);
-            NamespaceLayout layout = inst.ns.layout;
-            int tpRank = worker.spec.tpRank();
-            int regions = worker.regions.length;
-            int n = blocks.length * regions;
-            int[] blockIndex = new int[n];
-            int[] regionIndex = new int[n];
-            long[] hostOffset = new long[n];
-            int k = 0;
-            for (int i = 0; i < blocks.length; i++) {
-                for (int r = 0; r < regions; r++) {
-                    blockIndex[k] = i;
-                    regionIndex[k] = r;
-                    hostOffset[k] = blocks[i].slotOffset[layout.slot(worker.layerIds[r], tpRank)];
-                    k++;
-                }
-            }
             long id = nextId++;
-            open.put(id, new OpenLoad(inst, blocks));
-            return new CopyPlan(id, CopyPlan.Direction.LOAD, blocks.length, 0, blockIndex, regionIndex, hostOffset);
+            OpenLoad load = new OpenLoad(inst, blocks);
+            open.put(id, load);
+            return load.plan(id, worker);
         } finally {
             lock.unlock();
         }
@@ -692,12 +465,12 @@ public final class LocalStore implements BlockStore {
             int blocks;
             switch (op) {
                 case Reservation r -> {
-                    commitLocked(r.instance, r.worker, r.blocks, ok);
-                    blocks = r.blocks.size();
+                    commitLocked(r.instance(), r.worker(), r.blocks(), ok);
+                    blocks = r.blocks().size();
                 }
                 case OpenLoad l -> {
-                    unpinAll(l.blocks);
-                    blocks = l.blocks.length;
+                    unpinAll(l.blocks());
+                    blocks = l.blocks().length;
                 }
             }
             if (ok) {
@@ -772,26 +545,12 @@ public final class LocalStore implements BlockStore {
             long sealedBytes = 0;
             long pinned = 0;
             int allocations = 0;
-            Set<Block> inLru = new HashSet<>();
-            long lruBytes = 0;
-            for (Block b = lruHead; b != null; b = b.lruNext) {
-                inLru.add(b);
-                lruBytes += b.bytes;
-            }
-            for (NamespaceIndex ns : namespaces.values()) {
+            Set<Block> inLru = lru.members();
+            for (NamespaceIndex ns : registry.namespaces()) {
                 for (Block b : ns.blocks.values()) {
                     bytes += b.bytes;
                     allocations += b.allocationCount;
-                    int filled = 0;
-                    for (byte s : b.slotState) {
-                        if (s == Block.FILLED) {
-                            filled++;
-                        }
-                    }
-                    require(filled == b.filled, "block " + b.key + " counts " + b.filled + " filled slots, has " + filled);
-                    require(b.refs >= 0, "block " + b.key + " has refs " + b.refs);
-                    require(b.sealed == b.complete(), "block " + b.key + " sealed=" + b.sealed + " but complete=" + b.complete());
-                    require(!b.removed, "removed block " + b.key + " still indexed");
+                    b.verify();
                     if (b.sealed) {
                         sealed++;
                         sealedBytes += b.bytes;
@@ -804,24 +563,19 @@ public final class LocalStore implements BlockStore {
                     }
                 }
             }
-            for (Lease l : leases.values()) {
-                for (Block b : l.blocks) {
-                    require(b.sealed && !b.removed && b.refs > 0, "lease " + l.id + " holds block " + b.key
-                            + " sealed=" + b.sealed + " removed=" + b.removed + " refs=" + b.refs);
-                }
-            }
+            leases.verify();
             require(bytes == allocator.usedBytes(), "blocks hold " + bytes + " bytes but the allocator has " + allocator.usedBytes() + " in use");
             require(allocations == allocator.liveAllocations(), "blocks hold " + allocations + " allocations, allocator " + allocator.liveAllocations());
             require(sealed == residentBlocks && sealedBytes == residentBytes, "resident " + residentBlocks + "/" + residentBytes
                     + " but counted " + sealed + "/" + sealedBytes);
-            require(pinned == pinnedBlocks, "pinned " + pinnedBlocks + " but counted " + pinned);
-            require(lruBytes == evictableBytes, "evictable " + evictableBytes + " but LRU holds " + lruBytes);
+            lru.verify(pinned);
         } finally {
             lock.unlock();
         }
     }
 
-    private static void require(boolean ok, String message) {
+    /** Throws {@link IllegalStateException} unless {@code ok}; also used by the collaborators' checks. */
+    static void require(boolean ok, String message) {
         if (!ok) {
             throw new IllegalStateException("engine invariant violated: " + message);
         }
@@ -831,9 +585,7 @@ public final class LocalStore implements BlockStore {
     public List<String> instanceIds() {
         lock.lock();
         try {
-            List<String> ids = new ArrayList<>(instances.keySet());
-            ids.sort(null);
-            return ids;
+            return registry.ids();
         } finally {
             lock.unlock();
         }
@@ -866,15 +618,15 @@ public final class LocalStore implements BlockStore {
             }
             leases.clear();
             open.clear();
-            for (NamespaceIndex ns : namespaces.values()) {
+            for (NamespaceIndex ns : registry.namespaces()) {
                 for (Block b : ns.blocks.values()) {
                     freeAllocations(b);
                 }
                 ns.blocks.clear();
             }
             inflight.clear();
-            lruHead = lruTail = null;
-            residentBlocks = residentBytes = pinnedBlocks = evictableBytes = 0;
+            lru.clear();
+            residentBlocks = residentBytes = 0;
             if (allocator.usedBytes() != 0 || allocator.liveAllocations() != 0) {
                 throw new IllegalStateException("host pool accounting leak at close: " + allocator.usedBytes()
                         + " bytes in " + allocator.liveAllocations() + " allocations not returned");
@@ -892,101 +644,18 @@ public final class LocalStore implements BlockStore {
         }
     }
 
-    private Instance instance(String instanceId) {
-        Instance inst = instances.get(instanceId);
-        if (inst == null) {
-            throw new UnknownInstanceException("instance '" + instanceId + "' is not registered (registered: "
-                    + abbreviate(instances.keySet()) + ")");
-        }
-        return inst;
-    }
-
-    private Instance sealedInstance(String instanceId) {
-        Instance inst = instance(instanceId);
-        if (!inst.sealed()) {
-            throw new RegistrationIncompleteException("instance '" + instanceId + "' has " + inst.registeredWorkers
-                    + " of " + inst.spec.worldSize() + " workers registered; expected all before save, query or load");
-        }
-        return inst;
-    }
-
-    private static Instance.Worker worker(Instance inst, int workerRank) {
-        if (workerRank < 0 || workerRank >= inst.workers.length || inst.workers[workerRank] == null) {
-            throw new UnknownInstanceException("worker rank " + workerRank + " is not registered in instance '"
-                    + inst.spec.instanceId() + "' (world size " + inst.spec.worldSize() + ")");
-        }
-        return inst.workers[workerRank];
-    }
-
-    private static int[] selectRegions(Instance inst, Instance.Worker worker, List<String> layerNames) {
-        if (layerNames == null) {
-            int[] all = new int[worker.regions.length];
-            Arrays.setAll(all, i -> i);
-            return all;
-        }
-        int[] idx = new int[layerNames.size()];
-        Set<String> seen = new HashSet<>();
-        for (int i = 0; i < idx.length; i++) {
-            String name = layerNames.get(i);
-            if (!seen.add(name)) {
-                throw new InvalidArgumentException("layer '" + name + "' listed twice in one save");
-            }
-            idx[i] = -1;
-            for (int r = 0; r < worker.regions.length; r++) {
-                if (worker.regions[r].layerName().equals(name)) {
-                    idx[i] = r;
-                }
-            }
-            if (idx[i] < 0) {
-                throw new InvalidArgumentException("layer '" + name + "' is not registered by worker "
-                        + worker.spec.workerRank() + " of instance '" + inst.spec.instanceId() + "'");
-            }
-        }
-        return idx;
-    }
-
-    private static void checkBlockIds(long[] ids, String what, LayerRegion region) {
-        for (int i = 0; i < ids.length; i++) {
-            if (ids[i] < 0 || ids[i] >= region.numBlocks()) {
-                throw new InvalidArgumentException(what + "[" + i + "] = " + ids[i] + " out of range [0, "
-                        + region.numBlocks() + ") for layer '" + region.layerName() + "'");
-            }
-        }
-    }
-
-    private UnknownLeaseException unknownLease(LeaseId id) {
-        return new UnknownLeaseException("lease " + id + " is unknown: never issued, released, consumed by every worker, or expired");
-    }
-
     private void expireLeases(long now) {
-        for (Iterator<Lease> it = leases.values().iterator(); it.hasNext(); ) {
-            Lease l = it.next();
-            if (l.expiresAtNanos - now > 0) {
-                break;
-            }
-            it.remove();
-            unpinAll(l.blocks);
-            count(Counter.LEASES_EXPIRED, 1);
-        }
+        count(Counter.LEASES_EXPIRED, leases.expireUntil(now));
     }
 
-    private void pin(Block b) {
-        if (b.refs++ == 0 && b.sealed) {
-            lruUnlink(b);
-            evictableBytes -= b.bytes;
-            pinnedBlocks++;
+    private void pinAll(Block[] blocks) {
+        for (Block b : blocks) {
+            lru.pin(b);
         }
     }
 
     private void unpin(Block b) {
-        if (--b.refs > 0) {
-            return;
-        }
-        if (b.sealed) {
-            pinnedBlocks--;
-            lruAppend(b);
-            evictableBytes += b.bytes;
-        } else if (b.filled == 0 && b.allocationCount == 0) {
+        if (lru.unpin(b) && b.filled == 0 && b.allocationCount == 0) {
             // A failed save left an empty in-flight block behind.
             inflight.remove(b);
             b.ns.blocks.remove(b);
@@ -1002,12 +671,10 @@ public final class LocalStore implements BlockStore {
 
     /** Evicts the least recently used unreferenced block; false when there is none. */
     private boolean evictOne() {
-        Block b = lruHead;
+        Block b = lru.pollOldest();
         if (b == null) {
             return false;
         }
-        lruUnlink(b);
-        evictableBytes -= b.bytes;
         residentBlocks--;
         residentBytes -= b.bytes;
         b.ns.blocks.remove(b);
@@ -1026,31 +693,6 @@ public final class LocalStore implements BlockStore {
         b.removed = true;
     }
 
-    private void lruAppend(Block b) {
-        b.lruPrev = lruTail;
-        b.lruNext = null;
-        if (lruTail != null) {
-            lruTail.lruNext = b;
-        } else {
-            lruHead = b;
-        }
-        lruTail = b;
-    }
-
-    private void lruUnlink(Block b) {
-        if (b.lruPrev != null) {
-            b.lruPrev.lruNext = b.lruNext;
-        } else {
-            lruHead = b.lruNext;
-        }
-        if (b.lruNext != null) {
-            b.lruNext.lruPrev = b.lruPrev;
-        } else {
-            lruTail = b.lruPrev;
-        }
-        b.lruPrev = b.lruNext = null;
-    }
-
     private long gaugeValue(Gauge gauge) {
         return switch (gauge) {
             case POOL_CAPACITY_BYTES -> allocator.capacityBytes();
@@ -1058,7 +700,7 @@ public final class LocalStore implements BlockStore {
             case RESIDENT_BLOCKS -> residentBlocks;
             case RESIDENT_BYTES -> residentBytes;
             case INFLIGHT_BLOCKS -> inflight.size();
-            case PINNED_BLOCKS -> pinnedBlocks;
+            case PINNED_BLOCKS -> lru.pinnedBlocks();
             case ACTIVE_LEASES -> leases.size();
         };
     }
@@ -1084,11 +726,5 @@ public final class LocalStore implements BlockStore {
         if (extraSink != null) {
             extraSink.add(c, delta);
         }
-    }
-
-    private static String abbreviate(Set<String> ids) {
-        List<String> sorted = new ArrayList<>(ids);
-        sorted.sort(null);
-        return sorted.size() <= 8 ? sorted.toString() : sorted.subList(0, 8) + " and " + (sorted.size() - 8) + " more";
     }
 }

@@ -1,0 +1,107 @@
+package io.pegaflow.engine;
+
+import java.security.SecureRandom;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
+import java.util.function.Consumer;
+
+/**
+ * The live leases by id in expiry order (one TTL for all, so insertion order), ids drawn as 128
+ * bits from one {@link SecureRandom}; a lease's blocks are pinned and unpinned through the
+ * callbacks it is given, so the table knows nothing of eviction. Not thread-safe: guarded by
+ * LocalStore's lock.
+ */
+final class LeaseTable {
+    private final LinkedHashMap<LeaseId, Lease> leases = new LinkedHashMap<>();
+    private final SecureRandom random = new SecureRandom();
+    private final long ttlNanos;
+    private final Consumer<Block[]> pin;
+    private final Consumer<Block[]> unpin;
+
+    /** Leases live {@code ttlNanos}; {@code pin} runs when one is issued, {@code unpin} when it goes. */
+    LeaseTable(long ttlNanos, Consumer<Block[]> pin, Consumer<Block[]> unpin) {
+        this.ttlNanos = ttlNanos;
+        this.pin = pin;
+        this.unpin = unpin;
+    }
+
+    int size() {
+        return leases.size();
+    }
+
+    /** A new lease of {@code inst} on {@code blocks}, expiring a TTL after {@code now}; pins the blocks. */
+    LeaseId issue(Instance inst, Block[] blocks, long now) {
+        byte[] bytes = new byte[LeaseId.BYTES];
+        LeaseId id;
+        do {
+            random.nextBytes(bytes);
+            id = LeaseId.fromBytes(bytes);
+        } while (leases.containsKey(id));
+        leases.put(id, new Lease(id, inst, blocks, now + ttlNanos));
+        pin.accept(blocks);
+        return id;
+    }
+
+    /** The live lease {@code id}; {@link UnknownLeaseException} if there is none. */
+    Lease get(LeaseId id) {
+        Lease lease = leases.get(id);
+        if (lease == null) {
+            throw unknown(id);
+        }
+        return lease;
+    }
+
+    /** Drops the live lease {@code id} and unpins its blocks; {@link UnknownLeaseException} if there is none. */
+    void remove(LeaseId id) {
+        Lease lease = leases.remove(id);
+        if (lease == null) {
+            throw unknown(id);
+        }
+        unpin.accept(lease.blocks);
+    }
+
+    /** Drops (and unpins) every lease expired at {@code now}; returns how many. */
+    int expireUntil(long now) {
+        int expired = 0;
+        for (Iterator<Lease> it = leases.values().iterator(); it.hasNext(); ) {
+            Lease l = it.next();
+            if (l.expiresAtNanos - now > 0) {
+                break;
+            }
+            it.remove();
+            unpin.accept(l.blocks);
+            expired++;
+        }
+        return expired;
+    }
+
+    /** Drops (and unpins) every lease of {@code inst}. */
+    void removeAll(Instance inst) {
+        for (Iterator<Lease> it = leases.values().iterator(); it.hasNext(); ) {
+            Lease l = it.next();
+            if (l.instance == inst) {
+                it.remove();
+                unpin.accept(l.blocks);
+            }
+        }
+    }
+
+    /** Forgets every lease without unpinning (at close, when the blocks go too). */
+    void clear() {
+        leases.clear();
+    }
+
+    /** Checks that every leased block is sealed, indexed and referenced. */
+    void verify() {
+        for (Lease l : leases.values()) {
+            for (Block b : l.blocks) {
+                LocalStore.require(b.sealed && !b.removed && b.refs > 0, "lease " + l.id + " holds block " + b.key
+                        + " sealed=" + b.sealed + " removed=" + b.removed + " refs=" + b.refs);
+            }
+        }
+    }
+
+    private static UnknownLeaseException unknown(LeaseId id) {
+        return new UnknownLeaseException("lease " + id + " is unknown: never issued, released, consumed by every worker, or expired");
+    }
+}

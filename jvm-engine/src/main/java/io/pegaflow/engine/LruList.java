@@ -1,0 +1,119 @@
+package io.pegaflow.engine;
+
+import java.util.HashSet;
+import java.util.Set;
+
+/**
+ * The sealed blocks' eviction order: an intrusive doubly linked list (through
+ * {@link Block#lruPrev}/{@link Block#lruNext}) of the unreferenced ones, oldest first, and the
+ * count of pinned sealed blocks and evictable bytes that {@link #pin}/{@link #unpin} keep.
+ * Not thread-safe: guarded by LocalStore's lock.
+ */
+final class LruList {
+    private Block head;
+    private Block tail;
+    private long pinnedBlocks;
+    private long evictableBytes;
+
+    /** Sealed blocks with {@code refs > 0}. */
+    long pinnedBlocks() {
+        return pinnedBlocks;
+    }
+
+    /** Bytes of the blocks on the list: what eviction could free. */
+    long evictableBytes() {
+        return evictableBytes;
+    }
+
+    /** Adds a reference; a sealed block taken from zero leaves the list and counts as pinned. */
+    void pin(Block b) {
+        if (b.refs++ == 0 && b.sealed) {
+            unlink(b);
+            evictableBytes -= b.bytes;
+            pinnedBlocks++;
+        }
+    }
+
+    /**
+     * Drops a reference; a sealed block dropping to zero joins the list as its newest member.
+     * Returns true when the block is now unreferenced but not sealed (the caller owns what
+     * happens to blocks in flight).
+     */
+    boolean unpin(Block b) {
+        if (--b.refs > 0) {
+            return false;
+        }
+        if (b.sealed) {
+            pinnedBlocks--;
+            append(b);
+            evictableBytes += b.bytes;
+            return false;
+        }
+        return true;
+    }
+
+    /** Counts one more pinned block: one just sealed while its save still references it. */
+    void addPinned() {
+        pinnedBlocks++;
+    }
+
+    /** Takes the least recently used block off the list, or returns null when it is empty. */
+    Block pollOldest() {
+        Block b = head;
+        if (b != null) {
+            unlink(b);
+            evictableBytes -= b.bytes;
+        }
+        return b;
+    }
+
+    /** Forgets every block (at close). */
+    void clear() {
+        head = tail = null;
+        pinnedBlocks = evictableBytes = 0;
+    }
+
+    /** The blocks on the list, walking it (for invariant checks). */
+    Set<Block> members() {
+        Set<Block> in = new HashSet<>();
+        for (Block b = head; b != null; b = b.lruNext) {
+            in.add(b);
+        }
+        return in;
+    }
+
+    /** Checks the counters against the list and against {@code pinned} sealed blocks counted in the index. */
+    void verify(long pinned) {
+        long lruBytes = 0;
+        for (Block b = head; b != null; b = b.lruNext) {
+            lruBytes += b.bytes;
+        }
+        LocalStore.require(pinned == pinnedBlocks, "pinned " + pinnedBlocks + " but counted " + pinned);
+        LocalStore.require(lruBytes == evictableBytes, "evictable " + evictableBytes + " but LRU holds " + lruBytes);
+    }
+
+    private void append(Block b) {
+        b.lruPrev = tail;
+        b.lruNext = null;
+        if (tail != null) {
+            tail.lruNext = b;
+        } else {
+            head = b;
+        }
+        tail = b;
+    }
+
+    private void unlink(Block b) {
+        if (b.lruPrev != null) {
+            b.lruPrev.lruNext = b.lruNext;
+        } else {
+            head = b.lruNext;
+        }
+        if (b.lruNext != null) {
+            b.lruNext.lruPrev = b.lruPrev;
+        } else {
+            tail = b.lruPrev;
+        }
+        b.lruPrev = b.lruNext = null;
+    }
+}
