@@ -2,9 +2,9 @@ package io.pegaflow.engine;
 
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
+import static org.junit.jupiter.api.Assumptions.assumeTrue;
 
 import io.pegaflow.engine.metrics.Counter;
-import io.pegaflow.engine.metrics.CounterMetrics;
 import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
@@ -12,6 +12,7 @@ import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.TransferEngine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.time.Duration;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
 import java.util.concurrent.CompletableFuture;
@@ -22,39 +23,85 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
 /**
- * Semantics of the store: dedup, sealing, LRU eviction under pressure, pins, leases and their
- * TTL, unregister, namespace isolation, in-flight GC, copy failures. Blocks here are 1 KiB
- * (2 layers x 512 B, one worker) unless a test says otherwise; "pool of N blocks" is N KiB.
+ * The {@link BlockStore} contract, written once and run against every control plane: the
+ * embedded {@link LocalStore} ({@code LocalStoreContractTest}) and pegaflow-server's store
+ * through its client ({@code RemoteStoreContractTest} in the server module, over grpc's
+ * in-process transport). Semantics of the store: dedup, sealing, LRU eviction under
+ * pressure, pins, leases and their TTL, unregister, namespace isolation, in-flight GC, copy
+ * failures, close. Blocks here are 1 KiB (2 layers x 512 B, one worker) unless a test says
+ * otherwise; "pool of N blocks" is N KiB.
+ *
+ * <p>Subclasses build the engine (or the bare control plane) for a test's
+ * {@link EngineConfig}: its pool size, lease TTL and copy engine always; its clock, in-flight
+ * TTL and sweep interval where the implementation lets a test set them (see
+ * {@link #followsTheConfiguredClock()}). The invariants, open operations and sweeps are
+ * those of the control plane wherever it runs.
  */
-class EngineBehaviourTest {
+public abstract class BlockStoreContract {
     private final Random rnd = new Random(42);
     private final FakeClock clock = new FakeClock();
     private PegaEngine engine;
     private KvWorld world;
 
+    /** An engine over this implementation's control plane, configured by {@code config}; the test closes it. */
+    protected abstract PegaEngine engine(EngineConfig config);
+
+    /** This implementation's control plane alone, configured by {@code config}; the test closes it. */
+    protected abstract BlockStore store(EngineConfig config);
+
+    /** Checks the invariants of the control plane behind the test's engine or store ({@link LocalStore#verifyInvariants()}). */
+    protected abstract void verifyInvariants();
+
+    /** The control plane's saves and loads between their plan and endCopy ({@link LocalStore#openOperations()}). */
+    protected abstract int openOperations();
+
+    /** Expires leases and partially saved blocks now, on the control plane ({@link LocalStore#sweep()}). */
+    protected abstract void sweep();
+
+    /**
+     * Whether the control plane reads time from {@link EngineConfig#nanoClock()} and honours
+     * {@link EngineConfig#inflightTtl()}; tests of expiry need both and are skipped otherwise.
+     */
+    protected abstract boolean followsTheConfiguredClock();
+
+    /** Stops whatever the factory started besides the engine or store it returned; runs after they are closed. */
+    protected void stopControlPlane() {}
+
     @AfterEach
     void tearDown() {
-        if (engine != null) {
-            engine.close();
-        }
-        if (world != null) {
-            world.close();
+        try {
+            if (engine != null) {
+                engine.close();
+            }
+            if (world != null) {
+                world.close();
+            }
+        } finally {
+            stopControlPlane();
         }
     }
 
+    private EngineConfig.Builder config(long poolBytes) {
+        return EngineConfig.builder().poolBytes(poolBytes).nanoClock(clock).sweepInterval(Duration.ZERO)
+                .leaseTtl(Duration.ofSeconds(10));
+    }
+
     private void start(int poolBlocks, int tp, Function<HostPool, TransferEngine> transfer) {
-        EngineConfig.Builder b = EngineConfig.builder().poolBytes(poolBlocks * 1024L * tp)
-                .nanoClock(clock).sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(10));
+        EngineConfig.Builder b = config(poolBlocks * 1024L * tp);
         if (transfer != null) {
             b.transfer(transfer);
         }
-        engine = PegaEngine.create(b.build());
+        engine = engine(b.build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, tp, 1, 2, 32, 256, 0);
         world.register(engine);
     }
 
     private void start(int poolBlocks) {
         start(poolBlocks, 1, null);
+    }
+
+    private void requireTheConfiguredClock() {
+        assumeTrue(followsTheConfiguredClock(), "this control plane keeps its own clock; expiry is checked where it is embedded");
     }
 
     /** Saves hashes[i] from block i (content = pattern of the hash) on every worker. */
@@ -88,7 +135,7 @@ class EngineBehaviourTest {
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isEqualTo(used);
         CopyResult dupInCall = engine.save("inst", 0, new long[] {12, 13}, BlockHashes.of(new byte[][] {h[0].clone(), KvWorld.randomHash(rnd)})).join();
         assertThat(dupInCall.blocks()).isEqualTo(1);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
@@ -105,7 +152,7 @@ class EngineBehaviourTest {
         engine.save("inst", 1, List.of(KvWorld.layerName(1)), new long[] {0}, BlockHashes.of(new byte[][] {h}), 0).join();
         assertThat(hits(h)).isEqualTo(1);
         assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
@@ -122,15 +169,15 @@ class EngineBehaviourTest {
         assertThat(hits(h[1])).as("h1 was least recently used").isZero();
         assertThat(hits(h[0])).isEqualTo(1);
         assertThat(hits(h[8])).isEqualTo(1);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
     void leasedBlocksSurvivePressureAndAFullyPinnedPoolRefusesWithoutChange() {
         start(8);
         byte[][] h = KvWorld.randomHashes(rnd, 9);
-        saveAll(java.util.Arrays.copyOf(h, 8), 0);
-        QueryResult lease = engine.query("inst", BlockHashes.of(java.util.Arrays.copyOf(h, 8)));
+        saveAll(Arrays.copyOf(h, 8), 0);
+        QueryResult lease = engine.query("inst", BlockHashes.of(Arrays.copyOf(h, 8)));
         assertThat(lease.hitBlocks()).isEqualTo(8);
         EngineStats before = engine.stats();
         world.fillPattern(8, h[8]);
@@ -138,7 +185,7 @@ class EngineBehaviourTest {
                 .isInstanceOf(PoolExhaustedException.class)
                 .hasMessageContaining("8 blocks are pinned");
         assertThat(engine.stats().gauges()).isEqualTo(before.gauges());
-        engine.verifyInvariants();
+        verifyInvariants();
         // The pinned blocks are intact: load them into other block ids and check every byte.
         long[] dst = {16, 17, 18, 19, 20, 21, 22, 23};
         engine.load("inst", 0, lease.lease(), dst).join();
@@ -149,28 +196,29 @@ class EngineBehaviourTest {
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
         saveAll(new byte[][] {h[8]}, 8);
         assertThat(engine.stats().get(Counter.EVICTIONS)).isEqualTo(1);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
     void leaseExpiresAfterItsTtlAndUnpins() {
+        requireTheConfiguredClock();
         start(8);
         byte[][] h = KvWorld.randomHashes(rnd, 2);
         saveAll(h, 0);
         QueryResult q = engine.query("inst", BlockHashes.of(h));
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
         clock.advance(Duration.ofSeconds(9));
-        engine.sweep();
+        sweep();
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
         clock.advance(Duration.ofSeconds(2));
-        engine.sweep();
+        sweep();
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
         assertThat(engine.stats().get(Counter.LEASES_EXPIRED)).isEqualTo(1);
         assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {4, 5}))
                 .isInstanceOf(UnknownLeaseException.class).hasMessageContaining(q.lease().toString());
         assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
@@ -192,7 +240,7 @@ class EngineBehaviourTest {
         engine.release(q2.lease());
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
         assertThatThrownBy(() -> engine.load("inst", 0, q2.lease(), new long[] {6, 7})).isInstanceOf(UnknownLeaseException.class);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
@@ -213,7 +261,7 @@ class EngineBehaviourTest {
             assertThat(restarted.holdsPattern(10, h[0]) && restarted.holdsPattern(12, h[2])).isTrue();
             engine.unregisterInstance("inst-2");
         }
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
@@ -234,20 +282,21 @@ class EngineBehaviourTest {
 
     @Test
     void partiallySavedBlocksAreDroppedAfterTheInflightTtl() {
+        requireTheConfiguredClock();
         start(8, 2, null);
         byte[] h = KvWorld.randomHash(rnd);
         world.fillPattern(0, h);
         engine.save("inst", 0, new long[] {0}, BlockHashes.of(new byte[][] {h})).join();
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isPositive();
         clock.advance(Duration.ofMinutes(4));
-        engine.sweep();
+        sweep();
         assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isEqualTo(1);
         clock.advance(Duration.ofMinutes(2));
-        engine.sweep();
+        sweep();
         assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isZero();
         assertThat(engine.stats().get(Counter.INFLIGHT_GC)).isEqualTo(1);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
     @Test
@@ -263,7 +312,7 @@ class EngineBehaviourTest {
         assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isZero();
         assertThat(engine.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
         assertThat(hits(h)).isZero();
-        engine.verifyInvariants();
+        verifyInvariants();
 
         fail.set(false);
         engine.save("inst", 0, new long[] {3, 4}, BlockHashes.of(h)).join();
@@ -274,20 +323,24 @@ class EngineBehaviourTest {
         assertThat(((TransferFailedException) load.handle((r, e) -> e).join()).blockIds()).containsExactly(7, 9);
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("failed load released its pins").isZero();
         assertThat(engine.stats().get(Counter.LOAD_FAILURES)).isEqualTo(1);
-        engine.verifyInvariants();
+        verifyInvariants();
     }
 
+    /**
+     * Closing an engine with a lease outstanding: embedded, the store checks on close that
+     * every pool byte came back (and throws if not); attached, the server keeps the cache and
+     * ends the client's session. Either way later calls fail with a typed error.
+     */
     @Test
     void closeReturnsEveryByteAndLaterCallsFailClearly() {
-        CounterMetrics sink = new CounterMetrics();
-        engine = PegaEngine.create(EngineConfig.builder().poolSize("64kb").metrics(sink).sweepInterval(Duration.ZERO).build());
+        engine = engine(config(64 << 10).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.MLA, 1, 1, 2, 32, 256, 0);
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 3);
         saveAll(h, 0);
         engine.query("inst", BlockHashes.of(h)); // a lease left outstanding
-        assertThat(sink.get(Gauge.RESIDENT_BLOCKS)).isEqualTo(3);
-        assertThat(sink.get(Counter.SAVE_BLOCKS)).isEqualTo(3);
+        assertThat(engine.stats().get(Gauge.RESIDENT_BLOCKS)).isEqualTo(3);
+        assertThat(engine.stats().get(Counter.SAVE_BLOCKS)).isEqualTo(3);
         engine.close();
         assertThatThrownBy(() -> engine.query("inst", BlockHashes.of(h))).isInstanceOf(EngineClosedException.class);
         engine = null;
@@ -299,7 +352,7 @@ class EngineBehaviourTest {
      */
     @Test
     void unregisterRollsBackOpenReservationsAndLoads() {
-        try (LocalStore store = new LocalStore(EngineConfig.builder().sweepInterval(Duration.ZERO).build(), 1 << 20);
+        try (BlockStore store = store(config(1 << 20).build());
                 KvWorld w = new KvWorld("dead", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
             store.registerInstance(w.spec);
             store.registerWorker("dead", w.workers.get(0));
@@ -309,10 +362,10 @@ class EngineBehaviourTest {
             CopyPlan open = store.beginLoad("dead", 0, store.query("dead", BlockHashes.of(new byte[][] {h[0], h[1]})).lease(), new long[] {5, 6});
             CopyPlan reserved = store.reserveSave("dead", 0, null, new long[] {2}, BlockHashes.of(new byte[][] {h[2]}));
             assertThat(reserved.slots()).isEqualTo(2);
-            assertThat(store.openOperations()).isEqualTo(2);
+            assertThat(openOperations()).isEqualTo(2);
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
             store.unregisterInstance("dead");
-            assertThat(store.openOperations()).isZero();
+            assertThat(openOperations()).isZero();
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
             assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
             assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).as("saved blocks stay").isEqualTo(2);
@@ -320,7 +373,7 @@ class EngineBehaviourTest {
                     .hasMessageContaining("copy " + open.id() + " is unknown");
             assertThatThrownBy(() -> store.endCopy(reserved.id(), true, 0, 0))
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("copy " + reserved.id() + " is unknown");
-            store.verifyInvariants();
+            verifyInvariants();
         }
     }
 
@@ -331,8 +384,7 @@ class EngineBehaviourTest {
      */
     @Test
     void mlaReplicasStoreOneCopyAndAllLoadIt() {
-        CounterMetrics sink = new CounterMetrics();
-        engine = PegaEngine.create(EngineConfig.builder().poolSize("64kb").metrics(sink).sweepInterval(Duration.ZERO).build());
+        engine = engine(config(64 << 10).build());
         world = new KvWorld("mla", "ns", KvWorld.Kind.MLA, 2, 1, 2, 32, 256, 0);
         List<WorkerSpec> replicas = world.workers.stream()
                 .map(w -> new WorkerSpec(w.workerRank(), 0, w.deviceId(), w.layers())).toList();
@@ -346,8 +398,8 @@ class EngineBehaviourTest {
             }
             engine.save("mla", w.workerRank(), src, BlockHashes.of(h)).join();
         }
-        assertThat(sink.get(Counter.SAVE_BLOCKS)).as("one stored copy").isEqualTo(2);
-        assertThat(sink.get(Gauge.POOL_USED_BYTES)).isEqualTo(2 * 2 * 256);
+        assertThat(engine.stats().get(Counter.SAVE_BLOCKS)).as("one stored copy").isEqualTo(2);
+        assertThat(engine.stats().get(Gauge.POOL_USED_BYTES)).isEqualTo(2 * 2 * 256);
         QueryResult q = engine.query("mla", BlockHashes.of(h));
         assertThat(q.hitBlocks()).isEqualTo(2);
         for (WorkerSpec w : replicas) {
@@ -356,6 +408,7 @@ class EngineBehaviourTest {
         }
         // each worker's load consumed its share of the lease
         assertThatThrownBy(() -> engine.release(q.lease())).isInstanceOf(UnknownLeaseException.class);
+        verifyInvariants();
     }
 
     /** A copy engine that fails every batch while {@code fail} is set. */
