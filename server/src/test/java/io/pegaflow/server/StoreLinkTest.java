@@ -129,6 +129,13 @@ class StoreLinkTest {
         return link;
     }
 
+    /** Opens the link on the current server, registers the worker, and returns a scheduler brain on it. */
+    private SchedulerSide attach() {
+        open();
+        link.registerWorker(INSTANCE, worker, StoreLink.Copier.HOST);
+        return new SchedulerSide(link, "vllm", BLOCK, true);
+    }
+
     private void tick() {
         now += INTERVAL.toNanos();
         link.tick(now);
@@ -169,9 +176,7 @@ class StoreLinkTest {
     @Test
     void aServerStalledPastTheDeadlineDetachesThenTheSameClientIsReattached() throws Exception {
         PegaflowServer server = startServer("a");
-        open();
-        link.registerWorker(INSTANCE, worker, StoreLink.Copier.HOST);
-        SchedulerSide sched = new SchedulerSide(link, "vllm", BLOCK, true);
+        SchedulerSide sched = attach();
         BlockHashes h = saveTwoBlocks();
         assertThat(lookup(sched, "r1", h)).isEqualTo(2L * BLOCK);
         StoreLink.Status before = link.status();
@@ -203,9 +208,7 @@ class StoreLinkTest {
     @Test
     void aServerRestartedWithANewIdGetsANewClientAndTheRegistrationsAgain() throws Exception {
         PegaflowServer first = startServer("a");
-        open();
-        link.registerWorker(INSTANCE, worker, StoreLink.Copier.HOST);
-        SchedulerSide sched = new SchedulerSide(link, "vllm", BLOCK, true);
+        SchedulerSide sched = attach();
         BlockHashes h = saveTwoBlocks();
         assertThat(lookup(sched, "r1", h)).isEqualTo(2L * BLOCK);
         StoreLink.Status before = link.status();
@@ -231,9 +234,7 @@ class StoreLinkTest {
     @Test
     void anInstanceTheServerForgotIsRegisteredAgainOnTheSameClient() throws Exception {
         PegaflowServer server = startServer("a");
-        open();
-        link.registerWorker(INSTANCE, worker, StoreLink.Copier.HOST);
-        SchedulerSide sched = new SchedulerSide(link, "vllm", BLOCK, true);
+        SchedulerSide sched = attach();
         BlockHashes h = saveTwoBlocks();
         StoreLink.Status before = link.status();
 
