@@ -43,7 +43,6 @@ import io.pegaflow.client.proto.UnregisterInstanceRequest;
 import java.util.EnumMap;
 import java.util.List;
 import java.util.Map;
-import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Function;
@@ -59,14 +58,36 @@ import java.util.function.Function;
 public final class RemoteStore implements BlockStore {
     private final String endpoint;
     private final ManagedChannel channel;
+    /** {@link #channel} with this client's headers (credential, client id) on every call. */
+    private final io.grpc.Channel calls;
+    /** The server's token, read from the file Health names (null until then). */
+    private volatile String token;
+    private volatile String tokenError;
     private final long deadlineMs;
-    private final String clientId = UUID.randomUUID().toString();
+    private final String clientId = newClientId();
     private final Map<String, ClientCallStreamObserver<SessionRequest>> sessions = new ConcurrentHashMap<>();
     private final LocalSocketClient local = new LocalSocketClient(this);
 
     private RemoteStore(String endpoint, ManagedChannel channel, long deadlineMs) {
         this.endpoint = endpoint;
         this.channel = channel;
+        this.calls = io.grpc.ClientInterceptors.intercept(channel, new io.grpc.ClientInterceptor() {
+            @Override
+            public <Q, R> io.grpc.ClientCall<Q, R> interceptCall(io.grpc.MethodDescriptor<Q, R> method,
+                    io.grpc.CallOptions options, io.grpc.Channel next) {
+                return new io.grpc.ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
+                    @Override
+                    public void start(Listener<R> listener, io.grpc.Metadata headers) {
+                        headers.put(Wire.CLIENT_ID, clientId);
+                        String t = token;
+                        if (t != null) {
+                            headers.put(Wire.AUTHORIZATION, "Bearer " + t);
+                        }
+                        super.start(listener, headers);
+                    }
+                };
+            }
+        });
         this.deadlineMs = deadlineMs;
     }
 
@@ -120,16 +141,62 @@ public final class RemoteStore implements BlockStore {
         return local.answered();
     }
 
+    /** A call with this client's credential. */
     private <T> T call(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
+        requireToken();
+        return rawCall(rpc);
+    }
+
+    private <T> T rawCall(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
         try {
-            return rpc.apply(EngineGrpc.newBlockingStub(channel).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
+            return rpc.apply(EngineGrpc.newBlockingStub(calls).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
         } catch (StatusRuntimeException e) {
             throw Errors.fromStatus(e, endpoint, deadlineMs);
         }
     }
 
+    /** Health (no credential needed); the first answer also gives this client the server's token. */
     public HealthResponse health() {
-        return call(s -> s.health(HealthRequest.getDefaultInstance()));
+        HealthResponse h = rawCall(s -> s.health(HealthRequest.getDefaultInstance()));
+        if (token == null) {
+            readToken(h.getTokenPath());
+        }
+        return h;
+    }
+
+    private void readToken(String path) {
+        if (path.isEmpty()) {
+            return;
+        }
+        try {
+            token = java.nio.file.Files.readString(java.nio.file.Path.of(path), java.nio.charset.StandardCharsets.UTF_8).trim();
+            tokenError = null;
+        } catch (java.io.IOException | SecurityException e) {
+            tokenError = "cannot read pegaflow-server's token at " + path + " (" + e + "): run as the server's user, or "
+                    + "start the server with --pool-group naming a group of this user";
+        }
+    }
+
+    /** The credential every call but Health carries (Health is asked first when it is not known yet). */
+    private void requireToken() {
+        if (token == null) {
+            health();
+            if (token == null && tokenError != null) {
+                throw new io.pegaflow.engine.PermissionDeniedException(tokenError);
+            }
+        }
+    }
+
+    /** The server's token as this client read it (null before the first Health); the local socket's first frame. */
+    String token() {
+        requireToken();
+        return token;
+    }
+
+    private static String newClientId() {
+        byte[] b = new byte[16];
+        new java.security.SecureRandom().nextBytes(b);
+        return java.util.HexFormat.of().formatHex(b);
     }
 
     @Override
@@ -146,7 +213,7 @@ public final class RemoteStore implements BlockStore {
         if (previous != null) {
             previous.cancel("superseded", null);
         }
-        EngineGrpc.newStub(channel).session(SessionRequest.newBuilder().setInstanceId(instanceId).setClientId(clientId).build(),
+        EngineGrpc.newStub(calls).session(SessionRequest.newBuilder().setInstanceId(instanceId).setClientId(clientId).build(),
                 new ClientResponseObserver<SessionRequest, SessionEvent>() {
                     @Override
                     public void beforeStart(ClientCallStreamObserver<SessionRequest> stream) {

@@ -51,12 +51,14 @@ import java.util.function.Supplier;
 final class EngineService extends EngineGrpc.EngineImplBase {
     private final LocalStore store;
     private final Sessions sessions;
+    private final Tenants tenants;
     private final Supplier<HealthResponse> health;
     private final Runnable shutdown;
 
-    EngineService(LocalStore store, Sessions sessions, Supplier<HealthResponse> health, Runnable shutdown) {
+    EngineService(LocalStore store, Sessions sessions, Tenants tenants, Supplier<HealthResponse> health, Runnable shutdown) {
         this.store = store;
         this.sessions = sessions;
+        this.tenants = tenants;
         this.health = health;
         this.shutdown = shutdown;
     }
@@ -105,7 +107,14 @@ final class EngineService extends EngineGrpc.EngineImplBase {
                 throw new TopologyMismatchException("PegaFlow version mismatch: client " + r.getClientVersion()
                         + ", server " + Version.VERSION + "; install the same pegaflow-jvm version on both sides");
             }
-            store.registerInstance(new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize()));
+            InstanceSpec spec = new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize());
+            synchronized (tenants) { // "created" must see the instance absent and register it in one step
+                boolean fresh = !store.instanceIds().contains(spec.instanceId());
+                store.registerInstance(spec);
+                if (fresh) {
+                    tenants.created(spec.instanceId(), Credentials.CLIENT.get());
+                }
+            }
             return EMPTY;
         });
     }
@@ -126,6 +135,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
                         l.getBlockStride(), l.getSegmentBytes(), l.getSegmentOffset()));
             }
             store.registerWorker(r.getInstanceId(), new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
+            tenants.joined(r.getInstanceId(), Credentials.CLIENT.get());
             return EMPTY;
         });
     }
@@ -133,7 +143,9 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void unregisterInstance(UnregisterInstanceRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
+            tenants.require(r.getInstanceId(), Credentials.CLIENT.get(), "unregistering");
             store.unregisterInstance(r.getInstanceId());
+            tenants.forget(r.getInstanceId());
             return EMPTY;
         });
     }
@@ -219,6 +231,12 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void session(SessionRequest r, StreamObserver<SessionEvent> out) {
         ServerCallStreamObserver<SessionEvent> call = (ServerCallStreamObserver<SessionEvent>) out;
+        try {
+            tenants.require(r.getInstanceId(), Credentials.CLIENT.get(), "a liveness session");
+        } catch (RuntimeException refused) {
+            out.onError(Errors.toStatus(refused));
+            return;
+        }
         long token = sessions.open(r.getInstanceId());
         call.setOnCancelHandler(() -> sessions.ended(r.getInstanceId(), token));
         call.setOnCloseHandler(() -> sessions.ended(r.getInstanceId(), token));

@@ -13,6 +13,7 @@ import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.concurrent.Executors;
 import java.util.function.BooleanSupplier;
+import java.util.function.Predicate;
 import java.util.function.Supplier;
 import java.util.stream.Collectors;
 
@@ -25,7 +26,7 @@ final class HttpEndpoints implements AutoCloseable {
     private final HttpServer http;
 
     HttpEndpoints(InetSocketAddress addr, PrometheusRegistry registry, BooleanSupplier serving,
-            Supplier<String> healthJson, Supplier<List<String>> instances) throws IOException {
+            Supplier<String> healthJson, Supplier<List<String>> instances, Predicate<String> authorized) throws IOException {
         http = HttpServer.create(addr, 64);
         http.setExecutor(Executors.newFixedThreadPool(2, r -> {
             Thread t = new Thread(r, "pegaflow-http");
@@ -42,14 +43,30 @@ final class HttpEndpoints implements AutoCloseable {
             writer.write(body, registry.scrape(), EscapingScheme.DEFAULT);
             send(ex, 200, PrometheusTextFormatWriter.CONTENT_TYPE, body.toString(StandardCharsets.UTF_8));
         });
-        http.createContext("/instances", ex -> send(ex, 200, "application/json", "{\"instances\":["
-                + instances.get().stream().map(HttpEndpoints::quote).collect(Collectors.joining(",")) + "]}"));
+        // Instance ids name tenants: shown to a caller with the server's token, hashed otherwise.
+        http.createContext("/instances", ex -> {
+            String auth = ex.getRequestHeaders().getFirst("Authorization");
+            boolean shown = auth != null && authorized.test(auth);
+            send(ex, 200, "application/json", "{\"ids\":\"" + (shown ? "plain" : "sha256") + "\",\"instances\":["
+                    + instances.get().stream().map(id -> quote(shown ? id : sha256(id))).collect(Collectors.joining(","))
+                    + "]}");
+        });
         http.createContext("/", ex -> send(ex, 404, "text/plain", "not found; try /health, /metrics or /instances\n"));
         http.start();
     }
 
     int port() {
         return http.getAddress().getPort();
+    }
+
+    /** First 16 bytes of the id's SHA-256, hex: countable and comparable, not readable. */
+    static String sha256(String id) {
+        try {
+            byte[] d = java.security.MessageDigest.getInstance("SHA-256").digest(id.getBytes(StandardCharsets.UTF_8));
+            return java.util.HexFormat.of().formatHex(d, 0, 16);
+        } catch (java.security.NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
     }
 
     static String quote(String s) {

@@ -30,8 +30,17 @@ import java.util.concurrent.TimeUnit;
 public final class PegaflowServer implements AutoCloseable {
     /** Settings, validated in one place. */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
-            Duration sessionGrace, boolean prometheus) {
+            Duration sessionGrace, boolean prometheus, Duration copyTtl, Path authTokenFile) {
+        /** Default copy TTL (3 minutes) and a generated token. */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl, Duration sessionGrace,
+                boolean prometheus) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, Duration.ofMinutes(3), null);
+        }
+
         public Config {
+            if (copyTtl == null || copyTtl.isNegative() || copyTtl.isZero()) {
+                throw new InvalidArgumentException("copy TTL " + copyTtl + "; expected a positive duration");
+            }
             hostPort(addr, "--addr");
             if (httpAddr != null) {
                 hostPort(httpAddr, "--http-addr");
@@ -59,6 +68,7 @@ public final class PegaflowServer implements AutoCloseable {
     private final HostPool pool;
     private final LocalStore store;
     private final Sessions sessions;
+    private final Credentials credentials;
     private final PrometheusRegistry registry = new PrometheusRegistry();
     private final Server grpc;
     private final HttpEndpoints http;
@@ -72,15 +82,19 @@ public final class PegaflowServer implements AutoCloseable {
         this.pool = HostPool.shared(config.poolPath(), config.poolBytes(), true);
         try {
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
+                    .copyTtl(config.copyTtl())
                     .metrics(new PrometheusSink(registry)).build();
             this.store = new LocalStore(engine, pool.size());
-            this.sessions = new Sessions(store, config.sessionGrace());
-            EngineService service = new EngineService(store, sessions, this::health, this::close);
+            this.credentials = Credentials.load(config.authTokenFile(), config.poolPath());
+            Tenants tenants = new Tenants();
+            this.sessions = new Sessions(store, tenants, config.sessionGrace());
+            EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
-            this.grpc = builder.addService(ServerInterceptors.intercept(service, rpcMetrics)).build().start();
+            // credentials run first: a refused call is counted nowhere and touches nothing
+            this.grpc = builder.addService(ServerInterceptors.intercept(service, rpcMetrics, credentials)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
-                    store::instanceIds);
+                    store::instanceIds, credentials::matches);
         } catch (IOException | RuntimeException e) {
             pool.close();
             throw e;
@@ -133,7 +147,7 @@ public final class PegaflowServer implements AutoCloseable {
         LocalSocketServer l = local;
         return HealthResponse.newBuilder().setServerVersion(Version.VERSION).setPoolPath(pool.file().toString())
                 .setPoolBytes(pool.size()).setServerId(serverId).setInstances(store.instanceIds().size())
-                .setLocalSocket(l == null ? "" : l.path().toString()).build();
+                .setLocalSocket(l == null ? "" : l.path().toString()).setTokenPath(credentials.tokenFile().toString()).build();
     }
 
     private String healthJson() {
@@ -197,6 +211,7 @@ public final class PegaflowServer implements AutoCloseable {
             http.close();
         }
         sessions.close();
+        credentials.close();
         try {
             store.close();
         } catch (IllegalStateException leak) {

@@ -43,6 +43,14 @@ public final class ServerMain implements Callable<Integer> {
             description = "also answer query/release on a Unix socket <pool-path>.sock (co-located clients skip gRPC)")
     boolean localSocket;
 
+    @Option(names = "--auth-token-file",
+            description = "file holding the secret every call must carry (default: a new one written to <pool-path>.token, mode 0600)")
+    Path authTokenFile;
+
+    @Option(names = "--copy-timeout-secs", defaultValue = "180",
+            description = "seconds a save or load may stay open before it is rolled back (its client died without a session)")
+    long copyTimeoutSecs;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -59,7 +67,8 @@ public final class ServerMain implements Callable<Integer> {
         Path path = poolPath != null ? poolPath
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
-                Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus);
+                Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus,
+                Duration.ofSeconds(copyTimeoutSecs), authTokenFile);
         PegaflowServer server = PegaflowServer.start(config, localSocket);
         Runtime.getRuntime().addShutdownHook(new Thread(server::close, "pegaflow-server-stop"));
         System.out.println("pegaflow-server " + Version.VERSION + " ready " + server.describe());

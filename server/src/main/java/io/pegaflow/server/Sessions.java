@@ -18,6 +18,7 @@ import java.util.concurrent.atomic.AtomicLong;
  */
 final class Sessions implements AutoCloseable {
     private final LocalStore store;
+    private final Tenants tenants;
     private final Duration grace;
     private final Map<String, Long> current = new ConcurrentHashMap<>();
     private final AtomicLong tokens = new AtomicLong();
@@ -28,8 +29,9 @@ final class Sessions implements AutoCloseable {
     });
     private final AtomicLong cleaned = new AtomicLong();
 
-    Sessions(LocalStore store, Duration grace) {
+    Sessions(LocalStore store, Tenants tenants, Duration grace) {
         this.store = store;
+        this.tenants = tenants;
         this.grace = grace;
     }
 
@@ -46,6 +48,7 @@ final class Sessions implements AutoCloseable {
             if (current.remove(instanceId, token)) {
                 try {
                     store.unregisterInstance(instanceId);
+                    tenants.forget(instanceId);
                     cleaned.incrementAndGet();
                 } catch (UnknownInstanceException alreadyGone) {
                     // the client unregistered before it went away

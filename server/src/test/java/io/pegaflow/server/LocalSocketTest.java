@@ -114,13 +114,13 @@ class LocalSocketTest {
 
     @Test
     void aClosedServerFallsBackToGrpcAndFailsWithinTheDeadline() {
-        try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 500)) {
+        try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 1500)) {
             client.release("inst", client.query("inst", BlockHashes.of(hashes)).lease());
             server.close();
             server = null;
             long t0 = System.nanoTime();
             assertThatThrownBy(() -> client.query("inst", BlockHashes.of(hashes))).isInstanceOf(ServerUnavailableException.class);
-            assertThat((System.nanoTime() - t0) / 1_000_000).isLessThan(2000);
+            assertThat((System.nanoTime() - t0) / 1_000_000).isLessThan(3500);
         }
     }
 }

@@ -178,11 +178,75 @@ class ServerTest {
         }
     }
 
+    private String token() throws java.io.IOException {
+        return Files.readString(Path.of(server.poolPath() + ".token")).trim();
+    }
+
+    private static io.grpc.Metadata auth(String value) {
+        io.grpc.Metadata m = new io.grpc.Metadata();
+        m.put(io.pegaflow.client.Wire.AUTHORIZATION, value);
+        return m;
+    }
+
+    @Test
+    void everyCallButHealthNeedsTheServersTokenAndTheTokenFileIsPrivate() throws Exception {
+        assertThat(java.nio.file.Files.getPosixFilePermissions(Path.of(server.poolPath() + ".token")))
+                .containsExactlyInAnyOrder(java.nio.file.attribute.PosixFilePermission.OWNER_READ,
+                        java.nio.file.attribute.PosixFilePermission.OWNER_WRITE);
+        io.grpc.ManagedChannel ch = InProcessChannelBuilder.forName(name).directExecutor().build();
+        try {
+            io.pegaflow.client.proto.EngineGrpc.EngineBlockingStub bare = io.pegaflow.client.proto.EngineGrpc.newBlockingStub(ch);
+            assertThat(bare.health(io.pegaflow.client.proto.HealthRequest.getDefaultInstance()).getTokenPath())
+                    .isEqualTo(server.poolPath() + ".token");
+            var request = io.pegaflow.client.proto.RegisterInstanceRequest.newBuilder().setClientVersion(Version.VERSION)
+                    .setInstanceId("x").setNamespace("ns").setTpSize(1).setWorldSize(1).build();
+            for (var stub : List.of(bare, bare.withInterceptors(io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(
+                    auth("Bearer " + "0".repeat(64)))))) {
+                assertThatThrownBy(() -> stub.registerInstance(request)).hasMessageContaining("UNAUTHENTICATED");
+                assertThatThrownBy(() -> stub.shutdown(io.pegaflow.client.proto.Empty.getDefaultInstance()))
+                        .hasMessageContaining("UNAUTHENTICATED");
+            }
+            assertThat(server.store().instanceIds()).isEmpty();
+            try (RemoteStore honest = store()) {
+                assertThat(honest.health().getServerId()).isNotEmpty();
+            }
+        } finally {
+            ch.shutdownNow();
+        }
+    }
+
+    @Test
+    void onlyTheRegistrantsOfAnInstanceMayUnregisterItOrHoldItsSession() throws Exception {
+        try (PegaEngine victim = worker()) {
+            victim.registerInstance(new InstanceSpec("victim", "ns", 1, 1));
+            victim.registerWorker("victim", new WorkerSpec(0, 0, 0, regions()));
+            io.grpc.Metadata h = auth("Bearer " + token());
+            h.put(io.pegaflow.client.Wire.CLIENT_ID, "f".repeat(32));
+            io.grpc.ManagedChannel ch = InProcessChannelBuilder.forName(name).directExecutor().build();
+            try {
+                var hostile = io.pegaflow.client.proto.EngineGrpc.newBlockingStub(ch)
+                        .withInterceptors(io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(h));
+                assertThatThrownBy(() -> hostile.unregisterInstance(io.pegaflow.client.proto.UnregisterInstanceRequest
+                        .newBuilder().setInstanceId("victim").build())).hasMessageContaining("PERMISSION_DENIED")
+                        .hasMessageContaining("did not register it");
+                var session = hostile.session(io.pegaflow.client.proto.SessionRequest.newBuilder().setInstanceId("victim")
+                        .setClientId("f".repeat(32)).build());
+                assertThatThrownBy(session::hasNext).hasMessageContaining("PERMISSION_DENIED");
+            } finally {
+                ch.shutdownNow();
+            }
+            Thread.sleep(300); // past the session grace: a hijacked-then-cancelled session would have unregistered it
+            assertThat(server.store().instanceIds()).containsExactly("victim");
+            assertThat(victim.query("victim", BlockHashes.of(hashes(1))).hitBlocks()).isZero();
+        }
+    }
+
     @Test
     void aClientOfAnotherVersionIsRefusedClearly() throws Exception {
         try (RemoteStore raw = store()) {
             io.pegaflow.client.proto.EngineGrpc.EngineBlockingStub stub = io.pegaflow.client.proto.EngineGrpc.newBlockingStub(
-                    InProcessChannelBuilder.forName(name).directExecutor().build());
+                    InProcessChannelBuilder.forName(name).directExecutor().build()).withInterceptors(
+                    io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(auth("Bearer " + token())));
             assertThatThrownBy(() -> stub.registerInstance(io.pegaflow.client.proto.RegisterInstanceRequest.newBuilder()
                     .setClientVersion("0.0.9").setInstanceId("old").setNamespace("ns").setTpSize(1).setWorldSize(1).build()))
                     .hasMessageContaining("FAILED_PRECONDITION")
@@ -234,7 +298,11 @@ class ServerTest {
                     .contains("pegaflow_cache_block_hits_total")
                     .contains("pegaflow_save_transfer_seconds_total");
             assertThat(http.send(HttpRequest.newBuilder(URI.create(base + "/instances")).build(),
-                    HttpResponse.BodyHandlers.ofString()).body()).isEqualTo("{\"instances\":[\"web\"]}");
+                    HttpResponse.BodyHandlers.ofString()).body()).as("ids hashed without the token")
+                    .isEqualTo("{\"ids\":\"sha256\",\"instances\":[\"" + HttpEndpoints.sha256("web") + "\"]}");
+            assertThat(http.send(HttpRequest.newBuilder(URI.create(base + "/instances")).header("Authorization", "Bearer "
+                    + token()).build(), HttpResponse.BodyHandlers.ofString()).body())
+                    .isEqualTo("{\"ids\":\"plain\",\"instances\":[\"web\"]}");
         }
         assertThat(Files.exists(server.poolPath())).isTrue();
     }

@@ -124,7 +124,7 @@ class StoreLinkTest {
     }
 
     private StoreLink open() {
-        StoreLink.Settings settings = new StoreLink.Settings("server", "127.0.0.1:50055", "4mb", 1, 300, INTERVAL);
+        StoreLink.Settings settings = new StoreLink.Settings("server", "127.0.0.1:50055", "4mb", 1, 1500, INTERVAL);
         link = StoreLink.open(settings, this::connect, () -> now);
         return link;
     }
@@ -190,7 +190,7 @@ class StoreLinkTest {
         assertThat(stalled.generation()).as("the client is kept").isEqualTo(before.generation());
         long t0 = System.nanoTime();
         assertThat(lookup(sched, "r2", h)).isZero();
-        assertThat(System.nanoTime() - t0).as("no deadline wait").isLessThan(TimeUnit.MILLISECONDS.toNanos(250));
+        assertThat(System.nanoTime() - t0).as("no deadline wait").isLessThan(TimeUnit.MILLISECONDS.toNanos(1000));
 
         stall.countDown();
         stall = null;
