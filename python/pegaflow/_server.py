@@ -28,15 +28,24 @@ class Server:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.grpc_port}"
 
-    def http(self, path: str) -> tuple[int, str]:
+    @property
+    def token(self) -> str:
+        """The server's secret (the 0600 file it wrote beside the pool)."""
+        return Path(f"{self.pool_path}.token").read_text().strip()
+
+    def http(self, path: str, authorized: bool = False) -> tuple[int, str]:
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}{path}")
+        if authorized:
+            request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}{path}", timeout=5) as r:
+            with urllib.request.urlopen(request, timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
     def instances(self) -> list[str]:
-        return json.loads(self.http("/instances")[1])["instances"]
+        """Instance ids (asked with the token; without it the server shows their hashes)."""
+        return json.loads(self.http("/instances", authorized=True)[1])["instances"]
 
     def metric(self, name: str) -> float:
         for line in self.http("/metrics")[1].splitlines():

@@ -402,7 +402,7 @@ def test_a_server_that_stalls_then_resumes_is_reattached_without_losing_the_cach
 
     server = start_server(tmp_path / "pool", pool_size="64mb")
     try:
-        a = engines("a", {**server_extra(server.endpoint), "deadline_ms": 300})
+        a = engines("a", {**server_extra(server.endpoint), "deadline_ms": 1000})
         p = prompt(52, 50)
         a.add("r1", p, max_tokens=2)
         a.run()

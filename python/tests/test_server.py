@@ -62,9 +62,15 @@ def test_an_independent_grpc_client_built_from_the_proto_alone_calls_health(serv
             stub = pegaflow_pb2_grpc.EngineStub(channel)
             health = stub.Health(pegaflow_pb2.HealthRequest(), timeout=5)
             assert health.server_version == "0.1.0" and health.pool_bytes > 0
+            request = pegaflow_pb2.RegisterInstanceRequest(
+                client_version="0.0.1", instance_id="old", namespace="ns", tp_size=1, world_size=1)
+            with pytest.raises(grpc.RpcError) as anonymous:
+                stub.RegisterInstance(request, timeout=5)
+            assert anonymous.value.code() == grpc.StatusCode.UNAUTHENTICATED, "every call but Health needs the token"
+            # the token is in the file Health names (0600: readable by the server's user)
+            auth = [("authorization", "Bearer " + Path(health.token_path).read_text().strip())]
             with pytest.raises(grpc.RpcError) as refused:
-                stub.RegisterInstance(pegaflow_pb2.RegisterInstanceRequest(
-                    client_version="0.0.1", instance_id="old", namespace="ns", tp_size=1, world_size=1), timeout=5)
+                stub.RegisterInstance(request, timeout=5, metadata=auth)
             assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "PegaFlow version mismatch: client 0.0.1, server 0.1.0" in refused.value.details()
     finally:

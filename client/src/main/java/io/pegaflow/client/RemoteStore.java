@@ -144,7 +144,17 @@ public final class RemoteStore implements BlockStore {
     /** A call with this client's credential. */
     private <T> T call(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
         requireToken();
-        return rawCall(rpc);
+        try {
+            return rpc.apply(EngineGrpc.newBlockingStub(calls).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
+        } catch (StatusRuntimeException e) {
+            if (e.getStatus().getCode() != io.grpc.Status.Code.UNAUTHENTICATED) {
+                throw Errors.fromStatus(e, endpoint, deadlineMs);
+            }
+            // A server restarted at the same address writes a new token: read it again, once.
+            token = null;
+            requireToken();
+            return rawCall(rpc);
+        }
     }
 
     private <T> T rawCall(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
