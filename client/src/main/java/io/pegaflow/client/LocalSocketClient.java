@@ -19,7 +19,8 @@ import java.util.concurrent.ConcurrentHashMap;
  * The client half of {@code LocalSocketServer}: one connection per calling thread, written
  * and read on that thread (no handoff), bounded by the client's deadline. The socket is found
  * through Health the first time it is needed. Returns null whenever the fast path cannot
- * answer (no socket, not on this host, the connection broke), so the caller uses gRPC, which
+ * answer (no socket, not on this host, the connection broke or was refused, a request of
+ * {@link Wire#MAX_FRAME} or more), so the caller uses gRPC, which
  * reports an unreachable server in the usual way.
  */
 final class LocalSocketClient implements AutoCloseable {
@@ -45,6 +46,9 @@ final class LocalSocketClient implements AutoCloseable {
         Conn c = connection();
         if (c == null) {
             return null;
+        }
+        if (request.getSerializedSize() >= Wire.MAX_FRAME) {
+            return null; // the server would refuse the frame: gRPC takes it
         }
         long deadline = System.nanoTime() + store.deadlineMs() * 1_000_000L;
         byte[] body = request.toByteArray();

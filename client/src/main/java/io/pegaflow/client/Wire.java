@@ -1,19 +1,42 @@
 package io.pegaflow.client;
 
 import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.Limits;
 import java.net.InetSocketAddress;
 
 /**
  * What client and server agree on beyond the .proto: the local socket's frame methods and
- * cap (frames are described in {@code LocalSocketServer}), and how an address is written.
+ * cap (frames are described in {@code LocalSocketServer}), message size limits derived from
+ * the engine's {@link Limits}, and how an address is written.
  */
 public final class Wire {
     /** Local-socket method: Query (QueryRequest -> QueryResponse). */
     public static final byte QUERY = 1;
     /** Local-socket method: Release (ReleaseRequest -> Empty). */
     public static final byte RELEASE = 2;
-    /** Largest local-socket frame either side reads. */
-    public static final int MAX_FRAME = 64 << 20;
+    /**
+     * Largest local-socket frame either side reads: a Query of up to ~130k 32-byte hashes
+     * (vLLM's sha256 block hashes; 2M tokens at 16 a block). A larger query goes over gRPC;
+     * the server refuses a larger frame before reading its payload.
+     */
+    public static final int MAX_FRAME = 4 << 20;
+
+    /**
+     * The largest request the caps in {@link Limits} allow, with room for protobuf framing: a
+     * ReserveSave of {@link Limits#MAX_HASHES_PER_CALL} hashes of {@link Limits#MAX_HASH_BYTES}
+     * and as many block ids (at most 10 bytes each) naming {@link Limits#MAX_LAYERS_PER_WORKER}
+     * layers, or a RegisterWorker of that many regions (names of {@link Limits#MAX_NAME_BYTES}
+     * plus at most 80 bytes of fields each). The server's gRPC inbound message limit (~24 MiB):
+     * anything larger is refused (RESOURCE_EXHAUSTED) before it is parsed.
+     */
+    public static final int MAX_REQUEST_BYTES = Limits.MAX_HASHES_PER_CALL * (Limits.MAX_HASH_BYTES + 10)
+            + Limits.MAX_LAYERS_PER_WORKER * (Limits.MAX_NAME_BYTES + 80) + (1 << 16);
+
+    /**
+     * The client's gRPC inbound message limit: a copy plan of {@link Limits#MAX_PLAN_SLOTS}
+     * entries (at most ~11 bytes each) fits.
+     */
+    public static final int MAX_RESPONSE_BYTES = 64 << 20;
 
     private Wire() {}
 

@@ -148,14 +148,11 @@ public final class LocalStore implements BlockStore {
                         + worker.workerRank() + " of instance '" + instanceId + "'");
             }
         }
-        for (int i = 0; i < regions.size(); i++) {
-            for (int j = i + 1; j < regions.size(); j++) {
-                if (regions.get(i).overlaps(regions.get(j))) {
-                    throw new InvalidArgumentException("layers '" + regions.get(i).layerName() + "' and '"
-                            + regions.get(j).layerName() + "' of worker " + worker.workerRank()
-                            + " overlap in memory; expected disjoint regions");
-                }
-            }
+        int[] overlap = LayerOverlaps.find(regions);
+        if (overlap != null) {
+            throw new InvalidArgumentException("layers '" + regions.get(overlap[0]).layerName() + "' and '"
+                    + regions.get(overlap[1]).layerName() + "' of worker " + worker.workerRank()
+                    + " overlap in memory; expected disjoint regions");
         }
         lock.lock();
         try {
@@ -341,6 +338,7 @@ public final class LocalStore implements BlockStore {
             Instance inst = sealedInstance(instanceId);
             Instance.Worker worker = worker(inst, workerRank);
             int[] regionIdx = selectRegions(inst, worker, layerNames);
+            Limits.checkPlan("save", blockIds.length, regionIdx.length);
             for (int r : regionIdx) {
                 checkBlockIds(blockIds, "blockIds", worker.regions[r]);
             }
@@ -631,6 +629,7 @@ public final class LocalStore implements BlockStore {
                 throw new InvalidArgumentException("load of lease " + leaseId + ": " + dstBlockIds.length
                         + " destination block ids for " + lease.blocks.length + " leased blocks; expected equal counts");
             }
+            Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
             for (LayerRegion r : worker.regions) {
                 checkBlockIds(dstBlockIds, "dstBlockIds", r);
             }

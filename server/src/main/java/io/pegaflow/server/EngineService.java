@@ -13,6 +13,7 @@ import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.LeaseId;
+import io.pegaflow.engine.Limits;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.TopologyMismatchException;
@@ -46,7 +47,9 @@ import java.util.function.Supplier;
 /**
  * The gRPC face of a {@link LocalStore}: translates messages to engine calls and engine
  * exceptions to statuses ({@link Errors}). Validation stays in the engine, so a bad request
- * is refused exactly as an in-process call would be, and nothing changes.
+ * is refused exactly as an in-process call would be, and nothing changes; what is checked
+ * here is only the size of what a request carries ({@link Limits}), before it is copied into
+ * engine objects.
  */
 final class EngineService extends EngineGrpc.EngineImplBase {
     private final LocalStore store;
@@ -80,9 +83,22 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     private static final Empty EMPTY = Empty.getDefaultInstance();
 
-    /** The request's packed hashes as they came (the one form the store reads). */
+    /** The request's packed hashes as they came (the one form the store reads), counted before they are copied. */
     static BlockHashes hashes(ByteString packed, int hashLen) {
+        Limits.checkHashes(packed.size(), hashLen);
         return packed.isEmpty() ? BlockHashes.EMPTY : new BlockHashes(packed.toByteArray(), hashLen);
+    }
+
+    /** A request's instance id, refused when longer than {@link Limits#MAX_NAME_BYTES}. */
+    static String instanceId(String id) {
+        Limits.checkName("instance id", id);
+        return id;
+    }
+
+    /** Block ids of a save or load, counted before they are copied. */
+    static long[] blockIds(String what, List<Long> values) {
+        Limits.checkCount(what, values.size(), Limits.MAX_HASHES_PER_CALL, "MAX_HASHES_PER_CALL");
+        return longs(values);
     }
 
     static long[] longs(List<Long> values) {
@@ -102,7 +118,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     public void registerInstance(RegisterInstanceRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
             if (!Version.VERSION.equals(r.getClientVersion())) {
-                throw new TopologyMismatchException("PegaFlow version mismatch: client " + r.getClientVersion()
+                throw new TopologyMismatchException("PegaFlow version mismatch: client " + Limits.quote(r.getClientVersion())
                         + ", server " + Version.VERSION + "; install the same pegaflow-jvm version on both sides");
             }
             store.registerInstance(new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize()));
@@ -113,19 +129,22 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void registerWorker(RegisterWorkerRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
-            List<LayerRegion> layers = new ArrayList<>();
+            String id = instanceId(r.getInstanceId());
+            Limits.checkCount("layers of worker " + r.getWorkerRank() + " of instance '" + id + "'", r.getLayersCount(),
+                    Limits.MAX_LAYERS_PER_WORKER, "MAX_LAYERS_PER_WORKER");
+            List<LayerRegion> layers = new ArrayList<>(r.getLayersCount());
             for (io.pegaflow.client.proto.LayerRegion l : r.getLayersList()) {
                 KvLayout layout = switch (l.getLayout()) {
                     case SPLIT_KV -> KvLayout.SPLIT_KV;
                     case COMBINED -> KvLayout.COMBINED;
                     case MLA -> KvLayout.MLA;
-                    default -> throw new InvalidArgumentException("layer '" + l.getName() + "': layout "
+                    default -> throw new InvalidArgumentException("layer '" + Limits.quote(l.getName()) + "': layout "
                             + l.getLayoutValue() + "; expected SPLIT_KV, COMBINED or MLA");
                 };
                 layers.add(new LayerRegion(l.getName(), layout, l.getBaseAddress(), l.getRegionBytes(), l.getNumBlocks(),
                         l.getBlockStride(), l.getSegmentBytes(), l.getSegmentOffset()));
             }
-            store.registerWorker(r.getInstanceId(), new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
+            store.registerWorker(id, new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
             return EMPTY;
         });
     }
@@ -133,7 +152,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void unregisterInstance(UnregisterInstanceRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
-            store.unregisterInstance(r.getInstanceId());
+            store.unregisterInstance(instanceId(r.getInstanceId()));
             return EMPTY;
         });
     }
@@ -141,16 +160,23 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void reserveSave(ReserveSaveRequest r, StreamObserver<CopyPlan> out) {
         answer(out, () -> {
+            String id = instanceId(r.getInstanceId());
+            Limits.checkCount("layer names of one save", r.getLayerNamesCount(), Limits.MAX_LAYERS_PER_WORKER,
+                    "MAX_LAYERS_PER_WORKER");
+            for (String name : r.getLayerNamesList()) {
+                Limits.checkName("layer name", name);
+            }
             List<String> layers = r.getLayerNamesCount() == 0 ? null : r.getLayerNamesList();
-            return plan(store.reserveSave(r.getInstanceId(), r.getWorkerRank(), layers, longs(r.getBlockIdsList()),
-                    hashes(r.getHashes(), r.getHashLen())));
+            return plan(store.reserveSave(id, r.getWorkerRank(), layers, blockIds("block ids of one save",
+                    r.getBlockIdsList()), hashes(r.getHashes(), r.getHashLen())));
         });
     }
 
     @Override
     public void beginLoad(BeginLoadRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> plan(store.beginLoad(r.getInstanceId(), r.getWorkerRank(),
-                LeaseId.fromBytes(r.getLease().toByteArray()), longs(r.getDstBlockIdsList()))));
+        answer(out, () -> plan(store.beginLoad(instanceId(r.getInstanceId()), r.getWorkerRank(),
+                LeaseId.fromBytes(r.getLease().toByteArray()), blockIds("destination block ids of one load",
+                        r.getDstBlockIdsList()))));
     }
 
     private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {
@@ -179,7 +205,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
     static QueryResponse query(LocalStore store, QueryRequest r) {
-        QueryResult q = store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
+        QueryResult q = store.query(instanceId(r.getInstanceId()), hashes(r.getHashes(), r.getHashLen()));
         QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
         if (q.hasLease()) {
             b.setLease(ByteString.copyFrom(q.lease().toBytes()));
@@ -218,6 +244,12 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void session(SessionRequest r, StreamObserver<SessionEvent> out) {
         ServerCallStreamObserver<SessionEvent> call = (ServerCallStreamObserver<SessionEvent>) out;
+        try {
+            instanceId(r.getInstanceId());
+        } catch (InvalidArgumentException e) {
+            out.onError(Errors.toStatus(e));
+            return;
+        }
         long token = sessions.open(r.getInstanceId());
         call.setOnCancelHandler(() -> sessions.ended(r.getInstanceId(), token));
         call.setOnCloseHandler(() -> sessions.ended(r.getInstanceId(), token));

@@ -77,7 +77,10 @@ public final class PegaflowServer implements AutoCloseable {
             this.sessions = new Sessions(store, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
-            this.grpc = builder.addService(ServerInterceptors.intercept(service, rpcMetrics)).build().start();
+            // The largest request the engine's caps allow; a larger one is refused with
+            // RESOURCE_EXHAUSTED before it is parsed, and only that call fails.
+            this.grpc = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
+                    .addService(ServerInterceptors.intercept(service, rpcMetrics)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds);
@@ -116,7 +119,6 @@ public final class PegaflowServer implements AutoCloseable {
         // on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback query.
         NettyServerBuilder builder = NettyServerBuilder.forAddress(hostPort(config.addr(), "--addr"))
                 .directExecutor()
-                .maxInboundMessageSize(64 << 20)
                 .keepAliveTime(30, TimeUnit.SECONDS)
                 .keepAliveTimeout(20, TimeUnit.SECONDS)
                 .permitKeepAliveTime(5, TimeUnit.SECONDS)
@@ -156,6 +158,11 @@ public final class PegaflowServer implements AutoCloseable {
 
     public LocalStore store() {
         return store;
+    }
+
+    /** The local socket server, or null when there is none (tests). */
+    LocalSocketServer localSocket() {
+        return local;
     }
 
     /** Instances unregistered because their client's session ended. */
