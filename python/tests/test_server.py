@@ -111,8 +111,12 @@ def test_bad_input_gets_a_typed_error_and_nothing_is_lost(server):
             c.release("strict", b"\x07" * 16)
         with pytest.raises(errors.InvalidArgumentError, match="out of range"):
             c.save("strict", 0, [999], hashes(1))
-        with pytest.raises(errors.InvalidArgumentError, match="refused the request"):
-            c.query("strict", [os.urandom(32)] * (3 << 20))  # 96 MiB: over the 64 MiB message limit
+        with pytest.raises(errors.InvalidArgumentError, match=r"expected at most 262144 \(Limits.MAX_HASHES_PER_CALL\)"):
+            c.query("strict", [os.urandom(32)] * (3 << 20))  # 3M hashes: over the per-call cap
+        with pytest.raises(errors.InvalidArgumentError, match=r"\(Limits.MAX_NAME_BYTES\)"):
+            c.register_instance("x" * (4 << 20), "ns", 1, 1)
+        with pytest.raises(errors.InvalidArgumentError, match=r"\(Limits.MAX_WORLD_SIZE\)"):
+            c.register_instance("huge", "ns", 1, 1 << 28)
         with pytest.raises(errors.TopologyMismatchError):
             c.register_instance("strict", "another-ns", 1, 1)
         after = c.stats()

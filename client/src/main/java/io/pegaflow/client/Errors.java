@@ -22,10 +22,41 @@ import io.pegaflow.engine.UnknownLeaseException;
  */
 public final class Errors {
     public static final Metadata.Key<String> CODE = Metadata.Key.of("pegaflow-error-code", Metadata.ASCII_STRING_MARSHALLER);
+    /**
+     * Most bytes of an error message the server sends, as gRPC percent-encodes it in the
+     * grpc-message trailer (well inside the client's 8 KiB metadata limit, so one client's
+     * long input can never turn another client's error into a transport failure).
+     */
+    public static final int MAX_MESSAGE_BYTES = 4096;
 
     private Errors() {}
 
-    /** Server side: the status for an engine exception (or any other throwable). */
+    /**
+     * {@code message} cut to at most {@link #MAX_MESSAGE_BYTES} once percent-encoded (printable
+     * ASCII but '%' 1 byte, anything else 3 per UTF-8 byte), ending in "..." when cut.
+     */
+    public static String bounded(String message) {
+        if (message == null) {
+            return null;
+        }
+        long cost = 0;
+        int cut = -1;
+        for (int i = 0; i < message.length(); ) {
+            int cp = message.codePointAt(i);
+            cost += cp >= 0x20 && cp < 0x7f && cp != '%' ? 1
+                    : 3L * (cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4);
+            if (cut < 0 && cost > MAX_MESSAGE_BYTES - 3) {
+                cut = i;
+            }
+            if (cost > MAX_MESSAGE_BYTES) {
+                return message.substring(0, cut) + "...";
+            }
+            i += Character.charCount(cp);
+        }
+        return message;
+    }
+
+    /** Server side: the status for an engine exception (or any other throwable), its message {@link #bounded}. */
     public static StatusRuntimeException toStatus(Throwable t) {
         Metadata trailers = new Metadata();
         if (t instanceof PegaflowException e) {
@@ -39,10 +70,10 @@ public final class Errors {
                 case TIMEOUT -> Status.DEADLINE_EXCEEDED;
                 default -> Status.INTERNAL;
             };
-            return status.withDescription(e.getMessage()).asRuntimeException(trailers);
+            return status.withDescription(bounded(e.getMessage())).asRuntimeException(trailers);
         }
         trailers.put(CODE, Integer.toString(ErrorCode.INTERNAL.value()));
-        return Status.INTERNAL.withDescription(t.getClass().getName() + ": " + t.getMessage()).withCause(t)
+        return Status.INTERNAL.withDescription(bounded(t.getClass().getName() + ": " + t.getMessage())).withCause(t)
                 .asRuntimeException(trailers);
     }
 

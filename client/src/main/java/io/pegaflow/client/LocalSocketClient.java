@@ -19,7 +19,8 @@ import java.util.concurrent.ConcurrentHashMap;
  * The client half of {@code LocalSocketServer}: one connection per calling thread, written
  * and read on that thread (no handoff), bounded by the client's deadline. The socket is found
  * through Health the first time it is needed. Returns null whenever the fast path cannot
- * answer (no socket, not on this host, the connection broke), so the caller uses gRPC, which
+ * answer (no socket, not on this host, the connection broke or was refused, a request of
+ * {@link Wire#MAX_FRAME} or more), so the caller uses gRPC, which
  * reports an unreachable server in the usual way.
  */
 final class LocalSocketClient implements AutoCloseable {
@@ -46,30 +47,12 @@ final class LocalSocketClient implements AutoCloseable {
         if (c == null) {
             return null;
         }
+        if (request.getSerializedSize() >= Wire.MAX_FRAME) {
+            return null; // the server would refuse the frame: gRPC takes it
+        }
         long deadline = System.nanoTime() + store.deadlineMs() * 1_000_000L;
-        byte[] body = request.toByteArray();
-        ByteBuffer out = ByteBuffer.allocate(5 + body.length);
-        out.putInt(1 + body.length).put(method).put(body).flip();
         try {
-            while (out.hasRemaining()) {
-                if (c.channel.write(out) == 0) {
-                    await(c, SelectionKey.OP_WRITE, deadline);
-                }
-            }
-            ByteBuffer header = ByteBuffer.allocate(5);
-            read(c, header, deadline);
-            int length = header.getInt(0);
-            if (length < 1 || length > Wire.MAX_FRAME) {
-                throw new IOException("answer frame of " + length + " bytes");
-            }
-            ByteBuffer payload = ByteBuffer.allocate(length - 1);
-            read(c, payload, deadline);
-            byte status = header.get(4);
-            answered.incrementAndGet();
-            if (status != 0) {
-                throw Errors.byCode(status, new String(payload.array(), StandardCharsets.UTF_8));
-            }
-            return payload.array();
+            return exchange(c, method, request.toByteArray(), deadline);
         } catch (DeadlineExceeded e) {
             drop(c);
             throw new ServerUnavailableException("pegaflow-server at " + store.endpoint() + " did not answer within "
@@ -78,6 +61,33 @@ final class LocalSocketClient implements AutoCloseable {
             drop(c);
             return null; // broken or closed: gRPC says whether the server is there
         }
+    }
+
+    /** One frame out, one answer back; a refusal is its typed exception. */
+    private byte[] exchange(Conn c, byte method, byte[] body, long deadline) throws IOException {
+        ByteBuffer out = ByteBuffer.allocate(5 + body.length);
+        out.putInt(1 + body.length).put(method).put(body).flip();
+        while (out.hasRemaining()) {
+            if (c.channel.write(out) == 0) {
+                await(c, SelectionKey.OP_WRITE, deadline);
+            }
+        }
+        ByteBuffer header = ByteBuffer.allocate(5);
+        read(c, header, deadline);
+        int length = header.getInt(0);
+        if (length < 1 || length > Wire.MAX_FRAME) {
+            throw new IOException("answer frame of " + length + " bytes");
+        }
+        ByteBuffer payload = ByteBuffer.allocate(length - 1);
+        read(c, payload, deadline);
+        byte status = header.get(4);
+        if (method != Wire.AUTH) {
+            answered.incrementAndGet();
+        }
+        if (status != 0) {
+            throw Errors.byCode(status, new String(payload.array(), StandardCharsets.UTF_8));
+        }
+        return payload.array();
     }
 
     private static final class DeadlineExceeded extends IOException {}
@@ -114,6 +124,7 @@ final class LocalSocketClient implements AutoCloseable {
         if (p == null) {
             return null;
         }
+        c = null;
         try {
             SocketChannel ch = SocketChannel.open(StandardProtocolFamily.UNIX);
             try {
@@ -122,7 +133,13 @@ final class LocalSocketClient implements AutoCloseable {
                 Selector sel = Selector.open();
                 ch.register(sel, SelectionKey.OP_READ);
                 c = new Conn(ch, sel);
+                // the connection's first frame: the server's token (a refusal falls back to gRPC)
+                exchange(c, Wire.AUTH, store.token().getBytes(StandardCharsets.UTF_8),
+                        System.nanoTime() + store.deadlineMs() * 1_000_000L);
             } catch (IOException | RuntimeException e) {
+                if (c != null) {
+                    c.selector.close();
+                }
                 ch.close();
                 throw e;
             }

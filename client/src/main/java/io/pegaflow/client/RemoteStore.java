@@ -115,7 +115,7 @@ public final class RemoteStore implements BlockStore {
             throw new InvalidArgumentException("deadline " + deadlineMs + " ms; expected > 0");
         }
         ManagedChannel channel = NettyChannelBuilder.forTarget(endpoint).usePlaintext()
-                .maxInboundMessageSize(64 << 20)
+                .maxInboundMessageSize(Wire.MAX_RESPONSE_BYTES)
                 .keepAliveTime(5, TimeUnit.SECONDS)
                 .keepAliveTimeout(5, TimeUnit.SECONDS)
                 .keepAliveWithoutCalls(true)

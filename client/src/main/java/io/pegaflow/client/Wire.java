@@ -2,12 +2,14 @@ package io.pegaflow.client;
 
 import io.grpc.Metadata;
 import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.Limits;
 import java.net.InetSocketAddress;
 
 /**
  * What client and server agree on beyond the .proto: the call headers (credential, client
  * id), the local socket's frame methods and cap (frames are described in
- * {@code LocalSocketServer}), and how an address is written.
+ * {@code LocalSocketServer}), message size limits derived from the engine's {@link Limits},
+ * and how an address is written.
  */
 public final class Wire {
     /** Local-socket method: Query (QueryRequest -> QueryResponse). */
@@ -21,8 +23,29 @@ public final class Wire {
             Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
     /** The calling client process's id: 128 random bits, hex. */
     public static final Metadata.Key<String> CLIENT_ID = Metadata.Key.of("pegaflow-client-id", Metadata.ASCII_STRING_MARSHALLER);
-    /** Largest local-socket frame either side reads. */
-    public static final int MAX_FRAME = 64 << 20;
+    /**
+     * Largest local-socket frame either side reads: a Query of up to ~130k 32-byte hashes
+     * (vLLM's sha256 block hashes; 2M tokens at 16 a block). A larger query goes over gRPC;
+     * the server refuses a larger frame before reading its payload.
+     */
+    public static final int MAX_FRAME = 4 << 20;
+
+    /**
+     * The largest request the caps in {@link Limits} allow, with room for protobuf framing: a
+     * ReserveSave of {@link Limits#MAX_HASHES_PER_CALL} hashes of {@link Limits#MAX_HASH_BYTES}
+     * and as many block ids (at most 10 bytes each) naming {@link Limits#MAX_LAYERS_PER_WORKER}
+     * layers, or a RegisterWorker of that many regions (names of {@link Limits#MAX_NAME_BYTES}
+     * plus at most 80 bytes of fields each). The server's gRPC inbound message limit (~24 MiB):
+     * anything larger is refused (RESOURCE_EXHAUSTED) before it is parsed.
+     */
+    public static final int MAX_REQUEST_BYTES = Limits.MAX_HASHES_PER_CALL * (Limits.MAX_HASH_BYTES + 10)
+            + Limits.MAX_LAYERS_PER_WORKER * (Limits.MAX_NAME_BYTES + 80) + (1 << 16);
+
+    /**
+     * The client's gRPC inbound message limit: a copy plan of {@link Limits#MAX_PLAN_SLOTS}
+     * entries (at most ~11 bytes each) fits.
+     */
+    public static final int MAX_RESPONSE_BYTES = 64 << 20;
 
     private Wire() {}
 

@@ -7,7 +7,7 @@ import java.util.HexFormat;
  * vLLM block hashes in their one form from the step plan to the index: {@code count()} hashes
  * of {@code hashLen} bytes each, packed back to back. The store never splits them into
  * per-hash arrays; it reads each window in place. Callers must not modify {@code packed}
- * after handing it over.
+ * after handing it over. At most {@link Limits#MAX_HASHES_PER_CALL} hashes.
  */
 public record BlockHashes(byte[] packed, int hashLen) {
     /** No hashes. */
@@ -21,6 +21,7 @@ public record BlockHashes(byte[] packed, int hashLen) {
             throw new InvalidArgumentException(packed.length + " bytes of hashes with hash_len " + hashLen
                     + "; expected 1 <= hash_len <= " + HashKey.MAX_BYTES + " dividing the byte count");
         }
+        Limits.checkHashes(packed.length, hashLen);
     }
 
     /**
@@ -34,6 +35,7 @@ public record BlockHashes(byte[] packed, int hashLen) {
         if (hashes.length == 0) {
             return EMPTY;
         }
+        Limits.checkCount("hashes in one call", hashes.length, Limits.MAX_HASHES_PER_CALL, "MAX_HASHES_PER_CALL");
         int len = hashes[0] == null ? 0 : hashes[0].length;
         byte[] out = new byte[hashes.length * len];
         for (int i = 0; i < hashes.length; i++) {

@@ -60,14 +60,11 @@ final class InstanceRegistry {
                         + worker.workerRank() + " of instance '" + instanceId + "'");
             }
         }
-        for (int i = 0; i < regions.size(); i++) {
-            for (int j = i + 1; j < regions.size(); j++) {
-                if (regions.get(i).overlaps(regions.get(j))) {
-                    throw new InvalidArgumentException("layers '" + regions.get(i).layerName() + "' and '"
-                            + regions.get(j).layerName() + "' of worker " + worker.workerRank()
-                            + " overlap in memory; expected disjoint regions");
-                }
-            }
+        int[] overlap = LayerOverlaps.find(regions); // O(n log n): a worker may bring thousands of layers
+        if (overlap != null) {
+            throw new InvalidArgumentException("layers '" + regions.get(overlap[0]).layerName() + "' and '"
+                    + regions.get(overlap[1]).layerName() + "' of worker " + worker.workerRank()
+                    + " overlap in memory; expected disjoint regions");
         }
     }
 

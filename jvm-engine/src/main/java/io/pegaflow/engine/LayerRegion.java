@@ -49,16 +49,21 @@ public record LayerRegion(
      * overlapping another. Throws {@link InvalidArgumentException} naming the field.
      */
     public void validate() {
-        String where = "layer '" + layerName + "'";
+        Limits.checkName("layer name", layerName);
         if (layerName == null || layerName.isBlank()) {
             throw new InvalidArgumentException("layer name '" + layerName + "' is blank; expected a non-empty name");
         }
+        String where = "layer '" + layerName + "'";
         if (layout == null) {
             throw new InvalidArgumentException(where + ": layout is null; expected SPLIT_KV, COMBINED or MLA");
         }
         if (baseAddress <= 0) {
             throw new InvalidArgumentException(where + ": base address 0x" + Long.toHexString(baseAddress)
                     + " is not a valid address; expected a positive address");
+        }
+        if (regionBytes > Long.MAX_VALUE - baseAddress) {
+            throw new InvalidArgumentException(where + ": base address 0x" + Long.toHexString(baseAddress) + " + regionBytes "
+                    + regionBytes + " overflows 64 bits; expected a region inside the address space");
         }
         if (numBlocks <= 0) {
             throw new InvalidArgumentException(where + ": numBlocks " + numBlocks + "; expected > 0");

@@ -192,6 +192,7 @@ public final class LocalStore implements BlockStore {
             Instance inst = registry.sealed(instanceId);
             Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
             int[] regionIdx = worker.selectRegions(inst.spec.instanceId(), layerNames);
+            Limits.checkPlan("save", blockIds.length, regionIdx.length);
             for (int r : regionIdx) {
                 worker.regions[r].checkBlockIds(blockIds, "blockIds");
             }
@@ -414,6 +415,7 @@ public final class LocalStore implements BlockStore {
                 throw new InvalidArgumentException("load of lease " + leaseId + ": " + dstBlockIds.length
                         + " destination block ids for " + lease.blocks.length + " leased blocks; expected equal counts");
             }
+            Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
             for (LayerRegion r : worker.regions) {
                 r.checkBlockIds(dstBlockIds, "dstBlockIds");
             }

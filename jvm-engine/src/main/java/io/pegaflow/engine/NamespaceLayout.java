@@ -6,9 +6,18 @@ import java.util.List;
  * What every block of a namespace looks like in the host pool: the sorted layer names (a
  * layer's id is its index), the TP size, and each layer's segment geometry. Slot
  * {@code layerId * tpSize + tpRank} holds {@code segments} segments of {@code segmentBytes}.
- * Two instances may share a namespace only if their layouts are equal.
+ * Two instances may share a namespace only if their layouts are equal. Every block holds a
+ * slot array, so the slot count is capped ({@link Limits#MAX_SLOTS_PER_BLOCK}).
  */
 record NamespaceLayout(int tpSize, List<LayerGeometry> layers) {
+    NamespaceLayout {
+        if ((long) layers.size() * tpSize > Limits.MAX_SLOTS_PER_BLOCK) {
+            throw new InvalidArgumentException(layers.size() + " layers x tp size " + tpSize + " = "
+                    + (long) layers.size() * tpSize + " slots per block; expected at most " + Limits.MAX_SLOTS_PER_BLOCK
+                    + " (Limits.MAX_SLOTS_PER_BLOCK)");
+        }
+    }
+
     record LayerGeometry(String name, KvLayout layout, long segmentBytes) {
         long slotBytes() {
             return segmentBytes * layout.segments();

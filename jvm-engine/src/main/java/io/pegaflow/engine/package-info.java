@@ -29,6 +29,9 @@
  *   <li>Every public call validates its arguments before touching state; a rejected call
  *       leaves index, leases and pool as they were (a save refused for lack of space
  *       evicts nothing unless the space exists, modulo fragmentation).</li>
+ *   <li>Every count and length a caller supplies is capped ({@link io.pegaflow.engine.Limits}),
+ *       checked before anything is allocated for it: pegaflow-server's clients are mutually
+ *       untrusted processes.</li>
  * </ul>
  *
  * <h2>Threads</h2>

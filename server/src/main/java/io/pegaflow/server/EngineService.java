@@ -12,6 +12,7 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
+import io.pegaflow.engine.Limits;
 import io.pegaflow.engine.Token;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
@@ -46,7 +47,9 @@ import java.util.function.Supplier;
 /**
  * The gRPC face of a {@link LocalStore}: translates messages to engine calls and engine
  * exceptions to statuses ({@link Errors}). Validation stays in the engine, so a bad request
- * is refused exactly as an in-process call would be, and nothing changes.
+ * is refused exactly as an in-process call would be, and nothing changes; what is checked
+ * here is only the size of what a request carries ({@link Limits}), before it is copied into
+ * engine objects.
  */
 final class EngineService extends EngineGrpc.EngineImplBase {
     private final LocalStore store;
@@ -82,9 +85,22 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     private static final Empty EMPTY = Empty.getDefaultInstance();
 
-    /** The request's packed hashes as they came (the one form the store reads). */
+    /** The request's packed hashes as they came (the one form the store reads), counted before they are copied. */
     static BlockHashes hashes(ByteString packed, int hashLen) {
+        Limits.checkHashes(packed.size(), hashLen);
         return packed.isEmpty() ? BlockHashes.EMPTY : new BlockHashes(packed.toByteArray(), hashLen);
+    }
+
+    /** A request's instance id, refused when longer than {@link Limits#MAX_NAME_BYTES}. */
+    static String instanceId(String id) {
+        Limits.checkName("instance id", id);
+        return id;
+    }
+
+    /** Block ids of a save or load, counted before they are copied. */
+    static long[] blockIds(String what, List<Long> values) {
+        Limits.checkCount(what, values.size(), Limits.MAX_HASHES_PER_CALL, "MAX_HASHES_PER_CALL");
+        return longs(values);
     }
 
     static long[] longs(List<Long> values) {
@@ -104,7 +120,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     public void registerInstance(RegisterInstanceRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
             if (!Version.VERSION.equals(r.getClientVersion())) {
-                throw new TopologyMismatchException("PegaFlow version mismatch: client " + r.getClientVersion()
+                throw new TopologyMismatchException("PegaFlow version mismatch: client " + Limits.quote(r.getClientVersion())
                         + ", server " + Version.VERSION + "; install the same pegaflow-jvm version on both sides");
             }
             InstanceSpec spec = new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize());
@@ -122,20 +138,23 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void registerWorker(RegisterWorkerRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
-            List<LayerRegion> layers = new ArrayList<>();
+            String id = instanceId(r.getInstanceId());
+            Limits.checkCount("layers of worker " + r.getWorkerRank() + " of instance '" + id + "'", r.getLayersCount(),
+                    Limits.MAX_LAYERS_PER_WORKER, "MAX_LAYERS_PER_WORKER");
+            List<LayerRegion> layers = new ArrayList<>(r.getLayersCount());
             for (io.pegaflow.client.proto.LayerRegion l : r.getLayersList()) {
                 KvLayout layout = switch (l.getLayout()) {
                     case SPLIT_KV -> KvLayout.SPLIT_KV;
                     case COMBINED -> KvLayout.COMBINED;
                     case MLA -> KvLayout.MLA;
-                    default -> throw new InvalidArgumentException("layer '" + l.getName() + "': layout "
+                    default -> throw new InvalidArgumentException("layer '" + Limits.quote(l.getName()) + "': layout "
                             + l.getLayoutValue() + "; expected SPLIT_KV, COMBINED or MLA");
                 };
                 layers.add(new LayerRegion(l.getName(), layout, l.getBaseAddress(), l.getRegionBytes(), l.getNumBlocks(),
                         l.getBlockStride(), l.getSegmentBytes(), l.getSegmentOffset()));
             }
-            store.registerWorker(r.getInstanceId(), new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
-            tenants.joined(r.getInstanceId(), Credentials.CLIENT.get());
+            store.registerWorker(id, new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
+            tenants.joined(id, Credentials.CLIENT.get());
             return EMPTY;
         });
     }
@@ -143,9 +162,10 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void unregisterInstance(UnregisterInstanceRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
-            tenants.require(r.getInstanceId(), Credentials.CLIENT.get(), "unregistering");
-            store.unregisterInstance(r.getInstanceId());
-            tenants.forget(r.getInstanceId());
+            String id = instanceId(r.getInstanceId());
+            tenants.require(id, Credentials.CLIENT.get(), "unregistering");
+            store.unregisterInstance(id);
+            tenants.forget(id);
             return EMPTY;
         });
     }
@@ -153,16 +173,23 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void reserveSave(ReserveSaveRequest r, StreamObserver<CopyPlan> out) {
         answer(out, () -> {
+            String id = instanceId(r.getInstanceId());
+            Limits.checkCount("layer names of one save", r.getLayerNamesCount(), Limits.MAX_LAYERS_PER_WORKER,
+                    "MAX_LAYERS_PER_WORKER");
+            for (String name : r.getLayerNamesList()) {
+                Limits.checkName("layer name", name);
+            }
             List<String> layers = r.getLayerNamesCount() == 0 ? null : r.getLayerNamesList();
-            return plan(store.reserveSave(r.getInstanceId(), r.getWorkerRank(), layers, longs(r.getBlockIdsList()),
-                    hashes(r.getHashes(), r.getHashLen())));
+            return plan(store.reserveSave(id, r.getWorkerRank(), layers, blockIds("block ids of one save",
+                    r.getBlockIdsList()), hashes(r.getHashes(), r.getHashLen())));
         });
     }
 
     @Override
     public void beginLoad(BeginLoadRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> plan(store.beginLoad(r.getInstanceId(), r.getWorkerRank(),
-                Token.fromBytes(r.getLease().toByteArray()), longs(r.getDstBlockIdsList()))));
+        answer(out, () -> plan(store.beginLoad(instanceId(r.getInstanceId()), r.getWorkerRank(),
+                Token.fromBytes(r.getLease().toByteArray()), blockIds("destination block ids of one load",
+                        r.getDstBlockIdsList()))));
     }
 
     private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {
@@ -192,7 +219,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
     static QueryResponse query(LocalStore store, QueryRequest r) {
-        QueryResult q = store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
+        QueryResult q = store.query(instanceId(r.getInstanceId()), hashes(r.getHashes(), r.getHashLen()));
         QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
         if (q.hasLease()) {
             b.setLease(ByteString.copyFrom(q.lease().toBytes()));
@@ -232,6 +259,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     public void session(SessionRequest r, StreamObserver<SessionEvent> out) {
         ServerCallStreamObserver<SessionEvent> call = (ServerCallStreamObserver<SessionEvent>) out;
         try {
+            instanceId(r.getInstanceId());
             tenants.require(r.getInstanceId(), Credentials.CLIENT.get(), "a liveness session");
         } catch (RuntimeException refused) {
             out.onError(Errors.toStatus(refused));

@@ -13,13 +13,21 @@ import java.io.IOException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
 import java.nio.ByteBuffer;
+import java.nio.channels.SelectionKey;
+import java.nio.channels.Selector;
 import java.nio.channels.ServerSocketChannel;
 import java.nio.channels.SocketChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.time.Duration;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * The scheduler's hot calls (query + lease, release) for clients on this host, over a Unix
@@ -29,32 +37,84 @@ import java.util.concurrent.ConcurrentHashMap;
  * calling thread. On this 2-vCPU VM that takes a 2,048-hash query from ~1 ms (gRPC over TCP)
  * to a few hundred microseconds (docs/server.md). Everything else stays on gRPC.
  *
+ * <p>The first frame of a connection is method 3 (auth) carrying the server's token (the
+ * bytes of the file Health names); anything else, or a wrong token, is answered
+ * PERMISSION_DENIED and the connection closed.
+ *
  * <p>Frames: request {@code int32 length, byte method, length-1 bytes of proto}; answer
  * {@code int32 length, byte status (0 ok, else the ErrorCode value), length-1 bytes (the
  * proto, or the error message in UTF-8)}. Big-endian.
+ *
+ * <p>Bounds, since the clients are mutually untrusted processes: a frame over
+ * {@link #MAX_FRAME} is refused (an error answer naming the cap, then the connection closes)
+ * before its payload is read; a payload is read into a buffer that grows with the bytes that
+ * arrived, never sized by the announced length alone; at most {@link #MAX_CONNECTIONS}
+ * connections are served (their threads come from one pool), more are closed at accept with
+ * a log line and their clients use gRPC; once a frame's first byte arrived, the rest (and
+ * the answer's write) must complete within {@link #FRAME_TIMEOUT} or the connection closes.
  */
 final class LocalSocketServer implements AutoCloseable {
     static final byte QUERY = Wire.QUERY;
     static final byte RELEASE = Wire.RELEASE;
+    static final byte AUTH = Wire.AUTH;
     static final int MAX_FRAME = Wire.MAX_FRAME;
+    /** Connections served at once (one pool thread each). */
+    static final int MAX_CONNECTIONS = 64;
+    /** Time for the rest of a frame once its first byte arrived, and for writing the answer. */
+    static final Duration FRAME_TIMEOUT = Duration.ofSeconds(10);
+    /** Payload bytes read before the buffer grows (doubling): memory follows what arrived. */
+    private static final int CHUNK = 64 << 10;
     private static final System.Logger LOG = System.getLogger(LocalSocketServer.class.getName());
 
     private final Path path;
     private final LocalStore store;
     private final RpcMetrics metrics;
     private final ServerSocketChannel server;
-    private final Set<SocketChannel> connections = ConcurrentHashMap.newKeySet();
+    /** The first frame of every connection must carry the server's token (null: tests without one). */
+    private volatile Credentials credentials;
+    private final int maxConnections;
+    private final long frameTimeoutNanos;
+    private final Semaphore slots;
+    private final ExecutorService threads = Executors.newCachedThreadPool(
+            Thread.ofPlatform().daemon().name("pegaflow-local-conn-", 0).factory());
+    private final Set<Conn> connections = ConcurrentHashMap.newKeySet();
+    private final AtomicLong refused = new AtomicLong();
+    private long lastRefusalLogNanos; // accept thread only
     private volatile boolean open = true;
 
-    private LocalSocketServer(Path path, LocalStore store, RpcMetrics metrics, ServerSocketChannel server) {
+    /** A served connection and the selector its thread waits on (woken by {@link #close}). */
+    private record Conn(SocketChannel channel, Selector selector) {}
+
+    /** The frame did not complete within {@link #frameTimeoutNanos}. */
+    private static final class FrameTimeout extends IOException {
+        FrameTimeout() {
+            super("frame not complete in time");
+        }
+    }
+
+    private LocalSocketServer(Path path, LocalStore store, RpcMetrics metrics, ServerSocketChannel server,
+            int maxConnections, Duration frameTimeout) {
         this.path = path;
         this.store = store;
         this.metrics = metrics;
         this.server = server;
+        this.maxConnections = maxConnections;
+        this.frameTimeoutNanos = frameTimeout.toNanos();
+        this.slots = new Semaphore(maxConnections);
     }
 
     /** Binds {@code path} (replacing a stale socket file) and starts accepting. */
-    static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics) throws IOException {
+    static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics, Credentials credentials)
+            throws IOException {
+        return start(path, store, metrics, credentials, MAX_CONNECTIONS, FRAME_TIMEOUT);
+    }
+
+    /**
+     * As {@link #start(Path, LocalStore, RpcMetrics, Credentials)} with other bounds; tests may
+     * pass null credentials (no first-frame check).
+     */
+    static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics, Credentials credentials,
+            int maxConnections, Duration frameTimeout) throws IOException {
         Files.deleteIfExists(path);
         ServerSocketChannel ch = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
         try {
@@ -63,7 +123,8 @@ final class LocalSocketServer implements AutoCloseable {
             ch.close();
             throw e;
         }
-        LocalSocketServer s = new LocalSocketServer(path, store, metrics, ch);
+        LocalSocketServer s = new LocalSocketServer(path, store, metrics, ch, maxConnections, frameTimeout);
+        s.credentials = credentials;
         Thread.ofPlatform().daemon().name("pegaflow-local-accept").start(s::accept);
         return s;
     }
@@ -72,67 +133,134 @@ final class LocalSocketServer implements AutoCloseable {
         return path;
     }
 
+    /** Connections refused because {@code maxConnections} were open. */
+    long refusedConnections() {
+        return refused.get();
+    }
+
     private void accept() {
         while (open) {
+            SocketChannel c;
             try {
-                SocketChannel c = server.accept();
-                connections.add(c);
-                Thread.ofPlatform().daemon().name("pegaflow-local-conn").start(() -> serve(c));
+                c = server.accept();
             } catch (IOException e) {
                 if (open) {
                     LOG.log(System.Logger.Level.WARNING, "local socket accept failed: " + e);
                 }
                 return;
             }
+            if (!slots.tryAcquire()) {
+                refuse(c);
+                continue;
+            }
+            try {
+                threads.execute(() -> {
+                    try {
+                        serve(c);
+                    } finally {
+                        slots.release();
+                    }
+                });
+            } catch (RejectedExecutionException closing) {
+                slots.release();
+                closeQuietly(c);
+            }
+        }
+    }
+
+    /** Closes a connection over the cap; logs at most once a second. */
+    private void refuse(SocketChannel c) {
+        closeQuietly(c);
+        long n = refused.incrementAndGet();
+        long now = System.nanoTime();
+        if (n == 1 || now - lastRefusalLogNanos > 1_000_000_000L) {
+            lastRefusalLogNanos = now;
+            LOG.log(System.Logger.Level.WARNING, "local socket " + path + ": " + maxConnections
+                    + " connections open (LocalSocketServer.MAX_CONNECTIONS); closed a new one (" + n
+                    + " so far); its client uses gRPC");
         }
     }
 
     private void serve(SocketChannel c) {
-        ByteBuffer header = ByteBuffer.allocate(5);
-        try (c) {
-            while (open) {
-                header.clear();
-                if (!readFully(c, header)) {
-                    return; // the client closed the connection
-                }
-                int length = header.getInt(0);
-                byte method = header.get(4);
-                if (length < 1 || length > MAX_FRAME) {
-                    reply(c, (byte) ErrorCode.INVALID_ARGUMENT.value(), ("frame of " + length + " bytes; expected 1 to "
-                            + MAX_FRAME).getBytes(StandardCharsets.UTF_8));
-                    return;
-                }
-                ByteBuffer payload = ByteBuffer.allocate(length - 1);
-                if (!readFully(c, payload)) {
-                    return;
-                }
-                byte status = 0;
-                byte[] answer;
-                long start = System.nanoTime();
-                String grpcStatus = "OK";
-                try {
-                    answer = handle(method, payload.array());
-                } catch (PegaflowException e) {
-                    status = (byte) e.code().value();
-                    answer = String.valueOf(e.getMessage()).getBytes(StandardCharsets.UTF_8);
-                    grpcStatus = Errors.toStatus(e).getStatus().getCode().name();
-                } catch (com.google.protobuf.InvalidProtocolBufferException e) {
-                    status = (byte) ErrorCode.INVALID_ARGUMENT.value();
-                    answer = ("malformed request: " + e.getMessage()).getBytes(StandardCharsets.UTF_8);
-                } catch (RuntimeException e) {
-                    status = (byte) ErrorCode.INTERNAL.value();
-                    answer = (e.getClass().getName() + ": " + e.getMessage()).getBytes(StandardCharsets.UTF_8);
-                }
-                reply(c, status, answer);
-                if (metrics != null) {
-                    metrics.record(method == QUERY ? "Query" : method == RELEASE ? "Release" : "Unknown",
-                            status == 0 ? "OK" : grpcStatus.equals("OK") ? "INTERNAL" : grpcStatus, System.nanoTime() - start);
-                }
+        try (c; Selector selector = Selector.open()) {
+            c.configureBlocking(false);
+            c.register(selector, SelectionKey.OP_READ);
+            Conn conn = new Conn(c, selector);
+            connections.add(conn);
+            try {
+                serve(conn);
+            } finally {
+                connections.remove(conn);
             }
+        } catch (FrameTimeout e) {
+            LOG.log(System.Logger.Level.WARNING, "local socket " + path + ": closed a connection whose frame took over "
+                    + frameTimeoutNanos / 1_000_000 + " ms");
         } catch (IOException e) {
-            // the client went away mid-frame: nothing to answer
-        } finally {
-            connections.remove(c);
+            // the client went away mid-frame, or close(): nothing to answer
+        }
+    }
+
+    private void serve(Conn c) throws IOException {
+        ByteBuffer header = ByteBuffer.allocate(5);
+        boolean authenticated = credentials == null;
+        while (open) {
+            header.clear();
+            if (!awaitFirstByte(c, header)) {
+                return; // the client closed the connection
+            }
+            long deadline = System.nanoTime() + frameTimeoutNanos;
+            fill(c, header, deadline);
+            int length = header.getInt(0);
+            byte method = header.get(4);
+            if (length < 1 || length > MAX_FRAME) {
+                reply(c, (byte) ErrorCode.INVALID_ARGUMENT.value(), "frame of " + length + " bytes; expected 1 to "
+                        + MAX_FRAME + " (Wire.MAX_FRAME)", deadline);
+                return;
+            }
+            byte[] payload = payload(c, length - 1, deadline);
+            if (!authenticated) {
+                // Before anything else: the token, as over gRPC. A refused connection is closed.
+                if (method != AUTH || !credentials.matches(payload)) {
+                    reply(c, (byte) ErrorCode.PERMISSION_DENIED.value(), method != AUTH
+                            ? "the first frame on the local socket must be method 3 (auth) with the server's token"
+                            : "wrong credential", deadline);
+                    return;
+                }
+                authenticated = true;
+                reply(c, (byte) 0, new byte[0], deadline);
+                continue;
+            }
+            byte status = 0;
+            byte[] answer;
+            long start = System.nanoTime();
+            String grpcStatus = "OK";
+            String error = null;
+            try {
+                answer = handle(method, payload);
+            } catch (PegaflowException e) {
+                status = (byte) e.code().value();
+                error = String.valueOf(e.getMessage());
+                grpcStatus = Errors.toStatus(e).getStatus().getCode().name();
+                answer = null;
+            } catch (com.google.protobuf.InvalidProtocolBufferException e) {
+                status = (byte) ErrorCode.INVALID_ARGUMENT.value();
+                error = "malformed request: " + e.getMessage();
+                answer = null;
+            } catch (RuntimeException e) {
+                status = (byte) ErrorCode.INTERNAL.value();
+                error = e.getClass().getName() + ": " + e.getMessage();
+                answer = null;
+            }
+            deadline = System.nanoTime() + frameTimeoutNanos;
+            if (error != null) {
+                reply(c, status, error, deadline);
+            } else {
+                reply(c, status, answer, deadline);
+            }
+            if (metrics != null) {
+                metrics.record(method == QUERY ? "Query" : method == RELEASE ? "Release" : "Unknown",
+                        status == 0 ? "OK" : grpcStatus.equals("OK") ? "INTERNAL" : grpcStatus, System.nanoTime() - start);
+            }
         }
     }
 
@@ -143,32 +271,95 @@ final class LocalSocketServer implements AutoCloseable {
                 EngineService.release(store, ReleaseRequest.parseFrom(payload));
                 yield new byte[0];
             }
-            default -> throw new InvalidArgumentException("local socket method " + method + "; expected 1 (query) or 2 (release)");
+            case AUTH -> new byte[0]; // already authenticated: nothing more to check
+            default -> throw new InvalidArgumentException("local socket method " + method + "; expected 1 (query), 2 (release) or 3 (auth)");
         };
     }
 
-    private static void reply(SocketChannel c, byte status, byte[] body) throws IOException {
+    /** An error answer: the message {@link Errors#bounded}, as over gRPC. */
+    private static void reply(Conn c, byte status, String message, long deadline) throws IOException {
+        reply(c, status, Errors.bounded(message).getBytes(StandardCharsets.UTF_8), deadline);
+    }
+
+    private static void reply(Conn c, byte status, byte[] body, long deadline) throws IOException {
         ByteBuffer out = ByteBuffer.allocate(5 + body.length);
         out.putInt(1 + body.length).put(status).put(body).flip();
         while (out.hasRemaining()) {
-            c.write(out);
+            if (c.channel.write(out) == 0) {
+                await(c, SelectionKey.OP_WRITE, deadline);
+            }
         }
     }
 
-    /** False at a clean end of stream before any byte of {@code buf}. */
-    static boolean readFully(SocketChannel c, ByteBuffer buf) throws IOException {
-        boolean any = false;
-        while (buf.hasRemaining()) {
-            int n = c.read(buf);
+    /**
+     * Waits, without a limit (an idle connection between frames), for the first byte of a
+     * frame and reads what is there into {@code header}; false at end of stream.
+     */
+    private boolean awaitFirstByte(Conn c, ByteBuffer header) throws IOException {
+        while (true) {
+            int n = c.channel.read(header);
             if (n < 0) {
-                if (any) {
-                    throw new IOException("connection closed mid-frame");
-                }
                 return false;
             }
-            any |= n > 0;
+            if (n > 0) {
+                return true;
+            }
+            c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
+            c.selector.select();
+            c.selector.selectedKeys().clear();
+            if (!open) {
+                throw new IOException("closing");
+            }
         }
-        return true;
+    }
+
+    /**
+     * A payload of {@code n} bytes (n was checked against {@link #MAX_FRAME}), read into a
+     * buffer of at most {@link #CHUNK} that doubles only once full: a client that announces
+     * a large frame and sends little makes the server hold little.
+     */
+    private static byte[] payload(Conn c, int n, long deadline) throws IOException {
+        ByteBuffer buf = ByteBuffer.allocate(Math.min(n, CHUNK));
+        while (true) {
+            fill(c, buf, deadline);
+            if (buf.capacity() == n) {
+                return buf.array();
+            }
+            ByteBuffer bigger = ByteBuffer.allocate((int) Math.min(n, 2L * buf.capacity()));
+            bigger.put(buf.flip());
+            buf = bigger;
+        }
+    }
+
+    /** Fills the rest of {@code buf} by {@code deadline} (nanoTime). */
+    private static void fill(Conn c, ByteBuffer buf, long deadline) throws IOException {
+        while (buf.hasRemaining()) {
+            int n = c.channel.read(buf);
+            if (n < 0) {
+                throw new IOException("connection closed mid-frame");
+            }
+            if (n == 0) {
+                await(c, SelectionKey.OP_READ, deadline);
+            }
+        }
+    }
+
+    private static void await(Conn c, int op, long deadline) throws IOException {
+        long left = (deadline - System.nanoTime() + 999_999) / 1_000_000;
+        if (left <= 0) {
+            throw new FrameTimeout();
+        }
+        c.channel.keyFor(c.selector).interestOps(op);
+        c.selector.select(left);
+        c.selector.selectedKeys().clear();
+    }
+
+    private static void closeQuietly(SocketChannel c) {
+        try {
+            c.close();
+        } catch (IOException ignored) {
+            // closing anyway
+        }
     }
 
     @Override
@@ -179,13 +370,11 @@ final class LocalSocketServer implements AutoCloseable {
         } catch (IOException ignored) {
             // closing anyway
         }
-        for (SocketChannel c : connections) {
-            try {
-                c.close();
-            } catch (IOException ignored) {
-                // closing anyway
-            }
+        for (Conn c : connections) {
+            closeQuietly(c.channel);
+            c.selector.wakeup();
         }
+        threads.shutdownNow();
         try {
             Files.deleteIfExists(path);
         } catch (IOException ignored) {

@@ -90,8 +90,11 @@ public final class PegaflowServer implements AutoCloseable {
             this.sessions = new Sessions(store, tenants, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
-            // credentials run first: a refused call is counted nowhere and touches nothing
-            this.grpc = builder.addService(ServerInterceptors.intercept(service, rpcMetrics, credentials)).build().start();
+            // The largest request the engine's caps allow; a larger one is refused with
+            // RESOURCE_EXHAUSTED before it is parsed, and only that call fails. Credentials
+            // run first: a refused call is counted nowhere and touches nothing.
+            this.grpc = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
+                    .addService(ServerInterceptors.intercept(service, rpcMetrics, credentials)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds, credentials::matches);
@@ -116,7 +119,7 @@ public final class PegaflowServer implements AutoCloseable {
         if (localSocket) {
             Path sock = Path.of(config.poolPath() + ".sock");
             try {
-                s.local = LocalSocketServer.start(sock, s.store, s.rpcMetrics);
+                s.local = LocalSocketServer.start(sock, s.store, s.rpcMetrics, s.credentials);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,
                         "no local socket at " + sock + " (" + e + "); clients use gRPC for every call");
@@ -130,7 +133,6 @@ public final class PegaflowServer implements AutoCloseable {
         // on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback query.
         NettyServerBuilder builder = NettyServerBuilder.forAddress(hostPort(config.addr(), "--addr"))
                 .directExecutor()
-                .maxInboundMessageSize(64 << 20)
                 .keepAliveTime(30, TimeUnit.SECONDS)
                 .keepAliveTimeout(20, TimeUnit.SECONDS)
                 .permitKeepAliveTime(5, TimeUnit.SECONDS)
@@ -170,6 +172,11 @@ public final class PegaflowServer implements AutoCloseable {
 
     public LocalStore store() {
         return store;
+    }
+
+    /** The local socket server, or null when there is none (tests). */
+    LocalSocketServer localSocket() {
+        return local;
     }
 
     /** Instances unregistered because their client's session ended. */
