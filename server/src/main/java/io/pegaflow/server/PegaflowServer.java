@@ -83,6 +83,8 @@ public final class PegaflowServer implements AutoCloseable {
         try {
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
                     .copyTtl(config.copyTtl())
+                    // swept often enough that an abandoned copy is rolled back within ~1.25 copy TTLs
+                    .sweepInterval(java.time.Duration.ofMillis(Math.min(30_000, Math.max(100, config.copyTtl().toMillis() / 4))))
                     .metrics(new PrometheusSink(registry)).build();
             this.store = new LocalStore(engine, pool.size());
             this.credentials = Credentials.load(config.authTokenFile(), config.poolPath());
