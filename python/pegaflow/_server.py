@@ -59,12 +59,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500) -> Server:
+def server_argv(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500) -> list[str]:
+    """The ``pegaflow-server`` command line of this environment; a server's pool, socket and lock
+    files live at ``pool_path`` (+ ``.sock``, ``.lock``), so servers running together need their own."""
     script = Path(sys.executable).parent / "pegaflow-server"
+    return [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
+            "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms)]
+
+
+def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500) -> Server:
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
-         "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms)],
+        server_argv(pool_path, grpc_port, pool_size, grace_ms),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = []

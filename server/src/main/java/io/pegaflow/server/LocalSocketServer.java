@@ -7,6 +7,7 @@ import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.pool.PoolFiles;
 import io.pegaflow.client.proto.QueryRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import java.io.IOException;
@@ -53,17 +54,23 @@ final class LocalSocketServer implements AutoCloseable {
         this.server = server;
     }
 
-    /** Binds {@code path} (replacing a stale socket file) and starts accepting. */
-    static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics) throws IOException {
-        Files.deleteIfExists(path);
-        ServerSocketChannel ch = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
-        try {
-            ch.bind(UnixDomainSocketAddress.of(path));
-        } catch (IOException | RuntimeException e) {
-            ch.close();
-            throw e;
-        }
-        LocalSocketServer s = new LocalSocketServer(path, store, metrics, ch);
+    /**
+     * Binds the socket of {@code files} (0600, or 0660 with its group, before anyone can
+     * connect: {@link PoolFiles#bindSocket}) and starts accepting. A stale socket file was
+     * reclaimed when the lock was taken.
+     */
+    static LocalSocketServer start(PoolFiles files, LocalStore store, RpcMetrics metrics) throws IOException {
+        ServerSocketChannel ch = files.bindSocket(path -> {
+            ServerSocketChannel c = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
+            try {
+                c.bind(UnixDomainSocketAddress.of(path));
+                return c;
+            } catch (IOException | RuntimeException e) {
+                c.close();
+                throw e;
+            }
+        });
+        LocalSocketServer s = new LocalSocketServer(files.socket(), store, metrics, ch);
         Thread.ofPlatform().daemon().name("pegaflow-local-accept").start(s::accept);
         return s;
     }
@@ -189,7 +196,7 @@ final class LocalSocketServer implements AutoCloseable {
         try {
             Files.deleteIfExists(path);
         } catch (IOException ignored) {
-            // a stale socket file is replaced at the next start
+            // a stale socket file is reclaimed at the next start
         }
     }
 }

@@ -12,6 +12,7 @@ import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.pool.PoolFiles;
 import io.pegaflow.client.proto.HealthResponse;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.io.IOException;
@@ -28,11 +29,15 @@ import java.util.concurrent.TimeUnit;
  * use the in-process transport); {@link #start(Config)} listens on TCP.
  */
 public final class PegaflowServer implements AutoCloseable {
-    /** Settings, validated in one place. */
+    /**
+     * Settings, validated in one place. {@code poolGroup}: null for pool and socket files of
+     * mode 0600, else the group they are given with mode 0660 ({@code --pool-group}).
+     */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
-            Duration sessionGrace, boolean prometheus) {
+            Duration sessionGrace, boolean prometheus, String poolGroup) {
         public Config {
             hostPort(addr, "--addr");
+            PoolFiles.group(poolGroup);
             if (httpAddr != null) {
                 hostPort(httpAddr, "--http-addr");
             }
@@ -42,6 +47,12 @@ public final class PegaflowServer implements AutoCloseable {
             if (sessionGrace == null || sessionGrace.isNegative()) {
                 throw new InvalidArgumentException("session grace " + sessionGrace + "; expected >= 0");
             }
+        }
+
+        /** Without a pool group: the files are this user's alone (0600). */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, null);
         }
 
         public static Config defaults(long poolBytes, Path poolPath) {
@@ -56,6 +67,7 @@ public final class PegaflowServer implements AutoCloseable {
     }
 
     private final Config config;
+    private final PoolFiles files;
     private final HostPool pool;
     private final LocalStore store;
     private final Sessions sessions;
@@ -69,20 +81,36 @@ public final class PegaflowServer implements AutoCloseable {
 
     private PegaflowServer(Config config, ServerBuilder<?> builder) throws IOException {
         this.config = config;
-        this.pool = HostPool.shared(config.poolPath(), config.poolBytes(), true);
+        // The lock comes before any file is created or deleted; a refused start changes nothing.
+        this.files = PoolFiles.claim(config.poolPath(), config.poolGroup(), config.addr());
+        HostPool created = null;
+        Sessions sessionsStarted = null;
+        Server grpcStarted = null;
         try {
+            this.pool = created = files.createPool(config.poolBytes());
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
                     .metrics(new PrometheusSink(registry)).build();
             this.store = new LocalStore(engine, pool.size());
-            this.sessions = new Sessions(store, config.sessionGrace());
+            this.sessions = sessionsStarted = new Sessions(store, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
-            this.grpc = builder.addService(ServerInterceptors.intercept(service, rpcMetrics)).build().start();
+            this.grpc = grpcStarted = builder.addService(ServerInterceptors.intercept(service, rpcMetrics)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds);
+            files.update(grpcAddr()); // the port is known now; a refused second server names it
         } catch (IOException | RuntimeException e) {
-            pool.close();
+            // Undo what this start did, and only that: its own pool file, then its lock.
+            if (grpcStarted != null) {
+                grpcStarted.shutdownNow();
+            }
+            if (sessionsStarted != null) {
+                sessionsStarted.close();
+            }
+            if (created != null) {
+                created.close();
+            }
+            files.close();
             throw e;
         }
         serving = true;
@@ -91,6 +119,10 @@ public final class PegaflowServer implements AutoCloseable {
     /**
      * Listens on {@code config.addr()} (TCP, plaintext; loopback unless told otherwise) and on
      * a Unix socket next to the pool file ({@code <pool>.sock}) for co-located clients' hot calls.
+     * The pool, the socket and {@code <pool>.lock} are {@link PoolFiles}: created exclusively,
+     * 0600 (0660 with a pool group), guarded by a lock held until {@link #close()}; a pool held
+     * by a live server is refused ({@link io.pegaflow.engine.PoolInUseException}), a stale one
+     * reclaimed.
      */
     public static PegaflowServer start(Config config) throws IOException {
         return start(config, true);
@@ -100,12 +132,11 @@ public final class PegaflowServer implements AutoCloseable {
     public static PegaflowServer start(Config config, boolean localSocket) throws IOException {
         PegaflowServer s = startTcp(config);
         if (localSocket) {
-            Path sock = Path.of(config.poolPath() + ".sock");
             try {
-                s.local = LocalSocketServer.start(sock, s.store, s.rpcMetrics);
+                s.local = LocalSocketServer.start(s.files, s.store, s.rpcMetrics);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,
-                        "no local socket at " + sock + " (" + e + "); clients use gRPC for every call");
+                        "no local socket at " + s.files.socket() + " (" + e + "); clients use gRPC for every call");
             }
         }
         return s;
@@ -163,8 +194,13 @@ public final class PegaflowServer implements AutoCloseable {
         return sessions.cleaned();
     }
 
+    /** {@code host:port} gRPC listens on ({@code --addr} with the bound port; as configured in-process). */
+    public String grpcAddr() {
+        return port() > 0 ? config.addr().replaceAll(":\\d+$", ":" + port()) : config.addr();
+    }
+
     public String describe() {
-        return "grpc=" + config.addr().replaceAll(":\\d+$", ":" + port()) + " http="
+        return "grpc=" + grpcAddr() + " http="
                 + (http == null ? "off" : config.httpAddr().replaceAll(":\\d+$", ":" + httpPort()))
                 + " pool=" + pool.file() + " (" + Sizes.format(pool.size()) + ")"
                 + (local == null ? "" : " local=" + local.path());
@@ -174,12 +210,23 @@ public final class PegaflowServer implements AutoCloseable {
         grpc.awaitTermination();
     }
 
-    /** Stops serving, then closes sessions, the store and the pool (deleting its file). */
+    /**
+     * Stops serving, then closes sessions, the store, the socket and the pool (deleting their
+     * files), and last releases the lock (deleting its file).
+     */
     @Override
     public synchronized void close() {
         if (!serving && grpc.isShutdown()) {
             return;
         }
+        try {
+            stop();
+        } finally {
+            files.close();
+        }
+    }
+
+    private void stop() {
         serving = false;
         if (local != null) {
             local.close();
