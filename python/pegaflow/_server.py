@@ -68,13 +68,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def server_argv(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500,
+                extra: list[str] | None = None) -> list[str]:
+    """The ``pegaflow-server`` command line of this environment; a server's pool, socket and lock
+    files live at ``pool_path`` (+ ``.sock``, ``.lock``, ``.token``), so servers running together need their own."""
+    script = Path(sys.executable).parent / "pegaflow-server"
+    return [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
+            "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms), *(extra or [])]
+
+
 def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500,
                  extra: list[str] | None = None) -> Server:
-    script = Path(sys.executable).parent / "pegaflow-server"
     start = time.perf_counter()
     proc = subprocess.Popen(
-        [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
-         "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms), *(extra or [])],
+        server_argv(pool_path, grpc_port, pool_size, grace_ms, extra),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = []

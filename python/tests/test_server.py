@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ import pytest
 
 from bridge_helpers import Cache, hashes
 from pegaflow import EngineClient, errors
-from pegaflow._server import free_port, start_server
+from pegaflow._server import free_port, server_argv, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +30,7 @@ def server(tmp_path_factory):
     s.stop()
     assert s.proc.returncode == 128 + signal.SIGTERM, "SIGTERM stops the server through its shutdown hook"
     assert not s.pool_path.exists(), "a clean stop deletes the shared pool file"
+    assert not Path(f"{s.pool_path}.sock").exists() and not Path(f"{s.pool_path}.lock").exists()
 
 
 def test_health_is_json_and_metrics_parse_as_prometheus(server):
@@ -173,8 +175,8 @@ def test_a_killed_server_fails_calls_within_their_deadline_and_recovery_works(tm
     pool = tmp_path / "pool"
     first = start_server(pool, grpc_port=port)
     cache = Cache()
-    client = EngineClient(f"127.0.0.1:{port}", deadline_s=1.0)
     try:
+        client = EngineClient(f"127.0.0.1:{port}", deadline_s=1.0)
         client.register_instance("survivor", "ns-survivor", 1, 1)
         client.register_worker("survivor", 0, 0, cache.regions())
         h = hashes(2)
@@ -203,9 +205,70 @@ def test_a_killed_server_fails_calls_within_their_deadline_and_recovery_works(tm
             client.save("survivor", 0, [0, 1], h).wait()
             q = client.query("survivor", h)
             client.load("survivor", 0, q.lease, [6, 7]).wait()
-            assert [cache.block(6), cache.block(7)] == saved, "the pool mapping survived the restart"
+            assert [cache.block(6), cache.block(7)] == saved, "saves and loads work on the restarted server"
         finally:
             client.close()
             second.stop()
     finally:
         first.stop(kill=True)
+
+
+def _files(directory: Path) -> dict[str, tuple[int, int, int, int]]:
+    """Each file's identity, size, mode and modification time (nothing may change)."""
+    return {p.name: (p.lstat().st_ino, p.lstat().st_size, p.lstat().st_mode, p.lstat().st_mtime_ns)
+            for p in directory.iterdir()}
+
+
+def test_a_second_server_on_a_live_servers_port_and_pool_is_refused_and_changes_nothing(tmp_path):
+    port = free_port()
+    pool = tmp_path / "pool"
+    first = start_server(pool, grpc_port=port)
+    cache = Cache()
+    try:
+        before = _files(tmp_path)
+        second = subprocess.run(server_argv(pool, grpc_port=port), capture_output=True, text=True, timeout=60)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert pool.exists(), "the refused server left the first one's pool alone"
+        # the console script execs the JVM, so the first server's pid is its process's
+        assert f"in use by the server with pid {first.proc.pid} at 127.0.0.1:{port}" in second.stderr, second.stderr
+        assert _files(tmp_path) == before, "the refused server changed nothing on disk"
+        assert set(before) == {"pool", "pool.sock", "pool.lock"}
+        assert {name: stat.S_IMODE(v[2]) for name, v in before.items()} == {n: 0o600 for n in before}
+        assert first.proc.poll() is None
+        with EngineClient(first.endpoint) as c:
+            c.register_instance("still", "ns-still", 1, 1)
+            c.register_worker("still", 0, 0, cache.regions())  # maps the pool file
+            cache.fill(0)
+            h = hashes(1)
+            c.save("still", 0, [0], h).wait()
+            assert c.query("still", h).hit_blocks == 1
+    finally:
+        first.stop()
+    assert not tmp_path.joinpath("pool").exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_sigkilled_servers_pool_is_reclaimed_by_the_next_start(tmp_path):
+    pool = tmp_path / "pool"
+    first = start_server(pool)
+    first.stop(kill=True)
+    assert pool.exists(), "a crash leaves the files, with the lock free"
+    second = start_server(pool)
+    cache = Cache()
+    try:
+        log = "".join(second.log)
+        assert f"reclaimed stale pool {pool}" in log and f"pid {first.proc.pid} at 127.0.0.1:{first.grpc_port}" in log, log
+        assert stat.S_IMODE(pool.stat().st_mode) == 0o600
+        assert set(_files(tmp_path)) == {"pool", "pool.sock", "pool.lock"}
+        assert Path(f"{pool}.lock").read_text() == f"pid={second.proc.pid}\naddr=127.0.0.1:{second.grpc_port}\n"
+        with EngineClient(second.endpoint) as c:
+            c.register_instance("again", "ns-again", 1, 1)
+            c.register_worker("again", 0, 0, cache.regions())
+            saved = cache.fill(0)
+            h = hashes(1)
+            c.save("again", 0, [0], h).wait()
+            q = c.query("again", h)
+            c.load("again", 0, q.lease, [3]).wait()
+            assert cache.block(3) == saved
+    finally:
+        second.stop()
+    assert list(tmp_path.iterdir()) == []

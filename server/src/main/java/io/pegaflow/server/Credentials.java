@@ -17,6 +17,8 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.GroupPrincipal;
+import java.nio.file.attribute.PosixFileAttributeView;
 import java.nio.file.attribute.PosixFilePermissions;
 import java.security.MessageDigest;
 import java.security.SecureRandom;
@@ -64,9 +66,10 @@ final class Credentials implements ServerInterceptor {
 
     /**
      * The token in {@code givenFile} (its text, trimmed; at least 16 characters), or a new one
-     * written into {@code besidePool + ".token"}, created exclusively with mode 0600.
+     * written into {@code besidePool + ".token"} with mode 0600 (0640 and {@code group} when the
+     * pool is shared with a group: its members' clients must read it).
      */
-    static Credentials load(Path givenFile, Path besidePool) throws IOException {
+    static Credentials load(Path givenFile, Path besidePool, GroupPrincipal group) throws IOException {
         if (givenFile != null) {
             String text = Files.readString(givenFile, StandardCharsets.UTF_8).trim();
             if (text.length() < 16 || text.length() > 4096) {
@@ -88,6 +91,10 @@ final class Credentials implements ServerInterceptor {
                 PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")));
         try {
             Files.write(tmp, token);
+            if (group != null) {
+                Files.getFileAttributeView(tmp, PosixFileAttributeView.class).setGroup(group);
+                Files.setPosixFilePermissions(tmp, PosixFilePermissions.fromString("rw-r-----"));
+            }
             Files.move(tmp, file, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
         } finally {
             Files.deleteIfExists(tmp);

@@ -7,6 +7,7 @@ import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.pool.PoolFiles;
 import io.pegaflow.client.proto.QueryRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import java.io.IOException;
@@ -103,16 +104,28 @@ final class LocalSocketServer implements AutoCloseable {
         this.slots = new Semaphore(maxConnections);
     }
 
-    /** Binds {@code path} (replacing a stale socket file) and starts accepting. */
-    static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics, Credentials credentials)
+    /**
+     * Binds the socket of {@code files} (0600, or 0660 with its group, before anyone can
+     * connect: {@link PoolFiles#bindSocket}) and starts accepting; every connection's first
+     * frame must carry {@code credentials}' token. A stale socket file was reclaimed when the
+     * lock was taken.
+     */
+    static LocalSocketServer start(PoolFiles files, LocalStore store, RpcMetrics metrics, Credentials credentials)
             throws IOException {
-        return start(path, store, metrics, credentials, MAX_CONNECTIONS, FRAME_TIMEOUT);
+        ServerSocketChannel ch = files.bindSocket(path -> {
+            ServerSocketChannel c = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
+            try {
+                c.bind(UnixDomainSocketAddress.of(path));
+                return c;
+            } catch (IOException | RuntimeException e) {
+                c.close();
+                throw e;
+            }
+        });
+        return started(new LocalSocketServer(files.socket(), store, metrics, ch, MAX_CONNECTIONS, FRAME_TIMEOUT), credentials);
     }
 
-    /**
-     * As {@link #start(Path, LocalStore, RpcMetrics, Credentials)} with other bounds; tests may
-     * pass null credentials (no first-frame check).
-     */
+    /** Tests: at a plain path, with other bounds; null credentials skip the first-frame check. */
     static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics, Credentials credentials,
             int maxConnections, Duration frameTimeout) throws IOException {
         Files.deleteIfExists(path);
@@ -123,7 +136,10 @@ final class LocalSocketServer implements AutoCloseable {
             ch.close();
             throw e;
         }
-        LocalSocketServer s = new LocalSocketServer(path, store, metrics, ch, maxConnections, frameTimeout);
+        return started(new LocalSocketServer(path, store, metrics, ch, maxConnections, frameTimeout), credentials);
+    }
+
+    private static LocalSocketServer started(LocalSocketServer s, Credentials credentials) {
         s.credentials = credentials;
         Thread.ofPlatform().daemon().name("pegaflow-local-accept").start(s::accept);
         return s;
@@ -170,8 +186,8 @@ final class LocalSocketServer implements AutoCloseable {
 
     /** Closes a connection over the cap; logs at most once a second. */
     private void refuse(SocketChannel c) {
+        long n = refused.incrementAndGet(); // counted before the client can see the close
         closeQuietly(c);
-        long n = refused.incrementAndGet();
         long now = System.nanoTime();
         if (n == 1 || now - lastRefusalLogNanos > 1_000_000_000L) {
             lastRefusalLogNanos = now;
@@ -378,7 +394,7 @@ final class LocalSocketServer implements AutoCloseable {
         try {
             Files.deleteIfExists(path);
         } catch (IOException ignored) {
-            // a stale socket file is replaced at the next start
+            // a stale socket file is reclaimed at the next start
         }
     }
 }

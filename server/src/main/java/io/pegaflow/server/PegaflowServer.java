@@ -12,6 +12,7 @@ import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.pool.PoolFiles;
 import io.pegaflow.client.proto.HealthResponse;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.io.IOException;
@@ -28,20 +29,18 @@ import java.util.concurrent.TimeUnit;
  * use the in-process transport); {@link #start(Config)} listens on TCP.
  */
 public final class PegaflowServer implements AutoCloseable {
-    /** Settings, validated in one place. */
+    /**
+     * Settings, validated in one place. {@code poolGroup}: null for pool and socket files of
+     * mode 0600, else the group they are given with mode 0660 ({@code --pool-group}).
+     */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
-            Duration sessionGrace, boolean prometheus, Duration copyTtl, Path authTokenFile) {
-        /** Default copy TTL (3 minutes) and a generated token. */
-        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl, Duration sessionGrace,
-                boolean prometheus) {
-            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, Duration.ofMinutes(3), null);
-        }
-
+            Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile) {
         public Config {
             if (copyTtl == null || copyTtl.isNegative() || copyTtl.isZero()) {
                 throw new InvalidArgumentException("copy TTL " + copyTtl + "; expected a positive duration");
             }
             hostPort(addr, "--addr");
+            PoolFiles.group(poolGroup);
             if (httpAddr != null) {
                 hostPort(httpAddr, "--http-addr");
             }
@@ -51,6 +50,18 @@ public final class PegaflowServer implements AutoCloseable {
             if (sessionGrace == null || sessionGrace.isNegative()) {
                 throw new InvalidArgumentException("session grace " + sessionGrace + "; expected >= 0");
             }
+        }
+
+        /** Without a pool group (the files are this user's alone, 0600), copy TTL 3 minutes, a generated token. */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, null);
+        }
+
+        /** With a pool group, copy TTL 3 minutes, a generated token. */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus, String poolGroup) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, Duration.ofMinutes(3), null);
         }
 
         public static Config defaults(long poolBytes, Path poolPath) {
@@ -65,6 +76,7 @@ public final class PegaflowServer implements AutoCloseable {
     }
 
     private final Config config;
+    private final PoolFiles files;
     private final HostPool pool;
     private final LocalStore store;
     private final Sessions sessions;
@@ -79,29 +91,50 @@ public final class PegaflowServer implements AutoCloseable {
 
     private PegaflowServer(Config config, ServerBuilder<?> builder) throws IOException {
         this.config = config;
-        this.pool = HostPool.shared(config.poolPath(), config.poolBytes(), true);
+        // The lock comes before any file is created or deleted; a refused start changes nothing.
+        this.files = PoolFiles.claim(config.poolPath(), config.poolGroup(), config.addr());
+        HostPool created = null;
+        Sessions sessionsStarted = null;
+        Credentials credentialsLoaded = null;
+        Server grpcStarted = null;
         try {
+            this.pool = created = files.createPool(config.poolBytes());
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
                     .copyTtl(config.copyTtl())
                     // swept often enough that an abandoned copy is rolled back within ~1.25 copy TTLs
                     .sweepInterval(java.time.Duration.ofMillis(Math.min(30_000, Math.max(100, config.copyTtl().toMillis() / 4))))
                     .metrics(new PrometheusSink(registry)).build();
             this.store = new LocalStore(engine, pool.size());
-            this.credentials = Credentials.load(config.authTokenFile(), config.poolPath());
+            this.credentials = credentialsLoaded = Credentials.load(config.authTokenFile(), config.poolPath(),
+                    config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()));
             Tenants tenants = new Tenants();
-            this.sessions = new Sessions(store, tenants, config.sessionGrace());
+            this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
             // The largest request the engine's caps allow; a larger one is refused with
             // RESOURCE_EXHAUSTED before it is parsed, and only that call fails. Credentials
             // run first: a refused call is counted nowhere and touches nothing.
-            this.grpc = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
+            this.grpc = grpcStarted = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
                     .addService(ServerInterceptors.intercept(service, rpcMetrics, credentials)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds, credentials::matches);
+            files.update(grpcAddr()); // the port is known now; a refused second server names it
         } catch (IOException | RuntimeException e) {
-            pool.close();
+            // Undo what this start did, and only that: its own pool file, then its lock.
+            if (grpcStarted != null) {
+                grpcStarted.shutdownNow();
+            }
+            if (sessionsStarted != null) {
+                sessionsStarted.close();
+            }
+            if (credentialsLoaded != null) {
+                credentialsLoaded.close(); // a refused start leaves only what it found
+            }
+            if (created != null) {
+                created.close();
+            }
+            files.close();
             throw e;
         }
         serving = true;
@@ -110,6 +143,10 @@ public final class PegaflowServer implements AutoCloseable {
     /**
      * Listens on {@code config.addr()} (TCP, plaintext; loopback unless told otherwise) and on
      * a Unix socket next to the pool file ({@code <pool>.sock}) for co-located clients' hot calls.
+     * The pool, the socket and {@code <pool>.lock} are {@link PoolFiles}: created exclusively,
+     * 0600 (0660 with a pool group), guarded by a lock held until {@link #close()}; a pool held
+     * by a live server is refused ({@link io.pegaflow.engine.PoolInUseException}), a stale one
+     * reclaimed.
      */
     public static PegaflowServer start(Config config) throws IOException {
         return start(config, true);
@@ -119,12 +156,11 @@ public final class PegaflowServer implements AutoCloseable {
     public static PegaflowServer start(Config config, boolean localSocket) throws IOException {
         PegaflowServer s = startTcp(config);
         if (localSocket) {
-            Path sock = Path.of(config.poolPath() + ".sock");
             try {
-                s.local = LocalSocketServer.start(sock, s.store, s.rpcMetrics, s.credentials);
+                s.local = LocalSocketServer.start(s.files, s.store, s.rpcMetrics, s.credentials);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,
-                        "no local socket at " + sock + " (" + e + "); clients use gRPC for every call");
+                        "no local socket at " + s.files.socket() + " (" + e + "); clients use gRPC for every call");
             }
         }
         return s;
@@ -186,8 +222,13 @@ public final class PegaflowServer implements AutoCloseable {
         return sessions.cleaned();
     }
 
+    /** {@code host:port} gRPC listens on ({@code --addr} with the bound port; as configured in-process). */
+    public String grpcAddr() {
+        return port() > 0 ? config.addr().replaceAll(":\\d+$", ":" + port()) : config.addr();
+    }
+
     public String describe() {
-        return "grpc=" + config.addr().replaceAll(":\\d+$", ":" + port()) + " http="
+        return "grpc=" + grpcAddr() + " http="
                 + (http == null ? "off" : config.httpAddr().replaceAll(":\\d+$", ":" + httpPort()))
                 + " pool=" + pool.file() + " (" + Sizes.format(pool.size()) + ")"
                 + (local == null ? "" : " local=" + local.path());
@@ -197,12 +238,23 @@ public final class PegaflowServer implements AutoCloseable {
         grpc.awaitTermination();
     }
 
-    /** Stops serving, then closes sessions, the store and the pool (deleting its file). */
+    /**
+     * Stops serving, then closes sessions, the store, the socket and the pool (deleting their
+     * files), and last releases the lock (deleting its file).
+     */
     @Override
     public synchronized void close() {
         if (!serving && grpc.isShutdown()) {
             return;
         }
+        try {
+            stop();
+        } finally {
+            files.close();
+        }
+    }
+
+    private void stop() {
         serving = false;
         if (local != null) {
             local.close();

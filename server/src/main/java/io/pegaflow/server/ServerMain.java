@@ -29,6 +29,10 @@ public final class ServerMain implements Callable<Integer> {
     @Option(names = "--pool-path", description = "shared-memory file of the pool (default /dev/shm/pegaflow-<port>.pool)")
     Path poolPath;
 
+    @Option(names = "--pool-group", paramLabel = "NAME",
+            description = "share the pool and socket files with this group (mode 0660); default: this user only (0600)")
+    String poolGroup;
+
     @Option(names = "--lease-ttl-secs", defaultValue = "600", description = "seconds an unconsumed lease pins its blocks")
     long leaseTtlSecs;
 
@@ -67,7 +71,7 @@ public final class ServerMain implements Callable<Integer> {
         Path path = poolPath != null ? poolPath
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
-                Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus,
+                Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus, poolGroup,
                 Duration.ofSeconds(copyTimeoutSecs), authTokenFile);
         PegaflowServer server = PegaflowServer.start(config, localSocket);
         Runtime.getRuntime().addShutdownHook(new Thread(server::close, "pegaflow-server-stop"));

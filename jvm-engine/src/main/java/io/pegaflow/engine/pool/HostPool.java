@@ -8,9 +8,14 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
+import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.GroupPrincipal;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.Set;
 
 /**
  * One large native region that holds every cached KV byte: allocated once, sub-allocated by
@@ -46,41 +51,75 @@ public final class HostPool implements AutoCloseable {
 
     /**
      * A pool that several processes share: a file (normally under {@code /dev/shm}) mapped
-     * read-write. The server {@code create}s it at {@code bytes} (sparse: pages are committed
-     * as they are written) and deletes it on close; workers map the existing file. If the
-     * file exists at create (a server restarted after a crash), it is reused in place, so
-     * workers' mappings of it stay valid.
+     * read-write. {@code create}: {@link #createShared(Path, long, GroupPrincipal)} with no group
+     * (mode 0600). Otherwise (workers) the existing file is mapped; it must hold {@code bytes}.
      */
     public static HostPool shared(Path path, long bytes, boolean create) {
-        if (bytes < ALIGNMENT) {
-            throw new InvalidArgumentException("pool size " + bytes + " bytes is too small; expected at least "
-                    + ALIGNMENT + " bytes (e.g. 64mb)");
+        if (create) {
+            return createShared(path, bytes, null);
         }
-        long size = (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+        long size = alignedSize(bytes);
         Arena arena = Arena.ofShared();
-        try (FileChannel ch = create
-                ? FileChannel.open(path, StandardOpenOption.CREATE, StandardOpenOption.READ, StandardOpenOption.WRITE)
-                : FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
-            if (create) {
-                if (ch.size() > size) {
-                    ch.truncate(size);
-                } else if (ch.size() < size) {
-                    ch.write(ByteBuffer.wrap(new byte[1]), size - 1);
-                }
-            } else if (ch.size() < size) {
+        try (FileChannel ch = FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
+            if (ch.size() < size) {
                 throw new InvalidArgumentException("shared pool " + path + " holds " + ch.size() + " bytes; expected "
                         + size + " (a server of another size owns it)");
             }
             MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
-            return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, create);
+            return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, false);
         } catch (IOException e) {
             arena.close();
-            throw new InvalidArgumentException("cannot " + (create ? "create" : "map") + " shared pool " + path + " of "
-                    + Sizes.format(size) + ": " + e);
+            throw new InvalidArgumentException("cannot map shared pool " + path + " of " + Sizes.format(size) + ": " + e);
         } catch (RuntimeException e) {
             arena.close();
             throw e;
         }
+    }
+
+    /**
+     * Creates the file of a shared pool and maps it; closing the pool deletes the file. The
+     * file is created exclusively and never through a symbolic link (O_CREAT|O_EXCL|O_NOFOLLOW):
+     * an existing file or link at {@code path} is refused, not reused (a server reclaims a stale
+     * pool under its lock first, {@link PoolFiles}). Mode 0600, or 0660 owned by {@code group},
+     * set after creation so the umask does not matter. Sparse: pages are committed as written.
+     */
+    public static HostPool createShared(Path path, long bytes, GroupPrincipal group) {
+        long size = alignedSize(bytes);
+        Arena arena = Arena.ofShared();
+        boolean created = false;
+        try (FileChannel ch = FileChannel.open(path, Set.of(StandardOpenOption.CREATE_NEW, StandardOpenOption.READ,
+                StandardOpenOption.WRITE, LinkOption.NOFOLLOW_LINKS), PosixFilePermissions.asFileAttribute(PoolFiles.OWNER_RW))) {
+            created = true;
+            PoolFiles.setMode(path, group, LinkOption.NOFOLLOW_LINKS);
+            ch.write(ByteBuffer.wrap(new byte[1]), size - 1);
+            MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
+            return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, true);
+        } catch (FileAlreadyExistsException e) {
+            arena.close();
+            throw new InvalidArgumentException("shared pool " + path + " already exists (a file or a symbolic link); "
+                    + "refusing to reuse or follow it");
+        } catch (IOException | RuntimeException e) {
+            arena.close();
+            if (created) {
+                try {
+                    Files.deleteIfExists(path);
+                } catch (IOException suppressed) {
+                    e.addSuppressed(suppressed);
+                }
+            }
+            if (e instanceof RuntimeException r) {
+                throw r;
+            }
+            throw new InvalidArgumentException("cannot create shared pool " + path + " of " + Sizes.format(size) + ": " + e);
+        }
+    }
+
+    private static long alignedSize(long bytes) {
+        if (bytes < ALIGNMENT) {
+            throw new InvalidArgumentException("pool size " + bytes + " bytes is too small; expected at least "
+                    + ALIGNMENT + " bytes (e.g. 64mb)");
+        }
+        return (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
     }
 
     /** The file behind a shared pool (null for a private one). */
@@ -90,11 +129,7 @@ public final class HostPool implements AutoCloseable {
 
     /** Maps an anonymous region of {@code bytes} (rounded up to {@link #ALIGNMENT}). */
     public static HostPool anonymous(long bytes) {
-        if (bytes < ALIGNMENT) {
-            throw new InvalidArgumentException("pool size " + bytes + " bytes is too small; expected at least "
-                    + ALIGNMENT + " bytes (e.g. 64mb)");
-        }
-        long size = (bytes + ALIGNMENT - 1) / ALIGNMENT * ALIGNMENT;
+        long size = alignedSize(bytes);
         long addr = LibC.mmapAnonymous(size);
         LibC.madvise(addr, size, LibC.MADV_HUGEPAGE);
         Arena arena = Arena.ofShared();
@@ -172,7 +207,7 @@ public final class HostPool implements AutoCloseable {
                 try {
                     Files.deleteIfExists(file);
                 } catch (IOException ignored) {
-                    // a leftover file is reused by the next server on the same path
+                    // a leftover file is reclaimed by the next server on the same path
                 }
             }
         }
