@@ -92,7 +92,12 @@ typedef struct pegaflow_api {
     /* layer_names: num_layers names separated by '\n'. layer_params: num_layers x 7 int64:
        layout (pf_layout), base address, region bytes, blocks, block stride, segment bytes,
        segment offset (segment s of block b is at base + b*stride + s*offset). The topology
-       seals when the last of world_size workers registers. */
+       seals when the last of world_size workers registers.
+       CHECKED: with CUDA copies each region must lie in CUDA device memory (cuMemGetAddressRange);
+       one ending past its allocation, or at no allocation, is PF_INVALID_ARGUMENT with the
+       numbers and nothing is registered. Host copies cannot check a raw pointer: the caller
+       guarantees that every region is mapped memory it owns until the instance is
+       unregistered; a wrong one crashes the process at the first save or load. */
     int32_t (*register_worker)(int64_t engine, const char *instance_id, int32_t worker_rank,
                                int32_t tp_rank, int32_t device_id, int32_t num_layers,
                                const char *layer_names, const int64_t *layer_params);
@@ -166,7 +171,9 @@ typedef struct pegaflow_api {
                          int64_t *out_link);
     /* Registers a worker through the link (now when a store is there, and again on every new
        server): its instance, then its layers as in register_worker; transfer 0 host copies,
-       1 CUDA on device (the first worker decides an embedded engine's copier). */
+       1 CUDA on device (the first worker decides an embedded engine's copier).
+       CHECKED: as in register_worker (GPU regions against their CUDA allocation; host
+       regions are the caller's guarantee). */
     int32_t (*link_register_worker)(int64_t link, const char *instance_id, const char *ns,
                                     int32_t tp_size, int32_t world_size, int32_t worker_rank,
                                     int32_t tp_rank, int32_t transfer, int32_t device,

@@ -169,6 +169,14 @@ class PegaEngine:
     def register_worker(
         self, instance_id: str, worker_rank: int, tp_rank: int, layers: Sequence[LayerRegion], device_id: int = 0
     ) -> None:
+        """Registers a worker's KV regions (raw addresses) for its copies.
+
+        CHECKED: with ``transfer="cuda"`` every region must lie in CUDA device memory; one
+        ending past its allocation or at none raises :class:`InvalidArgumentError` with the
+        numbers, and nothing is registered. Host copies cannot check a raw pointer: the caller
+        guarantees that each region is mapped memory it keeps until ``unregister_instance``
+        (a wrong one crashes the process at the first save or load). The connector derives
+        regions from torch tensors and checks them against the tensor's storage first."""
         names, params = _regions(layers)
         _bridge.api().call(
             "register_worker", self._h(), instance_id.encode(), worker_rank, tp_rank, device_id, len(layers),

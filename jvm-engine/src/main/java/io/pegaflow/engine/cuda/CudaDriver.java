@@ -39,6 +39,8 @@ public final class CudaDriver {
     public static final int ATTR_COMPUTE_CAPABILITY_MAJOR = 75;
     public static final int ATTR_COMPUTE_CAPABILITY_MINOR = 76;
     public static final int ATTR_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91;
+    public static final int CUDA_ERROR_INVALID_VALUE = 1;
+    public static final int CUDA_ERROR_NOT_FOUND = 500;
     public static final int CUDA_ERROR_NOT_READY = 600;
     /** {@code CUipcMemHandle}: 64 opaque bytes, passed by value to {@code cuIpcOpenMemHandle}. */
     public static final MemoryLayout IPC_HANDLE = MemoryLayout.structLayout(MemoryLayout.sequenceLayout(64, JAVA_BYTE));
@@ -162,6 +164,7 @@ public final class CudaDriver {
         static final MethodHandle cuEventQuery = H.bindRaw("cuEventQuery", JAVA_LONG);
         static final MethodHandle cuMemAlloc = H.bindRaw("cuMemAlloc_v2", ADDRESS, JAVA_LONG);
         static final MethodHandle cuMemFree = H.bindRaw("cuMemFree_v2", JAVA_LONG);
+        static final MethodHandle cuMemGetAddressRange = H.bindRaw("cuMemGetAddressRange_v2", ADDRESS, ADDRESS, JAVA_LONG);
         static final MethodHandle cuMemAllocHost = H.bindRaw("cuMemAllocHost_v2", ADDRESS, JAVA_LONG);
         static final MethodHandle cuMemFreeHost = H.bindRaw("cuMemFreeHost", JAVA_LONG);
         static final MethodHandle cuMemHostRegister = H.bindRaw("cuMemHostRegister_v2", JAVA_LONG, JAVA_LONG, JAVA_INT);
@@ -377,6 +380,27 @@ public final class CudaDriver {
     public static void memFree(long ptr) {
         ensureLoaded();
         check(invoke(B.cuMemFree, "cuMemFree", ptr), "cuMemFree(ptr=0x" + Long.toHexString(ptr) + ")");
+    }
+
+    /**
+     * The CUDA allocation holding {@code ptr} as {@code {base, bytes}}, or {@code null} when
+     * {@code ptr} is in none ({@code CUDA_ERROR_NOT_FOUND} or {@code CUDA_ERROR_INVALID_VALUE}:
+     * host memory, unmapped, freed). For a virtual-memory mapping ({@code cuMemMap}, e.g.
+     * PyTorch's expandable segments) it is the one mapped piece holding {@code ptr}. Needs a
+     * current context.
+     */
+    public static long[] memGetAddressRange(long ptr) {
+        ensureLoaded();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment base = a.allocate(JAVA_LONG);
+            MemorySegment size = a.allocate(JAVA_LONG);
+            int rc = invoke(B.cuMemGetAddressRange, "cuMemGetAddressRange", base, size, ptr);
+            if (rc == CUDA_ERROR_NOT_FOUND || rc == CUDA_ERROR_INVALID_VALUE) {
+                return null;
+            }
+            check(rc, "cuMemGetAddressRange(ptr=0x" + Long.toHexString(ptr) + ")");
+            return new long[] {base.get(JAVA_LONG, 0), size.get(JAVA_LONG, 0)};
+        }
     }
 
     /** Page-locked host memory from the driver (for small staging buffers). */

@@ -4,6 +4,8 @@ import static java.lang.foreign.ValueLayout.ADDRESS;
 import static java.lang.foreign.ValueLayout.JAVA_INT;
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
 
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.TransferEngine;
@@ -19,6 +21,7 @@ import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.function.LongFunction;
 
 /**
  * Moves {@link CopyBatch}es between GPU memory and the host pool on one device.
@@ -171,6 +174,59 @@ public final class CudaTransferEngine implements TransferEngine {
     @Override
     public String name() {
         return "cuda";
+    }
+
+    /**
+     * Refuses a region whose bytes are not all CUDA device memory: a pointer past its tensor
+     * would otherwise fault the copy kernel (and the process) at the first save or load.
+     */
+    @Override
+    public void checkRegion(LayerRegion region) {
+        if (closed) {
+            throw new CudaException("CUDA copy engine is closed", -1);
+        }
+        device.makeCurrent();
+        String fault = regionFault(region, device.ordinal(), CudaDriver::memGetAddressRange);
+        if (fault != null) {
+            throw new InvalidArgumentException(fault);
+        }
+    }
+
+    /**
+     * Where a region is not covered by CUDA memory, as a message, or {@code null} when every
+     * byte of {@code [base, base + regionBytes)} is. {@code rangeOf} gives the allocation
+     * holding an address as {@code {base, bytes}}, or {@code null} (the driver's
+     * {@code cuMemGetAddressRange}). Mappings that follow each other without a gap count as
+     * one allocation: PyTorch's expandable segments map a tensor in 20 MiB pieces, and the
+     * driver reports each piece alone.
+     */
+    static String regionFault(LayerRegion region, int deviceOrdinal, LongFunction<long[]> rangeOf) {
+        long start = region.baseAddress();
+        long end = start + region.regionBytes();
+        String where = "layer '" + region.layerName() + "': region 0x" + Long.toHexString(start) + " + "
+                + region.regionBytes() + " bytes";
+        String expected = " (device " + deviceOrdinal + "); expected the KV tensor's own memory";
+        long[] first = rangeOf.apply(start);
+        if (!holds(first, start)) {
+            return where + " is not in a CUDA allocation" + expected;
+        }
+        long reached = first[0] + first[1];
+        while (reached < end) {
+            long[] next = rangeOf.apply(reached);
+            if (!holds(next, reached)) {
+                break;
+            }
+            reached = next[0] + next[1];
+        }
+        if (reached >= end) {
+            return null;
+        }
+        return where + " ends " + (end - reached) + " bytes past its CUDA allocation 0x" + Long.toHexString(first[0])
+                + " of " + (reached - first[0]) + " bytes" + expected;
+    }
+
+    private static boolean holds(long[] range, long address) {
+        return range != null && range[1] > 0 && range[0] <= address && address - range[0] < range[1];
     }
 
     @Override

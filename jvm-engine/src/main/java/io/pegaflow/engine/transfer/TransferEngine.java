@@ -1,5 +1,7 @@
 package io.pegaflow.engine.transfer;
 
+import io.pegaflow.engine.LayerRegion;
+
 /**
  * Moves the bytes of a {@link CopyBatch} between registered regions and the host pool.
  * The engine decides what to copy; implementations decide how (host memcpy here, a CUDA
@@ -19,6 +21,15 @@ package io.pegaflow.engine.transfer;
 public interface TransferEngine extends AutoCloseable {
     /** Starts the copies of {@code batch}; the caller must not modify the batch afterwards. */
     TransferFuture submit(CopyBatch batch);
+
+    /**
+     * Checks that {@code region} (already valid on its own) is memory this engine can copy
+     * from and to. Called at registration, before the control plane sees the region; refuses
+     * with {@link io.pegaflow.engine.InvalidArgumentException} naming the numbers (address,
+     * size, what it found there). The default accepts everything: host copies cannot check a
+     * raw pointer, the caller guarantees it. Any thread.
+     */
+    default void checkRegion(LayerRegion region) {}
 
     /** A short name for logs and reports, e.g. {@code host} or {@code cuda-kernel}. */
     String name();
