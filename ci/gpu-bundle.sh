@@ -2,7 +2,7 @@
 # Builds .gpu/: what the GPU machine needs to run the GPU test tier and the transfer bench,
 # which has no JDK, no Maven and no network there: a jlink'd runtime, the engine's classes
 # and test classes, the JUnit console launcher and the test libraries, and a slim jar
-# (engine, connector brain, in-process bridge, bench CLI, picocli; no server, gRPC or JMH:
+# (engine, connector brain, store link, in-process bridge, bench CLI, picocli; no server, gRPC or JMH:
 # embedded mode only) that ci/gpu-run.sh points PEGAFLOW_JAR at. Everything travels as one folder: carry [".gpu"] (under 64 MiB).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +23,7 @@ modules=java.base,java.logging,java.management,java.instrument,jdk.unsupported
 slim=$(mktemp -d)
 cp -r jvm-engine/target/classes/. "$slim/"
 cp -r connector/target/classes/. "$slim/"
+cp -r client/target/classes/. "$slim/"  # the store link; its gRPC client is not used in embedded mode
 cp -r bridge/target/classes/. "$slim/"
 cp -r bench/target/classes/. "$slim/"
 (cd "$slim" && "$JAVA_HOME/bin/jar" xf "$(find ~/.m2/repository/info/picocli/picocli -name 'picocli-*.jar' | head -1)")

@@ -78,10 +78,10 @@ public final class RemoteStore implements BlockStore {
                 return new io.grpc.ForwardingClientCall.SimpleForwardingClientCall<>(next.newCall(method, options)) {
                     @Override
                     public void start(Listener<R> listener, io.grpc.Metadata headers) {
-                        headers.put(Wire.CLIENT_ID, clientId);
+                        headers.put(Headers.CLIENT_ID, clientId);
                         String t = token;
                         if (t != null) {
-                            headers.put(Wire.AUTHORIZATION, "Bearer " + t);
+                            headers.put(Headers.AUTHORIZATION, "Bearer " + t);
                         }
                         super.start(listener, headers);
                     }

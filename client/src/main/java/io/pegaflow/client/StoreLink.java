@@ -165,7 +165,10 @@ public final class StoreLink implements EngineSource, AutoCloseable {
 
     /** {@link #open} with the real client and clock, ticking on a daemon thread in server mode. */
     public static StoreLink open(Settings settings) {
-        StoreLink link = open(settings, EngineClient::open, System::nanoTime);
+        // A lambda, not a method reference: gRPC's classes load only when a server is asked for,
+        // so an embedded link runs from a jar without them (the GPU bundle's slim jar).
+        StoreLink link = open(settings, (endpoint, transfer, deadlineMs) -> EngineClient.open(endpoint, transfer, deadlineMs),
+                System::nanoTime);
         link.startTicking();
         return link;
     }

@@ -1,13 +1,12 @@
 package io.pegaflow.client;
 
-import io.grpc.Metadata;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.Limits;
 import java.net.InetSocketAddress;
 
 /**
- * What client and server agree on beyond the .proto: the call headers (credential, client
- * id), the local socket's frame methods and cap (frames are described in
+ * What client and server agree on beyond the .proto (the call headers are in {@link Headers};
+ * this class loads no gRPC code, so an embedded store link runs without it): the local socket's frame methods and cap (frames are described in
  * {@code LocalSocketServer}), message size limits derived from the engine's {@link Limits},
  * and how an address is written.
  */
@@ -18,11 +17,6 @@ public final class Wire {
     public static final byte RELEASE = 2;
     /** Local-socket method: the connection's first frame, the server's token (answer: Empty). */
     public static final byte AUTH = 3;
-    /** Every call but Health: {@code Bearer <the server's token>}. */
-    public static final Metadata.Key<String> AUTHORIZATION =
-            Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
-    /** The calling client process's id: 128 random bits, hex. */
-    public static final Metadata.Key<String> CLIENT_ID = Metadata.Key.of("pegaflow-client-id", Metadata.ASCII_STRING_MARSHALLER);
     /**
      * Largest local-socket frame either side reads: a Query of up to ~130k 32-byte hashes
      * (vLLM's sha256 block hashes; 2M tokens at 16 a block). A larger query goes over gRPC;

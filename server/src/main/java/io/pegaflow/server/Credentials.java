@@ -8,6 +8,7 @@ import io.grpc.ServerCallHandler;
 import io.grpc.ServerInterceptor;
 import io.grpc.Status;
 import io.pegaflow.client.Errors;
+import io.pegaflow.client.Headers;
 import io.pegaflow.client.Wire;
 import io.pegaflow.client.proto.EngineGrpc;
 import io.pegaflow.engine.ErrorCode;
@@ -56,7 +57,7 @@ final class Credentials implements ServerInterceptor {
         this.tokenFile = tokenFile;
         this.ownsTokenFile = ownsTokenFile;
         this.check = headers -> {
-            String auth = headers.get(Wire.AUTHORIZATION);
+            String auth = headers.get(Headers.AUTHORIZATION);
             if (auth == null) {
                 return "no credential: every call but Health needs the server's token (" + tokenFile + ")";
             }
@@ -131,7 +132,7 @@ final class Credentials implements ServerInterceptor {
                 return new ServerCall.Listener<>() {};
             }
         }
-        String client = headers.get(Wire.CLIENT_ID);
+        String client = headers.get(Headers.CLIENT_ID);
         Context ctx = Context.current().withValue(CLIENT, client == null ? "" : client);
         return Contexts.interceptCall(ctx, call, headers, next);
     }

@@ -103,7 +103,7 @@ class CapsTest {
     private static io.grpc.Channel withToken(ManagedChannel c, PegaflowServer s) {
         try {
             io.grpc.Metadata auth = new io.grpc.Metadata();
-            auth.put(io.pegaflow.client.Wire.AUTHORIZATION, "Bearer " + java.nio.file.Files.readString(
+            auth.put(io.pegaflow.client.Headers.AUTHORIZATION, "Bearer " + java.nio.file.Files.readString(
                     java.nio.file.Path.of(s.poolPath() + ".token")).trim());
             return io.grpc.ClientInterceptors.intercept(c, io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(auth));
         } catch (java.io.IOException e) {

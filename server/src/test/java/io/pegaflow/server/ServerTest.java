@@ -184,7 +184,7 @@ class ServerTest {
 
     private static io.grpc.Metadata auth(String value) {
         io.grpc.Metadata m = new io.grpc.Metadata();
-        m.put(io.pegaflow.client.Wire.AUTHORIZATION, value);
+        m.put(io.pegaflow.client.Headers.AUTHORIZATION, value);
         return m;
     }
 
@@ -221,7 +221,7 @@ class ServerTest {
             victim.registerInstance(new InstanceSpec("victim", "ns", 1, 1));
             victim.registerWorker("victim", new WorkerSpec(0, 0, 0, regions()));
             io.grpc.Metadata h = auth("Bearer " + token());
-            h.put(io.pegaflow.client.Wire.CLIENT_ID, "f".repeat(32));
+            h.put(io.pegaflow.client.Headers.CLIENT_ID, "f".repeat(32));
             io.grpc.ManagedChannel ch = InProcessChannelBuilder.forName(name).directExecutor().build();
             try {
                 var hostile = io.pegaflow.client.proto.EngineGrpc.newBlockingStub(ch)
