@@ -219,6 +219,7 @@ def _files(directory: Path) -> dict[str, tuple[int, int, int, int]]:
             for p in directory.iterdir()}
 
 
+@pytest.mark.security  # also in the security tier: a second server must not hurt the live one
 def test_a_second_server_on_a_live_servers_port_and_pool_is_refused_and_changes_nothing(tmp_path):
     port = free_port()
     pool = tmp_path / "pool"
@@ -247,6 +248,7 @@ def test_a_second_server_on_a_live_servers_port_and_pool_is_refused_and_changes_
     assert not tmp_path.joinpath("pool").exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.security
 def test_a_sigkilled_servers_pool_is_reclaimed_by_the_next_start(tmp_path):
     pool = tmp_path / "pool"
     first = start_server(pool)
