@@ -9,7 +9,6 @@ import io.grpc.ServerInterceptor;
 import io.grpc.Status;
 import io.pegaflow.client.Errors;
 import io.pegaflow.client.Headers;
-import io.pegaflow.client.Wire;
 import io.pegaflow.client.proto.EngineGrpc;
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
@@ -37,6 +36,10 @@ import java.util.HexFormat;
  * certificate next to this one.
  */
 final class Credentials implements ServerInterceptor {
+    /** Methods whose handlers read {@link #CLIENT} (registration and liveness). */
+    private static final java.util.Set<String> NEEDS_CLIENT =
+            java.util.Set.of("RegisterInstance", "RegisterWorker", "UnregisterInstance", "Session");
+
     /** The calling client's id in the call's context ("" when it sent none). */
     static final Context.Key<String> CLIENT = Context.key("pegaflow-client-id");
 
@@ -131,6 +134,10 @@ final class Credentials implements ServerInterceptor {
                 call.close(Status.UNAUTHENTICATED.withDescription(why), trailers);
                 return new ServerCall.Listener<>() {};
             }
+        }
+        String method = call.getMethodDescriptor().getBareMethodName();
+        if (!NEEDS_CLIENT.contains(method)) {
+            return next.startCall(call, headers); // the hot calls (Query, Release, copies) skip the context
         }
         String client = headers.get(Headers.CLIENT_ID);
         Context ctx = Context.current().withValue(CLIENT, client == null ? "" : client);

@@ -64,7 +64,8 @@ final class LocalSocketServer implements AutoCloseable {
     /** Time for the rest of a frame once its first byte arrived, and for writing the answer. */
     static final Duration FRAME_TIMEOUT = Duration.ofSeconds(10);
     /** Payload bytes read before the buffer grows (doubling): memory follows what arrived. */
-    private static final int CHUNK = 64 << 10;
+    /** First read buffer: a query of 4,096 32-byte hashes fits without a copy; 64 stalled announcers hold 8 MiB at most. */
+    private static final int CHUNK = 128 << 10;
     private static final System.Logger LOG = System.getLogger(LocalSocketServer.class.getName());
 
     private final Path path;
