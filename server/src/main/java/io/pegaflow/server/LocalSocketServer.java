@@ -63,8 +63,10 @@ final class LocalSocketServer implements AutoCloseable {
     static final int MAX_CONNECTIONS = 64;
     /** Time for the rest of a frame once its first byte arrived, and for writing the answer. */
     static final Duration FRAME_TIMEOUT = Duration.ofSeconds(10);
-    /** Payload bytes read before the buffer grows (doubling): memory follows what arrived. */
-    /** First read buffer: a query of 4,096 32-byte hashes fits without a copy; 64 stalled announcers hold 8 MiB at most. */
+    /**
+     * Payload bytes read before the buffer grows (doubling), so memory follows what arrived: a
+     * query of 4,096 32-byte hashes fits without a copy; 64 stalled announcers hold 8 MiB at most.
+     */
     private static final int CHUNK = 128 << 10;
     private static final System.Logger LOG = System.getLogger(LocalSocketServer.class.getName());
 
