@@ -265,6 +265,10 @@ public final class RemoteStore implements BlockStore {
             }
         }
         call(s -> s.registerWorker(b.build()));
+        // Only an instance's registrants may hold its session: a process that joins an
+        // instance another one created (a TP rank) becomes one here, so it opens (or renews)
+        // its session now.
+        openSession(instanceId);
     }
 
     @Override

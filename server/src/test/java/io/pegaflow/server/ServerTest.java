@@ -241,6 +241,30 @@ class ServerTest {
         }
     }
 
+    /** A TP rank in another process joins the instance through its worker, and so may hold the instance's session. */
+    @Test
+    void aProcessThatJoinsAnInstanceThroughItsWorkerHoldsItsSession() throws Exception {
+        InstanceSpec spec = new InstanceSpec("tp2", "ns", 2, 2);
+        RemoteStore rank0 = store();
+        RemoteStore rank1 = store();
+        try {
+            rank0.registerInstance(spec);
+            rank0.registerWorker("tp2", new WorkerSpec(0, 0, 0, regions()));
+            rank1.registerInstance(spec); // exists: no membership from this
+            rank1.registerWorker("tp2", new WorkerSpec(1, 1, 0, regions()));
+            rank0.close(); // its session ends; rank 1's (the newest) keeps the instance
+            Thread.sleep(400); // past the 100 ms grace
+            assertThat(server.store().instanceIds()).containsExactly("tp2");
+        } finally {
+            rank1.close();
+        }
+        long deadline = System.nanoTime() + 5_000_000_000L;
+        while (!server.store().instanceIds().isEmpty() && System.nanoTime() < deadline) {
+            Thread.sleep(50);
+        }
+        assertThat(server.store().instanceIds()).as("the last session's end unregisters it").isEmpty();
+    }
+
     @Test
     void aClientOfAnotherVersionIsRefusedClearly() throws Exception {
         try (RemoteStore raw = store()) {
