@@ -145,7 +145,7 @@ public final class RemoteStore implements BlockStore {
     private <T> T call(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
         requireToken();
         try {
-            return rpc.apply(EngineGrpc.newBlockingStub(calls).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
+            return rpc.apply(stub());
         } catch (StatusRuntimeException e) {
             if (e.getStatus().getCode() != io.grpc.Status.Code.UNAUTHENTICATED) {
                 throw Errors.fromStatus(e, endpoint, deadlineMs);
@@ -157,12 +157,17 @@ public final class RemoteStore implements BlockStore {
         }
     }
 
+    /** A call as it is (Health, or the retry after the token was read again). */
     private <T> T rawCall(Function<EngineGrpc.EngineBlockingStub, T> rpc) {
         try {
-            return rpc.apply(EngineGrpc.newBlockingStub(calls).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS));
+            return rpc.apply(stub());
         } catch (StatusRuntimeException e) {
             throw Errors.fromStatus(e, endpoint, deadlineMs);
         }
+    }
+
+    private EngineGrpc.EngineBlockingStub stub() {
+        return EngineGrpc.newBlockingStub(calls).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS);
     }
 
     /** Health (no credential needed); the first answer also gives this client the server's token. */

@@ -2,9 +2,9 @@ package io.pegaflow.engine;
 
 /**
  * Where a connector brain finds the engine to use now. The store link (embedded engine, or a
- * client of pegaflow-server that reconnects) is the production source; tests use
- * {@link #fixed}. A brain reads {@link #binding()} at each operation and never holds an
- * engine across calls, so nobody has to push a new engine into it.
+ * client of pegaflow-server that reconnects) is the production source; tests hand a brain a
+ * lambda over a binding they switch. A brain reads {@link #binding()} at each operation and
+ * never holds an engine across calls, so nobody has to push a new engine into it.
  *
  * <p>The generation changes whenever the engine behind the source is replaced (a restarted
  * server, a new client): leases and plan ids from an older generation mean nothing to the
@@ -19,11 +19,5 @@ public interface EngineSource {
     /** An engine and the generation it belongs to. */
     record Binding(PegaEngine engine, long generation) {
         public static final Binding NONE = new Binding(null, 0);
-    }
-
-    /** Always {@code engine} (generation 1); null for a source that never has one. */
-    static EngineSource fixed(PegaEngine engine) {
-        Binding b = engine == null ? Binding.NONE : new Binding(engine, 1);
-        return () -> b;
     }
 }

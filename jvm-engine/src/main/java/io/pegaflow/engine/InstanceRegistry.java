@@ -169,6 +169,10 @@ final class InstanceRegistry {
         inst.ns = ns;
     }
 
+    boolean contains(String instanceId) {
+        return instances.containsKey(instanceId);
+    }
+
     /** The registered instance; {@link UnknownInstanceException} if there is none. */
     Instance get(String instanceId) {
         Instance inst = instances.get(instanceId);

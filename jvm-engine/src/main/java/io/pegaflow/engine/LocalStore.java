@@ -583,6 +583,16 @@ public final class LocalStore implements BlockStore {
         }
     }
 
+    /** Whether {@code instanceId} is registered (sealed or not). */
+    public boolean isRegistered(String instanceId) {
+        lock.lock();
+        try {
+            return registry.contains(instanceId);
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** Registered instance ids, sorted. */
     public List<String> instanceIds() {
         lock.lock();

@@ -125,7 +125,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
             }
             InstanceSpec spec = new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize());
             synchronized (tenants) { // "created" must see the instance absent and register it in one step
-                boolean fresh = !store.instanceIds().contains(spec.instanceId());
+                boolean fresh = !store.isRegistered(spec.instanceId());
                 store.registerInstance(spec);
                 if (fresh) {
                     tenants.created(spec.instanceId(), Credentials.CLIENT.get());

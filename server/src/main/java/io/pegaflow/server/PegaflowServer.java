@@ -16,7 +16,6 @@ import io.pegaflow.engine.pool.PoolFiles;
 import io.pegaflow.client.proto.HealthResponse;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.io.IOException;
-import java.net.InetSocketAddress;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.UUID;
@@ -39,10 +38,10 @@ public final class PegaflowServer implements AutoCloseable {
             if (copyTtl == null || copyTtl.isNegative() || copyTtl.isZero()) {
                 throw new InvalidArgumentException("copy TTL " + copyTtl + "; expected a positive duration");
             }
-            hostPort(addr, "--addr");
+            Wire.hostPort(addr, "--addr");
             PoolFiles.group(poolGroup);
             if (httpAddr != null) {
-                hostPort(httpAddr, "--http-addr");
+                Wire.hostPort(httpAddr, "--http-addr");
             }
             if (leaseTtl == null || leaseTtl.isNegative() || leaseTtl.isZero()) {
                 throw new InvalidArgumentException("lease TTL " + leaseTtl + "; expected a positive duration");
@@ -68,11 +67,6 @@ public final class PegaflowServer implements AutoCloseable {
             return new Config("127.0.0.1:50055", "127.0.0.1:9091", poolBytes, poolPath, Duration.ofSeconds(600),
                     Duration.ofSeconds(2), true);
         }
-    }
-
-    /** Parses {@code host:port}; throws naming the flag and the value. */
-    public static InetSocketAddress hostPort(String text, String flag) {
-        return Wire.hostPort(text, flag);
     }
 
     private final Config config;
@@ -116,7 +110,7 @@ public final class PegaflowServer implements AutoCloseable {
             // run first: a refused call is counted nowhere and touches nothing.
             this.grpc = grpcStarted = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
                     .addService(ServerInterceptors.intercept(service, rpcMetrics, credentials)).build().start();
-            this.http = config.httpAddr() == null ? null : new HttpEndpoints(hostPort(config.httpAddr(), "--http-addr"),
+            this.http = config.httpAddr() == null ? null : new HttpEndpoints(Wire.hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds, credentials::matches);
             files.update(grpcAddr()); // the port is known now; a refused second server names it
@@ -169,7 +163,7 @@ public final class PegaflowServer implements AutoCloseable {
     private static PegaflowServer startTcp(Config config) throws IOException {
         // Handlers run on the transport's threads: every engine call is short and never waits
         // on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback query.
-        NettyServerBuilder builder = NettyServerBuilder.forAddress(hostPort(config.addr(), "--addr"))
+        NettyServerBuilder builder = NettyServerBuilder.forAddress(Wire.hostPort(config.addr(), "--addr"))
                 .directExecutor()
                 .keepAliveTime(30, TimeUnit.SECONDS)
                 .keepAliveTimeout(20, TimeUnit.SECONDS)

@@ -1,6 +1,7 @@
 package io.pegaflow.server;
 
 import io.pegaflow.client.Version;
+import io.pegaflow.client.Wire;
 
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.Sizes;
@@ -67,7 +68,7 @@ public final class ServerMain implements Callable<Integer> {
             case "info" -> Level.INFO;
             default -> throw new IllegalArgumentException("--log-level '" + logLevel + "'; expected error, warn, info or debug");
         });
-        int port = PegaflowServer.hostPort(addr, "--addr").getPort();
+        int port = Wire.hostPort(addr, "--addr").getPort();
         Path path = poolPath != null ? poolPath
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
