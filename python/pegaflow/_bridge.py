@@ -87,6 +87,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_get_finished", [c_int64, c_char_p, c_void_p, c_int32, POINTER(c_int32)]),
     ("worker_load_errors", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("worker_close", [c_int64]),
+    ("worker_stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
 ]
 
 

