@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = Path(os.environ.get("PEGAFLOW_TINY_MODEL", ROOT / "out" / "tiny-llama"))
 BLOCK = 32
-BLOCK_BYTES = 2 * 2 * 2 * 32 * BLOCK * 4  # K and V, 2 layers, 2 KV heads of 32, float32
+BLOCK_BYTES = 2 * 4 * 2 * 64 * BLOCK * 4  # K and V, 4 layers, 2 KV heads of 64, float32 (models/tiny.py)
 
 
 def prompts(seed: int, n: int = 4, shared: int = 400, tail: int = 90) -> list[list[int]]:

@@ -274,3 +274,28 @@ def test_a_sigkilled_servers_pool_is_reclaimed_by_the_next_start(tmp_path):
     finally:
         second.stop()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_server_with_an_owner_stops_when_the_owner_exits(tmp_path):
+    """--owner-pid: the private server a vLLM instance starts for itself (mode auto across
+    processes) does not outlive it, and removes its files on the way out."""
+    owner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    pool = tmp_path / "owned.pool"
+    server = start_server(pool, extra=["--owner-pid", str(owner.pid)])
+    try:
+        assert server.http("/health")[0] == 200
+        owner.kill()
+        owner.wait()
+        server.proc.wait(timeout=30)
+    finally:
+        server.stop(kill=True)
+    assert server.proc.returncode == 0
+    assert not pool.exists() and not Path(f"{pool}.token").exists()
+
+
+def test_an_owner_pid_that_is_not_running_is_refused(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = subprocess.run(server_argv(tmp_path / "p.pool", extra=["--owner-pid", str(dead.pid)]),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and f"--owner-pid {dead.pid} is not a running process" in out.stderr

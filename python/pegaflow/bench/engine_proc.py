@@ -33,7 +33,7 @@ class EngineSpec:
     # float32: greedy outputs must not depend on how vLLM batched a request (bf16 GEMMs round
     # differently for different batch shapes, which can flip a near-tie in a random model)
     dtype: str = "float32"
-    kv_cache_bytes: int = 8 << 20
+    kv_cache_bytes: int = 16 << 20
     max_model_len: int = 2048
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
@@ -119,6 +119,8 @@ def _metrics(llm) -> dict[str, float]:
 
 def _serve(conn, env: dict) -> None:
     os.environ.update({k: str(v) for k, v in env.items()})
+    import vllm  # noqa: F401  (the slow part, started at once so several processes import side by side)
+
     llm = None
     while True:
         try:

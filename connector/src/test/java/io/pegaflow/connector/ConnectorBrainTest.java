@@ -181,6 +181,12 @@ class ConnectorBrainTest {
             assertThat(block(20 + i)).as("block %d", i).isEqualTo(saved[i]);
         }
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        long[] stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_SAVED_BLOCKS]).as("vLLM's connector stats: the cold save").isEqualTo(4);
+        assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        assertThat(stats[WorkerSide.STAT_LOADED_BYTES]).isEqualTo(stats[WorkerSide.STAT_SAVED_BYTES]).isPositive();
+        assertThat(stats[WorkerSide.STAT_LOAD_FAILED_BLOCKS] + stats[WorkerSide.STAT_SAVE_FAILURES]).isZero();
+        assertThat(worker.drainStats()).as("drained").containsOnly(0L);
         sched.finished(List.of(), recving);
         // Next step: the loaded prefix is not saved again, only what this step completes.
         sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5);
@@ -236,10 +242,10 @@ class ConnectorBrainTest {
         byte[] plan = sched.buildPlan();
         engine.release("vllm", StepPlan.decode(plan).loads().get(0).lease()); // the lease is gone before the worker loads
         worker.startLoads(plan);
-        WorkerSide.Finished f = worker.getFinished(List.of());
-        assertThat(f.recving()).containsExactly("b");
+        assertThat(recvingAfter(List.of(), new ArrayList<>())).containsExactly("b");
         assertThat(worker.drainLoadErrors()).containsExactly(50, 51);
         assertThat(worker.drainLoadErrors()).as("drained").isEmpty();
+        assertThat(worker.drainStats()[WorkerSide.STAT_LOAD_FAILED_BLOCKS]).as("vLLM's connector stats").isEqualTo(2);
     }
 
     @Test
@@ -267,8 +273,7 @@ class ConnectorBrainTest {
         byte[] bad = sched.buildPlan();
         assertThat(StepPlan.decode(bad).loads()).singleElement().satisfies(l -> assertThat(l.blockIds()).containsExactly(table[0]));
         worker.startLoads(bad);
-        WorkerSide.Finished f = worker.getFinished(List.of());
-        assertThat(f.recving()).containsExactly("b");
+        assertThat(recvingAfter(List.of(), new ArrayList<>())).containsExactly("b");
         assertThat(worker.drainLoadErrors()).containsExactly(table[0]);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("the offered lease was released").isZero();
     }
