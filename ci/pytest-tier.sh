@@ -6,6 +6,7 @@ set -uo pipefail
 tier=$1; shift
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${PEGAFLOW_VENV:-$root/.venv}
+[[ $venv = /* ]] || venv=$root/$venv  # relative to the repository root, as the Makefile gives it
 cd "$root/python"
 if [ "$tier" = unit ]; then
   "$venv/bin/python" -m pytest "$@"
