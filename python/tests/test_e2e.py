@@ -115,10 +115,10 @@ def test_two_instances_share_one_server(model, procs, baseline, server):
     a, b = procs
     before = server.metric("pegaflow_load_blocks_total")
     for proc, name in ((a, "share-a"), (b, "share-b")):
-        proc._conn.send(("open", EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint},
-                                             engine_id=name)))
+        proc.send("open", EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint},
+                                     engine_id=name))
     for proc in (a, b):
-        assert proc._conn.recv()[0] == "ok"
+        proc.wait("open")
     on_a = one_by_one(a, prompts(2))
     on_b = one_by_one(b, prompts(2))
     a.close_engine()
@@ -180,7 +180,7 @@ def test_multiprocessing_executor_auto_starts_a_private_server(model, baseline, 
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "XDG_RUNTIME_DIR": str(runtime)}
     with EngineProc("mp", env=env) as p:
         p.open(EngineSpec(model, connector={"mode": "auto", "endpoint": f"127.0.0.1:{free_port()}",
-                                            "pool_size": "32mb"}, engine_id="mp-auto", in_process=False, env=env))
+                                            "pool_size": "32mb"}, engine_id="mp-auto", in_process=False))
         first = one_by_one(p, prompts(1))
         assert p.reset_prefix_cache()
         second = one_by_one(p, prompts(1))

@@ -38,7 +38,6 @@ class EngineSpec:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
     in_process: bool = True  # vLLM's in-process executor; False: its multiprocessing executor
-    env: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # more vllm.LLM keyword arguments
 
 
@@ -51,8 +50,6 @@ class Answer:
 
 
 def _open(spec: EngineSpec):
-    for key, value in spec.env.items():
-        os.environ[key] = str(value)
     from vllm import LLM
     from vllm.config import KVTransferConfig
 
@@ -171,14 +168,22 @@ class EngineProc:
         self.proc.start()
         child.close()
 
-    def _call(self, cmd: str, arg: Any = None, timeout: float = 900.0):
+    def send(self, cmd: str, arg: Any = None) -> None:
+        """Starts a command without waiting (several processes can open engines side by side)."""
         self._conn.send((cmd, arg))
+
+    def wait(self, cmd: str, timeout: float = 900.0):
+        """The answer to the command sent last."""
         if not self._conn.poll(timeout):
             raise TimeoutError(f"engine {self.name}: no answer to {cmd} within {timeout:.0f} s")
         status, value = self._conn.recv()
         if status != "ok":
             raise RuntimeError(f"engine {self.name}: {cmd} failed: {value}")
         return value
+
+    def _call(self, cmd: str, arg: Any = None, timeout: float = 900.0):
+        self.send(cmd, arg)
+        return self.wait(cmd, timeout)
 
     def open(self, spec: EngineSpec) -> float:
         """Opens an engine (closing the one before); returns its start seconds."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from pegaflow._server import start_server
 from pegaflow._vllm_version import installed_vllm
 
+from . import range_option
 from .engine_proc import EngineProc, EngineSpec
 
 
@@ -57,10 +58,10 @@ def run(args: argparse.Namespace) -> dict:
         common = dict(model=model, block_size=bs, kv_cache_bytes=args.kv_cache_blocks * _block_bytes(model, bs),
                       max_model_len=args.max_model_len)
         for name, p in zip(names, procs):
-            p._conn.send(("open", EngineSpec(**common, engine_id=name,
-                                              connector={"mode": "server", "endpoint": server.endpoint})))
-        procs[-1]._conn.send(("open", EngineSpec(**common)))
-        start_s = [_reply(p, "open") for p in procs]
+            p.send("open", EngineSpec(**common, engine_id=name, connector={"mode": "server",
+                                                                           "endpoint": server.endpoint}))
+        procs[-1].send("open", EngineSpec(**common))
+        start_s = [p.wait("open") for p in procs]
         # Warm-up on prompts of their own (token ids outside the tokenizer's words, so they share no
         # block with the workload): JIT-compiles the connector's and the server's paths, as a
         # running deployment has, on every engine alike; then every cache is emptied.
@@ -170,25 +171,8 @@ def _block_bytes(model: str, block_tokens: int) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * cfg["head_dim"] * block_tokens * 4
 
 
-def _reply(proc: EngineProc, what: str, timeout: float = 900.0):
-    if not proc._conn.poll(timeout):
-        raise TimeoutError(f"engine {proc.name}: no answer to {what} within {timeout:.0f} s")
-    status, value = proc._conn.recv()
-    if status != "ok":
-        raise RuntimeError(f"engine {proc.name}: {what} failed: {value}")
-    return value
-
-
 def _range(option: str, text: str) -> tuple[int, int]:
-    try:
-        parts = [int(p) for p in text.split("-")]
-        lo, hi = (parts[0], parts[-1]) if len(parts) in (1, 2) else (0, -1)
-    except ValueError:
-        lo, hi = 0, -1
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"pegaflow-bench vllm-run: {option} '{text}' is not a range; expected MIN-MAX with "
-                         "1 <= MIN <= MAX")
-    return lo, hi
+    return range_option("vllm-run", option, text)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -22,18 +22,11 @@ import time
 from pathlib import Path
 
 from pegaflow._server import start_server
+from pegaflow.bench import range_option
 
 
 def _range(option: str, text: str) -> tuple[int, int]:
-    try:
-        parts = [int(p) for p in text.split("-")]
-        lo, hi = (parts[0], parts[-1]) if len(parts) in (1, 2) else (0, -1)
-    except ValueError:
-        lo, hi = 0, -1
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"pegaflow-bench vllm-workload: {option} '{text}' is not a range; expected MIN-MAX with "
-                         "1 <= MIN <= MAX")
-    return lo, hi
+    return range_option("vllm-workload", option, text)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -27,20 +27,14 @@ from pathlib import Path
 from pegaflow import _bridge
 from pegaflow.engine import LayerRegion, PegaEngine
 from pegaflow.errors import PegaflowError, PoolExhaustedError
+from pegaflow.bench import range_option
 
 MASK64 = (1 << 64) - 1
 ROOT_HASH = bytes(32)
 
 
 def _range(option: str, text: str) -> tuple[int, int]:
-    try:
-        parts = [int(p) for p in text.split("-")]
-        lo, hi = (parts[0], parts[-1]) if len(parts) in (1, 2) else (0, -1)
-    except ValueError:
-        lo, hi = 0, -1
-    if not 1 <= lo <= hi:
-        raise SystemExit(f"pegaflow-bench workload: {option} '{text}' is not a range; expected MIN-MAX with 1 <= MIN <= MAX")
-    return lo, hi
+    return range_option("workload", option, text)
 
 
 def _mix(z: int) -> int:

@@ -129,8 +129,8 @@ def _kv_role_flags(kv_transfer_config) -> tuple[bool, bool]:
 class PegaKVConnector(KVConnectorBase_V1):
     """See the module docstring. Not ``SupportsHMA``: hybrid models are refused at startup."""
 
-    if _compat.cache_hit_source() is not None:
-        _cache_hit_source = _compat.cache_hit_source()  # vLLM >= 0.32: hits come from host memory
+    if (_source := _compat.cache_hit_source()) is not None:
+        _cache_hit_source = _source  # vLLM >= 0.32: hits come from host memory
 
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
