@@ -67,6 +67,8 @@ public final class RemoteStore implements BlockStore {
     private final String clientId = newClientId();
     private final Map<String, ClientCallStreamObserver<SessionRequest>> sessions = new ConcurrentHashMap<>();
     private final LocalSocketClient local = new LocalSocketClient(this);
+    /** Regions each worker registered through this client, keyed "instance/rank": bounds a plan's answer. */
+    private final Map<String, Integer> workerRegions = new ConcurrentHashMap<>();
 
     private RemoteStore(String endpoint, ManagedChannel channel, long deadlineMs) {
         this.endpoint = endpoint;
@@ -270,6 +272,7 @@ public final class RemoteStore implements BlockStore {
             }
         }
         call(s -> s.registerWorker(b.build()));
+        workerRegions.put(instanceId + "/" + worker.workerRank(), worker.layers() == null ? 0 : worker.layers().size());
         // Only an instance's registrants may hold its session: a process that joins an
         // instance another one created (a TP rank) becomes one here, so it opens (or renews)
         // its session now.
@@ -313,7 +316,9 @@ public final class RemoteStore implements BlockStore {
         for (long id : blockIds) {
             b.addBlockIds(id);
         }
-        return plan(call(s -> s.reserveSave(b.build())));
+        ReserveSaveRequest req = b.build();
+        byte[] fast = fitsLocal(instanceId, workerRank, blockIds.length) ? local.call(Wire.RESERVE_SAVE, req) : null;
+        return plan(fast != null ? parse(io.pegaflow.client.proto.CopyPlan.parser(), fast) : call(s -> s.reserveSave(req)));
     }
 
     @Override
@@ -326,27 +331,49 @@ public final class RemoteStore implements BlockStore {
         for (long id : dstBlockIds) {
             b.addDstBlockIds(id);
         }
-        return plan(call(s -> s.beginLoad(b.build())));
+        BeginLoadRequest req = b.build();
+        byte[] fast = fitsLocal(instanceId, workerRank, dstBlockIds.length) ? local.call(Wire.BEGIN_LOAD, req) : null;
+        return plan(fast != null ? parse(io.pegaflow.client.proto.CopyPlan.parser(), fast) : call(s -> s.beginLoad(req)));
+    }
+
+    /**
+     * Whether a plan for {@code blocks} blocks of this worker surely fits one local-socket
+     * answer (a plan is never retried: its answer must not be refused for its size).
+     */
+    private boolean fitsLocal(String instanceId, int workerRank, int blocks) {
+        Integer regions = workerRegions.get(instanceId + "/" + workerRank);
+        return regions != null && regions > 0 && (long) blocks * regions * Wire.MAX_RUN_BYTES + 1024 < Wire.MAX_FRAME;
+    }
+
+    private static <T> T parse(com.google.protobuf.Parser<T> parser, byte[] bytes) {
+        try {
+            return parser.parseFrom(bytes);
+        } catch (com.google.protobuf.InvalidProtocolBufferException e) {
+            throw new PegaflowException(ErrorCode.INTERNAL, "malformed answer on the local socket: " + e.getMessage());
+        }
     }
 
     private static CopyPlan plan(io.pegaflow.client.proto.CopyPlan p) {
-        int n = p.getHostOffsetCount();
-        if (p.getBlockIndexCount() != n || p.getRegionIndexCount() != n) {
-            throw new PegaflowException(ErrorCode.INTERNAL, "copy plan " + p.getId() + " with " + p.getBlockIndexCount()
-                    + " block indexes, " + p.getRegionIndexCount() + " region indexes and " + n
-                    + " offsets; expected equal counts");
+        int n = p.getRunBlockCount();
+        if (p.getRunRegionCount() != n || p.getRunCountCount() != n || p.getRunOffsetCount() != n) {
+            throw new PegaflowException(ErrorCode.INTERNAL, "copy plan with " + n + " run blocks, " + p.getRunRegionCount()
+                    + " run regions, " + p.getRunCountCount() + " run counts and " + p.getRunOffsetCount()
+                    + " run offsets; expected equal counts");
         }
-        int[] blockIndex = new int[n];
-        int[] regionIndex = new int[n];
-        long[] hostOffset = new long[n];
-        for (int k = 0; k < n; k++) {
-            blockIndex[k] = p.getBlockIndex(k);
-            regionIndex[k] = p.getRegionIndex(k);
-            hostOffset[k] = p.getHostOffset(k);
+        int[] block = new int[n];
+        int[] region = new int[n];
+        int[] count = new int[n];
+        long[] offset = new long[n];
+        for (int j = 0; j < n; j++) {
+            block[j] = p.getRunBlock(j);
+            region[j] = p.getRunRegion(j);
+            count[j] = p.getRunCount(j);
+            offset[j] = p.getRunOffset(j);
         }
         CopyPlan.Direction direction = p.getDirection() == CopyDirection.LOAD ? CopyPlan.Direction.LOAD
                 : CopyPlan.Direction.SAVE;
-        return new CopyPlan(Token.fromBytes(p.getId().toByteArray(), "copy id"), direction, p.getBlocks(), p.getSkippedBlocks(), blockIndex, regionIndex, hostOffset);
+        return new CopyPlan(Token.fromBytes(p.getId().toByteArray(), "copy id"), direction, p.getBlocks(),
+                p.getSkippedBlocks(), block, region, count, offset);
     }
 
     @Override
@@ -354,8 +381,11 @@ public final class RemoteStore implements BlockStore {
         if (planId == null) {
             throw new InvalidArgumentException("end of copy: id is null");
         }
-        io.pegaflow.client.proto.CopyResult r = call(s -> s.endCopy(EndCopyRequest.newBuilder().setInstanceId(instanceId)
-                .setId(ByteString.copyFrom(planId.toBytes())).setOk(ok).setBytes(bytes).setNanos(nanos).build()));
+        EndCopyRequest req = EndCopyRequest.newBuilder().setInstanceId(instanceId)
+                .setId(ByteString.copyFrom(planId.toBytes())).setOk(ok).setBytes(bytes).setNanos(nanos).build();
+        byte[] fast = local.call(Wire.END_COPY, req);
+        io.pegaflow.client.proto.CopyResult r = fast != null ? parse(io.pegaflow.client.proto.CopyResult.parser(), fast)
+                : call(s -> s.endCopy(req));
         return new CopyResult(r.getBlocks(), r.getSkippedBlocks(), r.getBytes());
     }
 
@@ -367,16 +397,7 @@ public final class RemoteStore implements BlockStore {
         QueryRequest req = QueryRequest.newBuilder().setInstanceId(instanceId)
                 .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen()).build();
         byte[] fast = local.call(Wire.QUERY, req);
-        QueryResponse r;
-        if (fast != null) {
-            try {
-                r = QueryResponse.parseFrom(fast);
-            } catch (com.google.protobuf.InvalidProtocolBufferException e) {
-                throw new PegaflowException(ErrorCode.INTERNAL, "malformed answer on the local socket: " + e.getMessage());
-            }
-        } else {
-            r = call(s -> s.query(req));
-        }
+        QueryResponse r = fast != null ? parse(QueryResponse.parser(), fast) : call(s -> s.query(req));
         return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : Token.fromBytes(r.getLease().toByteArray()));
     }
 

@@ -17,6 +17,18 @@ public final class Wire {
     public static final byte RELEASE = 2;
     /** Local-socket method: the connection's first frame, the server's token (answer: Empty). */
     public static final byte AUTH = 3;
+    /** Local-socket method: ReserveSave (ReserveSaveRequest -> CopyPlan). */
+    public static final byte RESERVE_SAVE = 4;
+    /** Local-socket method: BeginLoad (BeginLoadRequest -> CopyPlan). */
+    public static final byte BEGIN_LOAD = 5;
+    /** Local-socket method: EndCopy (EndCopyRequest -> CopyResult). */
+    public static final byte END_COPY = 6;
+    /**
+     * Most bytes one run of a copy plan takes in its answer (four varints: block, region,
+     * count, offset, with their tags): a client sends a ReserveSave or BeginLoad over the
+     * local socket only when {@code blocks x regions} runs of this size fit in a frame.
+     */
+    public static final int MAX_RUN_BYTES = 32;
     /**
      * Largest local-socket frame either side reads: a Query of up to ~130k 32-byte hashes
      * (vLLM's sha256 block hashes; 2M tokens at 16 a block). A larger query goes over gRPC;

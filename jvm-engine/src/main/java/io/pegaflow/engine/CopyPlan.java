@@ -1,19 +1,25 @@
 package io.pegaflow.engine;
 
 import io.pegaflow.engine.transfer.CopyBatch;
+import java.util.Arrays;
 
 /**
  * What one save or load copies, as the control plane hands it to the process that moves the
- * bytes: for each {@code k}, the slot of region {@code regionIndex[k]} (an index into the
- * worker's registered layers) of the caller's block at index {@code blockIndex[k]} (into the
- * block ids of the request) and pool offset {@code hostOffset[k]} (segments back to back).
- * A save copies block to pool, a load pool to block. {@code id} names the open operation for
+ * bytes, as runs: run {@code j} covers regions {@code runRegion[j] .. runRegion[j] +
+ * runCount[j] - 1} (indexes into the worker's registered layers) of the caller's block at
+ * index {@code runBlock[j]} (into the block ids of the request), whose slots lie back to back
+ * in the pool from offset {@code runOffset[j]} (each slot {@link LayerRegion#slotBytes} long,
+ * its segments back to back). A save copies block to pool, a load pool to block.
+ *
+ * <p>Runs, not one entry per slot: a block's slots are allocated together, so a plan of
+ * 2,048 blocks of 32 layers is 2,048 runs instead of 65,536 triples, and its cost (building,
+ * the wire, reading) follows the block count. {@code id} names the open operation for
  * {@link BlockStore#endCopy} (128 random bits, bound to the instance it was issued to);
- * {@link Token#NONE} means nothing to copy (every block skipped). Until it ends,
- * the blocks involved stay pinned.
+ * {@link Token#NONE} means nothing to copy (every block skipped). Until it ends, the blocks
+ * involved stay pinned.
  */
-public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlocks, int[] blockIndex,
-        int[] regionIndex, long[] hostOffset) {
+public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlocks, int[] runBlock, int[] runRegion,
+        int[] runCount, long[] runOffset) {
     /** Which way the bytes go. */
     public enum Direction {
         /** GPU (or host) KV regions to the pool. */
@@ -26,9 +32,18 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
         }
     }
 
+    public CopyPlan {
+        int n = runBlock.length;
+        if (runRegion.length != n || runCount.length != n || runOffset.length != n) {
+            throw new PegaflowException(ErrorCode.INTERNAL, "copy plan " + id + " with " + n + " run blocks, "
+                    + runRegion.length + " run regions, " + runCount.length + " run counts and " + runOffset.length
+                    + " run offsets; expected equal counts");
+        }
+    }
+
     /** A save with nothing to copy. */
     static CopyPlan nothing(int skippedBlocks) {
-        return new CopyPlan(Token.NONE, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new long[0]);
+        return new CopyPlan(Token.NONE, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new int[0], new long[0]);
     }
 
     /** Whether there is nothing to copy (and nothing to end). */
@@ -36,7 +51,55 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
         return id.equals(Token.NONE);
     }
 
-    public int slots() {
-        return hostOffset.length;
+    public int runs() {
+        return runBlock.length;
+    }
+
+    /** Slots copied: the sum of the run counts. */
+    public long slots() {
+        long n = 0;
+        for (int c : runCount) {
+            n += c;
+        }
+        return n;
+    }
+
+    /**
+     * Collects slots (request block, region, pool offset) in plan order and merges each into
+     * the previous run when it is the next region of the same block and lies right after it.
+     */
+    public static final class Runs {
+        private int[] block = new int[16];
+        private int[] region = new int[16];
+        private int[] count = new int[16];
+        private long[] offset = new long[16];
+        private long nextOffset;
+        private int n;
+
+        public void add(int requestBlock, int regionIndex, long poolOffset, long slotBytes) {
+            if (n > 0 && block[n - 1] == requestBlock && region[n - 1] + count[n - 1] == regionIndex
+                    && nextOffset == poolOffset) {
+                count[n - 1]++;
+            } else {
+                if (n == block.length) {
+                    int cap = n * 2;
+                    block = Arrays.copyOf(block, cap);
+                    region = Arrays.copyOf(region, cap);
+                    count = Arrays.copyOf(count, cap);
+                    offset = Arrays.copyOf(offset, cap);
+                }
+                block[n] = requestBlock;
+                region[n] = regionIndex;
+                count[n] = 1;
+                offset[n] = poolOffset;
+                n++;
+            }
+            nextOffset = poolOffset + slotBytes;
+        }
+
+        public CopyPlan plan(Token id, Direction direction, int blocks, int skipped) {
+            return new CopyPlan(id, direction, blocks, skipped, Arrays.copyOf(block, n), Arrays.copyOf(region, n),
+                    Arrays.copyOf(count, n), Arrays.copyOf(offset, n));
+        }
     }
 }

@@ -193,9 +193,7 @@ public final class LocalStore implements BlockStore {
             Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
             int[] regionIdx = worker.selectRegions(inst.spec.instanceId(), layerNames);
             Limits.checkPlan("save", blockIds.length, regionIdx.length);
-            for (int r : regionIdx) {
-                worker.regions[r].checkBlockIds(blockIds, "blockIds");
-            }
+            checkBlockIds(worker, regionIdx, blockIds, "blockIds");
             planSave(inst, worker, regionIdx, blockIds, hashes, planned);
             int skipped = hashes.count() - planned.size();
             count(Counter.SAVE_REQUESTS, 1);
@@ -212,12 +210,41 @@ public final class LocalStore implements BlockStore {
         }
     }
 
-    /** Under lock: decides what to write, checks capacity, then allocates and claims slots. */
+    /**
+     * Block ids against the smallest of the selected regions ({@code null}: all of the
+     * worker's): one pass over the ids, whatever the layer count; the message names that region.
+     */
+    private static void checkBlockIds(Instance.Worker worker, int[] regionIdx, long[] ids, String what) {
+        LayerRegion smallest = null;
+        int n = regionIdx == null ? worker.regions.length : regionIdx.length;
+        for (int k = 0; k < n; k++) {
+            LayerRegion r = worker.regions[regionIdx == null ? k : regionIdx[k]];
+            if (smallest == null || r.numBlocks() < smallest.numBlocks()) {
+                smallest = r;
+            }
+        }
+        if (smallest != null) {
+            smallest.checkBlockIds(ids, what);
+        }
+    }
+
+    /**
+     * Under lock: decides what to write, checks capacity, then allocates and claims slots. The
+     * per-region facts (slot index, bytes) are computed once per call; a block none of whose
+     * selected slots exist yet (the usual case) shares the call's region list; a hash repeated
+     * in the call is planned once (its later copies count as skipped).
+     */
     private void planSave(Instance inst, Instance.Worker worker, int[] regionIdx, long[] blockIds, BlockHashes hashes,
             List<PlannedBlock> plans) {
         NamespaceIndex ns = inst.ns;
         NamespaceLayout layout = ns.layout;
         int tpRank = worker.spec.tpRank();
+        int[] slots = new int[regionIdx.length];
+        long allBytes = 0;
+        for (int k = 0; k < regionIdx.length; k++) {
+            slots[k] = layout.slot(worker.layerIds[regionIdx[k]], tpRank);
+            allBytes += worker.regions[regionIdx[k]].slotBytes();
+        }
         Set<HashKey> seen = new HashSet<>();
         long unit = allocator.unitBytes();
         long needed = 0;
@@ -228,21 +255,28 @@ public final class LocalStore implements BlockStore {
             if (b != null && b.sealed) {
                 continue;
             }
-            HashKey key = b != null ? b.key : HashKey.of(hashes, i);
-            int[] todo = new int[regionIdx.length];
-            int n = 0;
-            long bytes = 0;
-            for (int r : regionIdx) {
-                int slot = layout.slot(worker.layerIds[r], tpRank);
-                if (b == null || b.slotState[slot] == Block.EMPTY) {
-                    todo[n++] = r;
-                    bytes += worker.regions[r].slotBytes();
+            HashKey key = b == null ? HashKey.of(hashes, i) : b.key;
+            if (!seen.add(key)) {
+                continue; // repeated in this call: its first copy is planned
+            }
+            int[] todo = regionIdx;
+            long bytes = allBytes;
+            if (b != null) {
+                int[] some = new int[regionIdx.length];
+                int n = 0;
+                bytes = 0;
+                for (int k = 0; k < regionIdx.length; k++) {
+                    if (b.slotState[slots[k]] == Block.EMPTY) {
+                        some[n++] = regionIdx[k];
+                        bytes += worker.regions[regionIdx[k]].slotBytes();
+                    }
                 }
+                if (n == 0) {
+                    continue;
+                }
+                todo = n == some.length ? regionIdx : Arrays.copyOf(some, n);
             }
-            if (n == 0) {
-                continue;
-            }
-            plans.add(new PlannedBlock(i, key, b, Arrays.copyOf(todo, n), bytes));
+            plans.add(new PlannedBlock(i, key, b, todo, bytes));
             needed += (bytes + unit - 1) / unit * unit;
         }
         if (needed > allocator.freeBytes() + lru.evictableBytes()) {
@@ -416,9 +450,7 @@ public final class LocalStore implements BlockStore {
                         + " destination block ids for " + lease.blocks.length + " leased blocks; expected equal counts");
             }
             Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
-            for (LayerRegion r : worker.regions) {
-                r.checkBlockIds(dstBlockIds, "dstBlockIds");
-            }
+            checkBlockIds(worker, null, dstBlockIds, "dstBlockIds");
             Block[] blocks = lease.blocks;
             lease.consumedBy.set(workerRank);
             pinAll(blocks);

@@ -16,51 +16,34 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     /** An open save: the instance, the worker and the blocks it claimed. */
     record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks, long deadlineNanos)
             implements OpenCopy {
-        /** Where each claimed slot goes: triples (request index, region index, pool offset). */
+        /** Where each claimed slot goes, as runs of slots back to back in the pool. */
         CopyPlan plan(Token id, int skipped) {
             NamespaceLayout layout = instance.ns.layout;
-            int n = 0;
-            for (PlannedBlock p : blocks) {
-                n += p.regions.length;
-            }
-            int[] blockIndex = new int[n];
-            int[] regionIndex = new int[n];
-            long[] hostOffset = new long[n];
-            int k = 0;
             int tpRank = worker.spec.tpRank();
+            CopyPlan.Runs runs = new CopyPlan.Runs();
             for (PlannedBlock p : blocks) {
                 for (int r : p.regions) {
-                    blockIndex[k] = p.requestIndex;
-                    regionIndex[k] = r;
-                    hostOffset[k] = p.block.slotOffset[layout.slot(worker.layerIds[r], tpRank)];
-                    k++;
+                    runs.add(p.requestIndex, r, p.block.slotOffset[layout.slot(worker.layerIds[r], tpRank)],
+                            worker.regions[r].slotBytes());
                 }
             }
-            return new CopyPlan(id, CopyPlan.Direction.SAVE, blocks.size(), skipped, blockIndex, regionIndex, hostOffset);
+            return runs.plan(id, CopyPlan.Direction.SAVE, blocks.size(), skipped);
         }
     }
 
     /** An open load: the blocks it pinned. */
     record OpenLoad(Instance instance, Block[] blocks, long deadlineNanos) implements OpenCopy {
-        /** Where each of {@code worker}'s slots is: triples (lease index, region index, pool offset). */
+        /** Where each of {@code worker}'s slots is, as runs (lease index = index into the destination ids). */
         CopyPlan plan(Token id, Instance.Worker worker) {
             NamespaceLayout layout = instance.ns.layout;
             int tpRank = worker.spec.tpRank();
-            int regions = worker.regions.length;
-            int n = blocks.length * regions;
-            int[] blockIndex = new int[n];
-            int[] regionIndex = new int[n];
-            long[] hostOffset = new long[n];
-            int k = 0;
+            CopyPlan.Runs runs = new CopyPlan.Runs();
             for (int i = 0; i < blocks.length; i++) {
-                for (int r = 0; r < regions; r++) {
-                    blockIndex[k] = i;
-                    regionIndex[k] = r;
-                    hostOffset[k] = blocks[i].slotOffset[layout.slot(worker.layerIds[r], tpRank)];
-                    k++;
+                for (int r = 0; r < worker.regions.length; r++) {
+                    runs.add(i, r, blocks[i].slotOffset[layout.slot(worker.layerIds[r], tpRank)], worker.regions[r].slotBytes());
                 }
             }
-            return new CopyPlan(id, CopyPlan.Direction.LOAD, blocks.length, 0, blockIndex, regionIndex, hostOffset);
+            return runs.plan(id, CopyPlan.Direction.LOAD, blocks.length, 0);
         }
     }
 

@@ -223,13 +223,23 @@ public final class PegaEngine implements AutoCloseable {
         long[] failed = save ? distinctBlocks(plan, blockIds) : blockIds;
         try {
             LayerRegion[] worker = regionsOf(instanceId, workerRank);
-            CopyBatch batch = new CopyBatch(plan.direction().batch(), plan.slots() * 2).waitFor(waitStream);
-            for (int k = 0; k < plan.slots(); k++) {
-                LayerRegion region = worker[plan.regionIndex()[k]];
-                long blockId = blockIds[plan.blockIndex()[k]];
-                for (int s = 0; s < region.segments(); s++) {
-                    batch.add(region.pieceAddress(blockId, s), plan.hostOffset()[k] + s * region.segmentBytes(),
-                            region.segmentBytes());
+            CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
+                    .waitFor(waitStream);
+            for (int j = 0; j < plan.runs(); j++) {
+                int first = plan.runRegion()[j];
+                int count = plan.runCount()[j];
+                if (first < 0 || count < 1 || first + count > worker.length) {
+                    throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
+                            + (first + count - 1) + " of a worker with " + worker.length);
+                }
+                long blockId = blockIds[plan.runBlock()[j]];
+                long host = plan.runOffset()[j];
+                for (int r = first; r < first + count; r++) {
+                    LayerRegion region = worker[r];
+                    for (int s = 0; s < region.segments(); s++) {
+                        batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
+                    }
+                    host += region.slotBytes();
                 }
             }
             long start = clock.getAsLong();
@@ -261,9 +271,9 @@ public final class PegaEngine implements AutoCloseable {
         long[] ids = new long[plan.blocks()];
         int last = -1;
         int n = 0;
-        for (int k = 0; k < plan.slots() && n < ids.length; k++) {
-            if (plan.blockIndex()[k] != last) {
-                last = plan.blockIndex()[k];
+        for (int j = 0; j < plan.runs() && n < ids.length; j++) {
+            if (plan.runBlock()[j] != last) {
+                last = plan.runBlock()[j];
                 ids[n++] = blockIds[last];
             }
         }

@@ -346,6 +346,25 @@ public abstract class BlockStoreContract {
         engine = null;
     }
 
+    /** A hash repeated in one save is planned once; the repeats count as skipped and nothing is claimed twice. */
+    @Test
+    void aHashRepeatedInOneSaveIsPlannedOnce() {
+        try (BlockStore store = store(config(1 << 20).build());
+                KvWorld w = new KvWorld("dup", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            store.registerInstance(w.spec);
+            store.registerWorker("dup", w.workers.get(0));
+            byte[][] h = KvWorld.randomHashes(rnd, 2);
+            CopyPlan p = store.reserveSave("dup", 0, null, new long[] {0, 1, 2}, BlockHashes.of(new byte[][] {h[0], h[1], h[0]}));
+            assertThat(p.blocks()).isEqualTo(2);
+            assertThat(p.skippedBlocks()).isEqualTo(1);
+            assertThat(p.runBlock()).containsExactly(0, 1); // one run per block: both layers back to back
+            store.endCopy("dup", p.id(), true, 0, 0);
+            assertThat(store.query("dup", BlockHashes.of(h)).hitBlocks()).isEqualTo(2);
+            assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).isEqualTo(2);
+            verifyInvariants();
+        }
+    }
+
     /**
      * What the server relies on when a client dies: unregistering an instance rolls back the
      * saves it reserved and ends the loads it began, so nothing stays pinned or allocated.

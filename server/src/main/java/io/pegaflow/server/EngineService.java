@@ -172,44 +172,55 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     @Override
     public void reserveSave(ReserveSaveRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> {
-            String id = instanceId(r.getInstanceId());
-            Limits.checkCount("layer names of one save", r.getLayerNamesCount(), Limits.MAX_LAYERS_PER_WORKER,
-                    "MAX_LAYERS_PER_WORKER");
-            for (String name : r.getLayerNamesList()) {
-                Limits.checkName("layer name", name);
-            }
-            List<String> layers = r.getLayerNamesCount() == 0 ? null : r.getLayerNamesList();
-            return plan(store.reserveSave(id, r.getWorkerRank(), layers, blockIds("block ids of one save",
-                    r.getBlockIdsList()), hashes(r.getHashes(), r.getHashLen())));
-        });
+        answer(out, () -> reserveSave(store, r));
+    }
+
+    /** ReserveSave on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
+    static CopyPlan reserveSave(LocalStore store, ReserveSaveRequest r) {
+        String id = instanceId(r.getInstanceId());
+        Limits.checkCount("layer names of one save", r.getLayerNamesCount(), Limits.MAX_LAYERS_PER_WORKER,
+                "MAX_LAYERS_PER_WORKER");
+        for (String name : r.getLayerNamesList()) {
+            Limits.checkName("layer name", name);
+        }
+        List<String> layers = r.getLayerNamesCount() == 0 ? null : r.getLayerNamesList();
+        return plan(store.reserveSave(id, r.getWorkerRank(), layers, blockIds("block ids of one save",
+                r.getBlockIdsList()), hashes(r.getHashes(), r.getHashLen())));
     }
 
     @Override
     public void beginLoad(BeginLoadRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> plan(store.beginLoad(instanceId(r.getInstanceId()), r.getWorkerRank(),
+        answer(out, () -> beginLoad(store, r));
+    }
+
+    /** BeginLoad on {@code store}: the gRPC method and the local socket's. */
+    static CopyPlan beginLoad(LocalStore store, BeginLoadRequest r) {
+        return plan(store.beginLoad(instanceId(r.getInstanceId()), r.getWorkerRank(),
                 Token.fromBytes(r.getLease().toByteArray()), blockIds("destination block ids of one load",
-                        r.getDstBlockIdsList()))));
+                        r.getDstBlockIdsList())));
     }
 
     private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {
         CopyPlan.Builder b = CopyPlan.newBuilder().setId(ByteString.copyFrom(p.id().toBytes())).setBlocks(p.blocks()).setSkippedBlocks(p.skippedBlocks())
                 .setDirection(p.direction() == io.pegaflow.engine.CopyPlan.Direction.LOAD ? CopyDirection.LOAD
                         : CopyDirection.SAVE);
-        for (int k = 0; k < p.slots(); k++) {
-            b.addBlockIndex(p.blockIndex()[k]).addRegionIndex(p.regionIndex()[k]).addHostOffset(p.hostOffset()[k]);
+        for (int j = 0; j < p.runs(); j++) {
+            b.addRunBlock(p.runBlock()[j]).addRunRegion(p.runRegion()[j]).addRunCount(p.runCount()[j])
+                    .addRunOffset(p.runOffset()[j]);
         }
         return b.build();
     }
 
     @Override
     public void endCopy(EndCopyRequest r, StreamObserver<CopyResult> out) {
-        answer(out, () -> {
-            io.pegaflow.engine.CopyResult c = store.endCopy(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"),
-                    r.getOk(), r.getBytes(), r.getNanos());
-            return CopyResult.newBuilder().setBlocks(c.blocks()).setSkippedBlocks(c.skippedBlocks()).setBytes(c.bytes())
-                    .build();
-        });
+        answer(out, () -> endCopy(store, r));
+    }
+
+    /** EndCopy on {@code store}: the gRPC method and the local socket's. */
+    static CopyResult endCopy(LocalStore store, EndCopyRequest r) {
+        io.pegaflow.engine.CopyResult c = store.endCopy(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"),
+                r.getOk(), r.getBytes(), r.getNanos());
+        return CopyResult.newBuilder().setBlocks(c.blocks()).setSkippedBlocks(c.skippedBlocks()).setBytes(c.bytes()).build();
     }
 
     @Override

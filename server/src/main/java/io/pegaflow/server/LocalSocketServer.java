@@ -8,8 +8,11 @@ import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.pool.PoolFiles;
+import io.pegaflow.client.proto.BeginLoadRequest;
+import io.pegaflow.client.proto.EndCopyRequest;
 import io.pegaflow.client.proto.QueryRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
+import io.pegaflow.client.proto.ReserveSaveRequest;
 import java.io.IOException;
 import java.net.StandardProtocolFamily;
 import java.net.UnixDomainSocketAddress;
@@ -31,12 +34,14 @@ import java.util.concurrent.Semaphore;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
- * The scheduler's hot calls (query + lease, release) for clients on this host, over a Unix
+ * The hot calls (the scheduler's query + lease and release, the workers' copy plans and their
+ * ends) for clients on this host, over a Unix
  * socket next to the pool file. Same messages as the gRPC service, same store, same errors;
  * what it saves is gRPC's thread handoffs: each connection has one server thread that reads
  * a frame, calls the store and writes the answer, and the client writes and reads on its own
  * calling thread. On this 2-vCPU VM that takes a 2,048-hash query from ~1 ms (gRPC over TCP)
- * to a few hundred microseconds (docs/server.md). Everything else stays on gRPC.
+ * to a few hundred microseconds (docs/server.md). Everything else stays on gRPC, and so does a
+ * call whose request or answer could exceed {@link #MAX_FRAME}.
  *
  * <p>The first frame of a connection is method 3 (auth) carrying the server's token (the
  * bytes of the file Health names); anything else, or a wrong token, is answered
@@ -277,10 +282,21 @@ final class LocalSocketServer implements AutoCloseable {
                 reply(c, status, answer, deadline);
             }
             if (metrics != null) {
-                metrics.record(method == QUERY ? "Query" : method == RELEASE ? "Release" : "Unknown",
+                metrics.record(methodName(method),
                         status == 0 ? "OK" : grpcStatus.equals("OK") ? "INTERNAL" : grpcStatus, System.nanoTime() - start);
             }
         }
+    }
+
+    private static String methodName(byte method) {
+        return switch (method) {
+            case QUERY -> "Query";
+            case RELEASE -> "Release";
+            case Wire.RESERVE_SAVE -> "ReserveSave";
+            case Wire.BEGIN_LOAD -> "BeginLoad";
+            case Wire.END_COPY -> "EndCopy";
+            default -> "Unknown";
+        };
     }
 
     private byte[] handle(byte method, byte[] payload) throws com.google.protobuf.InvalidProtocolBufferException {
@@ -291,7 +307,11 @@ final class LocalSocketServer implements AutoCloseable {
                 yield new byte[0];
             }
             case AUTH -> new byte[0]; // already authenticated: nothing more to check
-            default -> throw new InvalidArgumentException("local socket method " + method + "; expected 1 (query), 2 (release) or 3 (auth)");
+            case Wire.RESERVE_SAVE -> EngineService.reserveSave(store, ReserveSaveRequest.parseFrom(payload)).toByteArray();
+            case Wire.BEGIN_LOAD -> EngineService.beginLoad(store, BeginLoadRequest.parseFrom(payload)).toByteArray();
+            case Wire.END_COPY -> EngineService.endCopy(store, EndCopyRequest.parseFrom(payload)).toByteArray();
+            default -> throw new InvalidArgumentException("local socket method " + method
+                    + "; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load) or 6 (end copy)");
         };
     }
 

@@ -8,6 +8,7 @@ import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.InstanceSpec;
+import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.LocalStore;
@@ -93,6 +94,36 @@ class LocalSocketTest {
     }
 
     @Test
+    void aWorkersCopyPlansAndTheirEndsGoOverTheLocalSocketAsRuns() {
+        try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 2000)) {
+            long seg = 512;
+            long base = arena.allocate(3 * 8 * seg, 4096).address();
+            client.registerInstance(new InstanceSpec("w", "ns-w", 1, 1));
+            List<LayerRegion> layers = List.of(new LayerRegion("a", KvLayout.MLA, base, 8 * seg, 8, seg, seg, 0),
+                    new LayerRegion("b", KvLayout.MLA, base + 8 * seg, 8 * seg, 8, seg, seg, 0),
+                    new LayerRegion("c", KvLayout.MLA, base + 16 * seg, 8 * seg, 8, seg, seg, 0));
+            client.registerWorker("w", new WorkerSpec(0, 0, 0, layers));
+            long before = client.localCalls();
+            byte[][] h = {new byte[32], new byte[32], new byte[32]};
+            h[1][0] = 1;
+            h[2][0] = 2;
+            CopyPlan save = client.reserveSave("w", 0, null, new long[] {5, 6, 7}, BlockHashes.of(h));
+            // one run per block: each block's three slots lie back to back in the pool
+            assertThat(save.runs()).isEqualTo(3);
+            assertThat(save.runCount()).containsExactly(3, 3, 3);
+            assertThat(save.slots()).isEqualTo(9);
+            client.endCopy("w", save.id(), true, 9 * seg, 1);
+            QueryResult q = client.query("w", BlockHashes.of(h));
+            CopyPlan load = client.beginLoad("w", 0, q.lease(), new long[] {0, 1, 2});
+            assertThat(load.runOffset()).containsExactly(save.runOffset());
+            client.endCopy("w", load.id(), true, 9 * seg, 1);
+            assertThat(client.localCalls() - before).isEqualTo(5); // reserve, end, query, begin, end
+            assertThatThrownBy(() -> client.endCopy("w", load.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("unknown");
+        }
+    }
+
+    @Test
     void aBadFrameIsAnsweredAndTheConnectionKeepsServing() throws Exception {
         try (SocketChannel c = SocketChannel.open(StandardProtocolFamily.UNIX)) {
             c.connect(UnixDomainSocketAddress.of(Path.of(dir.resolve("pool") + ".sock")));
@@ -104,7 +135,7 @@ class LocalSocketTest {
             byte[] body = new byte[header.getInt(0) - 1];
             readFully(c, ByteBuffer.wrap(body));
             assertThat(header.get(4)).isEqualTo((byte) io.pegaflow.engine.ErrorCode.INVALID_ARGUMENT.value());
-            assertThat(new String(body, StandardCharsets.UTF_8)).contains("method 9; expected 1 (query), 2 (release) or 3 (auth)");
+            assertThat(new String(body, StandardCharsets.UTF_8)).contains("method 9; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load) or 6 (end copy)");
             byte[] query = io.pegaflow.client.proto.QueryRequest.newBuilder().setInstanceId("inst")
                     .setHashes(com.google.protobuf.ByteString.copyFrom(hashes[0])).setHashLen(32).build().toByteArray();
             c.write(ByteBuffer.allocate(5 + query.length).putInt(1 + query.length).put(LocalSocketServer.QUERY).put(query).flip());

@@ -1,0 +1,588 @@
+package io.pegaflow.bench;
+
+import io.pegaflow.client.EngineClient;
+import io.pegaflow.engine.BlockHashes;
+import io.pegaflow.engine.CopyResult;
+import io.pegaflow.engine.EngineConfig;
+import io.pegaflow.engine.InstanceSpec;
+import io.pegaflow.engine.KvLayout;
+import io.pegaflow.engine.LayerRegion;
+import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.QueryResult;
+import io.pegaflow.engine.Sizes;
+import io.pegaflow.engine.WorkerSpec;
+import io.pegaflow.engine.cuda.CudaDevice;
+import io.pegaflow.engine.cuda.CudaDriver;
+import io.pegaflow.engine.cuda.CudaOptions;
+import io.pegaflow.engine.cuda.CudaTransferEngine;
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.engine.transfer.TransferEngine;
+import java.io.BufferedReader;
+import java.io.IOException;
+import java.io.InputStreamReader;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Random;
+import java.util.concurrent.Callable;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
+import picocli.CommandLine.Command;
+import picocli.CommandLine.Option;
+
+/**
+ * The product's save and load paths side by side in one run, on the same blocks: the copy
+ * engine alone (a prepared batch), an embedded {@link PegaEngine}, and server mode (a
+ * pegaflow-server process as control plane, this process attached to its shared pool and
+ * copying itself) with per-layer tensors and with one cross-layer tensor; a 10K-token restore
+ * (query to load complete) in server mode; the first timed server operation against the
+ * steady median. With {@code --copy cuda} it also measures the PCIe line; with
+ * {@code --copy host} the copies are memcpy and, with small pieces, what is left is the
+ * control plane's cost per operation (the figure CPU CI checks).
+ */
+@Command(name = "paths", mixinStandardHelpOptions = true,
+        description = "Save/load of the copy engine alone, embedded and server mode, side by side (JSON).")
+final class PathsCommand implements Callable<Integer> {
+    @Option(names = "--copy", defaultValue = "cuda", description = "cuda (GPU memory, the H200 run) or host (memcpy; control-plane cost)")
+    String copy;
+
+    @Option(names = "--device", defaultValue = "0")
+    int device;
+
+    @Option(names = "--layers", defaultValue = "32")
+    int layers;
+
+    @Option(names = "--piece-bytes", defaultValue = "32768", description = "one layer's K (or V) of one block")
+    int pieceBytes;
+
+    @Option(names = "--cache-blocks", defaultValue = "8192", description = "blocks in the KV cache the ids scatter over")
+    int cacheBlocks;
+
+    @Option(names = "--blocks", defaultValue = "2048", description = "blocks per operation (the large case)")
+    int blocks;
+
+    @Option(names = "--small-blocks", defaultValue = "256", description = "blocks per operation (the small case)")
+    int smallBlocks;
+
+    @Option(names = "--restore-blocks", defaultValue = "625", description = "the restore case: 10K tokens of 16-token blocks")
+    int restoreBlocks;
+
+    @Option(names = "--repeat", defaultValue = "9", description = "timed operations per case; the median is reported")
+    int repeat;
+
+    @Option(names = "--pool-size", description = "pool of each engine and of the server (default: what the cases need + 1 GiB)")
+    String poolSize;
+
+    @Option(names = "--java", description = "java launcher for the server process (default: this JVM's)")
+    String java;
+
+    @Option(names = "--json", defaultValue = "out/paths.json")
+    Path json;
+
+    private boolean cuda;
+    private long blockBytes;
+    private final Map<String, Object> report = new LinkedHashMap<>();
+    /** Per-operation seconds, in order, of the cases whose first operation is judged. */
+    private final Map<String, double[]> each = new LinkedHashMap<>();
+
+    @Override
+    public Integer call() throws Exception {
+        cuda = switch (copy) {
+            case "cuda" -> true;
+            case "host" -> false;
+            default -> throw new IllegalArgumentException("--copy " + copy + "; expected cuda or host");
+        };
+        if (blocks < 1 || smallBlocks < 1 || restoreBlocks < 1 || 2 * Math.max(blocks, restoreBlocks) > cacheBlocks) {
+            throw new IllegalArgumentException("--blocks " + blocks + ", --small-blocks " + smallBlocks + ", --restore-blocks "
+                    + restoreBlocks + " with --cache-blocks " + cacheBlocks + "; expected >= 1 each and twice the largest <= the cache");
+        }
+        blockBytes = 2L * layers * pieceBytes;
+        // every case saves `repeat + 1` fresh operations of the large size at most
+        long need = poolSize != null ? Sizes.parse(poolSize)
+                : (long) (repeat + 2) * blocks * blockBytes + (1L << 30);
+        report.put("copy", copy);
+        report.put("layers", layers);
+        report.put("piece_bytes", pieceBytes);
+        report.put("block_bytes", blockBytes);
+        report.put("cache_blocks", cacheBlocks);
+        report.put("pool_bytes", need);
+        report.put("repeat", repeat);
+        report.put("cpus", Runtime.getRuntime().availableProcessors());
+        CudaDevice dev = cuda ? CudaDevice.open(device) : null;
+        try (Arena arena = Arena.ofShared()) {
+            if (dev != null) {
+                report.put("gpu", dev.name());
+                report.put("driver_version", CudaDriver.driverVersion());
+            }
+            Kv kv = Kv.allocate(dev, arena, layers, pieceBytes, cacheBlocks);
+            Function<HostPool, TransferEngine> transfer = cuda
+                    ? p -> CudaTransferEngine.create(p, CudaOptions.defaults().withDevice(device))
+                    : p -> new HostTransferEngine(p, 2);
+            engineAlone(kv, need, transfer);
+            try (PegaEngine embedded = PegaEngine.create(EngineConfig.builder().poolBytes(need).transfer(transfer).prefault(true).build())) {
+                cases("embedded", embedded, kv, false);
+            }
+            try (ServerProcess server = ServerProcess.start(java, need)) {
+                report.put("server_start_s", server.startSeconds);
+                long t0 = System.nanoTime();
+                try (PegaEngine attached = EngineClient.connect(server.endpoint, transfer, 30_000)) {
+                    report.put("server_attach_s", (System.nanoTime() - t0) / 1e9);
+                    cases("server", attached, kv, true);
+                    crossLayer(attached, dev, arena);
+                }
+            }
+            kv.free();
+        } finally {
+            if (dev != null) {
+                dev.close();
+            }
+        }
+        derive();
+        Json.writeFile(json, report);
+        print();
+        return Boolean.TRUE.equals(report.get("verified")) ? 0 : 1;
+    }
+
+    // ------------------------------------------------------------------ the cases
+
+    /** Save then load of `blocks` and `smallBlocks`, and the restore, through one engine. */
+    private void cases(String name, PegaEngine engine, Kv kv, boolean recordFirst) {
+        String instance = name + "-" + ProcessHandle.current().pid();
+        engine.registerInstance(new InstanceSpec(instance, "paths-" + name + "-" + layers + "x" + pieceBytes, 1, 1));
+        engine.registerWorker(instance, new WorkerSpec(0, 0, cuda ? device : -1, kv.regions()));
+        Ids ids = new Ids(cacheBlocks, 11);
+        boolean ok = true;
+        for (int n : new int[] {blocks, smallBlocks}) {
+            String suffix = n == blocks ? "" : "_" + n;
+            double[] save = new double[repeat];
+            double[] load = new double[repeat];
+            for (int r = 0; r < repeat; r++) {
+                long[] src = ids.take(n);
+                long[] dst = ids.take(n);
+                BlockHashes h = hashes(n, name.hashCode() * 1000L + r * 7L + n);
+                kv.fill(src, r);
+                long t0 = System.nanoTime();
+                CopyResult saved = engine.save(instance, 0, src, h).join();
+                save[r] = (System.nanoTime() - t0) / 1e9;
+                ok &= saved.blocks() == n;
+                kv.clear(dst);
+                t0 = System.nanoTime();
+                QueryResult q = engine.query(instance, h);
+                engine.load(instance, 0, q.lease(), dst).join();
+                load[r] = (System.nanoTime() - t0) / 1e9;
+                ok &= q.hitBlocks() == n && kv.check(dst, r);
+            }
+            if (recordFirst && n == blocks) {
+                report.put(name + "_first_save_s", save[0]);
+                report.put(name + "_first_load_s", load[0]);
+                each.put(name + "_save", save);
+                each.put(name + "_load", load);
+                report.put(name + "_save_s_each", round(save));
+                report.put(name + "_load_s_each", round(load));
+            }
+            report.put(name + "_save_gbps" + suffix, n * blockBytes / median(save) / 1e9);
+            report.put(name + "_load_gbps" + suffix, n * blockBytes / median(load) / 1e9);
+            report.put(name + "_save_ms" + suffix, median(save) * 1e3);
+            report.put(name + "_load_ms" + suffix, median(load) * 1e3);
+        }
+        // Restore: a saved prefix, then query + load into other blocks, timed together.
+        long[] src = ids.take(restoreBlocks);
+        BlockHashes h = hashes(restoreBlocks, name.hashCode() * 31L + 5);
+        kv.fill(src, 99);
+        engine.save(instance, 0, src, h).join();
+        double[] restore = new double[repeat];
+        for (int r = 0; r < repeat; r++) {
+            long[] dst = ids.take(restoreBlocks);
+            long t0 = System.nanoTime();
+            QueryResult q = engine.query(instance, h);
+            engine.load(instance, 0, q.lease(), dst).join();
+            restore[r] = (System.nanoTime() - t0) / 1e9;
+            ok &= q.hitBlocks() == restoreBlocks && kv.check(dst, 99);
+        }
+        report.put(name + "_restore_" + restoreBlocks + "_ms_p50", median(restore) * 1e3);
+        engine.unregisterInstance(instance);
+        report.put(name + "_verified", ok);
+    }
+
+    /** The same bytes as one tensor whose blocks hold every layer back to back: one run per block. */
+    private void crossLayer(PegaEngine engine, CudaDevice dev, Arena arena) {
+        Kv one = Kv.allocateCrossLayer(dev, arena, blockBytes, cacheBlocks);
+        String instance = "crosslayer-" + ProcessHandle.current().pid();
+        engine.registerInstance(new InstanceSpec(instance, "paths-crosslayer-" + blockBytes, 1, 1));
+        engine.registerWorker(instance, new WorkerSpec(0, 0, cuda ? device : -1, one.regions()));
+        Ids ids = new Ids(cacheBlocks, 13);
+        double[] save = new double[repeat];
+        double[] load = new double[repeat];
+        boolean ok = true;
+        for (int r = 0; r < repeat; r++) {
+            long[] src = ids.take(blocks);
+            long[] dst = ids.take(blocks);
+            BlockHashes h = hashes(blocks, 777_000L + r);
+            one.fill(src, r);
+            long t0 = System.nanoTime();
+            engine.save(instance, 0, src, h).join();
+            save[r] = (System.nanoTime() - t0) / 1e9;
+            one.clear(dst);
+            t0 = System.nanoTime();
+            QueryResult q = engine.query(instance, h);
+            engine.load(instance, 0, q.lease(), dst).join();
+            load[r] = (System.nanoTime() - t0) / 1e9;
+            ok &= q.hitBlocks() == blocks && one.check(dst, r);
+        }
+        engine.unregisterInstance(instance);
+        report.put("crosslayer_save_gbps", blocks * blockBytes / median(save) / 1e9);
+        report.put("crosslayer_load_gbps", blocks * blockBytes / median(load) / 1e9);
+        report.put("crosslayer_verified", ok);
+        one.free();
+    }
+
+    /** The copy engine on a prepared batch of the same pieces (no control plane), and the line. */
+    private void engineAlone(Kv kv, long poolBytes, Function<HostPool, TransferEngine> transfer) {
+        long bytes = blocks * blockBytes;
+        try (HostPool pool = HostPool.anonymous(Math.max(bytes, poolBytes / 4) + (64L << 20));
+                TransferEngine engine = transfer.apply(pool)) {
+            Ids ids = new Ids(cacheBlocks, 17);
+            long[] src = ids.take(blocks);
+            long[] dst = ids.take(blocks);
+            CopyBatch save = kv.batch(CopyBatch.Direction.TO_HOST, src);
+            CopyBatch load = kv.batch(CopyBatch.Direction.TO_DEVICE, dst);
+            double[] s = new double[repeat];
+            double[] l = new double[repeat];
+            engine.submit(save).join(); // the kernel's first launch and the lanes' buffers
+            engine.submit(load).join();
+            for (int r = 0; r < repeat; r++) {
+                long t0 = System.nanoTime();
+                engine.submit(save).join();
+                s[r] = (System.nanoTime() - t0) / 1e9;
+                t0 = System.nanoTime();
+                engine.submit(load).join();
+                l[r] = (System.nanoTime() - t0) / 1e9;
+            }
+            report.put("engine_save_gbps", bytes / median(s) / 1e9);
+            report.put("engine_load_gbps", bytes / median(l) / 1e9);
+            report.put("engine_save_ms", median(s) * 1e3);
+            report.put("engine_load_ms", median(l) * 1e3);
+            if (engine instanceof CudaTransferEngine c) {
+                line(c, pool, Math.min(2L << 30, pool.size()));
+            }
+        }
+    }
+
+    /** One large contiguous pinned copy each way, one per pinned chunk (a copy may not span two). */
+    private void line(CudaTransferEngine copies, HostPool pool, long bytes) {
+        long gpu = CudaDriver.memAlloc(bytes);
+        long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+        try {
+            double[] h2d = new double[repeat];
+            double[] d2h = new double[repeat];
+            for (int r = -1; r < repeat; r++) {
+                long t0 = System.nanoTime();
+                for (long off = 0; off < bytes; off += copies.bytesToChunkEnd(pool.address() + off)) {
+                    long len = Math.min(bytes - off, copies.bytesToChunkEnd(pool.address() + off));
+                    CudaDriver.memcpyHtoDAsync(gpu + off, pool.address() + off, len, stream);
+                }
+                CudaDriver.streamSynchronize(stream);
+                long t1 = System.nanoTime();
+                for (long off = 0; off < bytes; off += copies.bytesToChunkEnd(pool.address() + off)) {
+                    long len = Math.min(bytes - off, copies.bytesToChunkEnd(pool.address() + off));
+                    CudaDriver.memcpyDtoHAsync(pool.address() + off, gpu + off, len, stream);
+                }
+                CudaDriver.streamSynchronize(stream);
+                if (r >= 0) {
+                    h2d[r] = (t1 - t0) / 1e9;
+                    d2h[r] = (System.nanoTime() - t1) / 1e9;
+                }
+            }
+            report.put("line_bytes", bytes);
+            report.put("line_h2d_gbps", bytes / median(h2d) / 1e9);
+            report.put("line_d2h_gbps", bytes / median(d2h) / 1e9);
+        } finally {
+            CudaDriver.streamDestroy(stream);
+            CudaDriver.memFree(gpu);
+        }
+    }
+
+    /** Ratios the acceptance reads, computed from the figures of this run. */
+    private void derive() {
+        boolean ok = true;
+        for (String k : new String[] {"embedded_verified", "server_verified", "crosslayer_verified"}) {
+            ok &= Boolean.TRUE.equals(report.get(k));
+        }
+        report.put("verified", ok);
+        ratio("server_save_of_engine", "server_save_gbps", "engine_save_gbps");
+        ratio("server_load_of_engine", "server_load_gbps", "engine_load_gbps");
+        double[] s = each.get("server_save");
+        double[] l = each.get("server_load");
+        if (s != null && s.length > 1) {
+            // the first save against the median of the later ones, and the same for loads: the worse
+            double saveRatio = s[0] / median(Arrays.copyOfRange(s, 1, s.length));
+            double loadRatio = l[0] / median(Arrays.copyOfRange(l, 1, l.length));
+            report.put("first_op_ratio", Math.max(saveRatio, loadRatio));
+        }
+        report.put("restore_10k_ms_p50", report.get("server_restore_" + restoreBlocks + "_ms_p50"));
+        // Control-plane cost per operation: the path's time minus the copy engine's on the same bytes.
+        for (String path : new String[] {"embedded", "server"}) {
+            for (String dir : new String[] {"save", "load"}) {
+                Object p = report.get(path + "_" + dir + "_ms");
+                Object e = report.get("engine_" + dir + "_ms");
+                if (p instanceof Double pm && e instanceof Double em) {
+                    report.put(path + "_" + dir + "_overhead_ms", pm - em);
+                }
+            }
+        }
+    }
+
+    private void ratio(String key, String num, String den) {
+        if (report.get(num) instanceof Double n && report.get(den) instanceof Double d && d > 0) {
+            report.put(key, n / d);
+        }
+    }
+
+    private void print() {
+        StringBuilder sb = new StringBuilder();
+        for (var e : report.entrySet()) {
+            if (e.getValue() instanceof List<?>) {
+                continue;
+            }
+            Object v = e.getValue();
+            sb.append(String.format(Locale.ROOT, "  %-32s %s%n", e.getKey(),
+                    v instanceof Double d ? String.format(Locale.ROOT, "%.3f", d) : v));
+        }
+        System.out.print(sb);
+        System.out.println("  report: " + json);
+    }
+
+    // ------------------------------------------------------------------ helpers
+
+    private static BlockHashes hashes(int n, long seed) {
+        byte[] packed = new byte[n * 32];
+        new Random(seed).nextBytes(packed);
+        return new BlockHashes(packed, 32);
+    }
+
+    private static double median(double[] t) {
+        double[] s = t.clone();
+        Arrays.sort(s);
+        return s[s.length / 2];
+    }
+
+    private static List<Double> round(double[] t) {
+        List<Double> out = new ArrayList<>();
+        for (double v : t) {
+            out.add(Math.round(v * 1e6) / 1e6);
+        }
+        return out;
+    }
+
+    /** Scattered block ids of the cache, handed out in a shuffled cycle. */
+    private static final class Ids {
+        private final List<Long> order = new ArrayList<>();
+        private int next;
+
+        Ids(int cacheBlocks, long seed) {
+            for (long b = 0; b < cacheBlocks; b++) {
+                order.add(b);
+            }
+            Collections.shuffle(order, new Random(seed));
+        }
+
+        long[] take(int n) {
+            long[] out = new long[n];
+            for (int i = 0; i < n; i++) {
+                out[i] = order.get(next);
+                next = (next + 1) % order.size();
+            }
+            return out;
+        }
+    }
+
+    /**
+     * A KV cache: per-layer {@code [2, cacheBlocks, piece]} tensors (vLLM's K/V split), or one
+     * tensor of whole blocks; in GPU memory ({@code dev} given) or host memory.
+     */
+    private record Kv(CudaDevice dev, MemorySegment scratch, long base, int layers, int segments, long pieceBytes,
+            int cacheBlocks) {
+        static Kv allocate(CudaDevice dev, Arena arena, int layers, long pieceBytes, int cacheBlocks) {
+            long bytes = (long) layers * 2 * cacheBlocks * pieceBytes;
+            return make(dev, arena, bytes, layers, 2, pieceBytes, cacheBlocks);
+        }
+
+        static Kv allocateCrossLayer(CudaDevice dev, Arena arena, long blockBytes, int cacheBlocks) {
+            return make(dev, arena, blockBytes * cacheBlocks, 1, 1, blockBytes, cacheBlocks);
+        }
+
+        private static Kv make(CudaDevice dev, Arena arena, long bytes, int layers, int segments, long pieceBytes,
+                int cacheBlocks) {
+            if (dev != null) {
+                dev.makeCurrent();
+                return new Kv(dev, arena.allocate(8, 8), CudaDriver.memAlloc(bytes), layers, segments, pieceBytes, cacheBlocks);
+            }
+            MemorySegment m = arena.allocate(bytes, 4096);
+            return new Kv(null, null, m.address(), layers, segments, pieceBytes, cacheBlocks);
+        }
+
+        long layerBytes() {
+            return segments * cacheBlocks * pieceBytes;
+        }
+
+        long address(int layer, int seg, long block) {
+            return base + layer * layerBytes() + (seg * cacheBlocks + block) * pieceBytes;
+        }
+
+        List<LayerRegion> regions() {
+            List<LayerRegion> out = new ArrayList<>();
+            for (int l = 0; l < layers; l++) {
+                out.add(new LayerRegion(String.format(Locale.ROOT, "layers.%03d", l),
+                        segments == 2 ? KvLayout.SPLIT_KV : KvLayout.COMBINED, base + l * layerBytes(), layerBytes(),
+                        cacheBlocks, pieceBytes, pieceBytes, segments == 2 ? cacheBlocks * pieceBytes : 0));
+            }
+            return out;
+        }
+
+        /** Block-major pieces, each block's slots contiguous in the pool, as the engine lays them out. */
+        CopyBatch batch(CopyBatch.Direction dir, long[] ids) {
+            CopyBatch b = new CopyBatch(dir, ids.length * layers * segments);
+            long host = 0;
+            for (long block : ids) {
+                for (int l = 0; l < layers; l++) {
+                    for (int s = 0; s < segments; s++) {
+                        b.add(address(l, s, block), host, pieceBytes);
+                        host += pieceBytes;
+                    }
+                }
+            }
+            return b;
+        }
+
+        /**
+         * The first and last 8 bytes of each piece of a sample of the blocks (about 32, first
+         * and last included) hold a value of (position in the list, layer, segment, round): a
+         * load into other ids is checked by position, and stale bytes of an earlier round differ.
+         */
+        void fill(long[] ids, int round) {
+            probes(ids, round, (addr, v) -> write(addr, v));
+        }
+
+        boolean check(long[] ids, int round) {
+            boolean[] ok = {true};
+            probes(ids, round, (addr, v) -> ok[0] &= read(addr) == v);
+            return ok[0];
+        }
+
+        void clear(long[] ids) {
+            probes(ids, 0, (addr, v) -> write(addr, 0));
+        }
+
+        private interface Probe {
+            void at(long address, long value);
+        }
+
+        private void probes(long[] ids, int round, Probe p) {
+            int step = Math.max(1, ids.length / 32);
+            for (int i = 0; i < ids.length; i = i == ids.length - 1 ? ids.length : Math.min(i + step, ids.length - 1)) {
+                for (int l = 0; l < layers; l++) {
+                    for (int s = 0; s < segments; s++) {
+                        long v = ((long) round << 40) ^ ((long) i << 16) ^ (l << 2) ^ s ^ 0x5a5a_0000_0000_0000L;
+                        p.at(address(l, s, ids[i]), v);
+                        p.at(address(l, s, ids[i]) + pieceBytes - 8, ~v);
+                    }
+                }
+            }
+        }
+
+        private void write(long address, long value) {
+            if (dev == null) {
+                MemorySegment.ofAddress(address).reinterpret(8).set(ValueLayout.JAVA_LONG, 0, value);
+            } else {
+                scratch.set(ValueLayout.JAVA_LONG, 0, value);
+                CudaDriver.memcpyHtoD(address, scratch.address(), 8);
+            }
+        }
+
+        private long read(long address) {
+            if (dev == null) {
+                return MemorySegment.ofAddress(address).reinterpret(8).get(ValueLayout.JAVA_LONG, 0);
+            }
+            CudaDriver.memcpyDtoH(scratch.address(), address, 8);
+            return scratch.get(ValueLayout.JAVA_LONG, 0);
+        }
+
+        void free() {
+            if (dev != null) {
+                CudaDriver.memFree(base);
+            }
+        }
+    }
+
+    /** A pegaflow-server in its own process, on a free port, its pool in /dev/shm. */
+    private static final class ServerProcess implements AutoCloseable {
+        final Process process;
+        final String endpoint;
+        final double startSeconds;
+        final Path dir;
+
+        private ServerProcess(Process process, String endpoint, double startSeconds, Path dir) {
+            this.process = process;
+            this.endpoint = endpoint;
+            this.startSeconds = startSeconds;
+            this.dir = dir;
+        }
+
+        static ServerProcess start(String javaCmd, long poolBytes) throws IOException, InterruptedException {
+            String javaBin = javaCmd != null ? javaCmd : ProcessHandle.current().info().command().orElse("java");
+            Path dir = Files.createTempDirectory("pegaflow-paths");
+            int port;
+            try (java.net.ServerSocket s = new java.net.ServerSocket(0)) {
+                port = s.getLocalPort();
+            }
+            int http;
+            try (java.net.ServerSocket s = new java.net.ServerSocket(0)) {
+                http = s.getLocalPort();
+            }
+            Path shm = Path.of("/dev/shm");
+            Path poolPath = (Files.isDirectory(shm) ? shm : dir).resolve("pegaflow-paths-" + port + ".pool");
+            List<String> cmd = new ArrayList<>(List.of(javaBin, "--enable-native-access=ALL-UNNAMED",
+                    "-cp", System.getProperty("java.class.path"), "io.pegaflow.server.ServerMain",
+                    "--addr", "127.0.0.1:" + port, "--http-addr", "127.0.0.1:" + http,
+                    "--pool-size", Long.toString(poolBytes), "--pool-path", poolPath.toString(),
+                    "--owner-pid", Long.toString(ProcessHandle.current().pid())));
+            long t0 = System.nanoTime();
+            Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();
+            BufferedReader out = new BufferedReader(new InputStreamReader(p.getInputStream(), StandardCharsets.UTF_8));
+            String line;
+            StringBuilder seen = new StringBuilder();
+            while ((line = out.readLine()) != null) {
+                seen.append(line).append('\n');
+                if (line.startsWith("pegaflow-server ") && line.contains(" ready ")) {
+                    break;
+                }
+            }
+            if (line == null) {
+                throw new IOException("pegaflow-server exited before it listened:\n" + seen);
+            }
+            double startSeconds = (System.nanoTime() - t0) / 1e9;
+            Thread.ofPlatform().daemon().start(() -> out.lines().forEach(l -> System.err.println("[server] " + l)));
+            return new ServerProcess(p, "127.0.0.1:" + port, startSeconds, dir);
+        }
+
+        @Override
+        public void close() throws InterruptedException {
+            process.destroy();
+            if (!process.waitFor(20, TimeUnit.SECONDS)) {
+                process.destroyForcibly();
+            }
+        }
+    }
+}
