@@ -33,8 +33,12 @@ public final class PegaflowServer implements AutoCloseable {
      * mode 0600, else the group they are given with mode 0660 ({@code --pool-group}).
      */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
-            Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile) {
+            Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
+            int prefaultThreads) {
         public Config {
+            if (prefaultThreads < 0 || prefaultThreads > 256) {
+                throw new InvalidArgumentException("--prefault-threads " + prefaultThreads + "; expected 0 (off) .. 256");
+            }
             if (copyTtl == null || copyTtl.isNegative() || copyTtl.isZero()) {
                 throw new InvalidArgumentException("copy TTL " + copyTtl + "; expected a positive duration");
             }
@@ -49,6 +53,12 @@ public final class PegaflowServer implements AutoCloseable {
             if (sessionGrace == null || sessionGrace.isNegative()) {
                 throw new InvalidArgumentException("session grace " + sessionGrace + "; expected >= 0");
             }
+        }
+
+        /** Pages of the pool committed as written (no pre-faulting at start). */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl, authTokenFile, 0);
         }
 
         /** Without a pool group (the files are this user's alone, 0600), copy TTL 3 minutes, a generated token. */
@@ -93,6 +103,14 @@ public final class PegaflowServer implements AutoCloseable {
         Server grpcStarted = null;
         try {
             this.pool = created = files.createPool(config.poolBytes());
+            if (config.prefaultThreads() > 0) {
+                // Commits the shared pool's pages once, here, on several threads: a worker's
+                // pinning then only locks pages that exist (docs/gpu.md, pool attach).
+                long nanos = pool.prefault(config.prefaultThreads());
+                System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.INFO,
+                        "pre-faulted the pool (" + io.pegaflow.engine.Sizes.format(pool.size()) + ") on "
+                                + config.prefaultThreads() + " threads in " + nanos / 1_000_000 + " ms");
+            }
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
                     .copyTtl(config.copyTtl())
                     // swept often enough that an abandoned copy is rolled back within ~1.25 copy TTLs

@@ -60,6 +60,14 @@ public final class ServerMain implements Callable<Integer> {
             description = "stop when process PID exits (a private server started by a vLLM instance for itself)")
     Long ownerPid;
 
+    @Option(names = "--prefault-threads", defaultValue = "0", paramLabel = "N",
+            description = "commit the pool's pages at start on N threads (0: as written; default ${DEFAULT-VALUE})")
+    int prefaultThreads;
+
+    @Option(names = "--warm-up", defaultValue = "true", negatable = true,
+            description = "exercise the control plane on a scratch store before serving, so the first real operation runs at steady speed (default ${DEFAULT-VALUE})")
+    boolean warmUp;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -77,7 +85,11 @@ public final class ServerMain implements Callable<Integer> {
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
                 Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus, poolGroup,
-                Duration.ofSeconds(copyTimeoutSecs), authTokenFile);
+                Duration.ofSeconds(copyTimeoutSecs), authTokenFile, prefaultThreads);
+        if (warmUp) {
+            long nanos = Warmup.run();
+            Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");
+        }
         ProcessHandle owner = null;
         if (ownerPid != null) {
             owner = ProcessHandle.of(ownerPid).orElseThrow(() -> new IllegalArgumentException("--owner-pid " + ownerPid

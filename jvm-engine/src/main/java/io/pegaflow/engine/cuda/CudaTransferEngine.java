@@ -107,11 +107,48 @@ public final class CudaTransferEngine implements TransferEngine {
                 saveLanes.add(s);
                 loadLanes.add(l);
             }
+            warmUp();
             ok = true;
         } finally {
             if (!ok) {
                 releaseResources();
             }
+        }
+    }
+
+    /** Descriptors every lane's buffer holds from the start: a 2,048-block batch of a 32-layer K/V model. */
+    private static final int WARM_DESCRIPTORS = 1 << 17;
+
+    /**
+     * Before the first real batch: sizes every lane's descriptor buffer for a large batch and
+     * runs the descriptor path and the kernel a dozen times, pool to a scratch device buffer
+     * (the pool is only read: its bytes belong to the control plane), so the first save or load
+     * runs at steady speed instead of paying buffer growth, the kernel's first launches and the
+     * JIT of the descriptor loop.
+     */
+    private void warmUp() {
+        device.makeCurrent();
+        for (Lane lane : allLanes) {
+            lane.ensureStaging(WARM_DESCRIPTORS * DESC_BYTES);
+            if (!options.hostDescriptors()) {
+                lane.ensureDeviceDesc(WARM_DESCRIPTORS * DESC_BYTES);
+            }
+        }
+        int pieces = 1 << 16;
+        long piece = 16;
+        long span = Math.max(piece, (pool.size() - piece) / piece * piece);
+        long scratch = CudaDriver.memAlloc(pieces * piece);
+        try {
+            CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_DEVICE, pieces);
+            for (int i = 0; i < pieces; i++) {
+                // every other 16 bytes of the pool: pieces that do not merge, as vLLM's do not
+                batch.add(scratch + i * piece, (2 * i * piece) % span, piece);
+            }
+            for (int round = 0; round < 12; round++) {
+                submit(batch).join();
+            }
+        } finally {
+            CudaDriver.memFree(scratch);
         }
     }
 
@@ -136,19 +173,62 @@ public final class CudaTransferEngine implements TransferEngine {
         }
     }
 
+    /**
+     * Pins the pool chunk by chunk on {@code registerThreads} threads at once (each with the
+     * device current): pinning faults the pages in and is paid per page, so a pool of tens of
+     * GB attaches in seconds only when several cores share it (docs/gpu.md has the figures).
+     */
     private void register() {
         long base = pool.address();
         long size = (pool.size() + 4095) / 4096 * 4096; // the mapping extends to the page end
-        int flags = CudaDriver.CU_MEMHOSTREGISTER_PORTABLE | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP;
-        for (long off = 0; off < size; off += options.registerChunkBytes()) {
-            long len = Math.min(options.registerChunkBytes(), size - off);
-            CudaDriver.memHostRegister(base + off, len, flags);
-            registered.add(new long[] {base + off, len});
-            long mapped = CudaDriver.memHostGetDevicePointer(base + off);
-            if (mapped != base + off) {
-                throw new CudaException("pinned pool chunk at 0x" + Long.toHexString(base + off) + " is mapped at device address 0x"
-                        + Long.toHexString(mapped) + "; this engine needs registered memory at its host address", -1);
+        long chunk = options.registerChunkBytes();
+        int chunks = (int) ((size + chunk - 1) / chunk);
+        long[][] done = new long[chunks][];
+        java.util.concurrent.atomic.AtomicInteger next = new java.util.concurrent.atomic.AtomicInteger();
+        java.util.concurrent.atomic.AtomicReference<RuntimeException> failure = new java.util.concurrent.atomic.AtomicReference<>();
+        Runnable pin = () -> {
+            device.makeCurrent();
+            int c;
+            while (failure.get() == null && (c = next.getAndIncrement()) < chunks) {
+                long off = c * chunk;
+                long len = Math.min(chunk, size - off);
+                try {
+                    CudaDriver.memHostRegister(base + off, len, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE
+                            | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP);
+                    done[c] = new long[] {base + off, len};
+                    long mapped = CudaDriver.memHostGetDevicePointer(base + off);
+                    if (mapped != base + off) {
+                        throw new CudaException("pinned pool chunk at 0x" + Long.toHexString(base + off)
+                                + " is mapped at device address 0x" + Long.toHexString(mapped)
+                                + "; this engine needs registered memory at its host address", -1);
+                    }
+                } catch (RuntimeException e) {
+                    failure.compareAndSet(null, e);
+                }
             }
+        };
+        int threads = Math.min(options.registerThreads(), chunks);
+        Thread[] helpers = new Thread[Math.max(0, threads - 1)];
+        for (int t = 0; t < helpers.length; t++) {
+            helpers[t] = Thread.ofPlatform().name("pegaflow-pin-" + t).start(pin);
+        }
+        pin.run();
+        for (Thread t : helpers) {
+            try {
+                t.join();
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                failure.compareAndSet(null, new CudaException("interrupted while pinning the pool", e));
+            }
+        }
+        device.makeCurrent();
+        for (long[] d : done) {
+            if (d != null) {
+                registered.add(d); // released by releaseResources, also when a later chunk failed
+            }
+        }
+        if (failure.get() != null) {
+            throw failure.get();
         }
     }
 

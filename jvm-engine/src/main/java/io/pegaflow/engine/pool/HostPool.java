@@ -66,6 +66,7 @@ public final class HostPool implements AutoCloseable {
                         + size + " (a server of another size owns it)");
             }
             MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
+            adviseHugePages(seg);
             return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, false);
         } catch (IOException e) {
             arena.close();
@@ -93,6 +94,7 @@ public final class HostPool implements AutoCloseable {
             PoolFiles.setMode(path, group, LinkOption.NOFOLLOW_LINKS);
             ch.write(ByteBuffer.wrap(new byte[1]), size - 1);
             MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
+            adviseHugePages(seg);
             return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, true);
         } catch (FileAlreadyExistsException e) {
             arena.close();
@@ -111,6 +113,31 @@ public final class HostPool implements AutoCloseable {
                 throw r;
             }
             throw new InvalidArgumentException("cannot create shared pool " + path + " of " + Sizes.format(size) + ": " + e);
+        }
+    }
+
+    /**
+     * Asks for transparent huge pages on a shared mapping ({@code MADV_HUGEPAGE}): pages of a
+     * tmpfs file are then faulted (and pinned) in 2 MiB steps where the kernel's
+     * {@code shmem_enabled} is {@code advise} or {@code always} ({@link #shmemHugePages});
+     * otherwise nothing changes. System property {@code pegaflow.pool.thp=false} turns it off
+     * (the attach benchmark compares both).
+     */
+    private static void adviseHugePages(MemorySegment seg) {
+        if (!"false".equals(System.getProperty("pegaflow.pool.thp"))) {
+            LibC.madvise(seg.address(), seg.byteSize(), LibC.MADV_HUGEPAGE);
+        }
+    }
+
+    /** The kernel's policy for huge pages on shared memory (the selected word of {@code shmem_enabled}), or "unknown". */
+    public static String shmemHugePages() {
+        try {
+            String s = Files.readString(Path.of("/sys/kernel/mm/transparent_hugepage/shmem_enabled")).trim();
+            int a = s.indexOf('[');
+            int b = s.indexOf(']');
+            return a >= 0 && b > a ? s.substring(a + 1, b) : s;
+        } catch (IOException | RuntimeException e) {
+            return "unknown";
         }
     }
 
