@@ -120,9 +120,10 @@ final class PathsCommand implements Callable<Integer> {
                     + restoreBlocks + " with --cache-blocks " + cacheBlocks + "; expected >= 1 each and twice the largest <= the cache");
         }
         blockBytes = 2L * layers * pieceBytes;
-        // every case saves `repeat + 1` fresh operations of the large size at most
+        // Room for four large operations and the restore prefix: later saves evict earlier
+        // blocks, as they do in a full pool, and eviction is part of what is timed.
         long need = poolSize != null ? Sizes.parse(poolSize)
-                : (long) (repeat + 2) * blocks * blockBytes + (1L << 30);
+                : 4L * blocks * blockBytes + (long) restoreBlocks * blockBytes + (1L << 30);
         report.put("copy", copy);
         report.put("layers", layers);
         report.put("piece_bytes", pieceBytes);
@@ -142,6 +143,9 @@ final class PathsCommand implements Callable<Integer> {
                     ? p -> CudaTransferEngine.create(p, CudaOptions.defaults().withDevice(device))
                     : p -> new HostTransferEngine(p, 2);
             engineAlone(kv, need, transfer);
+            if (cuda) {
+                crossLayerEngines(dev, arena);
+            }
             try (PegaEngine embedded = PegaEngine.create(EngineConfig.builder().poolBytes(need).transfer(transfer).prefault(true).build())) {
                 cases("embedded", embedded, kv, false);
             }
@@ -294,6 +298,42 @@ final class PathsCommand implements Callable<Integer> {
             if (engine instanceof CudaTransferEngine c) {
                 line(c, pool, Math.min(2L << 30, pool.size()));
             }
+        }
+    }
+
+    /**
+     * The cross-layer batch (one 2 MiB run per block) on the copy engine alone, through the
+     * copy engine's DMA (cuMemcpyAsync per run, the default for runs of 1 MiB and more) and
+     * through the gather kernel: which one the runs should take.
+     */
+    private void crossLayerEngines(CudaDevice dev, Arena arena) {
+        Kv one = Kv.allocateCrossLayer(dev, arena, blockBytes, cacheBlocks);
+        try {
+            for (var mode : Map.of("dma", 1L << 20, "kernel", 1L << 30).entrySet()) {
+                try (HostPool pool = HostPool.anonymous(blocks * blockBytes + (64L << 20));
+                        CudaTransferEngine engine = CudaTransferEngine.create(pool,
+                                CudaOptions.defaults().withDevice(device).withDmaThreshold(mode.getValue()))) {
+                    Ids ids = new Ids(cacheBlocks, 19);
+                    CopyBatch save = one.batch(CopyBatch.Direction.TO_HOST, ids.take(blocks));
+                    CopyBatch load = one.batch(CopyBatch.Direction.TO_DEVICE, ids.take(blocks));
+                    double[] s = new double[repeat];
+                    double[] l = new double[repeat];
+                    engine.submit(save).join();
+                    engine.submit(load).join();
+                    for (int r = 0; r < repeat; r++) {
+                        long t0 = System.nanoTime();
+                        engine.submit(save).join();
+                        s[r] = (System.nanoTime() - t0) / 1e9;
+                        t0 = System.nanoTime();
+                        engine.submit(load).join();
+                        l[r] = (System.nanoTime() - t0) / 1e9;
+                    }
+                    report.put("engine_crosslayer_" + mode.getKey() + "_save_gbps", blocks * blockBytes / median(s) / 1e9);
+                    report.put("engine_crosslayer_" + mode.getKey() + "_load_gbps", blocks * blockBytes / median(l) / 1e9);
+                }
+            }
+        } finally {
+            one.free();
         }
     }
 

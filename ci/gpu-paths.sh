@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine, from the repository root, with the built wheel carried (`make wheel`,
+# carry ["dist"]): unpacks the wheel (its own Java runtime and jar: the product as users
+# install it) and runs `pegaflow-bench paths` on the GPUs: line, copy engine alone, embedded,
+# server mode (a pegaflow-server process), cross-layer, restore, first operation, pool attach
+# settings and, with two GPUs, two TP ranks in two processes. Writes $1/server-h200.json and
+# $1/paths.log. COPY=host runs the same flow on a machine without a GPU (the check before
+# spending GPU time). Extra arguments go to `paths`.
+set -uo pipefail
+out=${1:-out}
+shift || true
+mkdir -p "$out"
+site=$(mktemp -d)
+python3 -m zipfile -e dist/pegaflow_jvm-*.whl "$site"
+# zipfile drops the modes: the launcher and the process spawn helper must be executable
+chmod +x "$site"/pegaflow/_jre/bin/* "$site"/pegaflow/_jre/lib/jspawnhelper
+{
+  echo "host: $(nproc) cpus, $(free -g | awk '/Mem:/ {print $2}') GiB"
+  command -v nvidia-smi >/dev/null && nvidia-smi -L
+  echo "shmem_enabled: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null)"
+  echo "enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+  df -h /dev/shm | tail -1
+} 2>&1 | tee "$out/paths.log"
+"$site/pegaflow/_jre/bin/java" --enable-native-access=ALL-UNNAMED -XX:ErrorFile="$out/hs_err_paths.log" \
+  -cp "$site/pegaflow/_jars/pegaflow.jar" io.pegaflow.bench.BenchMain paths --copy "${COPY:-cuda}" \
+  --json "$out/server-h200.json" "$@" 2>&1 | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
+rc=${PIPESTATUS[0]}
+rm -rf "$site"
+exit "$rc"
