@@ -20,10 +20,25 @@ chmod +x "$site"/pegaflow/_jre/bin/* "$site"/pegaflow/_jre/lib/jspawnhelper
   echo "shmem_enabled: $(cat /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null)"
   echo "enabled: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
   df -h /dev/shm | tail -1
+  lscpu | grep -i "numa\|model name"
+  command -v nvidia-smi >/dev/null && nvidia-smi topo -m
 } 2>&1 | tee "$out/paths.log"
 "$site/pegaflow/_jre/bin/java" --enable-native-access=ALL-UNNAMED -XX:ErrorFile="$out/hs_err_paths.log" \
   -cp "$site/pegaflow/_jars/pegaflow.jar" io.pegaflow.bench.BenchMain paths --copy "${COPY:-cuda}" \
   --json "$out/server-h200.json" "$@" 2>&1 | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
 rc=${PIPESTATUS[0]}
+# Huge pages on the shared pool need the kernel's shmem policy at advise (or always); where
+# this machine lets us, measure the attach settings under it too, then put the policy back.
+thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
+if [ "${COPY:-cuda}" = cuda ] && [ -w "$thp" ]; then
+  was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
+  if echo advise > "$thp" 2>/dev/null; then
+    echo "shmem_enabled: $was -> advise for the attach cases" | tee -a "$out/paths.log"
+    "$site/pegaflow/_jre/bin/java" --enable-native-access=ALL-UNNAMED -cp "$site/pegaflow/_jars/pegaflow.jar" \
+      io.pegaflow.bench.BenchMain paths --cases attach --json "$out/attach-shmem-advise.json" "$@" 2>&1 \
+      | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
+    echo "$was" > "$thp"
+  fi
+fi
 rm -rf "$site"
 exit "$rc"

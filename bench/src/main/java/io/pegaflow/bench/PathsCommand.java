@@ -99,6 +99,9 @@ final class PathsCommand implements Callable<Integer> {
             description = "two worker processes on GPUs 0 and 1 as TP ranks of one instance: auto (when 2 GPUs), on, off")
     String tp2;
 
+    @Option(names = "--cases", defaultValue = "all", description = "all, or attach (the attach settings alone)")
+    String cases;
+
     @Option(names = "--json", defaultValue = "out/paths.json")
     Path json;
 
@@ -132,6 +135,18 @@ final class PathsCommand implements Callable<Integer> {
         report.put("pool_bytes", need);
         report.put("repeat", repeat);
         report.put("cpus", Runtime.getRuntime().availableProcessors());
+        if (!cases.equals("all") && !cases.equals("attach")) {
+            throw new IllegalArgumentException("--cases " + cases + "; expected all or attach");
+        }
+        if (cases.equals("attach")) {
+            if (!cuda) {
+                throw new IllegalArgumentException("--cases attach needs --copy cuda");
+            }
+            attach(Sizes.parse(attachPoolSize));
+            Json.writeFile(json, report);
+            print();
+            return 0;
+        }
         CudaDevice dev = cuda ? CudaDevice.open(device) : null;
         try (Arena arena = Arena.ofShared()) {
             if (dev != null) {
@@ -146,12 +161,19 @@ final class PathsCommand implements Callable<Integer> {
             if (cuda) {
                 crossLayerEngines(dev, arena);
             }
+            try (io.pegaflow.engine.LocalStore store = new io.pegaflow.engine.LocalStore(
+                    EngineConfig.builder().poolBytes(need).build(), need)) {
+                controlPlane("embedded", store);
+            }
             try (PegaEngine embedded = PegaEngine.create(EngineConfig.builder().poolBytes(need).transfer(transfer).prefault(true).build())) {
                 cases("embedded", embedded, kv, false);
             }
             try (ServerProcess server = ServerProcess.start(javaLauncher, need)) {
                 report.put("server_start_s", server.startSeconds);
                 long t0 = System.nanoTime();
+                try (io.pegaflow.client.RemoteStore store = io.pegaflow.client.RemoteStore.connect(server.endpoint, 30_000)) {
+                    controlPlane("server", store);
+                }
                 try (PegaEngine attached = EngineClient.connect(server.endpoint, transfer, 30_000)) {
                     report.put("server_attach_s", (System.nanoTime() - t0) / 1e9);
                     cases("server", attached, kv, true);
@@ -199,8 +221,9 @@ final class PathsCommand implements Callable<Integer> {
                 save[r] = (System.nanoTime() - t0) / 1e9;
                 ok &= saved.blocks() == n;
                 kv.clear(dst);
-                t0 = System.nanoTime();
+                // the worker path: its share of a lease the scheduler took (the restore below times both)
                 QueryResult q = engine.query(instance, h);
+                t0 = System.nanoTime();
                 engine.load(instance, 0, q.lease(), dst).join();
                 load[r] = (System.nanoTime() - t0) / 1e9;
                 ok &= q.hitBlocks() == n && kv.check(dst, r);
@@ -237,6 +260,54 @@ final class PathsCommand implements Callable<Integer> {
         report.put(name + "_verified", ok);
     }
 
+    /**
+     * The control plane alone, per call, on the same geometry (regions that are never read):
+     * a save's plan and end, a query, a load's plan and end, for the large and the small
+     * operation. In server mode each is a round trip to the server process.
+     */
+    private void controlPlane(String name, io.pegaflow.engine.BlockStore store) {
+        String instance = name + "-control-" + ProcessHandle.current().pid();
+        store.registerInstance(new InstanceSpec(instance, "paths-control-" + layers + "x" + pieceBytes, 1, 1));
+        List<LayerRegion> regions = new ArrayList<>();
+        long layerBytes = 2L * cacheBlocks * pieceBytes;
+        for (int l = 0; l < layers; l++) {
+            regions.add(new LayerRegion(String.format(Locale.ROOT, "layers.%03d", l), KvLayout.SPLIT_KV,
+                    (1L << 44) + l * layerBytes, layerBytes, cacheBlocks, pieceBytes, pieceBytes, (long) cacheBlocks * pieceBytes));
+        }
+        store.registerWorker(instance, new WorkerSpec(0, 0, -1, regions));
+        Ids ids = new Ids(cacheBlocks, 23);
+        for (int n : new int[] {blocks, smallBlocks}) {
+            String suffix = n == blocks ? "" : "_" + n;
+            int rounds = Math.max(repeat, 15);
+            double[][] t = new double[5][rounds];
+            for (int r = -3; r < rounds; r++) { // three untimed rounds: the client's paths compiled
+                BlockHashes h = hashes(n, 900_000L + n * 100L + r);
+                long t0 = System.nanoTime();
+                io.pegaflow.engine.CopyPlan save = store.reserveSave(instance, 0, null, ids.take(n), h);
+                long t1 = System.nanoTime();
+                store.endCopy(instance, save.id(), true, n * blockBytes, 1);
+                long t2 = System.nanoTime();
+                QueryResult q = store.query(instance, h);
+                long t3 = System.nanoTime();
+                io.pegaflow.engine.CopyPlan load = store.beginLoad(instance, 0, q.lease(), ids.take(n));
+                long t4 = System.nanoTime();
+                store.endCopy(instance, load.id(), true, n * blockBytes, 1);
+                long t5 = System.nanoTime();
+                if (r >= 0) {
+                    long[] at = {t0, t1, t2, t3, t4, t5};
+                    for (int k = 0; k < 5; k++) {
+                        t[k][r] = (at[k + 1] - at[k]) / 1e6;
+                    }
+                }
+            }
+            String[] keys = {"reserve_save", "end_save", "query", "begin_load", "end_load"};
+            for (int k = 0; k < 5; k++) {
+                report.put(name + "_control_" + keys[k] + "_ms" + suffix, median(t[k]));
+            }
+        }
+        store.unregisterInstance(instance);
+    }
+
     /** The same bytes as one tensor whose blocks hold every layer back to back: one run per block. */
     private void crossLayer(PegaEngine engine, CudaDevice dev, Arena arena) {
         Kv one = Kv.allocateCrossLayer(dev, arena, blockBytes, cacheBlocks);
@@ -256,8 +327,8 @@ final class PathsCommand implements Callable<Integer> {
             engine.save(instance, 0, src, h).join();
             save[r] = (System.nanoTime() - t0) / 1e9;
             one.clear(dst);
-            t0 = System.nanoTime();
             QueryResult q = engine.query(instance, h);
+            t0 = System.nanoTime();
             engine.load(instance, 0, q.lease(), dst).join();
             load[r] = (System.nanoTime() - t0) / 1e9;
             ok &= q.hitBlocks() == blocks && one.check(dst, r);

@@ -40,7 +40,9 @@ public final class EngineClient {
         try {
             HealthResponse health = store.health();
             HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
-            return new Connection(PegaEngine.attach(store, pool, transfer), health.getServerId());
+            PegaEngine engine = PegaEngine.attach(store, pool, transfer);
+            store.warmLocal(); // the first save or load then finds its connection open
+            return new Connection(engine, health.getServerId());
         } catch (RuntimeException e) {
             store.close();
             throw e;

@@ -1,6 +1,7 @@
 package io.pegaflow.client;
 
 import com.google.protobuf.MessageLite;
+import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.ServerUnavailableException;
 import java.io.IOException;
 import java.net.StandardProtocolFamily;
@@ -16,8 +17,11 @@ import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
 /**
- * The client half of {@code LocalSocketServer}: one connection per calling thread, written
- * and read on that thread (no handoff), bounded by the client's deadline. The socket is found
+ * The client half of {@code LocalSocketServer}: connections taken from an idle set by the
+ * calling thread for one exchange, written and read on that thread (no handoff), bounded by
+ * the client's deadline, and put back; so threads that call once in a while (a copy lane
+ * ending its batch) reuse a connection instead of each opening its own, and
+ * {@link #warm} can open one before the first real call. The socket is found
  * through Health the first time it is needed. Returns null whenever the fast path cannot
  * answer (no socket, not on this host, the connection broke or was refused, a request of
  * {@link Wire#MAX_FRAME} or more), so the caller uses gRPC, which
@@ -27,7 +31,7 @@ final class LocalSocketClient implements AutoCloseable {
     private record Conn(SocketChannel channel, Selector selector) {}
 
     private final RemoteStore store;
-    private final ThreadLocal<Conn> conn = new ThreadLocal<>();
+    private final java.util.concurrent.ConcurrentLinkedDeque<Conn> idle = new java.util.concurrent.ConcurrentLinkedDeque<>();
     private final Set<Conn> all = ConcurrentHashMap.newKeySet();
     private volatile Path path;
     private volatile long nextDiscovery; // nanoTime; 0: now
@@ -52,7 +56,12 @@ final class LocalSocketClient implements AutoCloseable {
         }
         long deadline = System.nanoTime() + store.deadlineMs() * 1_000_000L;
         try {
-            return exchange(c, method, request.toByteArray(), deadline);
+            byte[] answer = exchange(c, method, request.toByteArray(), deadline);
+            idle.push(c);
+            return answer;
+        } catch (PegaflowException e) {
+            idle.push(c); // a typed refusal: the connection is fine
+            throw e;
         } catch (DeadlineExceeded e) {
             drop(c);
             throw new ServerUnavailableException("pegaflow-server at " + store.endpoint() + " did not answer within "
@@ -115,10 +124,23 @@ final class LocalSocketClient implements AutoCloseable {
         c.selector.selectedKeys().clear();
     }
 
+    /** Opens one connection ahead of the first call (a worker attaching); false if there is no local socket. */
+    boolean warm() {
+        Conn c = connection();
+        if (c == null) {
+            return false;
+        }
+        idle.push(c);
+        return true;
+    }
+
     private Conn connection() {
-        Conn c = conn.get();
-        if (c != null && c.channel.isOpen()) {
-            return c;
+        Conn c;
+        while ((c = idle.poll()) != null) {
+            if (c.channel.isOpen()) {
+                return c;
+            }
+            all.remove(c);
         }
         Path p = discover();
         if (p == null) {
@@ -149,7 +171,6 @@ final class LocalSocketClient implements AutoCloseable {
             return null;
         }
         all.add(c);
-        conn.set(c);
         return c;
     }
 
@@ -175,7 +196,6 @@ final class LocalSocketClient implements AutoCloseable {
 
     private void drop(Conn c) {
         all.remove(c);
-        conn.remove();
         try {
             c.channel.close();
             c.selector.close();
@@ -201,5 +221,6 @@ final class LocalSocketClient implements AutoCloseable {
             }
         }
         all.clear();
+        idle.clear();
     }
 }

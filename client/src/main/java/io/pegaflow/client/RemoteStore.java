@@ -138,6 +138,11 @@ public final class RemoteStore implements BlockStore {
         return deadlineMs;
     }
 
+    /** Opens a local-socket connection ahead of the first call, when the server has a socket on this host. */
+    boolean warmLocal() {
+        return local.warm();
+    }
+
     /** Calls answered over the server's local socket instead of gRPC. */
     public long localCalls() {
         return local.answered();

@@ -76,25 +76,62 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
         private long nextOffset;
         private int n;
 
+        public Runs(int expectedRuns) {
+            int cap = Math.max(16, expectedRuns);
+            block = new int[cap];
+            region = new int[cap];
+            count = new int[cap];
+            offset = new long[cap];
+        }
+
+        public Runs() {
+            this(16);
+        }
+
         public void add(int requestBlock, int regionIndex, long poolOffset, long slotBytes) {
             if (n > 0 && block[n - 1] == requestBlock && region[n - 1] + count[n - 1] == regionIndex
                     && nextOffset == poolOffset) {
                 count[n - 1]++;
             } else {
-                if (n == block.length) {
-                    int cap = n * 2;
-                    block = Arrays.copyOf(block, cap);
-                    region = Arrays.copyOf(region, cap);
-                    count = Arrays.copyOf(count, cap);
-                    offset = Arrays.copyOf(offset, cap);
-                }
-                block[n] = requestBlock;
-                region[n] = regionIndex;
-                count[n] = 1;
-                offset[n] = poolOffset;
-                n++;
+                addRun(requestBlock, regionIndex, 1, poolOffset);
             }
             nextOffset = poolOffset + slotBytes;
+        }
+
+        /**
+         * Slots of {@code requestBlock} in the regions {@code regions} (worker region indexes,
+         * in plan order) at pool offsets {@code offsetOf[k]}, each {@code slotBytes[k]} long:
+         * one pass, a new run wherever the next slot does not follow the previous one.
+         */
+        public void addBlock(int requestBlock, int[] regions, long[] offsetOf, long[] slotBytes) {
+            long expect = -1;
+            int last = -2;
+            for (int k = 0; k < regions.length; k++) {
+                long off = offsetOf[k];
+                if (off == expect && regions[k] == last + 1) {
+                    count[n - 1]++;
+                } else {
+                    addRun(requestBlock, regions[k], 1, off);
+                }
+                expect = off + slotBytes[k];
+                last = regions[k];
+            }
+            nextOffset = expect;
+        }
+
+        private void addRun(int requestBlock, int regionIndex, int slots, long poolOffset) {
+            if (n == block.length) {
+                int cap = n * 2;
+                block = Arrays.copyOf(block, cap);
+                region = Arrays.copyOf(region, cap);
+                count = Arrays.copyOf(count, cap);
+                offset = Arrays.copyOf(offset, cap);
+            }
+            block[n] = requestBlock;
+            region[n] = regionIndex;
+            count[n] = slots;
+            offset[n] = poolOffset;
+            n++;
         }
 
         public CopyPlan plan(Token id, Direction direction, int blocks, int skipped) {

@@ -245,6 +245,13 @@ public final class LocalStore implements BlockStore {
             slots[k] = layout.slot(worker.layerIds[regionIdx[k]], tpRank);
             allBytes += worker.regions[regionIdx[k]].slotBytes();
         }
+        // by worker region index, for the claim loop below
+        int[] slotOf = new int[worker.regions.length];
+        long[] slotBytesOf = new long[worker.regions.length];
+        for (int r = 0; r < worker.regions.length; r++) {
+            slotOf[r] = layout.slot(worker.layerIds[r], tpRank);
+            slotBytesOf[r] = worker.regions[r].slotBytes();
+        }
         Set<HashKey> seen = new HashSet<>();
         long unit = allocator.unitBytes();
         long needed = 0;
@@ -312,11 +319,13 @@ public final class LocalStore implements BlockStore {
             }
             b.addAllocation(handle, allocator.sizeBytes(handle));
             long offset = allocator.offsetBytes(handle);
+            byte[] state = b.slotState;
+            long[] slotOffset = b.slotOffset;
             for (int r : plan.regions) {
-                int slot = layout.slot(worker.layerIds[r], tpRank);
-                b.slotState[slot] = Block.WRITING;
-                b.slotOffset[slot] = offset;
-                offset += worker.regions[r].slotBytes();
+                int slot = slotOf[r];
+                state[slot] = Block.WRITING;
+                slotOffset[slot] = offset;
+                offset += slotBytesOf[r];
             }
             lru.pin(b);
         }

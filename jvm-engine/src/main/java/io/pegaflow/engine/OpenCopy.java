@@ -16,16 +16,30 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     /** An open save: the instance, the worker and the blocks it claimed. */
     record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks, long deadlineNanos)
             implements OpenCopy {
-        /** Where each claimed slot goes, as runs of slots back to back in the pool. */
+        /** Where each claimed slot goes, as runs of slots back to back in the pool (one per block, usually). */
         CopyPlan plan(Token id, int skipped) {
             NamespaceLayout layout = instance.ns.layout;
             int tpRank = worker.spec.tpRank();
-            CopyPlan.Runs runs = new CopyPlan.Runs();
+            CopyPlan.Runs runs = new CopyPlan.Runs(blocks.size());
+            long[] offsets = new long[worker.regions.length];
+            long[] bytes = new long[worker.regions.length];
+            int[] slots = new int[worker.regions.length];
+            for (int r = 0; r < worker.regions.length; r++) {
+                slots[r] = layout.slot(worker.layerIds[r], tpRank);
+                bytes[r] = worker.regions[r].slotBytes();
+            }
+            long[] off = new long[worker.regions.length];
+            long[] len = new long[worker.regions.length];
             for (PlannedBlock p : blocks) {
-                for (int r : p.regions) {
-                    runs.add(p.requestIndex, r, p.block.slotOffset[layout.slot(worker.layerIds[r], tpRank)],
-                            worker.regions[r].slotBytes());
+                int[] regions = p.regions;
+                long[] slotOffset = p.block.slotOffset;
+                long[] o = regions.length == off.length ? off : new long[regions.length];
+                long[] l = regions.length == len.length ? len : new long[regions.length];
+                for (int k = 0; k < regions.length; k++) {
+                    o[k] = slotOffset[slots[regions[k]]];
+                    l[k] = bytes[regions[k]];
                 }
+                runs.addBlock(p.requestIndex, regions, o, l);
             }
             return runs.plan(id, CopyPlan.Direction.SAVE, blocks.size(), skipped);
         }
@@ -37,11 +51,23 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
         CopyPlan plan(Token id, Instance.Worker worker) {
             NamespaceLayout layout = instance.ns.layout;
             int tpRank = worker.spec.tpRank();
-            CopyPlan.Runs runs = new CopyPlan.Runs();
+            int n = worker.regions.length;
+            int[] regions = new int[n];
+            int[] slots = new int[n];
+            long[] bytes = new long[n];
+            for (int r = 0; r < n; r++) {
+                regions[r] = r;
+                slots[r] = layout.slot(worker.layerIds[r], tpRank);
+                bytes[r] = worker.regions[r].slotBytes();
+            }
+            long[] off = new long[n];
+            CopyPlan.Runs runs = new CopyPlan.Runs(blocks.length);
             for (int i = 0; i < blocks.length; i++) {
-                for (int r = 0; r < worker.regions.length; r++) {
-                    runs.add(i, r, blocks[i].slotOffset[layout.slot(worker.layerIds[r], tpRank)], worker.regions[r].slotBytes());
+                long[] slotOffset = blocks[i].slotOffset;
+                for (int r = 0; r < n; r++) {
+                    off[r] = slotOffset[slots[r]];
                 }
+                runs.addBlock(i, regions, off, bytes);
             }
             return runs.plan(id, CopyPlan.Direction.LOAD, blocks.length, 0);
         }

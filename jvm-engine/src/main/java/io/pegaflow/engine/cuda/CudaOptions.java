@@ -55,7 +55,7 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/lib64"));
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
-        return new CudaOptions(0, 2, 1L << 20, 1L << 30, cache, dirs, true,
+        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true,
                 Math.max(1, Math.min(8, Runtime.getRuntime().availableProcessors())));
     }
 
