@@ -27,10 +27,10 @@ chmod +x "$site"/pegaflow/_jre/bin/* "$site"/pegaflow/_jre/lib/jspawnhelper
   -cp "$site/pegaflow/_jars/pegaflow.jar" io.pegaflow.bench.BenchMain paths --copy "${COPY:-cuda}" \
   --json "$out/server-h200.json" "$@" 2>&1 | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
 rc=${PIPESTATUS[0]}
-# Huge pages on the shared pool need the kernel's shmem policy at advise (or always); where
+# SHMEM_ADVISE=1: huge pages on the shared pool need the kernel's shmem policy at advise (or always); where
 # this machine lets us, measure the attach settings under it too, then put the policy back.
 thp=/sys/kernel/mm/transparent_hugepage/shmem_enabled
-if [ "${COPY:-cuda}" = cuda ] && [ -w "$thp" ]; then
+if [ "${COPY:-cuda}" = cuda ] && [ "${SHMEM_ADVISE:-0}" = 1 ] && [ -w "$thp" ]; then
   was=$(sed -n 's/.*\[\(.*\)\].*/\1/p' "$thp")
   if echo advise > "$thp" 2>/dev/null; then
     echo "shmem_enabled: $was -> advise for the attach cases" | tee -a "$out/paths.log"

@@ -74,7 +74,12 @@ final class PathsWorkerCommand implements Callable<Integer> {
             System.out.flush();
             BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
             String line;
-            while ((line = in.readLine()) != null) {
+            while (true) {
+                line = in.readLine();
+                if (line == null) {
+                    System.err.println("paths-worker " + rank + ": stdin closed; exiting");
+                    break;
+                }
                 String[] w = line.trim().split(" ");
                 switch (w[0]) {
                     case "save" -> {

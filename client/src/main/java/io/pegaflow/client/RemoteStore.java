@@ -118,7 +118,9 @@ public final class RemoteStore implements BlockStore {
         }
         ManagedChannel channel = NettyChannelBuilder.forTarget(endpoint).usePlaintext()
                 .maxInboundMessageSize(Wire.MAX_RESPONSE_BYTES)
-                .keepAliveTime(5, TimeUnit.SECONDS)
+                // twice the server's permitted ping interval (5 s): a client pinging at the limit
+                // risks a too_many_pings GOAWAY, which ends its liveness sessions
+                .keepAliveTime(10, TimeUnit.SECONDS)
                 .keepAliveTimeout(5, TimeUnit.SECONDS)
                 .keepAliveWithoutCalls(true)
                 .build();

@@ -50,6 +50,9 @@ final class Sessions implements AutoCloseable {
                     store.unregisterInstance(instanceId);
                     tenants.forget(instanceId);
                     cleaned.incrementAndGet();
+                    System.getLogger(Sessions.class.getName()).log(System.Logger.Level.WARNING,
+                            "instance '" + instanceId + "' unregistered: the session of its last registrant ended "
+                                    + grace.toMillis() + " ms ago (its process exited or lost the connection)");
                 } catch (UnknownInstanceException alreadyGone) {
                     // the client unregistered before it went away
                 }
