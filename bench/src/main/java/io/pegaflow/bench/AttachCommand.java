@@ -12,7 +12,9 @@ import picocli.CommandLine.Option;
 /**
  * What a worker's attach to a server's shared pool costs, in its own process as a worker
  * does it: map the pool file, pin it for CUDA (the copy engine's creation, which also loads
- * the kernel and warms the lanes). Prints one line {@code attach map_s pin_s total_s}.
+ * the kernel and warms the lanes). Prints one line {@code attach map_s pin_s ready_s pinned_s}: ready is when
+ * the engine can copy (with background pinning: the first chunk pinned), pinned when every
+ * chunk is.
  * {@code pegaflow-bench paths --attach-pool-size} runs it under several settings.
  */
 @Command(name = "attach", hidden = true, mixinStandardHelpOptions = true,
@@ -27,8 +29,8 @@ final class AttachCommand implements Callable<Integer> {
     @Option(names = "--device", defaultValue = "0")
     int device;
 
-    @Option(names = "--register-threads", defaultValue = "8")
-    int threads;
+    @Option(names = "--pin-in-background", defaultValue = "true", negatable = true)
+    boolean background;
 
     @Override
     public Integer call() {
@@ -36,10 +38,11 @@ final class AttachCommand implements Callable<Integer> {
         try (HostPool pool = HostPool.shared(poolPath, poolBytes, false)) {
             long t1 = System.nanoTime();
             try (CudaTransferEngine e = CudaTransferEngine.create(pool,
-                    CudaOptions.defaults().withDevice(device).withRegisterThreads(threads))) {
+                    CudaOptions.defaults().withDevice(device).withPinInBackground(background))) {
                 long t2 = System.nanoTime();
-                System.out.println(String.format(Locale.ROOT, "attach %.3f %.3f %.3f", (t1 - t0) / 1e9,
-                        e.registrationNanos() / 1e9, (t2 - t0) / 1e9));
+                long full = e.awaitFullyPinned();
+                System.out.println(String.format(Locale.ROOT, "attach %.3f %.3f %.3f %.3f", (t1 - t0) / 1e9,
+                        e.registrationNanos() / 1e9, (t2 - t0) / 1e9, (t1 - t0) / 1e9 + full / 1e9));
             }
         }
         return 0;

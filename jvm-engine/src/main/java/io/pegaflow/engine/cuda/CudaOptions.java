@@ -16,14 +16,16 @@ import java.util.List;
  * @param registerChunkBytes  the pool is pinned in pieces of this size
  * @param kernelCacheDir      where compiled kernels are kept between processes
  * @param nvrtcDirs           directories searched for NVRTC after the loader path
- * @param registerThreads     threads pinning the pool's chunks at once (attach time, docs/gpu.md)
+ * @param pinInBackground     pin the pool's first chunk at creation and the rest on a
+ *                            background thread, a chunk a batch needs first being pinned at
+ *                            once (attach returns in a fraction of a second; docs/gpu.md)
  * @param hostDescriptors     the kernel reads descriptors straight from the lane's pinned
  *                            staging buffer (default) instead of a device copy uploaded
  *                            before each launch; on the H200 this was 0.1-0.2 GB/s faster
  *                            in both directions (docs/benchmarks/h200-ab/)
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
-        Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, int registerThreads) {
+        Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground) {
 
     public CudaOptions {
         if (device < 0) {
@@ -39,9 +41,6 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
             throw new InvalidArgumentException("registerChunkBytes " + registerChunkBytes
                     + "; expected a multiple of 4096 of at least 1 MiB");
         }
-        if (registerThreads < 1 || registerThreads > 64) {
-            throw new InvalidArgumentException("registerThreads " + registerThreads + "; expected 1..64");
-        }
         nvrtcDirs = List.copyOf(nvrtcDirs);
     }
 
@@ -55,32 +54,31 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/lib64"));
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
-        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true,
-                Math.max(1, Math.min(8, Runtime.getRuntime().availableProcessors())));
+        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, true);
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, registerThreads);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, registerThreads);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, registerThreads);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, registerThreads);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, registerThreads);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
     }
 
-    public CudaOptions withRegisterThreads(int threads) {
+    public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, threads);
+                hostDescriptors, background);
     }
 }

@@ -19,6 +19,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.function.LongFunction;
@@ -67,8 +68,16 @@ public final class CudaTransferEngine implements TransferEngine {
     private final CudaDevice device;
     private final HostPool pool;
     private final CudaOptions options;
-    private final List<long[]> registered = new ArrayList<>();
     private final long registrationNanos;
+    private final long createdNanos = System.nanoTime();
+    private final long chunkBytes;
+    private final long mappedBytes;
+    private final int chunks;
+    /** 1 where chunk {@code c} is pinned (set under {@code pinLocks[c]}). */
+    private final java.util.concurrent.atomic.AtomicIntegerArray pinned;
+    private final Object[] pinLocks;
+    private final CompletableFuture<Long> fullyPinned = new CompletableFuture<>();
+    private Thread pinner;
     private long module;
     private long function;
     private final Arena arena = Arena.ofShared();
@@ -81,6 +90,14 @@ public final class CudaTransferEngine implements TransferEngine {
         this.pool = pool;
         this.options = options;
         this.device = CudaDevice.open(options.device());
+        this.chunkBytes = options.registerChunkBytes();
+        this.mappedBytes = (pool.size() + 4095) / 4096 * 4096; // the mapping extends to the page end
+        this.chunks = (int) ((mappedBytes + chunkBytes - 1) / chunkBytes);
+        this.pinned = new java.util.concurrent.atomic.AtomicIntegerArray(chunks);
+        this.pinLocks = new Object[chunks];
+        for (int c = 0; c < chunks; c++) {
+            pinLocks[c] = new Object();
+        }
         boolean ok = false;
         try {
             if (CudaDriver.deviceAttribute(CudaDriver.ATTR_UNIFIED_ADDRESSING, device.handle()) != 1) {
@@ -174,62 +191,84 @@ public final class CudaTransferEngine implements TransferEngine {
     }
 
     /**
-     * Pins the pool chunk by chunk on {@code registerThreads} threads at once (each with the
-     * device current): pinning faults the pages in and is paid per page, so a pool of tens of
-     * GB attaches in seconds only when several cores share it (docs/gpu.md has the figures).
+     * Pins the pool in chunks ({@code registerChunkBytes}). Pinning pays per page and the
+     * driver serializes it within a process (on the H200, 16 threads pinned 60 GB no faster
+     * than one, docs/gpu.md), so with {@code pinInBackground} only the first chunk is pinned
+     * here and a daemon thread pins the rest in order; a batch that touches a chunk not yet
+     * pinned pins it first ({@link #ensurePinned}). Without it every chunk is pinned here.
      */
     private void register() {
-        long base = pool.address();
-        long size = (pool.size() + 4095) / 4096 * 4096; // the mapping extends to the page end
-        long chunk = options.registerChunkBytes();
-        int chunks = (int) ((size + chunk - 1) / chunk);
-        long[][] done = new long[chunks][];
-        java.util.concurrent.atomic.AtomicInteger next = new java.util.concurrent.atomic.AtomicInteger();
-        java.util.concurrent.atomic.AtomicReference<RuntimeException> failure = new java.util.concurrent.atomic.AtomicReference<>();
-        Runnable pin = () -> {
-            device.makeCurrent();
-            int c;
-            while (failure.get() == null && (c = next.getAndIncrement()) < chunks) {
-                long off = c * chunk;
-                long len = Math.min(chunk, size - off);
-                try {
-                    CudaDriver.memHostRegister(base + off, len, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE
-                            | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP);
-                    done[c] = new long[] {base + off, len};
-                    long mapped = CudaDriver.memHostGetDevicePointer(base + off);
-                    if (mapped != base + off) {
-                        throw new CudaException("pinned pool chunk at 0x" + Long.toHexString(base + off)
-                                + " is mapped at device address 0x" + Long.toHexString(mapped)
-                                + "; this engine needs registered memory at its host address", -1);
-                    }
-                } catch (RuntimeException e) {
-                    failure.compareAndSet(null, e);
-                }
+        pin(0);
+        if (!options.pinInBackground()) {
+            for (int c = 1; c < chunks; c++) {
+                pin(c);
             }
-        };
-        int threads = Math.min(options.registerThreads(), chunks);
-        Thread[] helpers = new Thread[Math.max(0, threads - 1)];
-        for (int t = 0; t < helpers.length; t++) {
-            helpers[t] = Thread.ofPlatform().name("pegaflow-pin-" + t).start(pin);
+            fullyPinned.complete(System.nanoTime() - createdNanos);
+            return;
         }
-        pin.run();
-        for (Thread t : helpers) {
+        if (chunks == 1) {
+            fullyPinned.complete(System.nanoTime() - createdNanos);
+            return;
+        }
+        pinner = Thread.ofPlatform().daemon().name("pegaflow-pin").start(() -> {
             try {
-                t.join();
-            } catch (InterruptedException e) {
-                Thread.currentThread().interrupt();
-                failure.compareAndSet(null, new CudaException("interrupted while pinning the pool", e));
+                for (int c = 1; c < chunks && !closed; c++) {
+                    pin(c);
+                }
+                fullyPinned.complete(System.nanoTime() - createdNanos);
+            } catch (RuntimeException e) {
+                // a later batch retries its chunks itself and fails with the driver's reason
+                LOG.log(System.Logger.Level.WARNING, "pinning the host pool in the background stopped: " + e);
+                fullyPinned.completeExceptionally(e);
+            }
+        });
+    }
+
+    /** Pins chunk {@code c} unless it is; safe from any thread. */
+    private void pin(int c) {
+        if (pinned.get(c) != 0) {
+            return;
+        }
+        synchronized (pinLocks[c]) {
+            if (pinned.get(c) != 0 || closed) {
+                return;
+            }
+            long base = pool.address();
+            long off = c * chunkBytes;
+            long len = Math.min(chunkBytes, mappedBytes - off);
+            device.makeCurrent();
+            CudaDriver.memHostRegister(base + off, len, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE
+                    | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP);
+            pinned.set(c, 1);
+            long mapped = CudaDriver.memHostGetDevicePointer(base + off);
+            if (mapped != base + off) {
+                throw new CudaException("pinned pool chunk at 0x" + Long.toHexString(base + off) + " is mapped at device address 0x"
+                        + Long.toHexString(mapped) + "; this engine needs registered memory at its host address", -1);
             }
         }
-        device.makeCurrent();
-        for (long[] d : done) {
-            if (d != null) {
-                registered.add(d); // released by releaseResources, also when a later chunk failed
+    }
+
+    /** Pins, before a batch is queued, every chunk its pool side touches that is not pinned yet. */
+    private void ensurePinned(CopyBatch batch) {
+        if (fullyPinned.isDone() && !fullyPinned.isCompletedExceptionally()) {
+            return;
+        }
+        int last = -1;
+        for (int i = 0; i < batch.size(); i++) {
+            long off = batch.hostOffset(i);
+            int end = (int) ((off + batch.length(i) - 1) / chunkBytes);
+            for (int c = (int) (off / chunkBytes); c <= end; c++) {
+                if (c != last && pinned.get(c) == 0) {
+                    pin(c);
+                }
+                last = c;
             }
         }
-        if (failure.get() != null) {
-            throw failure.get();
-        }
+    }
+
+    /** Nanoseconds from creation until every chunk of the pool was pinned (waits for the background pinning). */
+    public long awaitFullyPinned() {
+        return fullyPinned.join();
     }
 
     public CudaDevice device() {
@@ -246,7 +285,7 @@ public final class CudaTransferEngine implements TransferEngine {
         return chunk - Math.floorMod(off, chunk);
     }
 
-    /** Time spent pinning the pool at creation. */
+    /** Time spent pinning at creation (the first chunk only when the rest is pinned in the background). */
     public long registrationNanos() {
         return registrationNanos;
     }
@@ -314,6 +353,7 @@ public final class CudaTransferEngine implements TransferEngine {
         if (closed) {
             throw new CudaException("CUDA copy engine is closed", -1);
         }
+        ensurePinned(batch);
         BlockingQueue<Lane> lanes = batch.direction() == CopyBatch.Direction.TO_HOST ? saveLanes : loadLanes;
         Lane lane;
         try {
@@ -616,10 +656,23 @@ public final class CudaTransferEngine implements TransferEngine {
             CudaDriver.moduleUnload(module);
             module = 0;
         }
-        for (long[] chunk : registered) {
-            CudaDriver.memHostUnregister(chunk[0]);
+        Thread t = pinner;
+        if (t != null) {
+            try {
+                t.join(); // closed is set: it stops after the chunk it is pinning
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
         }
-        registered.clear();
+        device.makeCurrent();
+        for (int c = 0; c < chunks; c++) {
+            synchronized (pinLocks[c]) {
+                if (pinned.get(c) != 0) {
+                    CudaDriver.memHostUnregister(pool.address() + c * chunkBytes);
+                    pinned.set(c, 0);
+                }
+            }
+        }
         arena.close();
         device.close();
     }
