@@ -293,7 +293,62 @@ def test_a_layer_sharing_another_layers_kv_cache_is_stored_once():
     own = torch.zeros(10, 2, 16, 32, dtype=torch.float16)
     other = torch.zeros(10, 2, 16, 32, dtype=torch.float16)
     layers = _layout.describe_kv_caches({"l0": own, "l1": other, "l2": own}, 10, mla=False)
-    assert [g.region.name for g in layers] == ["l0", "l1"]  # l2 reuses l0's cache (vLLM KV sharing)
+    assert sorted(g.region.name for g in layers) == ["l0", "l1"]  # l2 reuses l0's cache (vLLM KV sharing)
+
+
+def _resolved_layout(monkeypatch, supported, extra=None, mla=False, cpu=False):
+    """The layout vLLM's own resolver picks with this connector configured (its real factory lookup)."""
+    from types import SimpleNamespace
+
+    import vllm.v1.attention.backends.utils as u
+    from vllm.config import CacheConfig, KVTransferConfig
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: cpu)
+    monkeypatch.delenv("VLLM_KV_CACHE_LAYOUT", raising=False)
+    ktc = KVTransferConfig(kv_connector="PegaKVConnector", kv_role="kv_both", kv_connector_module_path="pegaflow.connector",
+                           kv_connector_extra_config=extra or {})
+    cfg = SimpleNamespace(cache_config=CacheConfig(), kv_transfer_config=ktc, model_config=SimpleNamespace(use_mla=mla))
+    return u.resolve_kv_cache_layout(cfg, [supported]).name
+
+
+def test_the_connector_asks_vllm_for_the_cross_layer_layout_where_the_backend_takes_it(monkeypatch):
+    import vllm.v1.attention.backends.utils as u
+
+    every = [layout.name for layout in u._DEFAULT_LAYOUT_PREFERENCE]  # FlashAttention and Triton declare no preference
+    assert _resolved_layout(monkeypatch, every) == "BLNHC"
+    assert _resolved_layout(monkeypatch, every, extra={"cross_layer_blocks": False}) == every[0]
+    assert _resolved_layout(monkeypatch, every, extra={"pegaflow.cross_layer_blocks": "off"}) == every[0]
+    assert _resolved_layout(monkeypatch, every, mla=True) == every[0]
+    assert _resolved_layout(monkeypatch, every, cpu=True) == every[0]
+    # a backend that cannot take it (FlashInfer on Blackwell): vLLM keeps what the backend supports
+    assert _resolved_layout(monkeypatch, ["LBHNC", "BLHNC"]) == "LBHNC"
+    with pytest.raises(InvalidArgumentError, match="cross_layer_blocks 'maybe'; expected true or false"):
+        _resolved_layout(monkeypatch, every, extra={"cross_layer_blocks": "maybe"})
+
+
+def test_cross_layer_views_are_described_as_one_run_per_block_in_memory_order():
+    """vLLM's own BLNHC views (Llama-3.1-8B's page, 3 layers): regions in memory order, each
+    block's layers back to back, so the pool slots of a block follow its device bytes and the
+    copy engine merges a block into one piece."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
+    blocks, layers, page = 4, 3, spec.page_size_bytes
+    names = ["model.layers.9.attn", "model.layers.10.attn", "model.layers.11.attn"]  # by name, 10 and 11 sort before 9
+    strides = compute_layout_strides(spec, blocks, layers, KVCacheLayout.BLNHC, fixed_strides=(None, layers * page, None, None, None))
+    t = KVCacheTensor(size=layers * page * blocks, layers=names, layer_stride=strides[0], block_stride=strides[1])
+    buf = torch.zeros(t.size, dtype=torch.int8)
+    views = create_kv_cache_views(buf, spec, blocks, KVCacheLayout.BLNHC, t)
+    kv = dict(zip(names, views))
+    described = _layout.describe_kv_caches(kv, blocks, mla=False)
+    assert [g.region.name for g in described] == names  # memory order, not name order
+    for i, g in enumerate(described):
+        r = g.region
+        assert (r.layout, r.segment_bytes, r.block_stride) == ("combined", page, layers * page)
+        assert r.base_address == buf.data_ptr() + i * page  # layer i of block b at b * 3 pages + i pages
 
 
 def test_context_parallelism_is_refused():

@@ -93,13 +93,32 @@ def describe_layer(name: str, tensor, num_blocks: int, mla: bool) -> LayerGeomet
     return LayerGeometry(region, str(tensor.device), str(tensor.dtype).removeprefix("torch."), order)
 
 
+def required_layout(vllm_config, cross_layer_blocks: bool) -> str | None:
+    """The KV layout the connector asks vLLM for (see ``PegaKVConnector.get_required_kvcache_layout``)."""
+    if not cross_layer_blocks:
+        return None
+    if getattr(vllm_config.model_config, "use_mla", False):
+        return None  # one latent per token: PegaFlow and vLLM's own connectors leave MLA alone
+    try:
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            return None  # the CPU attention backend takes LBHNC only
+    except Exception:  # noqa: BLE001 - no platform: let vLLM decide
+        pass
+    return "BLNHC"
+
+
 def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[LayerGeometry]:
-    """Every registered layer, sorted by name; they must share one device and dtype."""
+    """Every registered layer in the order of its memory (by base address, then name), so a
+    block's slots in the pool follow its bytes on the device: under the cross-layer layout
+    (BLNHC) a block's layers are one run on both sides and copy as one piece. They must
+    share one device and dtype."""
     if not kv_caches:
         raise InvalidArgumentError("no KV cache tensors were registered; expected one per attention layer")
     out = []
     seen: dict[tuple, str] = {}
-    for name in sorted(kv_caches):
+    for name in sorted(kv_caches, key=lambda n: (int(kv_caches[n].data_ptr()), n)):
         t = kv_caches[name]
         key = (int(t.data_ptr()), tuple(t.shape), tuple(t.stride()), str(t.dtype))
         if key in seen:

@@ -166,6 +166,15 @@ class PegaKVConnector(KVConnectorBase_V1):
         log.info("PegaKVConnector %s: instance %s, mode %s, endpoint %s", role.name, self._instance_id, self._link.mode,
                  self._settings.endpoint)
 
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config) -> str | None:
+        """``BLNHC`` (every layer's slice of a block back to back: one run per block to copy)
+        unless turned off (``cross_layer_blocks``), the model is MLA, or the platform's only
+        backend cannot take it (the CPU backend accepts LBHNC alone; vLLM would warn and
+        fall back). vLLM uses the request only where its attention backends support it."""
+        return _layout.required_layout(vllm_config, Settings.from_extra(
+            vllm_config.kv_transfer_config.kv_connector_extra_config).cross_layer_blocks)
+
     # ================================================================== worker side
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):

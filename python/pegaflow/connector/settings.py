@@ -19,6 +19,8 @@ _KEYS = {
     "copy_threads": "threads copying between the pool and the KV cache (default 2)",
     "deadline_ms": "bound on every call to the server (default 2000)",
     "health_interval_s": "server mode: how often the link checks the server (default 1.0, >= 0.01)",
+    "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
+    "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
 
 
@@ -31,6 +33,7 @@ class Settings:
     copy_threads: int = 2
     deadline_ms: int = 2000
     health_interval_s: float = 1.0
+    cross_layer_blocks: bool = True
 
     @staticmethod
     def from_extra(extra: dict | None, env: dict | None = None) -> "Settings":
@@ -60,8 +63,16 @@ class Settings:
         namespace = raw.get("namespace")
         if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
             raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
+        flag = raw.get("cross_layer_blocks", env.get("PEGAFLOW_CROSS_LAYER_BLOCKS", True))
+        if isinstance(flag, str):
+            if flag.strip().lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                raise InvalidArgumentError(f"kv_connector_extra_config cross_layer_blocks '{flag}'; expected true or false")
+            flag = flag.strip().lower() in ("1", "true", "yes", "on")
+        elif not isinstance(flag, bool):
+            raise InvalidArgumentError(f"kv_connector_extra_config cross_layer_blocks {flag!r}; expected true or false")
         return Settings(
             mode=mode,
+            cross_layer_blocks=flag,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,
             pool_size=str(raw.get("pool_size", env.get("PEGAFLOW_POOL_SIZE", "8gb"))),

@@ -18,7 +18,9 @@ import java.util.List;
  * @param nvrtcDirs           directories searched for NVRTC after the loader path
  * @param pinInBackground     pin the pool's first chunk at creation and the rest on a
  *                            background thread, a chunk a batch needs first being pinned at
- *                            once (attach returns in a fraction of a second; docs/gpu.md)
+ *                            once. Off by default: the driver serializes pinning with every
+ *                            other call of the process, so on the H200 the engine was ready
+ *                            no sooner (25 s for 60 GB either way; docs/gpu.md)
  * @param hostDescriptors     the kernel reads descriptors straight from the lane's pinned
  *                            staging buffer (default) instead of a device copy uploaded
  *                            before each launch; on the H200 this was 0.1-0.2 GB/s faster
@@ -54,7 +56,7 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/lib64"));
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
-        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, true);
+        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false);
     }
 
     public CudaOptions withDevice(int ordinal) {
