@@ -5,7 +5,8 @@
 # server mode (a pegaflow-server process), cross-layer, restore, first operation, pool attach
 # settings and, with two GPUs, two TP ranks in two processes. Writes $1/server-h200.json and
 # $1/paths.log. COPY=host runs the same flow on a machine without a GPU (the check before
-# spending GPU time). Extra arguments go to `paths`.
+# spending GPU time). E2E=1 first runs the GPU end-to-end tests on the wheel's runtime.
+# Extra arguments go to `paths`.
 set -uo pipefail
 out=${1:-out}
 shift || true
@@ -23,6 +24,16 @@ chmod +x "$site"/pegaflow/_jre/bin/* "$site"/pegaflow/_jre/lib/jspawnhelper
   lscpu | grep -i "numa\|model name"
   command -v nvidia-smi >/dev/null && nvidia-smi topo -m
 } 2>&1 | tee "$out/paths.log"
+if [ "${E2E:-0}" = 1 ]; then
+  # the GPU end-to-end tests (python/tests/test_gpu_e2e.py: one GPU, and TP = 2 on two GPUs
+  # sharing one pegaflow-server) on the wheel's runtime and jar
+  JAVA_HOME="$site/pegaflow/_jre" PEGAFLOW_JAR="$site/pegaflow/_jars/pegaflow.jar" PYTHONPATH=python \
+    PEGAFLOW_E2E_JSON="$out/connector-e2e-h200.json" PEGAFLOW_E2E_TP2_JSON="$out/connector-e2e-tp2-h200.json" \
+    python3 -m pytest -p no:cacheprovider -m "e2e and gpu" python/tests/test_gpu_e2e.py -q -s 2>&1 \
+    | grep -v "^W1130" | tee "$out/connector-e2e.log"
+  e2e=${PIPESTATUS[0]}
+  echo "gpu e2e rc=$e2e" | tee -a "$out/connector-e2e.log"
+fi
 "$site/pegaflow/_jre/bin/java" --enable-native-access=ALL-UNNAMED -XX:ErrorFile="$out/hs_err_paths.log" \
   -cp "$site/pegaflow/_jars/pegaflow.jar" io.pegaflow.bench.BenchMain paths --copy "${COPY:-cuda}" \
   --json "$out/server-h200.json" "$@" 2>&1 | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
@@ -41,4 +52,4 @@ if [ "${COPY:-cuda}" = cuda ] && [ "${SHMEM_ADVISE:-0}" = 1 ] && [ -w "$thp" ]; 
   fi
 fi
 rm -rf "$site"
-exit "$rc"
+exit $(( rc != 0 || ${e2e:-0} != 0 ))

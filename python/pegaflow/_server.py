@@ -73,7 +73,10 @@ def server_argv(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", gr
     """The ``pegaflow-server`` command line of this environment; a server's pool, socket and lock
     files live at ``pool_path`` (+ ``.sock``, ``.lock``, ``.token``), so servers running together need their own."""
     script = Path(sys.executable).parent / "pegaflow-server"
-    return [str(script), "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
+    # without the console script (the package on PYTHONPATH, e.g. the GPU machine): the same entry point
+    launcher = [str(script)] if script.exists() else [sys.executable, "-c",
+                                                       "import sys; from pegaflow.cli import server_main; sys.exit(server_main())"]
+    return [*launcher, "--addr", f"127.0.0.1:{grpc_port}", "--http-addr", "127.0.0.1:0", "--pool-size", pool_size,
             "--pool-path", str(pool_path), "--session-grace-ms", str(grace_ms), *(extra or [])]
 
 

@@ -165,6 +165,177 @@ def round_trip(device: str) -> dict:
         _runtime.close_all()
 
 
+def _rank_process(conn, rank: int, device: str, endpoint: str, heads: int, head_dim: int, layers: int) -> None:
+    """One TP rank in its own process, as vLLM runs its workers: its shard of the KV heads in
+    paged views on its own GPU, a WorkerCore per instance in server mode; driven over ``conn``."""
+    import torch
+
+    from pegaflow.connector import _runtime
+    from pegaflow.connector.worker import WorkerCore
+
+    settings = _runtime.Settings(mode="server", endpoint=endpoint)
+    cores, views = {}, {}
+    try:
+        while True:
+            op, *args = conn.recv()
+            if op == "quit":
+                break
+            inst = args[0]
+            if op == "register":  # (inst, facts): fresh zeroed views, registered as rank `rank` of 2
+                _, views[inst] = vllm_layout_views(layers, heads, head_dim, torch.bfloat16, device)
+                cores[inst] = WorkerCore(settings, inst)
+                conn.send(cores[inst].register(views[inst], NB, mla=False, facts=args[1], tp_rank=rank, tp_size=2))
+            elif op == "fill":  # (inst, [(k, v) per layer: this rank's heads, tokens x D], block ids)
+                for layer, name in enumerate(sorted(views[inst])):
+                    k, v = args[1][layer]
+                    for i, b in enumerate(args[2]):
+                        views[inst][name][b, :, :, :head_dim] = k[:, i * BS:(i + 1) * BS, :].to(device)
+                        views[inst][name][b, :, :, head_dim:] = v[:, i * BS:(i + 1) * BS, :].to(device)
+                torch.cuda.synchronize(device) if device.startswith("cuda") else None
+                conn.send(True)
+            elif op in ("save", "load"):  # (inst, plan, request id)
+                core = cores[inst]
+                core.submit_saves(args[1]) if op == "save" else core.start_loads(args[1])
+                poll(core, [args[2]] if op == "save" else [], "S" if op == "save" else "R", args[2])
+                conn.send(sorted(core.load_errors()))
+            elif op == "read":  # (inst, block ids): per layer, the blocks' bytes on the CPU
+                conn.send([[views[inst][name][b].contiguous().view(torch.int8).cpu() for b in args[1]]
+                           for name in sorted(views[inst])])
+    finally:
+        for core in cores.values():
+            core.close()
+        _runtime.close_all()
+
+
+def round_trip_tp2(devices: list[str], tmp_path) -> dict:
+    """TP = 2: two worker processes (one per GPU, each with its KV heads) share one
+    pegaflow-server; instance a saves through both ranks, instance b loads into other block
+    ids on both GPUs; bytes identical, decode logits bit-identical to the unloaded run."""
+    import multiprocessing
+
+    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+    from pegaflow._server import free_port, start_server
+    from pegaflow.connector import _runtime
+    from pegaflow.connector._brain import SchedulerBrain
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=1024)
+    model = LlamaForCausalLM(cfg).to(device=devices[0], dtype=torch.bfloat16).eval()
+    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    tokens = torch.randint(3, cfg.vocab_size, (1, PROMPT_BLOCKS * BS + 1), generator=torch.Generator().manual_seed(1))
+    prompt, cached = tokens[0].tolist(), PROMPT_BLOCKS * BS
+    with torch.no_grad():
+        cold = model(tokens[:, :cached].to(devices[0]), use_cache=True).past_key_values
+    kv_cold = [tuple(t.detach().clone() for t in layer_kv(cold, layer)) for layer in range(L)]
+    per_rank = H // 2
+    shards = [[(k[0, r * per_rank:(r + 1) * per_rank].cpu(), v[0, r * per_rank:(r + 1) * per_rank].cpu()) for k, v in kv_cold]
+              for r in range(2)]
+
+    server = start_server(tmp_path / "tp2.pool", pool_size="256mb", grace_ms=2000)
+    endpoint = server.endpoint
+    ctx = multiprocessing.get_context("spawn")
+    pipes, procs = [], []
+    for r in range(2):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_rank_process, args=(child, r, devices[r], endpoint, per_rank, D, L), daemon=True)
+        p.start()
+        pipes.append(parent)
+        procs.append(p)
+
+    def both(*msg):
+        for c in pipes:
+            c.send(msg)
+        return [c.recv() for c in pipes]
+
+    link = _runtime.link_for(_runtime.Settings(mode="server", endpoint=endpoint))
+    facts = {"model": "tiny-random-llama-tp2", "block_size": BS}
+    src, dst = [3, 7, 8, 20, 21], [40, 41, 50, 51, 60]
+    hashes = block_hashes(prompt, PROMPT_BLOCKS)
+    try:
+        ns_a = both("register", "tp2-a", facts)
+        ns_b = both("register", "tp2-b", facts)
+        assert ns_a[0] == ns_a[1] == ns_b[0] == ns_b[1], "both instances share one namespace"
+        for r, c in enumerate(pipes):
+            c.send(("fill", "tp2-a", shards[r], src))
+        assert all(c.recv() for c in pipes)
+        a = SchedulerBrain(link.handle, "tp2-a", BS, True)
+        assert a.lookup("r", hashes, len(prompt), 0) == 0
+        a.after_alloc("r", src + [30], 0)
+        a.schedule("r", hashes, 0, src + [30], True, 0, len(prompt))
+        t0 = time.perf_counter()
+        assert both("save", "tp2-a", a.build_plan(), "r") == [[], []]
+        save_s = time.perf_counter() - t0
+        assert a.request_finished("r")
+        a.finished(["r"], [])
+        saved = both("read", "tp2-a", src)
+
+        b = SchedulerBrain(link.handle, "tp2-b", BS, True)
+        assert b.lookup("r", hashes, len(prompt), 0) == cached
+        b.after_alloc("r", dst + [61], cached)
+        t0 = time.perf_counter()
+        assert both("load", "tp2-b", b.build_plan(), "r") == [[], []], "no load errors on either rank"
+        load_s = time.perf_counter() - t0
+        loaded = both("read", "tp2-b", dst)
+        for r in range(2):
+            for layer in range(L):
+                for i in range(PROMPT_BLOCKS):
+                    assert torch.equal(loaded[r][layer][i], saved[r][layer][i]), (r, layer, i)
+        assert all(int(t.abs().sum()) == 0 for r in range(2) for t in both("read", "tp2-b", [src[0]])[r][0]), \
+            "an unloaded block stays zero"
+
+        warm, again = DynamicCache(), DynamicCache()
+        for layer in range(L):
+            ks, vs = [], []
+            for r in range(2):  # this rank's heads of the loaded blocks, back into [heads, tokens, D]
+                blocks = [t.view(torch.bfloat16).view(per_rank, BS, 2 * D) for t in loaded[r][layer]]
+                ks.append(torch.cat([x[:, :, :D] for x in blocks], dim=1))
+                vs.append(torch.cat([x[:, :, D:] for x in blocks], dim=1))
+            k = torch.cat(ks, dim=0).unsqueeze(0).to(devices[0])
+            v = torch.cat(vs, dim=0).unsqueeze(0).to(devices[0])
+            assert torch.equal(k, kv_cold[layer][0]) and torch.equal(v, kv_cold[layer][1])
+            warm.update(k.contiguous(), v.contiguous(), layer)
+            again.update(kv_cold[layer][0].clone(), kv_cold[layer][1].clone(), layer)
+
+        def decode(cache, steps=4):
+            logits, nxt = [], tokens[:, cached:].to(devices[0])
+            with torch.no_grad():
+                for _ in range(steps):
+                    out = model(nxt, past_key_values=cache, use_cache=True)
+                    logits.append(out.logits[:, -1].float())
+                    nxt = out.logits[:, -1:].argmax(-1)
+            return torch.cat(logits)
+
+        ref, got = decode(again), decode(warm)
+        assert torch.equal(ref, got), "decoding from KV loaded on both ranks must be bit-identical"
+        a.close()
+        b.close()
+        return {"devices": devices, "namespace": ns_a[0], "layers": L, "blocks": PROMPT_BLOCKS,
+                "save_ms": round(save_s * 1e3, 3), "load_ms": round(load_s * 1e3, 3), "logits_equal": True,
+                "next_tokens": ref.argmax(-1).tolist()}
+    finally:
+        for c in pipes:
+            try:
+                c.send(("quit",))
+            except (BrokenPipeError, OSError):
+                pass
+        for p in procs:
+            p.join(30)
+        _runtime.close_all()
+        server.stop()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_tp2_two_gpus_share_one_server_bytes_and_logits_identical(tmp_path):
+    result = round_trip_tp2(["cuda:0", "cuda:1"], tmp_path)
+    out = os.environ.get("PEGAFLOW_E2E_TP2_JSON")
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=2)
+    print("E2E-TP2 " + json.dumps(result))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_llama_kv_saved_wiped_loaded_elsewhere_decodes_identically():
     result = round_trip("cuda:0")
