@@ -24,7 +24,7 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.gpu]
+pytestmark = pytest.mark.e2e  # and gpu on the tests that need one
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -74,24 +74,43 @@ def layer_kv(cache, layer: int):
     return cache.key_cache[layer], cache.value_cache[layer]
 
 
-def round_trip(device: str) -> dict:
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
-
-    from pegaflow.connector import _runtime
-    from pegaflow.connector._brain import SchedulerBrain
-    from pegaflow.connector.worker import WorkerCore
+def tiny_llama(device: str):
+    """The seeded random Llama, its prompt, and the K/V of the prompt's first PROMPT_BLOCKS blocks."""
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=1024)
     model = LlamaForCausalLM(cfg).to(device=device, dtype=torch.bfloat16).eval()
-    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
     tokens = torch.randint(3, cfg.vocab_size, (1, PROMPT_BLOCKS * BS + 1), generator=torch.Generator().manual_seed(1))
-    prompt = tokens[0].tolist()
     cached = PROMPT_BLOCKS * BS
     with torch.no_grad():
         cold = model(tokens[:, :cached].to(device), use_cache=True).past_key_values
-    kv_cold = [tuple(t.detach().clone() for t in layer_kv(cold, layer)) for layer in range(L)]
+    kv_cold = [tuple(t.detach().clone() for t in layer_kv(cold, layer)) for layer in range(cfg.num_hidden_layers)]
+    return cfg, model, tokens, kv_cold
+
+
+def decode(model, cache, tokens, device: str, steps: int = 4):
+    """Logits of the next ``steps`` greedy tokens after the prompt's cached blocks."""
+    logits, nxt = [], tokens[:, PROMPT_BLOCKS * BS:].to(device)
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(nxt, past_key_values=cache, use_cache=True)
+            logits.append(out.logits[:, -1].float())
+            nxt = out.logits[:, -1:].argmax(-1)
+    return torch.cat(logits)
+
+
+def round_trip(device: str) -> dict:
+    from transformers import DynamicCache
+
+    from pegaflow.connector import _runtime
+    from pegaflow.connector._brain import SchedulerBrain
+    from pegaflow.connector.worker import WorkerCore
+
+    cfg, model, tokens, kv_cold = tiny_llama(device)
+    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    prompt, cached = tokens[0].tolist(), PROMPT_BLOCKS * BS
 
     buf, views = vllm_layout_views(L, H, D, torch.bfloat16, device)
     src = [3, 7, 8, 20, 21]  # where "the model" wrote the prompt's blocks
@@ -144,16 +163,7 @@ def round_trip(device: str) -> dict:
             warm.update(k.contiguous(), v.contiguous(), layer)
             again.update(kv_cold[layer][0].clone(), kv_cold[layer][1].clone(), layer)
 
-        def decode(cache, steps=4):
-            logits, nxt = [], tokens[:, cached:].to(device)
-            with torch.no_grad():
-                for _ in range(steps):
-                    out = model(nxt, past_key_values=cache, use_cache=True)
-                    logits.append(out.logits[:, -1].float())
-                    nxt = out.logits[:, -1:].argmax(-1)
-            return torch.cat(logits)
-
-        ref, got = decode(again), decode(warm)
+        ref, got = decode(model, again, tokens, device), decode(model, warm, tokens, device)
         assert torch.equal(ref, got), "decoding from loaded KV must be bit-identical"
         nbytes = sum(t.numel() for t in saved.values())
         return {"device": device, "namespace": namespace, "layers": L, "blocks": PROMPT_BLOCKS, "bytes": nbytes,
@@ -213,22 +223,15 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
     ids on both GPUs; bytes identical, decode logits bit-identical to the unloaded run."""
     import multiprocessing
 
-    from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+    from transformers import DynamicCache
 
-    from pegaflow._server import free_port, start_server
+    from pegaflow._server import start_server
     from pegaflow.connector import _runtime
     from pegaflow.connector._brain import SchedulerBrain
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=64, vocab_size=1000, max_position_embeddings=1024)
-    model = LlamaForCausalLM(cfg).to(device=devices[0], dtype=torch.bfloat16).eval()
+    cfg, model, tokens, kv_cold = tiny_llama(devices[0])
     L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
-    tokens = torch.randint(3, cfg.vocab_size, (1, PROMPT_BLOCKS * BS + 1), generator=torch.Generator().manual_seed(1))
     prompt, cached = tokens[0].tolist(), PROMPT_BLOCKS * BS
-    with torch.no_grad():
-        cold = model(tokens[:, :cached].to(devices[0]), use_cache=True).past_key_values
-    kv_cold = [tuple(t.detach().clone() for t in layer_kv(cold, layer)) for layer in range(L)]
     per_rank = H // 2
     shards = [[(k[0, r * per_rank:(r + 1) * per_rank].cpu(), v[0, r * per_rank:(r + 1) * per_rank].cpu()) for k, v in kv_cold]
               for r in range(2)]
@@ -298,16 +301,7 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
             warm.update(k.contiguous(), v.contiguous(), layer)
             again.update(kv_cold[layer][0].clone(), kv_cold[layer][1].clone(), layer)
 
-        def decode(cache, steps=4):
-            logits, nxt = [], tokens[:, cached:].to(devices[0])
-            with torch.no_grad():
-                for _ in range(steps):
-                    out = model(nxt, past_key_values=cache, use_cache=True)
-                    logits.append(out.logits[:, -1].float())
-                    nxt = out.logits[:, -1:].argmax(-1)
-            return torch.cat(logits)
-
-        ref, got = decode(again), decode(warm)
+        ref, got = decode(model, again, tokens, devices[0]), decode(model, warm, tokens, devices[0])
         assert torch.equal(ref, got), "decoding from KV loaded on both ranks must be bit-identical"
         a.close()
         b.close()
@@ -326,6 +320,7 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
         server.stop()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_tp2_two_gpus_share_one_server_bytes_and_logits_identical(tmp_path):
     result = round_trip_tp2(["cuda:0", "cuda:1"], tmp_path)
@@ -336,6 +331,14 @@ def test_tp2_two_gpus_share_one_server_bytes_and_logits_identical(tmp_path):
     print("E2E-TP2 " + json.dumps(result))
 
 
+def test_tp2_ranks_in_two_processes_share_one_server_on_the_cpu(tmp_path):
+    """The two-GPU test's protocol with both ranks' caches in host memory (CI has no GPU):
+    two worker processes, one server, bytes and decode logits identical."""
+    result = round_trip_tp2(["cpu", "cpu"], tmp_path)
+    assert result["logits_equal"]
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_llama_kv_saved_wiped_loaded_elsewhere_decodes_identically():
     result = round_trip("cuda:0")

@@ -363,27 +363,15 @@ final class PathsCommand implements Callable<Integer> {
             Ids ids = new Ids(cacheBlocks, 17);
             long[] src = ids.take(blocks);
             long[] dst = ids.take(blocks);
-            CopyBatch save = kv.batch(CopyBatch.Direction.TO_HOST, src);
-            CopyBatch load = kv.batch(CopyBatch.Direction.TO_DEVICE, dst);
-            double[] s = new double[repeat];
-            double[] l = new double[repeat];
             if (engine instanceof CudaTransferEngine c) {
                 c.awaitFullyPinned(); // the line below copies without the engine's own pinning check
             }
-            engine.submit(save).join(); // the kernel's first launch and the lanes' buffers
-            engine.submit(load).join();
-            for (int r = 0; r < repeat; r++) {
-                long t0 = System.nanoTime();
-                engine.submit(save).join();
-                s[r] = (System.nanoTime() - t0) / 1e9;
-                t0 = System.nanoTime();
-                engine.submit(load).join();
-                l[r] = (System.nanoTime() - t0) / 1e9;
-            }
-            report.put("engine_save_gbps", bytes / median(s) / 1e9);
-            report.put("engine_load_gbps", bytes / median(l) / 1e9);
-            report.put("engine_save_ms", median(s) * 1e3);
-            report.put("engine_load_ms", median(l) * 1e3);
+            double[] t = timeBatches(engine, kv.batch(CopyBatch.Direction.TO_HOST, src),
+                    kv.batch(CopyBatch.Direction.TO_DEVICE, dst));
+            report.put("engine_save_gbps", bytes / t[0] / 1e9);
+            report.put("engine_load_gbps", bytes / t[1] / 1e9);
+            report.put("engine_save_ms", t[0] * 1e3);
+            report.put("engine_load_ms", t[1] * 1e3);
             if (engine instanceof CudaTransferEngine c) {
                 line(c, pool, Math.min(2L << 30, pool.size()));
             }
@@ -403,27 +391,32 @@ final class PathsCommand implements Callable<Integer> {
                         CudaTransferEngine engine = CudaTransferEngine.create(pool,
                                 CudaOptions.defaults().withDevice(device).withDmaThreshold(mode.getValue()))) {
                     Ids ids = new Ids(cacheBlocks, 19);
-                    CopyBatch save = one.batch(CopyBatch.Direction.TO_HOST, ids.take(blocks));
-                    CopyBatch load = one.batch(CopyBatch.Direction.TO_DEVICE, ids.take(blocks));
-                    double[] s = new double[repeat];
-                    double[] l = new double[repeat];
-                    engine.submit(save).join();
-                    engine.submit(load).join();
-                    for (int r = 0; r < repeat; r++) {
-                        long t0 = System.nanoTime();
-                        engine.submit(save).join();
-                        s[r] = (System.nanoTime() - t0) / 1e9;
-                        t0 = System.nanoTime();
-                        engine.submit(load).join();
-                        l[r] = (System.nanoTime() - t0) / 1e9;
-                    }
-                    report.put("engine_crosslayer_" + mode.getKey() + "_save_gbps", blocks * blockBytes / median(s) / 1e9);
-                    report.put("engine_crosslayer_" + mode.getKey() + "_load_gbps", blocks * blockBytes / median(l) / 1e9);
+                    double[] t = timeBatches(engine, one.batch(CopyBatch.Direction.TO_HOST, ids.take(blocks)),
+                            one.batch(CopyBatch.Direction.TO_DEVICE, ids.take(blocks)));
+                    report.put("engine_crosslayer_" + mode.getKey() + "_save_gbps", blocks * blockBytes / t[0] / 1e9);
+                    report.put("engine_crosslayer_" + mode.getKey() + "_load_gbps", blocks * blockBytes / t[1] / 1e9);
                 }
             }
         } finally {
             one.free();
         }
+    }
+
+    /** Median seconds of {@code save} and of {@code load} on the engine alone, after one untimed round of each. */
+    private double[] timeBatches(TransferEngine engine, CopyBatch save, CopyBatch load) {
+        double[] s = new double[repeat];
+        double[] l = new double[repeat];
+        engine.submit(save).join(); // the kernel's first launch and the lanes' buffers
+        engine.submit(load).join();
+        for (int r = 0; r < repeat; r++) {
+            long t0 = System.nanoTime();
+            engine.submit(save).join();
+            s[r] = (System.nanoTime() - t0) / 1e9;
+            t0 = System.nanoTime();
+            engine.submit(load).join();
+            l[r] = (System.nanoTime() - t0) / 1e9;
+        }
+        return new double[] {median(s), median(l)};
     }
 
     /** One large contiguous pinned copy each way, one per pinned chunk (a copy may not span two). */
