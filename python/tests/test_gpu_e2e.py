@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -236,7 +237,10 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
     shards = [[(k[0, r * per_rank:(r + 1) * per_rank].cpu(), v[0, r * per_rank:(r + 1) * per_rank].cpu()) for k, v in kv_cold]
               for r in range(2)]
 
-    server = start_server(tmp_path / "tp2.pool", pool_size="256mb", grace_ms=2000)
+    # the pool on tmpfs: the kernel refuses to pin (long-term) pages of a file on a disk file system
+    shm = Path("/dev/shm")
+    pool = (shm if shm.is_dir() else tmp_path) / f"pegaflow-tp2-{os.getpid()}.pool"
+    server = start_server(pool, pool_size="256mb", grace_ms=2000)
     endpoint = server.endpoint
     ctx = multiprocessing.get_context("spawn")
     pipes, procs = [], []

@@ -237,8 +237,19 @@ public final class CudaTransferEngine implements TransferEngine {
             long off = c * chunkBytes;
             long len = Math.min(chunkBytes, mappedBytes - off);
             device.makeCurrent();
-            CudaDriver.memHostRegister(base + off, len, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE
-                    | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP);
+            try {
+                CudaDriver.memHostRegister(base + off, len, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE
+                        | CudaDriver.CU_MEMHOSTREGISTER_DEVICEMAP);
+            } catch (CudaException e) {
+                java.nio.file.Path file = pool.file();
+                if (file != null && !file.toAbsolutePath().startsWith("/dev/shm")) {
+                    // seen on the H200: a pool file on a disk file system cannot be pinned
+                    throw new CudaException(e.getMessage() + "; the pool file " + file + " is not under /dev/shm: the "
+                            + "kernel pins only shared memory (tmpfs) for CUDA, so give pegaflow-server a --pool-path "
+                            + "under /dev/shm", e);
+                }
+                throw e;
+            }
             pinned.set(c, 1);
             long mapped = CudaDriver.memHostGetDevicePointer(base + off);
             if (mapped != base + off) {
