@@ -93,7 +93,7 @@ final class PathsCommand implements Callable<Integer> {
     String attachPoolSize;
 
     @Option(names = "--prefault-threads", defaultValue = "16", description = "threads committing the pool in the pre-faulted attach cases")
-    int attachThreads;
+    int prefaultThreads;
 
     @Option(names = "--tp2", defaultValue = "auto",
             description = "two worker processes on GPUs 0 and 1 as TP ranks of one instance: auto (when 2 GPUs), on, off")
@@ -174,10 +174,10 @@ final class PathsCommand implements Callable<Integer> {
             }
             try (ServerProcess server = ServerProcess.start(javaLauncher, need)) {
                 report.put("server_start_s", server.startSeconds);
-                long t0 = System.nanoTime();
                 try (io.pegaflow.client.RemoteStore store = io.pegaflow.client.RemoteStore.connect(server.endpoint, 30_000)) {
                     controlPlane("server", store);
                 }
+                long t0 = System.nanoTime();
                 try (PegaEngine attached = EngineClient.connect(server.endpoint, transfer, 30_000)) {
                     report.put("server_attach_s", (System.nanoTime() - t0) / 1e9);
                     cases("server", attached, kv, true);
@@ -676,7 +676,7 @@ final class PathsCommand implements Callable<Integer> {
                     pool = HostPool.createShared(path, bytes, null);
                 }
                 if (st.prefault()) {
-                    report.put("attach_prefault_s", pool.prefault(attachThreads) / 1e9);
+                    report.put("attach_prefault_s", pool.prefault(prefaultThreads) / 1e9);
                 }
                 List<Process> ps = new ArrayList<>();
                 for (int w = 0; w < st.workers(); w++) {
