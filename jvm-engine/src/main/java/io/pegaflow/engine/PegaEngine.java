@@ -182,11 +182,18 @@ public final class PegaEngine implements AutoCloseable {
             } catch (PegaflowException e) {
                 rest = CompletableFuture.failedFuture(e);
             }
+            // Completes only when both parts have: a part still copying reads GPU blocks that
+            // vLLM may reuse once the save is reported done, failed or not.
             CompletableFuture<CopyResult> tail = rest;
-            return first.thenCombine(tail, (a, b) -> new CopyResult(a.blocks() + b.blocks(),
-                    a.skippedBlocks() + b.skippedBlocks(), a.bytes() + b.bytes()))
-                    .exceptionallyCompose(e -> tail.handle((r, x) -> null).thenCompose(x -> CompletableFuture.failedFuture(
-                            e instanceof java.util.concurrent.CompletionException c && c.getCause() != null ? c.getCause() : e)));
+            return CompletableFuture.allOf(first, tail).handle((x, e) -> {
+                if (e != null) {
+                    throw e instanceof java.util.concurrent.CompletionException c ? c
+                            : new java.util.concurrent.CompletionException(e);
+                }
+                CopyResult a = first.join();
+                CopyResult b = tail.join();
+                return new CopyResult(a.blocks() + b.blocks(), a.skippedBlocks() + b.skippedBlocks(), a.bytes() + b.bytes());
+            });
         } finally {
             endOp();
         }

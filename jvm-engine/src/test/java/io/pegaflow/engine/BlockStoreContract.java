@@ -496,6 +496,60 @@ public abstract class BlockStoreContract {
         verifyInvariants();
     }
 
+    /**
+     * A save of 64 blocks or more goes in two parts; when the rest cannot be planned (pool
+     * exhausted), the save's future still waits for the head's copy, which reads blocks vLLM
+     * reuses once the save is reported, and then fails; the head's blocks are saved.
+     */
+    @Test
+    void aSaveInTwoPartsCompletesOnlyAfterBothEvenWhenTheRestIsRefused() {
+        CompletableFuture<Void> gate = new CompletableFuture<>();
+        engine = engine(config(20 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), gate)).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 128, 256, 0); // 1 KiB blocks, 20 fit
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 64);
+        long[] ids = new long[64];
+        for (int i = 0; i < 64; i++) {
+            ids[i] = i;
+            world.fillPattern(i, h[i]);
+        }
+        CompletableFuture<CopyResult> f = engine.save("inst", 0, ids, BlockHashes.of(h));
+        assertThat(PegaEngine.headBlocks(ids, BlockHashes.of(h))).isEqualTo(16);
+        assertThat(f).as("the head (16 blocks) is still copying").isNotDone();
+        gate.complete(null);
+        assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
+                .isInstanceOf(PoolExhaustedException.class);
+        assertThat(hits(java.util.Arrays.copyOf(h, 16))).isEqualTo(16);
+        verifyInvariants();
+    }
+
+    /** A copy engine whose batches complete once {@code gate} has (and the copy has). */
+    private record GatedTransfer(HostTransferEngine delegate, CompletableFuture<Void> gate) implements TransferEngine {
+        @Override
+        public TransferFuture submit(CopyBatch batch) {
+            TransferFuture copied = delegate.submit(batch);
+            TransferFuture out = new TransferFuture();
+            CompletableFuture.allOf(copied, gate).whenComplete((r, e) -> {
+                if (e != null) {
+                    out.completeExceptionally(e);
+                } else {
+                    out.complete(null);
+                }
+            });
+            return out;
+        }
+
+        @Override
+        public String name() {
+            return "gated";
+        }
+
+        @Override
+        public void close() {
+            delegate.close();
+        }
+    }
+
     /** A copy engine that fails every batch while {@code fail} is set. */
     private record FailingTransfer(HostTransferEngine delegate, AtomicBoolean fail) implements TransferEngine {
         @Override
