@@ -373,7 +373,11 @@ final class PathsCommand implements Callable<Integer> {
             report.put("engine_save_ms", t[0] * 1e3);
             report.put("engine_load_ms", t[1] * 1e3);
             if (engine instanceof CudaTransferEngine c) {
-                line(c, pool, Math.min(2L << 30, pool.size()));
+                long lineBytes = Math.min(2L << 30, pool.size());
+                double[] line = lineSeconds(c, pool, lineBytes, repeat);
+                report.put("line_bytes", lineBytes);
+                report.put("line_h2d_gbps", lineBytes / line[0] / 1e9);
+                report.put("line_d2h_gbps", lineBytes / line[1] / 1e9);
             }
         }
     }
@@ -419,8 +423,12 @@ final class PathsCommand implements Callable<Integer> {
         return new double[] {median(s), median(l)};
     }
 
-    /** One large contiguous pinned copy each way, one per pinned chunk (a copy may not span two). */
-    private void line(CudaTransferEngine copies, HostPool pool, long bytes) {
+    /**
+     * The PCIe line: one large contiguous pinned copy of {@code bytes} each way, one
+     * cuMemcpyAsync per pinned chunk (a copy may not span two), median of {@code repeat}
+     * after one untimed round. Returns seconds {h2d, d2h}. Also used by {@code transfer}.
+     */
+    static double[] lineSeconds(CudaTransferEngine copies, HostPool pool, long bytes, int repeat) {
         long gpu = CudaDriver.memAlloc(bytes);
         long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
         try {
@@ -444,9 +452,7 @@ final class PathsCommand implements Callable<Integer> {
                     d2h[r] = (System.nanoTime() - t1) / 1e9;
                 }
             }
-            report.put("line_bytes", bytes);
-            report.put("line_h2d_gbps", bytes / median(h2d) / 1e9);
-            report.put("line_d2h_gbps", bytes / median(d2h) / 1e9);
+            return new double[] {median(h2d), median(d2h)};
         } finally {
             CudaDriver.streamDestroy(stream);
             CudaDriver.memFree(gpu);

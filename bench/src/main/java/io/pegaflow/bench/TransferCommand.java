@@ -93,26 +93,10 @@ final class TransferCommand implements Callable<Integer> {
 
                 // --- the line: one large contiguous copy each way
                 long lineBytes = Math.min(blocks * llamaBlockBytes, pool.size());
-                long gpuLine = CudaDriver.memAlloc(lineBytes);
+                double[] line = PathsCommand.lineSeconds(copies, pool, lineBytes, repeat);
+                double lineH2dGbps = lineBytes / line[0] / 1e9;
+                double lineD2hGbps = lineBytes / line[1] / 1e9;
                 long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
-                // One copy per pinned chunk (1 GiB): an async copy may not span two registrations.
-                double lineH2d = median(repeat, () -> {
-                    for (long off = 0; off < lineBytes; off += copies.bytesToChunkEnd(pool.address() + off)) {
-                        long len = Math.min(lineBytes - off, copies.bytesToChunkEnd(pool.address() + off));
-                        CudaDriver.memcpyHtoDAsync(gpuLine + off, pool.address() + off, len, stream);
-                    }
-                    CudaDriver.streamSynchronize(stream);
-                });
-                double lineD2h = median(repeat, () -> {
-                    for (long off = 0; off < lineBytes; off += copies.bytesToChunkEnd(pool.address() + off)) {
-                        long len = Math.min(lineBytes - off, copies.bytesToChunkEnd(pool.address() + off));
-                        CudaDriver.memcpyDtoHAsync(pool.address() + off, gpuLine + off, len, stream);
-                    }
-                    CudaDriver.streamSynchronize(stream);
-                });
-                CudaDriver.memFree(gpuLine);
-                double lineH2dGbps = lineBytes / lineH2d / 1e9;
-                double lineD2hGbps = lineBytes / lineD2h / 1e9;
                 report.put("line_bytes", lineBytes);
                 report.put("line_h2d_gbps", lineH2dGbps);
                 report.put("line_d2h_gbps", lineD2hGbps);

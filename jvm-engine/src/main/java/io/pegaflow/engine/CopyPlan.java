@@ -65,15 +65,14 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
     }
 
     /**
-     * Collects slots (request block, region, pool offset) in plan order and merges each into
-     * the previous run when it is the next region of the same block and lies right after it.
+     * Builds a plan block by block: each block's slots, in plan order, merge into one run
+     * while each is the next region and lies right after the previous one in the pool.
      */
     public static final class Runs {
-        private int[] block = new int[16];
-        private int[] region = new int[16];
-        private int[] count = new int[16];
-        private long[] offset = new long[16];
-        private long nextOffset;
+        private int[] block;
+        private int[] region;
+        private int[] count;
+        private long[] offset;
         private int n;
 
         public Runs(int expectedRuns) {
@@ -84,42 +83,27 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
             offset = new long[cap];
         }
 
-        public Runs() {
-            this(16);
-        }
-
-        public void add(int requestBlock, int regionIndex, long poolOffset, long slotBytes) {
-            if (n > 0 && block[n - 1] == requestBlock && region[n - 1] + count[n - 1] == regionIndex
-                    && nextOffset == poolOffset) {
-                count[n - 1]++;
-            } else {
-                addRun(requestBlock, regionIndex, 1, poolOffset);
-            }
-            nextOffset = poolOffset + slotBytes;
-        }
-
         /**
-         * Slots of {@code requestBlock} in the regions {@code regions} (worker region indexes,
-         * in plan order) at pool offsets {@code offsetOf[k]}, each {@code slotBytes[k]} long:
-         * one pass, a new run wherever the next slot does not follow the previous one.
+         * The slots of {@code requestBlock} in worker regions {@code regions} (plan order):
+         * region {@code r}'s slot is slot {@code slotOf[r]} of the block, at pool offset
+         * {@code slotOffset[slotOf[r]]}, {@code slotBytes[r]} long.
          */
-        public void addBlock(int requestBlock, int[] regions, long[] offsetOf, long[] slotBytes) {
+        public void addBlock(int requestBlock, int[] regions, long[] slotOffset, int[] slotOf, long[] slotBytes) {
             long expect = -1;
             int last = -2;
-            for (int k = 0; k < regions.length; k++) {
-                long off = offsetOf[k];
-                if (off == expect && regions[k] == last + 1) {
+            for (int r : regions) {
+                long off = slotOffset[slotOf[r]];
+                if (off == expect && r == last + 1) {
                     count[n - 1]++;
                 } else {
-                    addRun(requestBlock, regions[k], 1, off);
+                    addRun(requestBlock, r, off);
                 }
-                expect = off + slotBytes[k];
-                last = regions[k];
+                expect = off + slotBytes[r];
+                last = r;
             }
-            nextOffset = expect;
         }
 
-        private void addRun(int requestBlock, int regionIndex, int slots, long poolOffset) {
+        private void addRun(int requestBlock, int regionIndex, long poolOffset) {
             if (n == block.length) {
                 int cap = n * 2;
                 block = Arrays.copyOf(block, cap);
@@ -129,7 +113,7 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
             }
             block[n] = requestBlock;
             region[n] = regionIndex;
-            count[n] = slots;
+            count[n] = 1;
             offset[n] = poolOffset;
             n++;
         }

@@ -28,15 +28,25 @@ final class Instance {
         return ns != null;
     }
 
-    /** A registered worker and, after sealing, the layer id of each of its regions. */
+    /**
+     * A registered worker and, after sealing, for each of its regions: the layer id and the
+     * slot of a block it fills ({@code layout.slot(layerId, tpRank)}); with each region's
+     * slot size, what every save and load plan reads per region, computed once here.
+     */
     static final class Worker {
         final WorkerSpec spec;
         final LayerRegion[] regions;
+        final long[] slotBytes;
         int[] layerIds;
+        int[] slots;
 
         Worker(WorkerSpec spec) {
             this.spec = spec;
             this.regions = spec.layers().toArray(new LayerRegion[0]);
+            this.slotBytes = new long[regions.length];
+            for (int r = 0; r < regions.length; r++) {
+                slotBytes[r] = regions[r].slotBytes();
+            }
         }
 
         /** Indexes into {@link #regions} of the named layers ({@code null}: all), in the order named. */

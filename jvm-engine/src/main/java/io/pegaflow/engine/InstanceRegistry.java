@@ -157,8 +157,10 @@ final class InstanceRegistry {
         }
         for (Instance.Worker w : inst.workers) {
             w.layerIds = new int[w.regions.length];
+            w.slots = new int[w.regions.length];
             for (int i = 0; i < w.regions.length; i++) {
                 w.layerIds[i] = ids.get(w.regions[i].layerName());
+                w.slots[i] = layout.slot(w.layerIds[i], w.spec.tpRank());
             }
         }
         if (ns == null) {

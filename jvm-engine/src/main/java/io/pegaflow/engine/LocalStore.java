@@ -230,27 +230,18 @@ public final class LocalStore implements BlockStore {
 
     /**
      * Under lock: decides what to write, checks capacity, then allocates and claims slots. The
-     * per-region facts (slot index, bytes) are computed once per call; a block none of whose
+     * per-region facts (slot, bytes) come from the worker (computed when it was sealed); a block none of whose
      * selected slots exist yet (the usual case) shares the call's region list; a hash repeated
      * in the call is planned once (its later copies count as skipped).
      */
     private void planSave(Instance inst, Instance.Worker worker, int[] regionIdx, long[] blockIds, BlockHashes hashes,
             List<PlannedBlock> plans) {
         NamespaceIndex ns = inst.ns;
-        NamespaceLayout layout = ns.layout;
-        int tpRank = worker.spec.tpRank();
-        int[] slots = new int[regionIdx.length];
+        int[] slotOf = worker.slots;
+        long[] slotBytesOf = worker.slotBytes;
         long allBytes = 0;
-        for (int k = 0; k < regionIdx.length; k++) {
-            slots[k] = layout.slot(worker.layerIds[regionIdx[k]], tpRank);
-            allBytes += worker.regions[regionIdx[k]].slotBytes();
-        }
-        // by worker region index, for the claim loop below
-        int[] slotOf = new int[worker.regions.length];
-        long[] slotBytesOf = new long[worker.regions.length];
-        for (int r = 0; r < worker.regions.length; r++) {
-            slotOf[r] = layout.slot(worker.layerIds[r], tpRank);
-            slotBytesOf[r] = worker.regions[r].slotBytes();
+        for (int r : regionIdx) {
+            allBytes += slotBytesOf[r];
         }
         Set<HashKey> seen = new HashSet<>();
         long unit = allocator.unitBytes();
@@ -272,10 +263,10 @@ public final class LocalStore implements BlockStore {
                 int[] some = new int[regionIdx.length];
                 int n = 0;
                 bytes = 0;
-                for (int k = 0; k < regionIdx.length; k++) {
-                    if (b.slotState[slots[k]] == Block.EMPTY) {
-                        some[n++] = regionIdx[k];
-                        bytes += worker.regions[regionIdx[k]].slotBytes();
+                for (int r : regionIdx) {
+                    if (b.slotState[slotOf[r]] == Block.EMPTY) {
+                        some[n++] = r;
+                        bytes += slotBytesOf[r];
                     }
                 }
                 if (n == 0) {
@@ -300,7 +291,7 @@ public final class LocalStore implements BlockStore {
             long handle;
             while ((handle = allocator.allocate(plan.bytes)) == OffsetAllocator.NO_SPACE) {
                 if (!evictOne()) {
-                    rollbackSave(worker, layout, plans.subList(0, p));
+                    rollbackSave(worker, plans.subList(0, p));
                     count(Counter.POOL_ALLOC_FAILURES, 1);
                     plans.clear();
                     throw new PoolExhaustedException("host pool exhausted: no free range of " + Sizes.format(plan.bytes)
@@ -332,12 +323,11 @@ public final class LocalStore implements BlockStore {
     }
 
     /** Under lock: undoes the allocations and slot claims of a save that did not happen. */
-    private void rollbackSave(Instance.Worker worker, NamespaceLayout layout, List<PlannedBlock> done) {
-        int tpRank = worker.spec.tpRank();
+    private void rollbackSave(Instance.Worker worker, List<PlannedBlock> done) {
         for (PlannedBlock plan : done) {
             Block b = plan.block;
             for (int r : plan.regions) {
-                int slot = layout.slot(worker.layerIds[r], tpRank);
+                int slot = worker.slots[r];
                 b.slotState[slot] = Block.EMPTY;
                 b.slotOffset[slot] = -1;
             }
@@ -349,17 +339,15 @@ public final class LocalStore implements BlockStore {
 
     /** Under lock: fills (ok) or releases the slots of a reservation. */
     private void commitLocked(Instance inst, Instance.Worker worker, List<PlannedBlock> plans, boolean ok) {
-        NamespaceLayout layout = inst.ns.layout;
-        int tpRank = worker.spec.tpRank();
         if (!ok) {
-            rollbackSave(worker, layout, plans);
+            rollbackSave(worker, plans);
             return;
         }
         long now = clock.getAsLong();
         for (PlannedBlock plan : plans) {
             Block b = plan.block;
             for (int r : plan.regions) {
-                b.slotState[layout.slot(worker.layerIds[r], tpRank)] = Block.FILLED;
+                b.slotState[worker.slots[r]] = Block.FILLED;
                 b.filled++;
             }
             b.touchedNanos = now;
@@ -731,7 +719,7 @@ public final class LocalStore implements BlockStore {
     private void abort(OpenCopy op) {
         switch (op) {
             case Reservation r -> {
-                rollbackSave(r.worker(), r.instance().ns.layout, r.blocks());
+                rollbackSave(r.worker(), r.blocks());
                 count(Counter.SAVE_FAILURES, 1);
             }
             case OpenLoad l -> {

@@ -1,5 +1,6 @@
 package io.pegaflow.engine;
 
+import java.util.Arrays;
 import java.util.List;
 
 /**
@@ -18,28 +19,9 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
             implements OpenCopy {
         /** Where each claimed slot goes, as runs of slots back to back in the pool (one per block, usually). */
         CopyPlan plan(Token id, int skipped) {
-            NamespaceLayout layout = instance.ns.layout;
-            int tpRank = worker.spec.tpRank();
             CopyPlan.Runs runs = new CopyPlan.Runs(blocks.size());
-            long[] offsets = new long[worker.regions.length];
-            long[] bytes = new long[worker.regions.length];
-            int[] slots = new int[worker.regions.length];
-            for (int r = 0; r < worker.regions.length; r++) {
-                slots[r] = layout.slot(worker.layerIds[r], tpRank);
-                bytes[r] = worker.regions[r].slotBytes();
-            }
-            long[] off = new long[worker.regions.length];
-            long[] len = new long[worker.regions.length];
             for (PlannedBlock p : blocks) {
-                int[] regions = p.regions;
-                long[] slotOffset = p.block.slotOffset;
-                long[] o = regions.length == off.length ? off : new long[regions.length];
-                long[] l = regions.length == len.length ? len : new long[regions.length];
-                for (int k = 0; k < regions.length; k++) {
-                    o[k] = slotOffset[slots[regions[k]]];
-                    l[k] = bytes[regions[k]];
-                }
-                runs.addBlock(p.requestIndex, regions, o, l);
+                runs.addBlock(p.requestIndex, p.regions, p.block.slotOffset, worker.slots, worker.slotBytes);
             }
             return runs.plan(id, CopyPlan.Direction.SAVE, blocks.size(), skipped);
         }
@@ -49,25 +31,11 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     record OpenLoad(Instance instance, Block[] blocks, long deadlineNanos) implements OpenCopy {
         /** Where each of {@code worker}'s slots is, as runs (lease index = index into the destination ids). */
         CopyPlan plan(Token id, Instance.Worker worker) {
-            NamespaceLayout layout = instance.ns.layout;
-            int tpRank = worker.spec.tpRank();
-            int n = worker.regions.length;
-            int[] regions = new int[n];
-            int[] slots = new int[n];
-            long[] bytes = new long[n];
-            for (int r = 0; r < n; r++) {
-                regions[r] = r;
-                slots[r] = layout.slot(worker.layerIds[r], tpRank);
-                bytes[r] = worker.regions[r].slotBytes();
-            }
-            long[] off = new long[n];
+            int[] all = new int[worker.regions.length];
+            Arrays.setAll(all, r -> r);
             CopyPlan.Runs runs = new CopyPlan.Runs(blocks.length);
             for (int i = 0; i < blocks.length; i++) {
-                long[] slotOffset = blocks[i].slotOffset;
-                for (int r = 0; r < n; r++) {
-                    off[r] = slotOffset[slots[r]];
-                }
-                runs.addBlock(i, regions, off, bytes);
+                runs.addBlock(i, all, blocks[i].slotOffset, worker.slots, worker.slotBytes);
             }
             return runs.plan(id, CopyPlan.Direction.LOAD, blocks.length, 0);
         }
