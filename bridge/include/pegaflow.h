@@ -1,5 +1,5 @@
 /*
- * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 2).
+ * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 3).
  *
  * The engine is Java. A host process (CPython through ctypes, or C, C++, Rust) creates one
  * JVM with JNI_CreateJavaVM, with the engine jar on -Djava.class.path and the options
@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 2
+#define PEGAFLOW_ABI_VERSION 3
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -112,10 +112,12 @@ typedef struct pegaflow_api {
                     const int64_t *block_ids, const uint8_t *hashes, int32_t hash_len,
                     const char *layer_names, int64_t wait_stream, int64_t *out_completion);
 
-    /* Longest resident prefix of the n hashes: writes its length, and a lease pinning those
-       blocks when the length is > 0 (else 16 zero bytes: nothing to load or release). */
+    /* Longest resident prefix of the n hashes: out_hit[0] = its length, and a lease pinning
+       those blocks when the length is > 0 (else 16 zero bytes: nothing to load or release).
+       out_hit[1] > 0 means "not yet": that many blocks after the prefix are being read back
+       from the SSD tier, no lease was issued, ask again (since ABI 3). */
     int32_t (*query)(int64_t engine, const char *instance_id, int32_t n, const uint8_t *hashes,
-                     int32_t hash_len, int32_t *out_hit, uint8_t *out_lease);
+                     int32_t hash_len, int32_t out_hit[2], uint8_t *out_lease);
 
     /* Consumes this worker's share of the lease and copies the leased blocks into
        dst_block_ids (n = the lease's block count). Returns at once with a completion. */

@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -52,7 +52,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("register_worker", [c_int64, c_char_p, c_int32, c_int32, c_int32, c_int32, c_char_p, c_void_p]),
     ("unregister_instance", [c_int64, c_char_p]),
     ("save", [c_int64, c_char_p, c_int32, c_int32, c_void_p, c_char_p, c_int32, c_char_p, c_int64, POINTER(c_int64)]),
-    ("query", [c_int64, c_char_p, c_int32, c_char_p, c_int32, POINTER(c_int32), c_void_p]),
+    ("query", [c_int64, c_char_p, c_int32, c_char_p, c_int32, c_void_p, c_void_p]),
     ("load", [c_int64, c_char_p, c_int32, c_char_p, c_int32, c_void_p, POINTER(c_int64)]),
     ("release", [c_int64, c_char_p, c_char_p]),
     ("wait", [c_int64, c_int64, c_void_p]),

@@ -51,10 +51,15 @@ class LayerRegion:
 
 @dataclass(frozen=True)
 class QueryResult:
-    """Leading resident blocks and the lease pinning them (None when nothing hit)."""
+    """Leading resident blocks and the lease pinning them (None when nothing hit).
+
+    ``pending_blocks > 0`` means "not yet": that many blocks after the prefix are being read
+    back from the SSD tier; no lease was issued; query again.
+    """
 
     hit_blocks: int
     lease: bytes | None
+    pending_blocks: int = 0
 
 
 @dataclass(frozen=True)
@@ -209,10 +214,10 @@ class PegaEngine:
 
     def query(self, instance_id: str, hashes: Sequence[bytes]) -> QueryResult:
         packed, count, length = _hashes(hashes)
-        hit = c_int32()
+        out = (c_int32 * 2)()
         lease = ctypes.create_string_buffer(LEASE_BYTES)
-        _bridge.api().call("query", self._h(), instance_id.encode(), count, packed, length, ctypes.byref(hit), lease)
-        return QueryResult(hit.value, lease.raw if hit.value > 0 else None)
+        _bridge.api().call("query", self._h(), instance_id.encode(), count, packed, length, out, lease)
+        return QueryResult(out[0], lease.raw if out[0] > 0 else None, out[1])
 
     def load(self, instance_id: str, worker_rank: int, lease: bytes, dst_block_ids: Iterable[int]) -> Completion:
         ids, address, n = _ids(dst_block_ids)

@@ -14,6 +14,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 COUNTERS = {
     "lookups": "requests the store was asked about",
+    "not_yet": "lookups answered 'not yet' while the prefix was read back from SSD (vLLM asked again)",
     "hit_requests": "requests the store offered a prefix to",
     "hit_tokens": "prompt tokens the store offered (a cache hit vLLM did not compute)",
     "loaded_blocks": "KV blocks loaded from the store into vLLM's cache",

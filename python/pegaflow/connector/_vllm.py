@@ -149,7 +149,7 @@ class PegaKVConnector(KVConnectorBase_V1):
         # scheduler side
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
-        self._counts = dict.fromkeys(("lookups", "hit_requests", "hit_tokens"), 0)
+        self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens"), 0)
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
                 raise ValueError(
@@ -235,6 +235,11 @@ class PegaKVConnector(KVConnectorBase_V1):
         except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
             log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
             return 0, False
+        if n < 0:
+            # The prefix continues on SSD and is being read back into the pool: "not yet",
+            # vLLM keeps the request waiting and asks again (the brain bounds the wait).
+            self._counts["not_yet"] += 1
+            return None, False
         self._counts["lookups"] += 1
         if n > 0:
             self._counts["hit_requests"] += 1

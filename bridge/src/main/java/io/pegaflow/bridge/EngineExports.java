@@ -148,17 +148,21 @@ final class EngineExports {
         });
     }
 
-    /** Writes the hit count and, when it is > 0, the 16-byte lease (else 16 zero bytes). */
+    /**
+     * Writes the hit count and the pending count (two int32) and, when the hit is > 0, the
+     * 16-byte lease (else 16 zero bytes).
+     */
     static int pfQuery(long engine, MemorySegment instanceId, int n, MemorySegment hashes, int hashLen,
             MemorySegment outHit, MemorySegment outLease) {
         return guard(() -> {
-            MemorySegment hit = buffer(outHit, 4, "out_hit");
+            MemorySegment hit = buffer(outHit, 8, "out_hit");
             MemorySegment lease = buffer(outLease, Token.BYTES, "out_lease");
             if (n < 0) {
                 throw new InvalidArgumentException("query: hash count " + n + "; expected >= 0");
             }
             QueryResult q = engine(engine).query(str(instanceId, "instance_id"), hashes(hashes, n, hashLen));
             hit.set(JAVA_INT, 0, q.hitBlocks());
+            hit.set(JAVA_INT, 4, q.pendingBlocks());
             byte[] bytes = q.hasLease() ? q.lease().toBytes() : new byte[Token.BYTES];
             MemorySegment.copy(bytes, 0, lease, JAVA_BYTE, 0, Token.BYTES);
         });

@@ -57,7 +57,7 @@ class BridgeTest {
         MethodHandle lastError = fn("last_error", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT));
         MethodHandle noop = fn("noop", FunctionDescriptor.of(JAVA_INT));
         try (Arena a = Arena.ofConfined()) {
-            int rc = (int) query.invokeExact(12345L, a.allocateFrom("x"), 0, MemorySegment.NULL, 0, a.allocate(4), a.allocate(16));
+            int rc = (int) query.invokeExact(12345L, a.allocateFrom("x"), 0, MemorySegment.NULL, 0, a.allocate(8), a.allocate(16));
             assertThat(rc).isEqualTo(1); // INVALID_ARGUMENT
             MemorySegment buf = a.allocate(256);
             int len = (int) lastError.invokeExact(buf, 256);

@@ -405,7 +405,8 @@ public final class RemoteStore implements BlockStore {
                 .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen()).build();
         byte[] fast = local.call(Wire.QUERY, req);
         QueryResponse r = fast != null ? parse(QueryResponse.parser(), fast) : call(s -> s.query(req));
-        return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : Token.fromBytes(r.getLease().toByteArray()));
+        return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : Token.fromBytes(r.getLease().toByteArray()),
+                r.getPendingBlocks());
     }
 
     @Override

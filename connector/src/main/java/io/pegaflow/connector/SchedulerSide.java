@@ -44,6 +44,11 @@ public final class SchedulerSide {
     private final List<StepPlan.Save> stepSaves = new ArrayList<>();
     private final List<String> stepPreempted = new ArrayList<>();
     private long lookupFailures;
+    private long notYetAnswers;
+    private long waitTimeouts;
+    private long maxWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(10);
+    /** {@link #lookup}'s answer while the prefix is read back from a lower tier: vLLM asks again. */
+    public static final long NOT_YET = -1;
     private long contractViolations;
     private long loadFailures;
 
@@ -69,6 +74,7 @@ public final class SchedulerSide {
         long[] loadTargets = new long[0];
         boolean loadFailed; // a load of this request failed: no more hits for it (recompute)
         boolean finishedByVllm;
+        long waitingSince; // nanoTime of the first "not yet" answer; 0: not waiting
     }
 
     /**
@@ -120,8 +126,26 @@ public final class SchedulerSide {
             q = now.engine().query(instanceId, window);
         } catch (PegaflowException e) {
             lookupFailures++;
+            r.waitingSince = 0;
             return 0; // the store is unavailable or not ready: recompute
         }
+        if (q.pending()) {
+            // The prefix continues on SSD and is being read back: vLLM keeps the request
+            // waiting and asks again next step, up to the wait limit; then it recomputes.
+            long t = System.nanoTime();
+            if (r.waitingSince == 0) {
+                r.waitingSince = t;
+            }
+            if (t - r.waitingSince < maxWaitNanos) {
+                notYetAnswers++;
+                return NOT_YET;
+            }
+            waitTimeouts++;
+            r.waitingSince = 0;
+            r.loadFailed = true; // no more waiting for this request
+            return 0;
+        }
+        r.waitingSince = 0;
         r.probed = true;
         r.probeWindow = window;
         r.probeBase = base;
@@ -336,6 +360,24 @@ public final class SchedulerSide {
     /** Requests with state (tests, metrics). */
     public int trackedRequests() {
         return requests.size();
+    }
+
+    /** Longest a request waits for a prefix read back from SSD before it recomputes. */
+    public void maxWait(java.time.Duration wait) {
+        if (wait == null || wait.isNegative()) {
+            throw new InvalidArgumentException("max prefetch wait " + wait + "; expected a duration >= 0");
+        }
+        maxWaitNanos = wait.toNanos();
+    }
+
+    /** Lookups answered "not yet" (prefix being read back from SSD). */
+    public long notYetAnswers() {
+        return notYetAnswers;
+    }
+
+    /** Requests that stopped waiting for a read back and recomputed. */
+    public long waitTimeouts() {
+        return waitTimeouts;
     }
 
     public long lookupFailures() {

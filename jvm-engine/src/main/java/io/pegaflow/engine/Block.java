@@ -31,6 +31,10 @@ final class Block {
     int refs;
     boolean sealed;
     boolean removed;
+    /** Being read back from SSD (pool space reserved, not visible yet). */
+    boolean prefetching;
+    /** Read back from SSD and not yet served by a query (tier attribution). */
+    boolean fromSsd;
     long touchedNanos;
 
     Block lruPrev;

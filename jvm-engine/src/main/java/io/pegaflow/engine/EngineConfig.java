@@ -2,6 +2,7 @@ package io.pegaflow.engine;
 
 import io.pegaflow.engine.metrics.MetricsSink;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.ssd.SsdConfig;
 import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.TransferEngine;
 import java.time.Duration;
@@ -25,6 +26,7 @@ import java.util.function.LongSupplier;
  * @param transfer      builds the copy engine over the pool (host by default; CUDA later)
  * @param metrics       extra sink that receives every counter and gauge (null: none)
  * @param nanoClock     monotonic clock in nanoseconds (tests substitute a fake)
+ * @param ssd           the SSD tier below the pool (null: none)
  */
 public record EngineConfig(
         long poolBytes,
@@ -36,7 +38,8 @@ public record EngineConfig(
         boolean prefault,
         Function<HostPool, TransferEngine> transfer,
         MetricsSink metrics,
-        LongSupplier nanoClock) {
+        LongSupplier nanoClock,
+        SsdConfig ssd) {
 
     public static Builder builder() {
         return new Builder();
@@ -54,6 +57,7 @@ public record EngineConfig(
         private Function<HostPool, TransferEngine> transfer;
         private MetricsSink metrics;
         private LongSupplier nanoClock = System::nanoTime;
+        private SsdConfig ssd;
 
         private Builder() {}
 
@@ -113,6 +117,11 @@ public record EngineConfig(
             return this;
         }
 
+        public Builder ssd(SsdConfig ssd) {
+            this.ssd = ssd;
+            return this;
+        }
+
         public EngineConfig build() {
             if (poolBytes < HostPool.ALIGNMENT) {
                 throw new InvalidArgumentException("pool size " + poolBytes + " bytes; expected at least "
@@ -133,7 +142,7 @@ public record EngineConfig(
             int threads = copyThreads;
             Function<HostPool, TransferEngine> factory =
                     transfer != null ? transfer : pool -> new HostTransferEngine(pool, threads);
-            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory, metrics, nanoClock);
+            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory, metrics, nanoClock, ssd);
         }
 
         private static void requirePositive(String name, Duration d) {

@@ -8,6 +8,9 @@ import io.pegaflow.engine.metrics.CounterMetrics;
 import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.metrics.MetricsSink;
 import io.pegaflow.engine.pool.OffsetAllocator;
+import io.pegaflow.engine.ssd.SsdConfig;
+import io.pegaflow.engine.ssd.SsdTier;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.security.SecureRandom;
 import java.util.Arrays;
@@ -58,7 +61,12 @@ public final class LocalStore implements BlockStore {
     /** Saves and loads between their plan and endCopy, by plan id. */
     private final Map<Token, OpenCopy> open = new HashMap<>();
     private final SecureRandom ids = new SecureRandom();
+    /** Blocks being read back from SSD, over every request. */
+    private int prefetchInFlight;
     // --- end guarded ---
+    /** The SSD tier and the pool bytes it reads from and writes into; set once, before use. */
+    private volatile SsdTier ssd;
+    private volatile MemorySegment poolMemory;
 
     /** A store handing out offsets in a pool of {@code capacityBytes}. */
     public LocalStore(EngineConfig config, long capacityBytes) {
@@ -85,6 +93,36 @@ public final class LocalStore implements BlockStore {
             long every = config.sweepInterval().toNanos();
             sweeper.scheduleWithFixedDelay(this::sweepQuietly, every, every, TimeUnit.NANOSECONDS);
         }
+    }
+
+    /**
+     * Adds the SSD tier below the pool: every block sealed from now on is offered to it, and
+     * a query whose prefix continues on SSD reads those blocks back into the pool (answering
+     * "not yet" meanwhile). {@code pool} is the pool's memory as this process maps it (the
+     * bytes the store's offsets refer to). The store owns the tier and closes it.
+     */
+    public SsdTier attachSsd(SsdConfig config, MemorySegment pool) {
+        if (config == null || pool == null || pool.byteSize() < allocator.capacityBytes()) {
+            throw new InvalidArgumentException("SSD tier " + config + " with pool memory " + pool
+                    + "; expected both, the pool at least " + allocator.capacityBytes() + " bytes");
+        }
+        lock.lock();
+        try {
+            checkOpen();
+            if (ssd != null) {
+                throw new InvalidArgumentException("an SSD tier is already attached");
+            }
+            poolMemory = pool;
+            ssd = SsdTier.open(config, this::count); // rebuilds its index from the shard files
+            return ssd;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The attached SSD tier, or null. */
+    public SsdTier ssd() {
+        return ssd;
     }
 
     // ---------------------------------------------------------------- registration
@@ -358,6 +396,7 @@ public final class LocalStore implements BlockStore {
                 residentBytes += b.bytes;
                 lru.addPinned(); // the save's own reference; unpin below may make it evictable
                 count(Counter.BLOCKS_SEALED, 1);
+                offerToSsd(b);
             }
             unpin(b);
         }
@@ -387,6 +426,28 @@ public final class LocalStore implements BlockStore {
             expireLeases(now);
             Block[] found = new Block[count];
             hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
+            if (ssd != null && hit < count) {
+                int pending = prefetch(inst.ns, hashes, hit, now);
+                if (pending > 0) {
+                    for (int i = 0; i < hit; i++) {
+                        lru.pin(found[i]); // refreshes their recency: the read-back evicts older blocks first
+                        lru.unpin(found[i]);
+                    }
+                    count(Counter.QUERY_REQUESTS, 1);
+                    count(Counter.SSD_PENDING_ANSWERS, 1);
+                    return new QueryResult(hit, null, pending);
+                }
+            }
+            int fromSsd = 0;
+            for (int i = 0; i < hit; i++) {
+                if (found[i].fromSsd) {
+                    found[i].fromSsd = false;
+                    fromSsd++;
+                }
+            }
+            count(Counter.TIER_SSD_BLOCKS, fromSsd);
+            count(Counter.TIER_DRAM_BLOCKS, hit - fromSsd);
+            count(Counter.TIER_MISS_BLOCKS, count - hit);
             if (hit > 0) {
                 leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
             }
@@ -507,6 +568,162 @@ public final class LocalStore implements BlockStore {
                 count(save ? Counter.SAVE_FAILURES : Counter.LOAD_FAILURES, 1);
             }
             return new CopyResult(ok ? blocks : 0, 0, ok ? bytes : 0);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    // ---------------------------------------------------------------- SSD tier (under lock unless said)
+
+    /** Offers a block just sealed to the SSD tier (never blocks; the tier counts what it drops). */
+    private void offerToSsd(Block b) {
+        SsdTier tier = ssd;
+        if (tier == null || b.fromSsd) {
+            return; // a block read back from SSD is there already
+        }
+        NamespaceIndex ns = b.ns;
+        tier.offer(ns.namespace, b.key.bytes(), ns.slotBytes, dst -> fillFromPool(b, dst));
+    }
+
+    /**
+     * On an SSD writer thread: copies a sealed block's slots, in slot order, into {@code dst},
+     * pinning the block for the copy. False when it was evicted before its turn came.
+     */
+    private boolean fillFromPool(Block b, MemorySegment dst) {
+        long[] offsets;
+        lock.lock();
+        try {
+            if (closed || b.removed || !b.sealed) {
+                return false;
+            }
+            lru.pin(b);
+            offsets = b.slotOffset.clone();
+        } finally {
+            lock.unlock();
+        }
+        try {
+            long[] sizes = b.ns.slotBytes;
+            long at = 0;
+            for (int s = 0; s < sizes.length; s++) {
+                MemorySegment.copy(poolMemory, offsets[s], dst, at, sizes[s]);
+                at += sizes[s];
+            }
+            return true;
+        } finally {
+            lock.lock();
+            try {
+                if (!closed) {
+                    unpin(b);
+                }
+            } finally {
+                lock.unlock();
+            }
+        }
+    }
+
+    /**
+     * The run of blocks after the resident prefix ({@code from}) that continues on SSD or is
+     * being read back: starts reads for what is on SSD (within the prefetch budget and while
+     * the pool has unpinned space) and returns the run's length when any of it is still
+     * being read, else 0 (answer with the resident prefix). Prefix and run together are
+     * capped at half the pool, so reading the run's end cannot evict its start.
+     */
+    private int prefetch(NamespaceIndex ns, BlockHashes hashes, int from, long now) {
+        SsdTier tier = ssd;
+        byte[] packed = hashes.packed();
+        int len = hashes.hashLen();
+        int max = tier.config().maxPrefetchBlocks();
+        // The answer (resident prefix + run) must fit in half the pool, or reading the run's
+        // end would evict its start and the next poll would read it again.
+        long cap = allocator.capacityBytes() / 2 / Math.max(1, ns.blockBytes) - from;
+        int run = 0;
+        boolean waiting = false;
+        for (int i = from; i < hashes.count() && run < cap; i++) {
+            Block b = ns.blocks.get(packed, i * len, len);
+            if (b != null) {
+                if (!b.sealed && !b.prefetching) {
+                    break; // being saved
+                }
+                waiting |= b.prefetching;
+                run++;
+                continue;
+            }
+            if (!tier.contains(ns.namespace, packed, i * len, len)) {
+                break;
+            }
+            if (prefetchInFlight < max) {
+                if (!startPrefetch(ns, HashKey.of(hashes, i), now)) {
+                    break;
+                }
+            }
+            waiting = true; // started now, or next time budget frees
+            run++;
+        }
+        return waiting ? run : 0;
+    }
+
+    /** Reserves pool space for one block and starts its read; false when the pool has no unpinned space. */
+    private boolean startPrefetch(NamespaceIndex ns, HashKey key, long now) {
+        long bytes = ns.blockBytes;
+        long handle;
+        while ((handle = allocator.allocate(bytes)) == OffsetAllocator.NO_SPACE) {
+            if (!evictOne()) {
+                count(Counter.SSD_PREFETCH_NO_SPACE, 1);
+                return false;
+            }
+        }
+        Block b = new Block(ns, key, now);
+        ns.blocks.put(b);
+        inflight.add(b);
+        b.addAllocation(handle, allocator.sizeBytes(handle));
+        long offset = allocator.offsetBytes(handle);
+        long at = offset;
+        for (int s = 0; s < ns.slotBytes.length; s++) {
+            b.slotState[s] = Block.WRITING;
+            b.slotOffset[s] = at;
+            at += ns.slotBytes[s];
+        }
+        lru.pin(b);
+        b.prefetching = true;
+        prefetchInFlight++;
+        count(Counter.SSD_PREFETCH_BLOCKS, 1);
+        final long h = handle;
+        ssd.read(ns.namespace, key.bytes(), ns.slotBytes, poolMemory.asSlice(offset, bytes),
+                outcome -> prefetchDone(b, h, outcome));
+        return true;
+    }
+
+    /** On an SSD reader thread: seals a block read back and checked, or drops its reservation. */
+    private void prefetchDone(Block b, long handle, SsdTier.ReadOutcome outcome) {
+        lock.lock();
+        try {
+            if (closed) {
+                return;
+            }
+            prefetchInFlight--;
+            b.prefetching = false;
+            if (outcome == SsdTier.ReadOutcome.OK) {
+                for (int s = 0; s < b.slotState.length; s++) {
+                    b.slotState[s] = Block.FILLED;
+                }
+                b.filled = b.slotState.length;
+                b.sealed = true;
+                b.fromSsd = true;
+                b.touchedNanos = clock.getAsLong();
+                inflight.remove(b);
+                residentBlocks++;
+                residentBytes += b.bytes;
+                lru.addPinned();
+            } else {
+                count(Counter.SSD_PREFETCH_FAILURES, 1);
+                for (int s = 0; s < b.slotState.length; s++) {
+                    b.slotState[s] = Block.EMPTY;
+                    b.slotOffset[s] = -1;
+                }
+                allocator.free(handle);
+                b.removeAllocation(handle);
+            }
+            unpin(b); // a failed read leaves an empty block: unpin removes it
         } finally {
             lock.unlock();
         }
@@ -648,6 +865,10 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public void close() {
+        SsdTier tier = ssd;
+        if (tier != null) {
+            tier.close(); // first, unlocked: its threads finish their copies (they take this lock)
+        }
         lock.lock();
         try {
             if (closed) {
@@ -787,6 +1008,9 @@ public final class LocalStore implements BlockStore {
             case INFLIGHT_BLOCKS -> inflight.size();
             case PINNED_BLOCKS -> lru.pinnedBlocks();
             case ACTIVE_LEASES -> leases.size();
+            case SSD_BLOCKS -> ssd == null ? 0 : ssd.blocks();
+            case SSD_BYTES -> ssd == null ? 0 : ssd.bytes();
+            case SSD_PREFETCH_INFLIGHT -> prefetchInFlight;
         };
     }
 

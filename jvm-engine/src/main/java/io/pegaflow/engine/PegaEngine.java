@@ -73,6 +73,15 @@ public final class PegaEngine implements AutoCloseable {
             pool.close();
             throw e;
         }
+        if (config.ssd() != null) {
+            try {
+                store.attachSsd(config.ssd(), pool.segment());
+            } catch (RuntimeException | Error e) {
+                store.close();
+                pool.close();
+                throw e;
+            }
+        }
         return new PegaEngine(store, store, pool, config.transfer(), config.nanoClock(), config.prefault(), config.copyThreads());
     }
 
@@ -83,6 +92,11 @@ public final class PegaEngine implements AutoCloseable {
      */
     public static PegaEngine attach(BlockStore store, HostPool pool, Function<HostPool, TransferEngine> transfer) {
         return new PegaEngine(store, null, pool, transfer, System::nanoTime, false, 1);
+    }
+
+    /** The SSD tier of an embedded engine, or null (none, or attached: the server owns it). */
+    public io.pegaflow.engine.ssd.SsdTier ssd() {
+        return local == null ? null : local.ssd();
     }
 
     // ---------------------------------------------------------------- registration

@@ -3,9 +3,20 @@ package io.pegaflow.engine;
 /**
  * Answer to a prefix query: how many leading blocks are resident, and the lease pinning them
  * ({@code null} when {@code hitBlocks == 0}: nothing to load, nothing to release).
+ * {@code pendingBlocks > 0} means "not yet": that many blocks after the resident prefix are
+ * being read back from a lower tier (SSD); no lease is issued, and the caller asks again.
  */
-public record QueryResult(int hitBlocks, Token lease) {
+public record QueryResult(int hitBlocks, Token lease, int pendingBlocks) {
+    public QueryResult(int hitBlocks, Token lease) {
+        this(hitBlocks, lease, 0);
+    }
+
     public boolean hasLease() {
         return lease != null;
+    }
+
+    /** The prefix continues in a lower tier and is being read back: ask again. */
+    public boolean pending() {
+        return pendingBlocks > 0;
     }
 }

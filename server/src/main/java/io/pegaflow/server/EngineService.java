@@ -231,7 +231,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
     static QueryResponse query(LocalStore store, QueryRequest r) {
         QueryResult q = store.query(instanceId(r.getInstanceId()), hashes(r.getHashes(), r.getHashLen()));
-        QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks());
+        QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks()).setPendingBlocks(q.pendingBlocks());
         if (q.hasLease()) {
             b.setLease(ByteString.copyFrom(q.lease().toBytes()));
         }

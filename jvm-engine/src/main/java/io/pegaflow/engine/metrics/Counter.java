@@ -23,7 +23,26 @@ public enum Counter {
     LEASES_CREATED("pegaflow_leases_created_total", "leases issued by queries"),
     LEASES_EXPIRED("pegaflow_leases_expired_total", "leases dropped by the TTL sweeper"),
     INFLIGHT_GC("pegaflow_inflight_gc_cleaned_total", "partially saved blocks dropped after the in-flight TTL"),
-    COPIES_EXPIRED("pegaflow_copies_expired_total", "saves and loads rolled back because their copier never ended them");
+    COPIES_EXPIRED("pegaflow_copies_expired_total", "saves and loads rolled back because their copier never ended them"),
+    TIER_DRAM_BLOCKS("pegaflow_cache_tier_dram_blocks_total", "blocks of answered queries served from the host pool"),
+    TIER_SSD_BLOCKS("pegaflow_cache_tier_ssd_blocks_total", "blocks of answered queries served after a read back from SSD"),
+    TIER_MISS_BLOCKS("pegaflow_cache_tier_miss_blocks_total", "blocks of answered queries found in no tier"),
+    SSD_PENDING_ANSWERS("pegaflow_ssd_pending_answers_total", "queries answered 'not yet' while their prefix is read back from SSD"),
+    SSD_PREFETCH_BLOCKS("pegaflow_ssd_prefetch_blocks_total", "blocks whose read back from SSD started"),
+    SSD_PREFETCH_FAILURES("pegaflow_ssd_prefetch_failures_total", "blocks whose read back from SSD failed (served as misses)"),
+    SSD_PREFETCH_NO_SPACE("pegaflow_ssd_prefetch_no_space_total", "reads back not started: the pool had no unpinned space"),
+    SSD_WRITE_BLOCKS("pegaflow_ssd_write_blocks_total", "blocks written to SSD"),
+    SSD_WRITE_BYTES("pegaflow_ssd_write_bytes_total", "payload bytes written to SSD"),
+    SSD_WRITE_QUEUE_FULL("pegaflow_ssd_write_queue_full_total", "sealed blocks kept in DRAM only because the write queue was full"),
+    SSD_WRITE_SKIPPED("pegaflow_ssd_write_skipped_total", "blocks not written: evicted before their turn, or larger than a shard"),
+    SSD_WRITE_ERRORS("pegaflow_ssd_write_errors_total", "SSD writes that failed (the block stays in DRAM only)"),
+    SSD_DISK_FULL("pegaflow_ssd_disk_full_total", "SSD writes refused with ENOSPC"),
+    SSD_OVERWRITTEN_BLOCKS("pegaflow_ssd_overwritten_blocks_total", "blocks dropped from SSD when the ring wrapped over them"),
+    SSD_READ_BLOCKS("pegaflow_ssd_read_blocks_total", "blocks read back from SSD and checked"),
+    SSD_READ_BYTES("pegaflow_ssd_read_bytes_total", "payload bytes read back from SSD"),
+    SSD_READ_ERRORS("pegaflow_ssd_read_errors_total", "SSD reads that failed (truncated or unreadable file): misses"),
+    SSD_CHECKSUM_FAILURES("pegaflow_ssd_checksum_failures_total", "SSD records whose header or CRC32C did not match: misses"),
+    SSD_GEOMETRY_MISMATCH("pegaflow_ssd_geometry_mismatch_total", "SSD records whose slot geometry differs from the namespace's");
 
     private final String metricName;
     private final String help;

@@ -8,7 +8,10 @@ public enum Gauge {
     RESIDENT_BYTES("pegaflow_cache_resident_bytes", "bytes held by sealed blocks"),
     INFLIGHT_BLOCKS("pegaflow_inflight_blocks", "blocks with some but not all slots saved"),
     PINNED_BLOCKS("pegaflow_pinned_blocks", "sealed blocks referenced by a lease or a load (not evictable)"),
-    ACTIVE_LEASES("pegaflow_active_leases", "leases not yet released, consumed or expired");
+    ACTIVE_LEASES("pegaflow_active_leases", "leases not yet released, consumed or expired"),
+    SSD_BLOCKS("pegaflow_ssd_blocks", "blocks indexed on SSD"),
+    SSD_BYTES("pegaflow_ssd_bytes", "SSD bytes held by indexed records"),
+    SSD_PREFETCH_INFLIGHT("pegaflow_ssd_prefetch_inflight_blocks", "blocks being read back from SSD (their pool space reserved)");
 
     private final String metricName;
     private final String help;

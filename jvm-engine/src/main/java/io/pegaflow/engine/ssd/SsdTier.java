@@ -1,0 +1,442 @@
+package io.pegaflow.engine.ssd;
+
+import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.Sizes;
+import io.pegaflow.engine.metrics.Counter;
+import java.io.IOException;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ArrayBlockingQueue;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BiConsumer;
+import java.util.function.Consumer;
+import java.util.zip.CRC32C;
+
+/**
+ * The SSD tier: sealed blocks written behind the host pool into shard files, an index of
+ * what is on disk (rebuilt from the files at start), and reads back with every byte checked.
+ * It never touches the pool's index: the store offers blocks ({@link #offer}) and asks for
+ * reads ({@link #read}); both complete on this tier's threads.
+ *
+ * <ul>
+ *   <li>Write-behind: {@link #offer} never blocks. A full queue drops the block from the disk
+ *       path (it stays in DRAM), counted as {@link Counter#SSD_WRITE_QUEUE_FULL}.</li>
+ *   <li>Integrity: each record carries its key, slot geometry and a CRC32C of its payload;
+ *       a read whose header, geometry or checksum does not match is a miss, never bytes.</li>
+ *   <li>Failures (a full disk, a truncated or unreadable file) drop the records involved,
+ *       log one line and count; the tier keeps working with what it has.</li>
+ * </ul>
+ */
+public final class SsdTier implements AutoCloseable {
+    private static final System.Logger LOG = System.getLogger(SsdTier.class.getName());
+
+    /** Copies a block's slots, in slot order, into {@code dst}; false when the block is gone. */
+    @FunctionalInterface
+    public interface Source {
+        boolean fill(MemorySegment dst);
+    }
+
+    /** What a read delivered. */
+    public enum ReadOutcome { OK, GONE, CORRUPT, IO_ERROR, GEOMETRY }
+
+    private record Job(SsdKey key, int slots, long[] runs, long payloadBytes, Source source) {}
+
+    private final SsdConfig config;
+    private final BiConsumer<Counter, Long> counter;
+    private final List<SsdShard> shards = new ArrayList<>();
+    private final Map<SsdKey, SsdShard.Entry> index = new ConcurrentHashMap<>();
+    /** Keys queued or being written, so a block is not queued twice. */
+    private final Map<SsdKey, Boolean> queued = new ConcurrentHashMap<>();
+    private final BlockingQueue<Job> queue;
+    private final ExecutorService writers;
+    private final ExecutorService readers;
+    private final Arena arena = Arena.ofShared();
+    private final ThreadLocal<MemorySegment[]> staging = ThreadLocal.withInitial(() -> new MemorySegment[1]);
+    private final AtomicInteger nextShard = new AtomicInteger();
+    private final AtomicLong storedBytes = new AtomicLong();
+    private final AtomicLong seq = new AtomicLong();
+    private final AtomicInteger busyWriters = new AtomicInteger();
+    private volatile boolean closed;
+
+    private SsdTier(SsdConfig config, BiConsumer<Counter, Long> counter) {
+        this.config = config;
+        this.counter = counter;
+        this.queue = new ArrayBlockingQueue<>(config.writeQueueBlocks());
+        this.writers = Executors.newFixedThreadPool(config.writeThreads(), named("pegaflow-ssd-writer"));
+        this.readers = Executors.newFixedThreadPool(config.readThreads(), named("pegaflow-ssd-reader"));
+    }
+
+    /**
+     * Opens every shard under the configured paths (creating directories and files as
+     * needed) and rebuilds the index from the records found. Files that are not shards of
+     * this format are skipped with a warning and left untouched.
+     *
+     * @throws InvalidArgumentException when a path cannot be used (not a directory, not writable)
+     */
+    public static SsdTier open(SsdConfig config, BiConsumer<Counter, Long> counter) {
+        SsdTier tier = new SsdTier(config, counter == null ? (c, d) -> {} : counter);
+        try {
+            tier.openShards();
+        } catch (RuntimeException | Error e) {
+            tier.close();
+            throw e;
+        }
+        for (int i = 0; i < config.writeThreads(); i++) {
+            tier.writers.execute(tier::writeLoop);
+        }
+        return tier;
+    }
+
+    private void openShards() {
+        long perShard = config.capacityBytes() / ((long) config.paths().size() * config.shardsPerPath());
+        perShard = perShard / SsdRecord.PAGE * SsdRecord.PAGE;
+        MemorySegment page = SsdShard.buffer(arena, SsdRecord.PAGE);
+        List<SsdShard.Entry> found = new ArrayList<>();
+        int skipped = 0;
+        for (Path dir : config.paths()) {
+            try {
+                Files.createDirectories(dir);
+            } catch (IOException e) {
+                throw new InvalidArgumentException("SSD cache path " + dir + ": " + e + "; expected a writable directory");
+            }
+            if (!Files.isDirectory(dir) || !Files.isWritable(dir)) {
+                throw new InvalidArgumentException("SSD cache path " + dir + " is not a writable directory");
+            }
+            for (int s = 0; s < config.shardsPerPath(); s++) {
+                Path file = dir.resolve("pegaflow-ssd-" + s + ".shard");
+                try {
+                    SsdShard shard = SsdShard.open(file, s, perShard, page, found);
+                    if (shard == null) {
+                        skipped++;
+                    } else {
+                        shards.add(shard);
+                    }
+                } catch (IOException e) {
+                    skipped++;
+                    LOG.log(System.Logger.Level.WARNING, "SSD shard " + file + " not used: " + e);
+                }
+            }
+        }
+        // Newest record of each key wins; the rest stay on disk as unindexed bytes.
+        Map<SsdKey, SsdShard.Entry> newest = new HashMap<>();
+        for (SsdShard.Entry e : found) {
+            newest.merge(e.key, e, (a, b) -> a.header.seq() >= b.header.seq() ? a : b);
+        }
+        Map<SsdShard, List<SsdShard.Entry>> perShardKept = new HashMap<>();
+        long maxSeq = -1;
+        for (SsdShard.Entry e : newest.values()) {
+            perShardKept.computeIfAbsent(e.shard, k -> new ArrayList<>()).add(e);
+            index.put(e.key, e);
+            storedBytes.addAndGet(e.recordBytes());
+            maxSeq = Math.max(maxSeq, e.header.seq());
+        }
+        perShardKept.forEach(SsdShard::adopt);
+        seq.set(maxSeq + 1);
+        if (shards.isEmpty()) {
+            LOG.log(System.Logger.Level.WARNING, "SSD tier has no usable shard (" + skipped + " skipped): blocks stay in DRAM only");
+        } else {
+            LOG.log(System.Logger.Level.INFO, "SSD tier: " + shards.size() + " shard(s) of " + Sizes.format(perShard)
+                    + (shards.getFirst().direct ? ", direct I/O" : ", buffered I/O") + "; " + index.size()
+                    + " block(s) found on disk (" + Sizes.format(storedBytes.get()) + ")"
+                    + (skipped > 0 ? "; " + skipped + " shard file(s) skipped" : ""));
+        }
+    }
+
+    // ---------------------------------------------------------------- write-behind
+
+    /**
+     * Offers a sealed block for writing. Returns at once: false (and counted) when the queue
+     * is full, the tier has no shard, or the block is already on disk or queued.
+     *
+     * @param slotBytes each slot's size, in slot order; the payload is their concatenation
+     */
+    public boolean offer(String namespace, byte[] hash, long[] slotBytes, Source source) {
+        if (closed || shards.isEmpty()) {
+            return false;
+        }
+        SsdKey key = new SsdKey(namespace, hash.clone());
+        if (index.containsKey(key) || queued.putIfAbsent(key, Boolean.TRUE) != null) {
+            return false;
+        }
+        long payload = 0;
+        for (long b : slotBytes) {
+            payload += b;
+        }
+        long[] runs = SsdRecord.runs(slotBytes);
+        if (!SsdRecord.fits(namespace, key.hash(), runs)) {
+            queued.remove(key);
+            count(Counter.SSD_WRITE_SKIPPED, 1);
+            return false;
+        }
+        if (!queue.offer(new Job(key, slotBytes.length, runs, payload, source))) {
+            queued.remove(key);
+            count(Counter.SSD_WRITE_QUEUE_FULL, 1);
+            return false;
+        }
+        return true;
+    }
+
+    private void writeLoop() {
+        while (!closed) {
+            Job job;
+            try {
+                job = queue.poll(200, TimeUnit.MILLISECONDS);
+            } catch (InterruptedException e) {
+                return;
+            }
+            if (job == null) {
+                continue;
+            }
+            busyWriters.incrementAndGet();
+            try {
+                write(job);
+            } catch (RuntimeException e) {
+                LOG.log(System.Logger.Level.WARNING, "SSD write of " + job.key + " failed: " + e);
+                count(Counter.SSD_WRITE_ERRORS, 1);
+            } finally {
+                queued.remove(job.key);
+                busyWriters.decrementAndGet();
+            }
+        }
+    }
+
+    private void write(Job job) {
+        MemorySegment buf = stagingFor(SsdRecord.PAGE + job.payloadBytes);
+        MemorySegment payload = buf.asSlice(SsdRecord.PAGE, job.payloadBytes);
+        if (!job.source.fill(payload)) {
+            count(Counter.SSD_WRITE_SKIPPED, 1); // evicted from DRAM before its turn came
+            return;
+        }
+        long padded = SsdRecord.roundUp(job.payloadBytes);
+        if (padded > job.payloadBytes) {
+            buf.asSlice(SsdRecord.PAGE + job.payloadBytes, padded - job.payloadBytes).fill((byte) 0);
+        }
+        int crc = SsdRecord.crc(payload, 0, job.payloadBytes);
+        SsdRecord.Header h = new SsdRecord.Header(seq.getAndIncrement(), job.payloadBytes, crc, job.key.namespace(),
+                job.key.hash(), job.slots, job.runs);
+        SsdRecord.writeHeader(buf, h);
+        int n = shards.size();
+        for (int attempt = 0; attempt < n; attempt++) {
+            SsdShard shard = shards.get(Math.floorMod(nextShard.getAndIncrement(), n));
+            SsdShard.Entry e = shard.reserve(job.key, h, this::dropped);
+            if (e == null) {
+                continue; // larger than this shard
+            }
+            try {
+                shard.writeFully(buf, h.recordBytes(), e.offset);
+            } catch (IOException ex) {
+                shard.forget(e);
+                writeFailed(shard, e, ex);
+                return;
+            }
+            if (e.dropped) {
+                return; // overwritten by a wrap before it landed (a ring far smaller than the writes in flight)
+            }
+            e.committed = true;
+            SsdShard.Entry old = index.put(job.key, e);
+            if (old != null && old != e) {
+                old.shard.forget(old);
+                storedBytes.addAndGet(-old.recordBytes());
+            }
+            storedBytes.addAndGet(h.recordBytes());
+            count(Counter.SSD_WRITE_BLOCKS, 1);
+            count(Counter.SSD_WRITE_BYTES, job.payloadBytes);
+            return;
+        }
+        count(Counter.SSD_WRITE_SKIPPED, 1); // larger than every shard
+    }
+
+    private void writeFailed(SsdShard shard, SsdShard.Entry e, IOException ex) {
+        count(Counter.SSD_WRITE_ERRORS, 1);
+        String msg = String.valueOf(ex.getMessage());
+        if (msg.contains("No space left")) {
+            count(Counter.SSD_DISK_FULL, 1);
+            if (shard.capAt(e.offset)) {
+                LOG.log(System.Logger.Level.WARNING, "SSD shard " + shard.file + ": disk full at " + Sizes.format(e.offset)
+                        + " (" + msg + "); the shard now wraps there. Blocks that did not fit stay in DRAM only.");
+            }
+        } else {
+            LOG.log(System.Logger.Level.WARNING, "SSD write to " + shard.file + " at " + e.offset + " failed: " + ex
+                    + "; the block stays in DRAM only");
+        }
+    }
+
+    private void dropped(SsdShard.Entry e) {
+        if (e.committed && index.remove(e.key, e)) {
+            storedBytes.addAndGet(-e.recordBytes());
+            count(Counter.SSD_OVERWRITTEN_BLOCKS, 1);
+        }
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    /** Whether the block is on disk (committed). */
+    public boolean contains(String namespace, byte[] packed, int offset, int length) {
+        SsdShard.Entry e = index.get(new SsdKey(namespace, Arrays.copyOfRange(packed, offset, offset + length)));
+        return e != null && e.committed && !e.dropped;
+    }
+
+    /**
+     * Reads a block into {@code dst} (its slots in slot order) on a reader thread, then calls
+     * {@code done}. The record must match {@code slotBytes} and its checksum; only then are
+     * bytes copied into {@code dst}. A record that fails is dropped from the index.
+     */
+    public void read(String namespace, byte[] hash, long[] slotBytes, MemorySegment dst, Consumer<ReadOutcome> done) {
+        SsdKey key = new SsdKey(namespace, hash.clone());
+        try {
+            readers.execute(() -> done.accept(readNow(key, slotBytes, dst)));
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            done.accept(ReadOutcome.GONE); // closing
+        }
+    }
+
+    private ReadOutcome readNow(SsdKey key, long[] slotBytes, MemorySegment dst) {
+        SsdShard.Entry e = index.get(key);
+        if (e == null || !e.committed || e.dropped) {
+            return ReadOutcome.GONE;
+        }
+        SsdRecord.Header h = e.header;
+        if (!Arrays.equals(h.runs(), SsdRecord.runs(slotBytes)) || h.payloadBytes() != dst.byteSize()) {
+            count(Counter.SSD_GEOMETRY_MISMATCH, 1);
+            return ReadOutcome.GEOMETRY;
+        }
+        MemorySegment buf = stagingFor(h.recordBytes());
+        try {
+            e.shard.readFully(buf, e.offset, h.recordBytes());
+        } catch (IOException ex) {
+            if (e.dropped) {
+                return ReadOutcome.GONE;
+            }
+            discard(e);
+            count(Counter.SSD_READ_ERRORS, 1);
+            LOG.log(System.Logger.Level.WARNING, "SSD read of " + key.namespace() + "/" + hex(key.hash()) + " from "
+                    + e.shard.file + " failed: " + ex + "; served as a miss");
+            return ReadOutcome.IO_ERROR;
+        }
+        if (e.dropped) {
+            return ReadOutcome.GONE; // overwritten while it was being read: the bytes may be torn
+        }
+        String problem = SsdRecord.problem(buf);
+        SsdRecord.Header onDisk = problem == null ? SsdRecord.readHeader(buf) : null;
+        MemorySegment payload = buf.asSlice(SsdRecord.PAGE, h.payloadBytes());
+        if (onDisk == null || onDisk.seq() != h.seq() || !Arrays.equals(onDisk.hash(), key.hash())
+                || SsdRecord.crc(payload, 0, h.payloadBytes()) != h.payloadCrc()) {
+            discard(e);
+            count(Counter.SSD_CHECKSUM_FAILURES, 1);
+            LOG.log(System.Logger.Level.WARNING, "SSD record " + key.namespace() + "/" + hex(key.hash()) + " in "
+                    + e.shard.file + " at " + e.offset + " failed its check (" + (problem != null ? problem
+                    : onDisk == null || onDisk.seq() != h.seq() ? "header changed" : "payload checksum mismatch")
+                    + "); served as a miss");
+            return ReadOutcome.CORRUPT;
+        }
+        MemorySegment.copy(payload, 0, dst, 0, h.payloadBytes());
+        count(Counter.SSD_READ_BLOCKS, 1);
+        count(Counter.SSD_READ_BYTES, h.payloadBytes());
+        return ReadOutcome.OK;
+    }
+
+    private void discard(SsdShard.Entry e) {
+        if (index.remove(e.key, e)) {
+            storedBytes.addAndGet(-e.recordBytes());
+        }
+        e.shard.forget(e);
+    }
+
+    private MemorySegment stagingFor(long bytes) {
+        MemorySegment[] holder = staging.get();
+        if (holder[0] == null || holder[0].byteSize() < bytes) {
+            // Thread-confined buffers in the tier's arena, freed with it; they grow to the largest record.
+            holder[0] = SsdShard.buffer(arena, Math.max(bytes, holder[0] == null ? 0 : holder[0].byteSize() * 2));
+        }
+        return holder[0];
+    }
+
+    // ---------------------------------------------------------------- state
+
+    /** Blocks indexed on disk. */
+    public long blocks() {
+        return index.size();
+    }
+
+    /** Disk bytes those blocks' records take. */
+    public long bytes() {
+        return storedBytes.get();
+    }
+
+    public int shardCount() {
+        return shards.size();
+    }
+
+    public SsdConfig config() {
+        return config;
+    }
+
+    /** Waits until the write queue is empty and no write is in progress (tests, benchmarks). */
+    public boolean awaitWritten(long timeoutMillis) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(timeoutMillis);
+        while (!queue.isEmpty() || busyWriters.get() > 0 || !queued.isEmpty()) {
+            if (System.nanoTime() > deadline) {
+                return false;
+            }
+            Thread.sleep(2);
+        }
+        return true;
+    }
+
+    /** Stops the threads (queued writes are dropped: those blocks were only in DRAM) and closes the files. */
+    @Override
+    public void close() {
+        if (closed) {
+            return;
+        }
+        closed = true;
+        queue.clear();
+        // No interrupts: an interrupted FileChannel call closes the channel under the others.
+        writers.shutdown();
+        readers.shutdown();
+        try {
+            writers.awaitTermination(30, TimeUnit.SECONDS);
+            readers.awaitTermination(30, TimeUnit.SECONDS);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        for (SsdShard s : shards) {
+            try {
+                s.close();
+            } catch (IOException ignored) {
+                // closing a file we only read and wrote through positional calls
+            }
+        }
+        arena.close();
+    }
+
+    private void count(Counter c, long delta) {
+        counter.accept(c, delta);
+    }
+
+    private static String hex(byte[] b) {
+        return java.util.HexFormat.of().formatHex(b, 0, Math.min(b.length, 8));
+    }
+
+    private static java.util.concurrent.ThreadFactory named(String name) {
+        AtomicInteger n = new AtomicInteger();
+        return r -> {
+            Thread t = new Thread(r, name + "-" + n.incrementAndGet());
+            t.setDaemon(true);
+            return t;
+        };
+    }
+}
