@@ -297,7 +297,19 @@ public final class SsdTier implements AutoCloseable {
     public void read(String namespace, byte[] hash, long[] slotBytes, MemorySegment dst, Consumer<ReadOutcome> done) {
         SsdKey key = new SsdKey(namespace, hash.clone());
         try {
-            readers.execute(() -> done.accept(readNow(key, slotBytes, dst)));
+            readers.execute(() -> {
+                ReadOutcome outcome;
+                try {
+                    outcome = readNow(key, slotBytes, dst);
+                } catch (RuntimeException e) {
+                    // whatever went wrong, the caller hears of it (its reservation must be released)
+                    LOG.log(System.Logger.Level.WARNING, "SSD read of " + key.namespace() + "/" + hex(key.hash())
+                            + " failed: " + e + "; served as a miss");
+                    count(Counter.SSD_READ_ERRORS, 1);
+                    outcome = ReadOutcome.IO_ERROR;
+                }
+                done.accept(outcome);
+            });
         } catch (java.util.concurrent.RejectedExecutionException e) {
             done.accept(ReadOutcome.GONE); // closing
         }
