@@ -167,10 +167,12 @@ typedef struct pegaflow_api {
        restarted server = a new client, registrations replayed; an instance the server
        forgot = registered again. mode: "auto" (server when one answers now, else embedded),
        "embedded" or "server"; health_interval_ms: how often a daemon thread checks the server
-       (0: never). In server mode an absent server is not an error. */
+       (0: never). In server mode an absent server is not an error. ssd: embedded mode's SSD
+       tier as lines "ssd_cache_path=DIR" (repeatable) and "ssd_cache_capacity=SIZE"; "" for
+       none (since ABI 3). */
     int32_t (*link_open)(const char *mode, const char *endpoint, const char *pool_size,
                          int32_t copy_threads, int64_t deadline_ms, int64_t health_interval_ms,
-                         int64_t *out_link);
+                         const char *ssd, int64_t *out_link);
     /* Registers a worker through the link (now when a store is there, and again on every new
        server): its instance, then its layers as in register_worker; transfer 0 host copies,
        1 CUDA on device (the first worker decides an embedded engine's copier).

@@ -63,7 +63,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("shutdown", []),
     ("engine_connect", [c_char_p, c_int32, c_int32, c_int32, c_int64, POINTER(c_int64)]),
     ("engine_server_id", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
-    ("link_open", [c_char_p, c_char_p, c_char_p, c_int32, c_int64, c_int64, POINTER(c_int64)]),
+    ("link_open", [c_char_p, c_char_p, c_char_p, c_int32, c_int64, c_int64, c_char_p, POINTER(c_int64)]),
     ("link_register_worker", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int32, c_int32, c_int32, c_int32,
                               c_int32, c_char_p, c_void_p]),
     ("link_unregister_instance", [c_int64, c_char_p]),

@@ -284,3 +284,57 @@ def test_openai_api_server_answers_the_second_instance_from_the_store(model, ser
     assert saved_a > 0
     out_b = logs[1].read_text()
     assert re.search(r"PegaKVConnector SCHEDULER: instance api-b", out_b), "the connector's log lines are not in vLLM's output"
+
+
+def _drained(server, timeout: float = 30.0) -> None:
+    """Waits until the server's SSD writes have settled (the write-behind queue drained)."""
+    deadline = time.time() + timeout
+    last = -1.0
+    while time.time() < deadline:
+        now = server.metric("pegaflow_ssd_write_blocks_total") + server.metric("pegaflow_ssd_write_skipped_total")
+        if now == last and now > 0:
+            return
+        last = now
+        time.sleep(0.3)
+
+
+def test_ssd_tier_serves_evicted_prefixes_and_survives_a_killed_server(model, procs, baseline, tmp_path):
+    """A 4 MiB pool (32 blocks) under three prompt sets (72 blocks): the first set is evicted
+    from DRAM but written to SSD. Asked again, vLLM gets "not yet" while the server reads the
+    prefix back, then loads it: the same tokens as without the connector. The server is then
+    SIGKILLed and restarted on the same SSD path; a fresh engine is served from the rebuilt
+    index, again token for token."""
+    a, _ = procs
+    ssd = tmp_path / "ssd"
+    flags = [f"--ssd-cache-path={ssd}", "--ssd-cache-capacity=256mb"]
+    server = start_server(tmp_path / "pool", pool_size="4mb", extra=flags)
+    try:
+        a.open(EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint}, engine_id="ssd"))
+        for seed in (1, 2, 3):
+            one_by_one(a, prompts(seed))
+            _drained(server)
+        assert server.metric("pegaflow_cache_block_evictions_total") > 0
+        assert a.reset_prefix_cache()
+        again = one_by_one(a, prompts(1))
+        metrics = a.metrics()
+        a.close_engine()
+        assert [x.token_ids for x in again] == baseline(1)
+        assert again[0].cached_tokens >= 480, [x.cached_tokens for x in again]
+        assert metrics.get("vllm:pegaflow_not_yet", 0) > 0, "vLLM was told 'not yet' while the prefix was read back"
+        assert server.metric("pegaflow_cache_tier_ssd_blocks_total") >= 12
+        assert server.metric("pegaflow_ssd_checksum_failures_total") == 0
+        written = server.metric("pegaflow_ssd_write_blocks_total")
+        assert written >= 72
+
+        server.stop(kill=True)  # SIGKILL: no clean shutdown, the index lives only on disk
+        server = start_server(tmp_path / "pool2", pool_size="4mb", extra=flags)
+        status, health = server.http("/health")
+        assert status == 200 and json.loads(health)["ssd_blocks"] >= 60, health
+        a.open(EngineSpec(model, connector={"mode": "server", "endpoint": server.endpoint}, engine_id="ssd-restarted"))
+        restarted = one_by_one(a, prompts(2))
+        a.close_engine()
+        assert [x.token_ids for x in restarted] == baseline(2)
+        assert restarted[0].cached_tokens >= 480, [x.cached_tokens for x in restarted]
+        assert server.metric("pegaflow_cache_tier_ssd_blocks_total") >= 12
+    finally:
+        server.stop()

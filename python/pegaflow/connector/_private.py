@@ -65,7 +65,7 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def private_server(instance_id: str, pool_size: str) -> str:
+def private_server(instance_id: str, pool_size: str, extra: list[str] | None = None) -> str:
     """The endpoint of instance ``instance_id``'s private server, started here when it has none."""
     from .._server import start_server
 
@@ -82,7 +82,7 @@ def private_server(instance_id: str, pool_size: str) -> str:
             shm = Path("/dev/shm")  # the pool is memory: tmpfs, not the disk under /tmp
             pool = shm / f"pegaflow-{os.getuid()}-auto-{key}.pool" if shm.is_dir() else root / f"auto-{key}.pool"
             server = start_server(pool, pool_size=pool_size, grace_ms=2000,
-                                  extra=["--owner-pid", str(os.getpid())])
+                                  extra=["--owner-pid", str(os.getpid()), *(extra or [])])
             tmp = info.with_suffix(".tmp")
             tmp.write_text(json.dumps({"endpoint": server.endpoint, "pid": server.proc.pid, "instance": instance_id}))
             os.chmod(tmp, 0o600)
@@ -137,6 +137,6 @@ def resolve_settings(settings: Settings, vllm_config, instance_id: str) -> Setti
         )
     if settings.mode == "auto":
         endpoint = settings.endpoint if answers(settings.endpoint) else private_server(
-            instance_id, settings.pool_size)
+            instance_id, settings.pool_size, settings.ssd_flags())
         return dataclasses.replace(settings, mode="server", endpoint=endpoint)
     return settings

@@ -31,7 +31,7 @@ class Link:
         out = c_int64()
         self._api.call("link_open", settings.mode.encode(), settings.endpoint.encode(), settings.pool_size.encode(),
                        settings.copy_threads, settings.deadline_ms, int(settings.health_interval_s * 1000),
-                       ctypes.byref(out))
+                       settings.ssd_lines().encode(), ctypes.byref(out))
         self.handle: int = out.value
         self.mode: str = self.status()["mode"]  # auto resolved: embedded | server
 
@@ -65,7 +65,7 @@ _links_lock = threading.Lock()
 
 def link_for(settings: Settings) -> Link:
     """This process's link for ``settings`` (created on first use)."""
-    key = (settings.mode, settings.endpoint, settings.pool_size)
+    key = (settings.mode, settings.endpoint, settings.pool_size, settings.ssd_cache_paths, settings.ssd_cache_capacity)
     with _links_lock:
         if key not in _links:
             _links[key] = Link(settings)

@@ -19,6 +19,9 @@ _KEYS = {
     "copy_threads": "threads copying between the pool and the KV cache (default 2)",
     "deadline_ms": "bound on every call to the server (default 2000)",
     "health_interval_s": "server mode: how often the link checks the server (default 1.0, >= 0.01)",
+    "ssd_cache_path": "directory (or list of directories) of an SSD tier below the host pool: embedded mode's, or "
+    "the private server's that mode auto starts (default none, env PEGAFLOW_SSD_CACHE_PATH, comma-separated)",
+    "ssd_cache_capacity": "disk space of that SSD tier over all its paths (default 512gb)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -34,6 +37,21 @@ class Settings:
     deadline_ms: int = 2000
     health_interval_s: float = 1.0
     cross_layer_blocks: bool = True
+    ssd_cache_paths: tuple[str, ...] = ()
+    ssd_cache_capacity: str = "512gb"
+
+    def ssd_lines(self) -> str:
+        """The SSD tier as the engine's link takes it ("" for none)."""
+        if not self.ssd_cache_paths:
+            return ""
+        return "".join(f"ssd_cache_path={p}\n" for p in self.ssd_cache_paths) + f"ssd_cache_capacity={self.ssd_cache_capacity}\n"
+
+    def ssd_flags(self) -> list[str]:
+        """The SSD tier as pegaflow-server's flags."""
+        if not self.ssd_cache_paths:
+            return []
+        flags = [f"--ssd-cache-path={p}" for p in self.ssd_cache_paths]
+        return flags + [f"--ssd-cache-capacity={self.ssd_cache_capacity}"]
 
     @staticmethod
     def from_extra(extra: dict | None, env: dict | None = None) -> "Settings":
@@ -70,8 +88,16 @@ class Settings:
             flag = flag.strip().lower() in ("1", "true", "yes", "on")
         elif not isinstance(flag, bool):
             raise InvalidArgumentError(f"kv_connector_extra_config cross_layer_blocks {flag!r}; expected true or false")
+        paths = raw.get("ssd_cache_path", env.get("PEGAFLOW_SSD_CACHE_PATH", ""))
+        if isinstance(paths, str):
+            paths = [p.strip() for p in paths.split(",") if p.strip()]
+        if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p and "\n" not in p for p in paths):
+            raise InvalidArgumentError(f"kv_connector_extra_config ssd_cache_path {paths!r}; expected a directory or a "
+                                       "list of directories")
         return Settings(
             mode=mode,
+            ssd_cache_paths=tuple(paths),
+            ssd_cache_capacity=str(raw.get("ssd_cache_capacity", "512gb")),
             cross_layer_blocks=flag,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,

@@ -27,16 +27,18 @@ final class LinkExports {
     /**
      * {@code mode}: auto | embedded | server; {@code health_interval_ms}: how often a daemon
      * thread checks the server (0: never). In server mode an absent server is not an error.
+     * {@code ssd}: embedded mode's SSD tier ({@link io.pegaflow.engine.ssd.SsdConfig#parse}; empty: none).
      */
     static int pfLinkOpen(MemorySegment mode, MemorySegment endpoint, MemorySegment poolSize, int copyThreads,
-            long deadlineMs, long healthIntervalMs, MemorySegment outLink) {
+            long deadlineMs, long healthIntervalMs, MemorySegment ssd, MemorySegment outLink) {
         return guard(() -> {
             MemorySegment out = buffer(outLink, 8, "out_link");
             if (healthIntervalMs < 0) {
                 throw new InvalidArgumentException("health_interval_ms " + healthIntervalMs + "; expected >= 0");
             }
             StoreLink.Settings settings = new StoreLink.Settings(str(mode, "mode"), str(endpoint, "endpoint"),
-                    str(poolSize, "pool_size"), copyThreads, deadlineMs, Duration.ofMillis(healthIntervalMs));
+                    str(poolSize, "pool_size"), copyThreads, deadlineMs, Duration.ofMillis(healthIntervalMs),
+                    io.pegaflow.engine.ssd.SsdConfig.parse(str(ssd, "ssd")));
             out.set(JAVA_LONG, 0, LINKS.add(StoreLink.open(settings)));
         });
     }

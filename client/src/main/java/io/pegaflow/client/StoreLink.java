@@ -15,6 +15,7 @@ import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.cuda.CudaOptions;
 import io.pegaflow.engine.cuda.CudaTransferEngine;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.ssd.SsdConfig;
 import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.TransferEngine;
 import java.time.Duration;
@@ -72,7 +73,13 @@ public final class StoreLink implements EngineSource, AutoCloseable {
      * {@code endpoint} at start, else embedded), {@code embedded} or {@code server}.
      */
     public record Settings(String mode, String endpoint, String poolSize, int copyThreads, long deadlineMs,
-            Duration healthInterval) {
+            Duration healthInterval, SsdConfig ssd) {
+        /** Without an SSD tier. */
+        public Settings(String mode, String endpoint, String poolSize, int copyThreads, long deadlineMs,
+                Duration healthInterval) {
+            this(mode, endpoint, poolSize, copyThreads, deadlineMs, healthInterval, null);
+        }
+
         public Settings {
             if (!List.of("auto", "embedded", "server").contains(mode)) {
                 throw new InvalidArgumentException("mode '" + mode + "'; expected one of [auto, embedded, server]");
@@ -308,7 +315,7 @@ public final class StoreLink implements EngineSource, AutoCloseable {
         if (engine == null) {
             if (mode == Mode.EMBEDDED) {
                 EngineConfig config = EngineConfig.builder().poolSize(settings.poolSize()).copyThreads(settings.copyThreads())
-                        .transfer(wanted.factory(settings.copyThreads())).build();
+                        .transfer(wanted.factory(settings.copyThreads())).ssd(settings.ssd()).build();
                 engine = PegaEngine.create(config);
                 generation++;
                 binding = new Binding(engine, generation);

@@ -13,6 +13,7 @@ import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.pool.PoolFiles;
+import io.pegaflow.engine.ssd.SsdConfig;
 import io.pegaflow.client.proto.HealthResponse;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.io.IOException;
@@ -34,7 +35,7 @@ public final class PegaflowServer implements AutoCloseable {
      */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
             Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
-            int prefaultThreads) {
+            int prefaultThreads, SsdConfig ssd) {
         public Config {
             if (prefaultThreads < 0 || prefaultThreads > 256) {
                 throw new InvalidArgumentException("--prefault-threads " + prefaultThreads + "; expected 0 (off) .. 256");
@@ -53,6 +54,20 @@ public final class PegaflowServer implements AutoCloseable {
             if (sessionGrace == null || sessionGrace.isNegative()) {
                 throw new InvalidArgumentException("session grace " + sessionGrace + "; expected >= 0");
             }
+        }
+
+        /** Without an SSD tier. */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
+                int prefaultThreads) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl, authTokenFile,
+                    prefaultThreads, null);
+        }
+
+        /** The same settings with the SSD tier {@code ssd} (null: none). */
+        public Config withSsd(SsdConfig ssd) {
+            return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
+                    authTokenFile, prefaultThreads, ssd);
         }
 
         /** Pages of the pool committed as written (no pre-faulting at start). */
@@ -100,6 +115,7 @@ public final class PegaflowServer implements AutoCloseable {
         HostPool created = null;
         Sessions sessionsStarted = null;
         Credentials credentialsLoaded = null;
+        LocalStore storeMade = null;
         Server grpcStarted = null;
         try {
             this.pool = created = files.createPool(config.poolBytes());
@@ -116,7 +132,11 @@ public final class PegaflowServer implements AutoCloseable {
                     // swept often enough that an abandoned copy is rolled back within ~1.25 copy TTLs
                     .sweepInterval(java.time.Duration.ofMillis(Math.min(30_000, Math.max(100, config.copyTtl().toMillis() / 4))))
                     .metrics(new PrometheusSink(registry)).build();
-            this.store = new LocalStore(engine, pool.size());
+            this.store = storeMade = new LocalStore(engine, pool.size());
+            if (config.ssd() != null) {
+                // The server maps the pool too: the tier writes sealed blocks from it and reads them back into it.
+                store.attachSsd(config.ssd(), pool.segment());
+            }
             this.credentials = credentialsLoaded = Credentials.load(config.authTokenFile(), config.poolPath(),
                     config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()));
             Tenants tenants = new Tenants();
@@ -142,6 +162,9 @@ public final class PegaflowServer implements AutoCloseable {
             }
             if (credentialsLoaded != null) {
                 credentialsLoaded.close(); // a refused start leaves only what it found
+            }
+            if (storeMade != null) {
+                storeMade.close(); // stops the SSD tier's threads before the pool goes
             }
             if (created != null) {
                 created.close();
@@ -205,7 +228,8 @@ public final class PegaflowServer implements AutoCloseable {
     private String healthJson() {
         return "{\"status\":\"" + (serving ? "serving" : "stopping") + "\",\"version\":\"" + Version.VERSION
                 + "\",\"server_id\":\"" + serverId + "\",\"instances\":" + store.instanceIds().size()
-                + ",\"pool_bytes\":" + pool.size() + ",\"pool_path\":" + HttpEndpoints.quote(pool.file().toString()) + "}";
+                + ",\"pool_bytes\":" + pool.size() + ",\"pool_path\":" + HttpEndpoints.quote(pool.file().toString())
+                + (store.ssd() == null ? "" : ",\"ssd_blocks\":" + store.ssd().blocks() + ",\"ssd_bytes\":" + store.ssd().bytes()) + "}";
     }
 
     public int port() {

@@ -5,8 +5,10 @@ import io.pegaflow.client.Wire;
 
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.Sizes;
+import io.pegaflow.engine.ssd.SsdConfig;
 import java.nio.file.Path;
 import java.time.Duration;
+import java.util.List;
 import java.util.concurrent.Callable;
 import java.util.logging.Level;
 import java.util.logging.Logger;
@@ -68,6 +70,34 @@ public final class ServerMain implements Callable<Integer> {
             description = "exercise the control plane on a scratch store before serving, so the first real operation runs at steady speed (default ${DEFAULT-VALUE})")
     boolean warmUp;
 
+    @Option(names = "--ssd-cache-path", paramLabel = "DIR",
+            description = "directory of the SSD tier's shard files (repeatable: one set of shards per path); none: no SSD tier")
+    List<Path> ssdPaths;
+
+    @Option(names = "--ssd-cache-capacity", defaultValue = "512gb",
+            description = "disk space of the SSD tier over all paths (kb/mb/gb/tb; default ${DEFAULT-VALUE})")
+    String ssdCapacity;
+
+    @Option(names = "--ssd-cache-shards", defaultValue = "1", paramLabel = "N",
+            description = "shard files per path (default ${DEFAULT-VALUE})")
+    int ssdShards;
+
+    @Option(names = "--ssd-write-queue-depth", defaultValue = "" + SsdConfig.DEFAULT_WRITE_QUEUE_BLOCKS, paramLabel = "BLOCKS",
+            description = "sealed blocks waiting for the disk; when full, new ones stay in DRAM only (default ${DEFAULT-VALUE})")
+    int ssdQueue;
+
+    @Option(names = "--ssd-write-threads", defaultValue = "" + SsdConfig.DEFAULT_WRITE_THREADS, paramLabel = "N",
+            description = "concurrent SSD writes (default ${DEFAULT-VALUE})")
+    int ssdWriteThreads;
+
+    @Option(names = "--ssd-read-threads", defaultValue = "" + SsdConfig.DEFAULT_READ_THREADS, paramLabel = "N",
+            description = "concurrent SSD reads (default ${DEFAULT-VALUE})")
+    int ssdReadThreads;
+
+    @Option(names = "--max-prefetch-blocks", defaultValue = "" + SsdConfig.DEFAULT_MAX_PREFETCH_BLOCKS, paramLabel = "BLOCKS",
+            description = "blocks read back from SSD at once, their pool space reserved (default ${DEFAULT-VALUE})")
+    int maxPrefetch;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -85,7 +115,9 @@ public final class ServerMain implements Callable<Integer> {
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
         PegaflowServer.Config config = new PegaflowServer.Config(addr, httpAddr, Sizes.parse(poolSize), path,
                 Duration.ofSeconds(leaseTtlSecs), Duration.ofMillis(sessionGraceMs), prometheus, poolGroup,
-                Duration.ofSeconds(copyTimeoutSecs), authTokenFile, prefaultThreads);
+                Duration.ofSeconds(copyTimeoutSecs), authTokenFile, prefaultThreads,
+                ssdPaths == null || ssdPaths.isEmpty() ? null : new SsdConfig(ssdPaths, Sizes.parse(ssdCapacity), ssdShards,
+                        ssdQueue, ssdWriteThreads, ssdReadThreads, maxPrefetch));
         if (warmUp) {
             long nanos = Warmup.run();
             Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");

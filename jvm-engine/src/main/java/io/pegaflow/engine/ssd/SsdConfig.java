@@ -44,6 +44,30 @@ public record SsdConfig(List<Path> paths, long capacityBytes, int shardsPerPath,
         }
     }
 
+    /**
+     * From lines {@code ssd_cache_path=DIR} (repeatable) and {@code ssd_cache_capacity=SIZE}
+     * (default 512gb), as the connector passes embedded mode's settings; null when no path is given.
+     */
+    public static SsdConfig parse(String text) {
+        List<Path> paths = new java.util.ArrayList<>();
+        long capacity = Sizes.parse("512gb");
+        for (String line : text.split("\n")) {
+            if (line.isBlank()) {
+                continue;
+            }
+            int eq = line.indexOf('=');
+            String key = eq < 0 ? line : line.substring(0, eq).strip();
+            String value = eq < 0 ? "" : line.substring(eq + 1).strip();
+            switch (key) {
+                case "ssd_cache_path" -> paths.add(Path.of(value));
+                case "ssd_cache_capacity" -> capacity = Sizes.parse(value);
+                default -> throw new InvalidArgumentException("SSD setting '" + key
+                        + "'; expected ssd_cache_path=DIR or ssd_cache_capacity=SIZE");
+            }
+        }
+        return paths.isEmpty() ? null : of(paths, capacity);
+    }
+
     /** Defaults for everything but where and how much. */
     public static SsdConfig of(List<Path> paths, long capacityBytes) {
         return new SsdConfig(paths, capacityBytes, 1, DEFAULT_WRITE_QUEUE_BLOCKS, DEFAULT_WRITE_THREADS,
