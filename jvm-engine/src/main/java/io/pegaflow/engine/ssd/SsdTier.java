@@ -325,9 +325,18 @@ public final class SsdTier implements AutoCloseable {
             count(Counter.SSD_GEOMETRY_MISMATCH, 1);
             return ReadOutcome.GEOMETRY;
         }
-        MemorySegment buf = stagingFor(h.recordBytes());
+        // Straight into the destination when direct I/O allows it (page-aligned address and
+        // length): the block is not visible until the check below passes, so a bad record's
+        // bytes are never served. Else through a staging buffer, with the header re-read.
+        long n = h.payloadBytes();
+        boolean straight = n % SsdRecord.PAGE == 0 && (!e.shard.direct || dst.address() % SsdRecord.PAGE == 0);
+        MemorySegment buf = straight ? dst : stagingFor(h.recordBytes());
         try {
-            e.shard.readFully(buf, e.offset, h.recordBytes());
+            if (straight) {
+                e.shard.readFully(dst, e.offset + SsdRecord.PAGE, n);
+            } else {
+                e.shard.readFully(buf, e.offset, h.recordBytes());
+            }
         } catch (IOException ex) {
             if (e.dropped) {
                 return ReadOutcome.GONE;
@@ -341,22 +350,30 @@ public final class SsdTier implements AutoCloseable {
         if (e.dropped) {
             return ReadOutcome.GONE; // overwritten while it was being read: the bytes may be torn
         }
-        String problem = SsdRecord.problem(buf);
-        SsdRecord.Header onDisk = problem == null ? SsdRecord.readHeader(buf) : null;
-        MemorySegment payload = buf.asSlice(SsdRecord.PAGE, h.payloadBytes());
-        if (onDisk == null || onDisk.seq() != h.seq() || !Arrays.equals(onDisk.hash(), key.hash())
-                || SsdRecord.crc(payload, 0, h.payloadBytes()) != h.payloadCrc()) {
+        String problem = null;
+        if (!straight) {
+            problem = SsdRecord.problem(buf);
+            SsdRecord.Header onDisk = problem == null ? SsdRecord.readHeader(buf) : null;
+            if (problem == null && (onDisk.seq() != h.seq() || !Arrays.equals(onDisk.hash(), key.hash()))) {
+                problem = "header changed";
+            }
+        }
+        MemorySegment payload = straight ? dst : buf.asSlice(SsdRecord.PAGE, n);
+        if (problem == null && SsdRecord.crc(payload, 0, n) != h.payloadCrc()) {
+            problem = "payload checksum mismatch";
+        }
+        if (problem != null) {
             discard(e);
             count(Counter.SSD_CHECKSUM_FAILURES, 1);
             LOG.log(System.Logger.Level.WARNING, "SSD record " + key.namespace() + "/" + hex(key.hash()) + " in "
-                    + e.shard.file + " at " + e.offset + " failed its check (" + (problem != null ? problem
-                    : onDisk == null || onDisk.seq() != h.seq() ? "header changed" : "payload checksum mismatch")
-                    + "); served as a miss");
+                    + e.shard.file + " at " + e.offset + " failed its check (" + problem + "); served as a miss");
             return ReadOutcome.CORRUPT;
         }
-        MemorySegment.copy(payload, 0, dst, 0, h.payloadBytes());
+        if (!straight) {
+            MemorySegment.copy(payload, 0, dst, 0, n);
+        }
         count(Counter.SSD_READ_BLOCKS, 1);
-        count(Counter.SSD_READ_BYTES, h.payloadBytes());
+        count(Counter.SSD_READ_BYTES, n);
         return ReadOutcome.OK;
     }
 
