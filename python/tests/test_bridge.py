@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,45 @@ def test_round_trip_into_other_block_ids_leaves_a_control_block_alone(engine, ca
     stats = engine.stats()
     assert stats["pegaflow_cache_resident_blocks"] == 4
     assert stats["pegaflow_active_leases"] == 0
+
+
+def test_an_ssd_tier_serves_a_restarted_engine_after_not_yet_answers(tmp_path):
+    """Embedded engine with an SSD tier: blocks written behind the pool, the engine closed, a
+    new one on the same path answers "not yet" while it reads them back, then loads them."""
+    cache = Cache()
+    src, dst = [0, 1, 2], [7, 8, 9]
+    h = hashes(3)
+    with PegaEngine(pool_size="8mb", ssd_cache_paths=[str(tmp_path)], ssd_cache_capacity="64mb") as first:
+        first.register_instance("inst", "ns", 1, 1)
+        first.register_worker("inst", 0, 0, cache.regions())
+        saved = [cache.fill(b) for b in src]
+        first.save("inst", 0, src, h).wait(timeout=10)
+        deadline = time.time() + 10
+        while first.stats()["pegaflow_ssd_blocks"] < 3:
+            assert time.time() < deadline, first.stats()
+            time.sleep(0.01)
+    with PegaEngine(pool_size="8mb", ssd_cache_paths=[str(tmp_path)], ssd_cache_capacity="64mb") as second:
+        second.register_instance("inst", "ns", 1, 1)
+        second.register_worker("inst", 0, 0, cache.regions())
+        assert second.stats()["pegaflow_ssd_blocks"] == 3, "index rebuilt from the shard file"
+        q = second.query("inst", h)
+        assert q.pending_blocks == 3 and q.lease is None and q.hit_blocks == 0
+        deadline = time.time() + 10
+        while q.pending_blocks:
+            assert time.time() < deadline
+            time.sleep(0.005)
+            q = second.query("inst", h)
+        assert q.hit_blocks == 3
+        assert second.load("inst", 0, q.lease, dst).wait().blocks == 3
+        assert [cache.block(b) for b in dst] == saved
+        assert second.stats()["pegaflow_cache_tier_ssd_blocks_total"] == 3
+
+
+def test_bad_ssd_settings_are_refused_clearly(tmp_path):
+    with pytest.raises(errors.InvalidArgumentError, match=r"SSD capacity 1.0 KiB for 1 shard\(s\); expected at least"):
+        PegaEngine(pool_size="8mb", ssd_cache_paths=[str(tmp_path)], ssd_cache_capacity="1kb")
+    with pytest.raises(errors.InvalidArgumentError, match=r"expected a list of directories"):
+        PegaEngine(pool_size="8mb", ssd_cache_paths=str(tmp_path))
 
 
 def test_a_miss_has_no_lease(engine, cache):

@@ -277,6 +277,19 @@ def test_unsupported_layout_and_bad_settings_are_refused_clearly(engines):
         engines("bad2", {"mode": "shared"})
 
 
+def test_ssd_settings_reach_the_engine_link_and_the_private_server():
+    from pegaflow.connector.settings import Settings
+
+    s = Settings.from_extra({"ssd_cache_path": ["/nvme/a", "/nvme/b"], "ssd_cache_capacity": "100gb"}, env={})
+    assert s.ssd_lines() == b"ssd_cache_path=/nvme/a\nssd_cache_path=/nvme/b\nssd_cache_capacity=100gb\n"
+    assert s.ssd_flags() == ["--ssd-cache-path=/nvme/a", "--ssd-cache-path=/nvme/b", "--ssd-cache-capacity=100gb"]
+    env = Settings.from_extra({}, env={"PEGAFLOW_SSD_CACHE_PATH": "/x, /y"})
+    assert env.ssd_cache_paths == ("/x", "/y")
+    assert Settings.from_extra({}, env={}).ssd_lines() == b""
+    with pytest.raises(InvalidArgumentError, match=r"ssd_cache_path 3; expected a directory or a list of directories"):
+        Settings.from_extra({"ssd_cache_path": 3}, env={})
+
+
 def test_legacy_split_kv_tensor_is_two_segments():
     import torch
 

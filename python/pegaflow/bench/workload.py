@@ -133,7 +133,10 @@ def run(args: argparse.Namespace) -> dict:
     namespace = f"sim-{args.layers}x{args.kv_heads}x{args.head_dim}x{args.dtype_bytes}-b{bt}"
     _bridge.api()  # start the JVM first: the prefault time below is the pool's alone
     t0 = time.perf_counter()
-    engine = PegaEngine(pool_size=args.pool, copy_threads=args.copy_threads, prefault=args.prefault)
+    engine = PegaEngine(pool_size=args.pool, copy_threads=args.copy_threads, prefault=args.prefault,
+                        ssd_cache_paths=[str(p) for p in args.ssd_path], ssd_cache_capacity=args.ssd_capacity)
+    wait_ns: list[int] = []
+    not_yet = 0
     prefault_seconds = time.perf_counter() - t0
     wall_start = time.perf_counter()
     with engine:
@@ -164,6 +167,14 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter_ns()
             result = engine.query("workload", hashes[:q])
             query_ns.append(time.perf_counter_ns() - t0)
+            if result.pending_blocks:
+                # "not yet": the prefix continues on SSD and is being read back; vLLM would
+                # ask again at its next scheduler step
+                while result.pending_blocks:
+                    not_yet += 1
+                    time.sleep(0.0002)
+                    result = engine.query("workload", hashes[:q])
+                wait_ns.append(time.perf_counter_ns() - t0)
             rnd.shuffle(free)  # vLLM hands out scattered block ids
             ids = free[: (len(conv.tokens) + bt - 1) // bt]
             h = result.hit_blocks
@@ -190,6 +201,7 @@ def run(args: argparse.Namespace) -> dict:
                 active.remove(conv)
         stats = engine.stats()
     wall = time.perf_counter() - wall_start
+    wait_ns.sort()
 
     query_ns.sort()
 
@@ -225,6 +237,21 @@ def run(args: argparse.Namespace) -> dict:
         "pool_used_bytes_at_end": stats["pegaflow_pool_used_bytes"],
         "block_bytes": args.layers * 2 * segment,
         "gpu_blocks": gpu_blocks,
+        "tier_hit_blocks": {"dram": stats["pegaflow_cache_tier_dram_blocks_total"],
+                            "ssd": stats["pegaflow_cache_tier_ssd_blocks_total"]},
+        "ssd": None if not args.ssd_path else {
+            "paths": [str(p) for p in args.ssd_path], "capacity": args.ssd_capacity,
+            "blocks_on_ssd_at_end": stats["pegaflow_ssd_blocks"],
+            "written_blocks": stats["pegaflow_ssd_write_blocks_total"],
+            "read_blocks": stats["pegaflow_ssd_read_blocks_total"],
+            "write_queue_full": stats["pegaflow_ssd_write_queue_full_total"],
+            "write_skipped": stats["pegaflow_ssd_write_skipped_total"],
+            "checksum_failures": stats["pegaflow_ssd_checksum_failures_total"],
+            "not_yet_answers": not_yet,
+            "requests_that_waited": len(wait_ns),
+            "wait_ms_p50": wait_ns[len(wait_ns) // 2] / 1e6 if wait_ns else 0.0,
+            "wait_ms_max": wait_ns[-1] / 1e6 if wait_ns else 0.0,
+        },
         "verify": args.verify,
         "verified_blocks": verified,
         "verify_failures": failures,
@@ -258,6 +285,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--copy-threads", type=int, default=2)
     p.add_argument("--prefault", action=argparse.BooleanOptionalAction, default=True,
                    help="commit pool pages before the run, as pinning does on a GPU host (reported apart)")
+    p.add_argument("--ssd-path", type=Path, action="append", default=[],
+                   help="directory of an SSD tier below the pool (repeatable; default: none)")
+    p.add_argument("--ssd-capacity", default="64gb", help="disk space of the SSD tier (default 64gb)")
     p.add_argument("--verify", choices=["none", "sample", "full"], default="sample")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=Path("out/run-report.json"))

@@ -31,7 +31,7 @@ class Link:
         out = c_int64()
         self._api.call("link_open", settings.mode.encode(), settings.endpoint.encode(), settings.pool_size.encode(),
                        settings.copy_threads, settings.deadline_ms, int(settings.health_interval_s * 1000),
-                       settings.ssd_lines().encode(), ctypes.byref(out))
+                       settings.ssd_lines(), ctypes.byref(out))
         self.handle: int = out.value
         self.mode: str = self.status()["mode"]  # auto resolved: embedded | server
 

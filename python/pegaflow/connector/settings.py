@@ -40,11 +40,11 @@ class Settings:
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = "512gb"
 
-    def ssd_lines(self) -> str:
-        """The SSD tier as the engine's link takes it ("" for none)."""
-        if not self.ssd_cache_paths:
-            return ""
-        return "".join(f"ssd_cache_path={p}\n" for p in self.ssd_cache_paths) + f"ssd_cache_capacity={self.ssd_cache_capacity}\n"
+    def ssd_lines(self) -> bytes:
+        """The SSD tier as the engine's link takes it (b"" for none)."""
+        from ..engine import ssd_lines
+
+        return ssd_lines(self.ssd_cache_paths, self.ssd_cache_capacity)
 
     def ssd_flags(self) -> list[str]:
         """The SSD tier as pegaflow-server's flags."""

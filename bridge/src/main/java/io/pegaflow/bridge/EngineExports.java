@@ -85,14 +85,14 @@ final class EngineExports {
 
     /** {@code flags} bit 0: commit every pool page now ({@link EngineConfig#prefault()}). */
     static int pfEngineCreate(MemorySegment poolSize, int copyThreads, long leaseTtlMs, int transfer, int device,
-            int flags, MemorySegment outEngine) {
+            int flags, MemorySegment ssd, MemorySegment outEngine) {
         return guard(() -> {
             if ((flags & ~1) != 0) {
                 throw new InvalidArgumentException("engine_create: flags 0x" + Integer.toHexString(flags)
                         + "; expected only bit 0 (prefault)");
             }
             EngineConfig.Builder b = EngineConfig.builder().poolSize(str(poolSize, "pool_size")).copyThreads(copyThreads)
-                    .prefault((flags & 1) != 0);
+                    .prefault((flags & 1) != 0).ssd(io.pegaflow.engine.ssd.SsdConfig.parse(str(ssd, "ssd")));
             if (leaseTtlMs > 0) {
                 b.leaseTtl(Duration.ofMillis(leaseTtlMs));
             }

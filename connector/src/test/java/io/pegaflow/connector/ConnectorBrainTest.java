@@ -14,9 +14,11 @@ import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.ssd.SsdConfig;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
@@ -25,6 +27,7 @@ import java.util.Random;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 
 /**
  * The connector's brain driven in vLLM's call order (scheduler hooks, then the worker's),
@@ -246,6 +249,57 @@ class ConnectorBrainTest {
         assertThat(worker.drainLoadErrors()).containsExactly(50, 51);
         assertThat(worker.drainLoadErrors()).as("drained").isEmpty();
         assertThat(worker.drainStats()[WorkerSide.STAT_LOAD_FAILED_BLOCKS]).as("vLLM's connector stats").isEqualTo(2);
+    }
+
+    /** An engine on {@code dir}'s SSD tier, bound for the brain, holding nothing in DRAM yet. */
+    private PegaEngine ssdEngine(Path dir) {
+        PegaEngine e = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
+                .ssd(SsdConfig.of(List.of(dir), 64L << 20)).build());
+        e.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
+        e.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
+        bound.set(new EngineSource.Binding(e, 2));
+        return e;
+    }
+
+    @Test
+    void aPrefixOnSsdIsNotYetUntilReadBackThenAHit(@TempDir Path dir) throws Exception {
+        BlockHashes h = hashes(3);
+        try (PegaEngine first = ssdEngine(dir)) {
+            for (int i = 0; i < 3; i++) {
+                fill(i);
+            }
+            first.save("vllm", 0, ids(0, 3), h).join();
+            assertThat(first.ssd().awaitWritten(10_000)).isTrue();
+        }
+        try (PegaEngine restarted = ssdEngine(dir)) { // DRAM empty, the prefix on SSD
+            long answer = sched.lookup("r", h, 3 * BLOCK + 1, 0);
+            assertThat(answer).as("vLLM is told 'not yet' (None)").isEqualTo(SchedulerSide.NOT_YET);
+            long deadline = System.nanoTime() + 10_000_000_000L;
+            while ((answer = sched.lookup("r", h, 3 * BLOCK + 1, 0)) == SchedulerSide.NOT_YET) {
+                assertThat(System.nanoTime()).isLessThan(deadline);
+                Thread.sleep(1);
+            }
+            assertThat(answer).isEqualTo(3 * BLOCK);
+            assertThat(sched.notYetAnswers()).isGreaterThanOrEqualTo(1);
+            sched.requestFinished("r");
+        }
+    }
+
+    @Test
+    void aReadBackThatTakesTooLongIsRecomputed(@TempDir Path dir) throws Exception {
+        BlockHashes h = hashes(2);
+        try (PegaEngine first = ssdEngine(dir)) {
+            fill(0);
+            fill(1);
+            first.save("vllm", 0, ids(0, 2), h).join();
+            assertThat(first.ssd().awaitWritten(10_000)).isTrue();
+        }
+        try (PegaEngine restarted = ssdEngine(dir)) {
+            sched.maxWait(Duration.ZERO);
+            assertThat(sched.lookup("slow", h, 2 * BLOCK + 1, 0)).as("no waiting allowed: recompute").isZero();
+            assertThat(sched.waitTimeouts()).isEqualTo(1);
+            assertThat(sched.lookup("slow", h, 2 * BLOCK + 1, 0)).as("and no more hits for it").isZero();
+        }
     }
 
     @Test

@@ -63,6 +63,10 @@ public final class LocalStore implements BlockStore {
     private final SecureRandom ids = new SecureRandom();
     /** Blocks being read back from SSD, over every request. */
     private int prefetchInFlight;
+    /** Blocks waiting for a read slot (indexed, pinned, no pool space yet), oldest first. */
+    private final java.util.ArrayDeque<Block> fetchQueue = new java.util.ArrayDeque<>();
+    private long queuedFetchBytes;
+    private boolean pumping;
     // --- end guarded ---
     /** The SSD tier and the pool bytes it reads from and writes into; set once, before use. */
     private volatile SsdTier ssd;
@@ -623,19 +627,19 @@ public final class LocalStore implements BlockStore {
 
     /**
      * The run of blocks after the resident prefix ({@code from}) that continues on SSD or is
-     * being read back: starts reads for what is on SSD (within the prefetch budget and while
-     * the pool has unpinned space) and returns the run's length when any of it is still
-     * being read, else 0 (answer with the resident prefix). Prefix and run together are
-     * capped at half the pool, so reading the run's end cannot evict its start.
+     * being read back: queues reads for what is on SSD (while the pool has unpinned space
+     * for them), starts as many as the prefetch budget allows, and returns the run's length
+     * when any of it is still being read, else 0 (answer with the resident prefix). Prefix
+     * and run together are capped at half the pool, so reading the run's end cannot evict
+     * its start. A queued block is indexed as in flight, so later polls only walk the run.
      */
     private int prefetch(NamespaceIndex ns, BlockHashes hashes, int from, long now) {
         SsdTier tier = ssd;
         byte[] packed = hashes.packed();
         int len = hashes.hashLen();
-        int max = tier.config().maxPrefetchBlocks();
-        // The answer (resident prefix + run) must fit in half the pool, or reading the run's
-        // end would evict its start and the next poll would read it again.
         long cap = allocator.capacityBytes() / 2 / Math.max(1, ns.blockBytes) - from;
+        long unit = allocator.unitBytes();
+        long need = (ns.blockBytes + unit - 1) / unit * unit;
         int run = 0;
         boolean waiting = false;
         for (int i = from; i < hashes.count() && run < cap; i++) {
@@ -648,49 +652,75 @@ public final class LocalStore implements BlockStore {
                 run++;
                 continue;
             }
+            if (allocator.freeBytes() + lru.evictableBytes() - queuedFetchBytes < need) {
+                count(Counter.SSD_PREFETCH_NO_SPACE, 1);
+                break; // the rest would only evict what this answer needs
+            }
             if (!tier.contains(ns.namespace, packed, i * len, len)) {
                 break;
             }
-            if (prefetchInFlight < max) {
-                if (!startPrefetch(ns, HashKey.of(hashes, i), now)) {
-                    break;
-                }
-            }
-            waiting = true; // started now, or next time budget frees
+            b = new Block(ns, HashKey.of(hashes, i), now);
+            ns.blocks.put(b);
+            inflight.add(b);
+            lru.pin(b);
+            b.prefetching = true;
+            fetchQueue.add(b);
+            queuedFetchBytes += need;
+            waiting = true;
             run++;
         }
+        pumpFetches();
         return waiting ? run : 0;
     }
 
-    /** Reserves pool space for one block and starts its read; false when the pool has no unpinned space. */
-    private boolean startPrefetch(NamespaceIndex ns, HashKey key, long now) {
-        long bytes = ns.blockBytes;
-        long handle;
-        while ((handle = allocator.allocate(bytes)) == OffsetAllocator.NO_SPACE) {
-            if (!evictOne()) {
-                count(Counter.SSD_PREFETCH_NO_SPACE, 1);
-                return false;
+    /** Starts queued reads while the prefetch budget allows. */
+    private void pumpFetches() {
+        if (pumping) {
+            return; // a read that completed at once (the tier is closing) called back into this loop
+        }
+        pumping = true;
+        try {
+            pumpFetchesOnce();
+        } finally {
+            pumping = false;
+        }
+    }
+
+    private void pumpFetchesOnce() {
+        SsdTier tier = ssd;
+        int max = tier.config().maxPrefetchBlocks();
+        long unit = allocator.unitBytes();
+        while (prefetchInFlight < max && !fetchQueue.isEmpty()) {
+            Block b = fetchQueue.poll();
+            NamespaceIndex ns = b.ns;
+            queuedFetchBytes -= (ns.blockBytes + unit - 1) / unit * unit;
+            long bytes = ns.blockBytes;
+            long handle;
+            while ((handle = allocator.allocate(bytes)) == OffsetAllocator.NO_SPACE) {
+                if (!evictOne()) {
+                    break;
+                }
             }
+            if (handle == OffsetAllocator.NO_SPACE) {
+                count(Counter.SSD_PREFETCH_NO_SPACE, 1);
+                b.prefetching = false;
+                unpin(b); // never allocated: unpin drops it from the index
+                continue;
+            }
+            b.addAllocation(handle, allocator.sizeBytes(handle));
+            long offset = allocator.offsetBytes(handle);
+            long at = offset;
+            for (int s = 0; s < ns.slotBytes.length; s++) {
+                b.slotState[s] = Block.WRITING;
+                b.slotOffset[s] = at;
+                at += ns.slotBytes[s];
+            }
+            prefetchInFlight++;
+            count(Counter.SSD_PREFETCH_BLOCKS, 1);
+            final long h = handle;
+            tier.read(ns.namespace, b.key.bytes(), ns.slotBytes, poolMemory.asSlice(offset, bytes),
+                    outcome -> prefetchDone(b, h, outcome));
         }
-        Block b = new Block(ns, key, now);
-        ns.blocks.put(b);
-        inflight.add(b);
-        b.addAllocation(handle, allocator.sizeBytes(handle));
-        long offset = allocator.offsetBytes(handle);
-        long at = offset;
-        for (int s = 0; s < ns.slotBytes.length; s++) {
-            b.slotState[s] = Block.WRITING;
-            b.slotOffset[s] = at;
-            at += ns.slotBytes[s];
-        }
-        lru.pin(b);
-        b.prefetching = true;
-        prefetchInFlight++;
-        count(Counter.SSD_PREFETCH_BLOCKS, 1);
-        final long h = handle;
-        ssd.read(ns.namespace, key.bytes(), ns.slotBytes, poolMemory.asSlice(offset, bytes),
-                outcome -> prefetchDone(b, h, outcome));
-        return true;
     }
 
     /** On an SSD reader thread: seals a block read back and checked, or drops its reservation. */
@@ -724,6 +754,7 @@ public final class LocalStore implements BlockStore {
                 b.removeAllocation(handle);
             }
             unpin(b); // a failed read leaves an empty block: unpin removes it
+            pumpFetches();
         } finally {
             lock.unlock();
         }
@@ -880,6 +911,7 @@ public final class LocalStore implements BlockStore {
             }
             leases.clear();
             open.clear();
+            fetchQueue.clear();
             for (NamespaceIndex ns : registry.namespaces()) {
                 for (Block b : ns.blocks.values()) {
                     freeAllocations(b);
