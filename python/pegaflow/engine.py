@@ -23,8 +23,6 @@ LAYOUTS = {"split_kv": 0, "combined": 1, "mla": 2}
 TRANSFERS = {"host": 0, "cuda": 1}
 
 
-@dataclass(frozen=True)
-
 def ssd_lines(paths: Sequence[str], capacity: str) -> bytes:
     """An SSD tier as the bridge takes it (b"" for none)."""
     if isinstance(paths, (str, bytes)):
@@ -36,6 +34,8 @@ def ssd_lines(paths: Sequence[str], capacity: str) -> bytes:
         return b""
     return ("".join(f"ssd_cache_path={p}\n" for p in paths) + f"ssd_cache_capacity={capacity}\n").encode()
 
+
+@dataclass(frozen=True)
 class LayerRegion:
     """One layer's KV cache: segment ``s`` of block ``b`` is at
     ``base_address + b * block_stride + s * segment_offset`` and is ``segment_bytes`` long.
