@@ -172,6 +172,10 @@ def run(args: argparse.Namespace) -> dict:
                 # ask again at its next scheduler step
                 while result.pending_blocks:
                     not_yet += 1
+                    if time.perf_counter_ns() - t0 > 60e9:
+                        raise SystemExit(f"pegaflow-bench workload: request {requests} still 'not yet' after 60 s "
+                                         f"(hit {result.hit_blocks}, pending {result.pending_blocks} of {q}): "
+                                         f"{engine.stats()}")
                     time.sleep(0.0002)
                     result = engine.query("workload", hashes[:q])
                 wait_ns.append(time.perf_counter_ns() - t0)

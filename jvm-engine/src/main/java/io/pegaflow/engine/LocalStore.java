@@ -431,12 +431,20 @@ public final class LocalStore implements BlockStore {
             Block[] found = new Block[count];
             hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
             if (ssd != null && hit < count) {
-                int pending = prefetch(inst.ns, hashes, hit, now);
-                if (pending > 0) {
+                // The resident prefix is pinned while reads are planned (they may evict), and
+                // unpinning makes it the newest: the read-back evicts older blocks first.
+                for (int i = 0; i < hit; i++) {
+                    lru.pin(found[i]);
+                }
+                int pending;
+                try {
+                    pending = prefetch(inst.ns, hashes, hit, now);
+                } finally {
                     for (int i = 0; i < hit; i++) {
-                        lru.pin(found[i]); // refreshes their recency: the read-back evicts older blocks first
                         lru.unpin(found[i]);
                     }
+                }
+                if (pending > 0) {
                     count(Counter.QUERY_REQUESTS, 1);
                     count(Counter.SSD_PENDING_ANSWERS, 1);
                     return new QueryResult(hit, null, pending);
