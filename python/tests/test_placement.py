@@ -55,15 +55,19 @@ def test_auto_across_processes_without_a_server_starts_a_private_one(monkeypatch
     started = []
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
 
-    def fake_private(instance_id, pool_size):
-        started.append((instance_id, pool_size))
+    def fake_private(instance_id, pool_size, extra=None):
+        started.append((instance_id, pool_size, extra))
         return "127.0.0.1:4242"
 
     monkeypatch.setattr(_private, "private_server", fake_private)
     resolved = _private.resolve_settings(Settings(mode="auto", endpoint="127.0.0.1:1", pool_size="64mb"),
                                          config("mp"), "inst")
     assert (resolved.mode, resolved.endpoint) == ("server", "127.0.0.1:4242")
-    assert started == [("inst", "64mb")]
+    assert started == [("inst", "64mb", [])]
+    # an SSD tier in the settings becomes the private server's flags
+    _private.resolve_settings(Settings(mode="auto", endpoint="127.0.0.1:1", pool_size="64mb",
+                                       ssd_cache_paths=("/nvme/pf",), ssd_cache_capacity="10gb"), config("mp"), "inst2")
+    assert started[-1] == ("inst2", "64mb", ["--ssd-cache-path=/nvme/pf", "--ssd-cache-capacity=10gb"])
 
 
 def test_the_runtime_dir_is_private(monkeypatch, tmp_path):

@@ -590,8 +590,8 @@ public final class LocalStore implements BlockStore {
     /** Offers a block just sealed to the SSD tier (never blocks; the tier counts what it drops). */
     private void offerToSsd(Block b) {
         SsdTier tier = ssd;
-        if (tier == null || b.fromSsd) {
-            return; // a block read back from SSD is there already
+        if (tier == null) {
+            return;
         }
         NamespaceIndex ns = b.ns;
         tier.offer(ns.namespace, b.key.bytes(), ns.slotBytes, dst -> fillFromPool(b, dst));

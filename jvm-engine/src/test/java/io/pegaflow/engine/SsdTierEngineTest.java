@@ -9,6 +9,7 @@ import java.io.IOException;
 import java.io.RandomAccessFile;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermissions;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
@@ -89,6 +90,8 @@ class SsdTierEngineTest {
             saveAll(engine, world, hashes, 0, 48);
             assertThat(engine.stats().get(Counter.EVICTIONS)).as("the pool holds 16 of 48").isGreaterThanOrEqualTo(32);
             assertThat(engine.ssd().blocks()).isEqualTo(48);
+            assertThat(PosixFilePermissions.toString(Files.getPosixFilePermissions(dir.resolve("pegaflow-ssd-0.shard"))))
+                    .as("KV on disk is the owner's alone").isEqualTo("rw-------");
 
             byte[][] prefix = Arrays.copyOf(hashes, 6);
             int[] notYet = {0};
@@ -150,7 +153,8 @@ class SsdTierEngineTest {
     @Test
     void aFlippedBitIsAMissNeverWrongBytes() throws Exception {
         byte[][] hashes = KvWorld.randomHashes(new Random(4), 4);
-        try (PegaEngine engine = engine(ssd()); KvWorld world = world()) {
+        // One writer: records land in the order the blocks were sealed, so the first is block 0's.
+        try (PegaEngine engine = engine(ssd().withThreads(1, 4)); KvWorld world = world()) {
             world.register(engine);
             saveAll(engine, world, hashes, 0, 4);
         }

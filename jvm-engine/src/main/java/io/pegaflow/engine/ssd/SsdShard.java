@@ -10,6 +10,8 @@ import java.nio.file.Files;
 import java.nio.file.OpenOption;
 import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
+import java.nio.file.attribute.FileAttribute;
+import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -95,15 +97,18 @@ final class SsdShard implements AutoCloseable {
         }
         boolean direct = true;
         FileChannel ch;
+        // KV bytes are as private as the prompts they came from: a new shard is this user's alone (0600).
+        FileAttribute<?> owner = PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------"));
         Set<OpenOption> opts = Set.of(StandardOpenOption.READ, StandardOpenOption.WRITE, StandardOpenOption.CREATE,
                 ExtendedOpenOption.DIRECT);
         try {
-            ch = FileChannel.open(file, opts);
+            ch = FileChannel.open(file, opts, owner);
         } catch (IOException | UnsupportedOperationException e) {
             LOG.log(System.Logger.Level.WARNING, "SSD shard " + file + ": direct I/O refused (" + e.getMessage()
                     + "); using buffered I/O");
             direct = false;
-            ch = FileChannel.open(file, StandardOpenOption.READ, StandardOpenOption.WRITE, StandardOpenOption.CREATE);
+            ch = FileChannel.open(file, Set.of(StandardOpenOption.READ, StandardOpenOption.WRITE, StandardOpenOption.CREATE),
+                    owner);
         }
         SsdShard shard = new SsdShard(file, index, capacity, ch, direct);
         try {
