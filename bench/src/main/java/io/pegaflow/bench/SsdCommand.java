@@ -68,7 +68,7 @@ final class SsdCommand implements Callable<Integer> {
     @Option(names = "--repeats", defaultValue = "5", description = "prefix read-backs timed (default ${DEFAULT-VALUE})")
     int repeats;
 
-    @Option(names = "--rounds", defaultValue = "3", description = "raw/tier alternations; medians reported (default ${DEFAULT-VALUE})")
+    @Option(names = "--rounds", defaultValue = "5", description = "raw/tier alternations; medians reported (default ${DEFAULT-VALUE})")
     int rounds;
 
     @Option(names = "--json", defaultValue = "out/ssd.json")
