@@ -11,10 +11,7 @@ set -uo pipefail
 out=${1:-out}
 shift || true
 mkdir -p "$out"
-site=$(mktemp -d)
-python3 -m zipfile -e dist/pegaflow_jvm-*.whl "$site"
-# zipfile drops the modes: the launcher and the process spawn helper must be executable
-chmod +x "$site"/pegaflow/_jre/bin/* "$site"/pegaflow/_jre/lib/jspawnhelper
+site=$(ci/unpack-wheel.sh) || exit 1
 {
   echo "host: $(nproc) cpus, $(free -g | awk '/Mem:/ {print $2}') GiB"
   command -v nvidia-smi >/dev/null && nvidia-smi -L

@@ -8,9 +8,7 @@ set -uo pipefail
 out=${1:-out}
 shift || true
 mkdir -p "$out"
-site=$(mktemp -d)
-python3 -m zipfile -e dist/pegaflow_jvm-*.whl "$site"
-chmod +x "$site"/pegaflow/_jre/bin/* "$site"/pegaflow/_jre/lib/jspawnhelper
+site=$(ci/unpack-wheel.sh) || exit 1
 path=${SSD_PATH:-$PWD/out/ssd-bench}
 mkdir -p "$path"
 {

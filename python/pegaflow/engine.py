@@ -21,6 +21,7 @@ from pegaflow.errors import InvalidArgumentError, TransferFailedError, from_code
 LEASE_BYTES = 16
 LAYOUTS = {"split_kv": 0, "combined": 1, "mla": 2}
 TRANSFERS = {"host": 0, "cuda": 1}
+DEFAULT_SSD_CAPACITY = "512gb"  # as pegaflow-server's --ssd-cache-capacity
 
 
 def ssd_lines(paths: Sequence[str], capacity: str) -> bytes:
@@ -164,7 +165,7 @@ class PegaEngine:
         device: int = 0,
         prefault: bool = False,
         ssd_cache_paths: Sequence[str] = (),
-        ssd_cache_capacity: str = "512gb",
+        ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY,
     ):
         if transfer not in TRANSFERS:
             raise InvalidArgumentError(f"transfer '{transfer}'; expected one of {sorted(TRANSFERS)}")

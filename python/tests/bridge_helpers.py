@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 
 from pegaflow import LayerRegion
 
@@ -37,3 +38,24 @@ class Cache:
 
 def hashes(n: int) -> list[bytes]:
     return [os.urandom(32) for _ in range(n)]
+
+
+def wait_until(condition, what: str, timeout: float = 10.0) -> None:
+    """Polls ``condition()`` until it is true; fails naming ``what`` after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while not condition():
+        assert time.time() < deadline, f"{what}: not after {timeout} s"
+        time.sleep(0.005)
+
+
+def settle(engine, instance_id: str, hashes: list[bytes], expect_not_yet: int, timeout: float = 10.0):
+    """Queries until the answer is not "not yet" (a prefix read back from SSD) and returns it.
+    The first answer must be "not yet" for ``expect_not_yet`` blocks, with no lease and no hit."""
+    q = engine.query(instance_id, hashes)
+    assert (q.pending_blocks, q.lease, q.hit_blocks) == (expect_not_yet, None, 0), q
+    deadline = time.time() + timeout
+    while q.pending_blocks:
+        assert time.time() < deadline, f"still 'not yet' after {timeout} s: {q}"
+        time.sleep(0.005)
+        q = engine.query(instance_id, hashes)
+    return q

@@ -11,14 +11,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 import pegaflow
 from pegaflow import PegaEngine, errors
-from bridge_helpers import BLOCKS, Cache, hashes
+from bridge_helpers import BLOCKS, Cache, hashes, settle, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -71,21 +70,12 @@ def test_an_ssd_tier_serves_a_restarted_engine_after_not_yet_answers(tmp_path):
         first.register_worker("inst", 0, 0, cache.regions())
         saved = [cache.fill(b) for b in src]
         first.save("inst", 0, src, h).wait(timeout=10)
-        deadline = time.time() + 10
-        while first.stats()["pegaflow_ssd_blocks"] < 3:
-            assert time.time() < deadline, first.stats()
-            time.sleep(0.01)
+        wait_until(lambda: first.stats()["pegaflow_ssd_blocks"] == 3, "3 blocks written to SSD")
     with PegaEngine(pool_size="8mb", ssd_cache_paths=[str(tmp_path)], ssd_cache_capacity="64mb") as second:
         second.register_instance("inst", "ns", 1, 1)
         second.register_worker("inst", 0, 0, cache.regions())
         assert second.stats()["pegaflow_ssd_blocks"] == 3, "index rebuilt from the shard file"
-        q = second.query("inst", h)
-        assert q.pending_blocks == 3 and q.lease is None and q.hit_blocks == 0
-        deadline = time.time() + 10
-        while q.pending_blocks:
-            assert time.time() < deadline
-            time.sleep(0.005)
-            q = second.query("inst", h)
+        q = settle(second, "inst", h, expect_not_yet=3)
         assert q.hit_blocks == 3
         assert second.load("inst", 0, q.lease, dst).wait().blocks == 3
         assert [cache.block(b) for b in dst] == saved

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_helpers import Cache, hashes
+from bridge_helpers import Cache, hashes, settle, wait_until
 from pegaflow import EngineClient, errors
 from pegaflow._server import free_port, server_argv, start_server
 
@@ -316,10 +316,7 @@ def test_a_sigkilled_servers_ssd_blocks_are_served_byte_identical_after_a_restar
             c.register_worker("ssd-a", 0, 0, cache.regions())
             saved = [cache.fill(i) for i in range(4)]
             assert c.save("ssd-a", 0, [0, 1, 2, 3], h).wait().blocks == 4
-            deadline = time.time() + 10
-            while first.metric("pegaflow_ssd_write_blocks_total") < 4:
-                assert time.time() < deadline
-                time.sleep(0.02)
+            wait_until(lambda: first.metric("pegaflow_ssd_write_blocks_total") == 4, "4 blocks written to SSD")
     finally:
         first.stop(kill=True)
     second = start_server(tmp_path / "pool", extra=flags)
@@ -328,13 +325,7 @@ def test_a_sigkilled_servers_ssd_blocks_are_served_byte_identical_after_a_restar
         with EngineClient(second.endpoint) as c:
             c.register_instance("ssd-b", "ns-ssd", 1, 1)
             c.register_worker("ssd-b", 0, 0, cache.regions())
-            q = c.query("ssd-b", h)
-            assert q.pending_blocks == 4 and q.lease is None, q
-            deadline = time.time() + 10
-            while q.pending_blocks:
-                assert time.time() < deadline
-                time.sleep(0.005)
-                q = c.query("ssd-b", h)
+            q = settle(c, "ssd-b", h, expect_not_yet=4)
             assert q.hit_blocks == 4
             assert c.load("ssd-b", 0, q.lease, [10, 11, 12, 13]).wait().blocks == 4
             assert [cache.block(i) for i in (10, 11, 12, 13)] == saved

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..engine import DEFAULT_SSD_CAPACITY, ssd_lines
 from ..errors import InvalidArgumentError
 
 MODES = ("auto", "embedded", "server")
@@ -21,7 +22,7 @@ _KEYS = {
     "health_interval_s": "server mode: how often the link checks the server (default 1.0, >= 0.01)",
     "ssd_cache_path": "directory (or list of directories) of an SSD tier below the host pool: embedded mode's, or "
     "the private server's that mode auto starts (default none, env PEGAFLOW_SSD_CACHE_PATH, comma-separated)",
-    "ssd_cache_capacity": "disk space of that SSD tier over all its paths (default 512gb)",
+    "ssd_cache_capacity": f"disk space of that SSD tier over all its paths (default {DEFAULT_SSD_CAPACITY})",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -38,12 +39,10 @@ class Settings:
     health_interval_s: float = 1.0
     cross_layer_blocks: bool = True
     ssd_cache_paths: tuple[str, ...] = ()
-    ssd_cache_capacity: str = "512gb"
+    ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
 
     def ssd_lines(self) -> bytes:
         """The SSD tier as the engine's link takes it (b"" for none)."""
-        from ..engine import ssd_lines
-
         return ssd_lines(self.ssd_cache_paths, self.ssd_cache_capacity)
 
     def ssd_flags(self) -> list[str]:
@@ -97,7 +96,7 @@ class Settings:
         return Settings(
             mode=mode,
             ssd_cache_paths=tuple(paths),
-            ssd_cache_capacity=str(raw.get("ssd_cache_capacity", "512gb")),
+            ssd_cache_capacity=str(raw.get("ssd_cache_capacity", DEFAULT_SSD_CAPACITY)),
             cross_layer_blocks=flag,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,

@@ -89,7 +89,7 @@ final class SsdCommand implements Callable<Integer> {
         deleteTier(tierDir);
         long[] slotBytes = new long[LAYERS];
         Arrays.fill(slotBytes, blockBytes / LAYERS);
-        long recordBytes = SsdRecord.PAGE + SsdRecord.roundUp(blockBytes);
+        long recordBytes = SsdRecord.recordBytes(blockBytes);
         long total = blockBytes * blocks;
         byte[][] hashes = new byte[blocks][];
         Random rnd = new Random(42);
@@ -127,8 +127,8 @@ final class SsdCommand implements Callable<Integer> {
             for (int round = 0; round < rounds; round++) {
                 for (int k = 0; k < 2; k++) {
                     if ((k == 0) == (round % 2 == 0)) {
-                        rawW.add(rawDirect(dir.resolve("raw.bin"), recordBytes, blocks, arena, true));
-                        rawR.add(rawDirect(dir.resolve("raw.bin"), recordBytes, blocks, arena, false));
+                        rawW.add(rawDirect(dir.resolve("raw.bin"), blockBytes, blocks, writeThreads, arena, true));
+                        rawR.add(rawDirect(dir.resolve("raw.bin"), blockBytes, blocks, readThreads, arena, false));
                         Files.deleteIfExists(dir.resolve("raw.bin"));
                     } else {
                         deleteTier(tierDir);
@@ -156,10 +156,9 @@ final class SsdCommand implements Callable<Integer> {
                 prefetchMs.add(prefetchMillis(config, blocks, blockBytes, hashes));
                 System.err.printf(Locale.ROOT, "prefix of %d blocks read back in %.1f ms%n", blocks, prefetchMs.getLast());
             }
-            prefetchMs.sort(Double::compare);
-            double p50 = prefetchMs.get(prefetchMs.size() / 2);
+            double p50 = median(prefetchMs);
             report.put("prefetch_" + blocks + "_ms_p50", round(p50));
-            report.put("prefetch_ms_all", prefetchMs.stream().map(SsdCommand::round).toList());
+            report.put("prefetch_ms_all", rounded(prefetchMs)); // in run order
             report.put("prefetch_gbps", round(total / (p50 / 1e3) / 1e9));
         } finally {
             deleteTier(tierDir);
@@ -254,9 +253,7 @@ final class SsdCommand implements Callable<Integer> {
     }
 
     private static double median(List<Double> xs) {
-        List<Double> s = new ArrayList<>(xs);
-        s.sort(Double::compare);
-        return s.get(s.size() / 2);
+        return PathsCommand.median(xs.stream().mapToDouble(Double::doubleValue).toArray());
     }
 
     private static List<Double> rounded(List<Double> xs) {
@@ -305,14 +302,14 @@ final class SsdCommand implements Callable<Integer> {
     }
 
     /** Raw direct-I/O write (or read back) of {@code blocks} record-sized pieces: GB/s of block payload, as the tier counts. */
-    private double rawDirect(Path file, long recordBytes, int blocks, Arena arena, boolean write) throws Exception {
+    private static double rawDirect(Path file, long blockBytes, int blocks, int threads, Arena arena, boolean write)
+            throws Exception {
         if (write) {
             Files.deleteIfExists(file);
         }
-        long blockBytes = Sizes.parse(blockSize);
+        long recordBytes = SsdRecord.recordBytes(blockBytes);
         try (FileChannel ch = FileChannel.open(file, StandardOpenOption.CREATE, StandardOpenOption.READ,
                 StandardOpenOption.WRITE, ExtendedOpenOption.DIRECT)) {
-            int threads = write ? writeThreads : readThreads;
             ExecutorService pool = Executors.newFixedThreadPool(threads);
             AtomicInteger next = new AtomicInteger();
             List<Future<?>> fs = new ArrayList<>();

@@ -286,7 +286,6 @@ public final class LocalStore implements BlockStore {
             allBytes += slotBytesOf[r];
         }
         Set<HashKey> seen = new HashSet<>();
-        long unit = allocator.unitBytes();
         long needed = 0;
         byte[] packed = hashes.packed();
         int len = hashes.hashLen();
@@ -317,7 +316,7 @@ public final class LocalStore implements BlockStore {
                 todo = n == some.length ? regionIdx : Arrays.copyOf(some, n);
             }
             plans.add(new PlannedBlock(i, key, b, todo, bytes));
-            needed += (bytes + unit - 1) / unit * unit;
+            needed += allocatedBytes(bytes);
         }
         if (needed > allocator.freeBytes() + lru.evictableBytes()) {
             count(Counter.POOL_ALLOC_FAILURES, 1);
@@ -646,8 +645,7 @@ public final class LocalStore implements BlockStore {
         byte[] packed = hashes.packed();
         int len = hashes.hashLen();
         long cap = allocator.capacityBytes() / 2 / Math.max(1, ns.blockBytes) - from;
-        long unit = allocator.unitBytes();
-        long need = (ns.blockBytes + unit - 1) / unit * unit;
+        long need = allocatedBytes(ns.blockBytes);
         int run = 0;
         boolean waiting = false;
         for (int i = from; i < hashes.count() && run < cap; i++) {
@@ -697,11 +695,10 @@ public final class LocalStore implements BlockStore {
     private void pumpFetchesOnce() {
         SsdTier tier = ssd;
         int max = tier.config().maxPrefetchBlocks();
-        long unit = allocator.unitBytes();
         while (prefetchInFlight < max && !fetchQueue.isEmpty()) {
             Block b = fetchQueue.poll();
             NamespaceIndex ns = b.ns;
-            queuedFetchBytes -= (ns.blockBytes + unit - 1) / unit * unit;
+            queuedFetchBytes -= allocatedBytes(ns.blockBytes);
             long bytes = ns.blockBytes;
             long handle;
             while ((handle = allocator.allocate(bytes)) == OffsetAllocator.NO_SPACE) {
@@ -1013,6 +1010,12 @@ public final class LocalStore implements BlockStore {
         for (Block b : blocks) {
             unpin(b);
         }
+    }
+
+    /** Pool bytes an allocation of {@code bytes} takes (whole allocator units). */
+    private long allocatedBytes(long bytes) {
+        long unit = allocator.unitBytes();
+        return (bytes + unit - 1) / unit * unit;
     }
 
     /** Evicts the least recently used unreferenced block; false when there is none. */

@@ -74,7 +74,7 @@ public final class ServerMain implements Callable<Integer> {
             description = "directory of the SSD tier's shard files (repeatable: one set of shards per path); none: no SSD tier")
     List<Path> ssdPaths;
 
-    @Option(names = "--ssd-cache-capacity", defaultValue = "512gb",
+    @Option(names = "--ssd-cache-capacity", defaultValue = SsdConfig.DEFAULT_CAPACITY,
             description = "disk space of the SSD tier over all paths (kb/mb/gb/tb; default ${DEFAULT-VALUE})")
     String ssdCapacity;
 

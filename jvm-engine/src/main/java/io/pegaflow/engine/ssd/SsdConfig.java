@@ -19,6 +19,8 @@ import java.util.List;
  */
 public record SsdConfig(List<Path> paths, long capacityBytes, int shardsPerPath, int writeQueueBlocks,
         int writeThreads, int readThreads, int maxPrefetchBlocks) {
+    /** As the original's {@code --ssd-cache-capacity}. */
+    public static final String DEFAULT_CAPACITY = "512gb";
     public static final int DEFAULT_WRITE_QUEUE_BLOCKS = 512;
     public static final int DEFAULT_WRITE_THREADS = 2;
     public static final int DEFAULT_READ_THREADS = 4;
@@ -46,11 +48,11 @@ public record SsdConfig(List<Path> paths, long capacityBytes, int shardsPerPath,
 
     /**
      * From lines {@code ssd_cache_path=DIR} (repeatable) and {@code ssd_cache_capacity=SIZE}
-     * (default 512gb), as the connector passes embedded mode's settings; null when no path is given.
+     * (default {@link #DEFAULT_CAPACITY}), as the connector passes embedded mode's settings; null when no path is given.
      */
     public static SsdConfig parse(String text) {
         List<Path> paths = new java.util.ArrayList<>();
-        long capacity = Sizes.parse("512gb");
+        long capacity = Sizes.parse(DEFAULT_CAPACITY);
         for (String line : text.split("\n")) {
             if (line.isBlank()) {
                 continue;
@@ -75,16 +77,6 @@ public record SsdConfig(List<Path> paths, long capacityBytes, int shardsPerPath,
     }
 
     public SsdConfig withQueue(int writeQueueBlocks) {
-        return new SsdConfig(paths, capacityBytes, shardsPerPath, writeQueueBlocks, writeThreads, readThreads,
-                maxPrefetchBlocks);
-    }
-
-    public SsdConfig withShards(int shardsPerPath) {
-        return new SsdConfig(paths, capacityBytes, shardsPerPath, writeQueueBlocks, writeThreads, readThreads,
-                maxPrefetchBlocks);
-    }
-
-    public SsdConfig withPrefetch(int maxPrefetchBlocks) {
         return new SsdConfig(paths, capacityBytes, shardsPerPath, writeQueueBlocks, writeThreads, readThreads,
                 maxPrefetchBlocks);
     }

@@ -39,7 +39,7 @@ public final class SsdRecord {
     public record Header(long seq, long payloadBytes, int payloadCrc, String namespace, byte[] hash, int slots,
             long[] runs) {
         public long recordBytes() {
-            return PAGE + roundUp(payloadBytes);
+            return SsdRecord.recordBytes(payloadBytes);
         }
     }
 
@@ -49,7 +49,7 @@ public final class SsdRecord {
     }
 
     static boolean fits(String namespace, byte[] hash, long[] runs) {
-        return headerBytes(namespace, hash, runs) <= CRC_AT && namespace.length() < 65536 && hash.length < 65536;
+        return headerBytes(namespace, hash, runs) <= CRC_AT; // so the u16 lengths hold too
     }
 
     static void writeHeader(MemorySegment page, Header h) {
@@ -159,6 +159,11 @@ public final class SsdRecord {
             i = j;
         }
         return Arrays.copyOf(out, n);
+    }
+
+    /** Disk bytes of a record holding {@code payloadBytes}: its header page and the payload padded to a page. */
+    public static long recordBytes(long payloadBytes) {
+        return PAGE + roundUp(payloadBytes);
     }
 
     public static long roundUp(long bytes) {

@@ -188,6 +188,20 @@ final class SsdShard implements AutoCloseable {
         return e;
     }
 
+    /**
+     * Marks a record as landed and runs {@code publish} (which puts it in the index), unless a
+     * wrap dropped it while it was being written. Under this shard's lock, as drops are, so a
+     * record is never indexed after its drop was handled.
+     */
+    synchronized boolean commit(Entry e, Runnable publish) {
+        if (e.dropped) {
+            return false;
+        }
+        e.committed = true;
+        publish.run();
+        return true;
+    }
+
     /** Forgets one record (overwritten, failed, or unreadable). */
     synchronized void forget(Entry e) {
         byOffset.remove(e.offset, e);

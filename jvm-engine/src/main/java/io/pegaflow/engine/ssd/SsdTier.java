@@ -242,16 +242,13 @@ public final class SsdTier implements AutoCloseable {
                 writeFailed(shard, e, ex);
                 return;
             }
-            if (e.dropped) {
+            // offer() let only one write of a key in, and only while it was not indexed
+            if (!shard.commit(e, () -> {
+                index.put(job.key, e);
+                storedBytes.addAndGet(h.recordBytes());
+            })) {
                 return; // overwritten by a wrap before it landed (a ring far smaller than the writes in flight)
             }
-            e.committed = true;
-            SsdShard.Entry old = index.put(job.key, e);
-            if (old != null && old != e) {
-                old.shard.forget(old);
-                storedBytes.addAndGet(-old.recordBytes());
-            }
-            storedBytes.addAndGet(h.recordBytes());
             count(Counter.SSD_WRITE_BLOCKS, 1);
             count(Counter.SSD_WRITE_BYTES, job.payloadBytes);
             return;
@@ -291,8 +288,9 @@ public final class SsdTier implements AutoCloseable {
 
     /**
      * Reads a block into {@code dst} (its slots in slot order) on a reader thread, then calls
-     * {@code done}. The record must match {@code slotBytes} and its checksum; only then are
-     * bytes copied into {@code dst}. A record that fails is dropped from the index.
+     * {@code done}. {@code dst} holds the block only when the outcome is {@link ReadOutcome#OK}:
+     * the record matched {@code slotBytes} and its checksum. Otherwise {@code dst} may hold
+     * anything, and a record that failed leaves the index (so it is not read again).
      */
     public void read(String namespace, byte[] hash, long[] slotBytes, MemorySegment dst, Consumer<ReadOutcome> done) {
         SsdKey key = new SsdKey(namespace, hash.clone());
@@ -322,6 +320,7 @@ public final class SsdTier implements AutoCloseable {
         }
         SsdRecord.Header h = e.header;
         if (!Arrays.equals(h.runs(), SsdRecord.runs(slotBytes)) || h.payloadBytes() != dst.byteSize()) {
+            discard(e); // else every later query would queue the same read again
             count(Counter.SSD_GEOMETRY_MISMATCH, 1);
             return ReadOutcome.GEOMETRY;
         }

@@ -141,6 +141,20 @@ class SsdTierTest {
     }
 
     @Test
+    void aRecordOfOtherSlotGeometryIsNotReadAndLeavesTheIndex() throws Exception {
+        try (SsdTier tier = open(SsdConfig.of(List.of(dir), 1 << 20)); Arena arena = Arena.ofShared()) {
+            tier.offer("ns", hash(0), SLOTS, pattern(0));
+            assertThat(tier.awaitWritten(10_000)).isTrue();
+            long[] other = {4096, 4096, 4096}; // same 12 KiB, other slots
+            CompletableFuture<SsdTier.ReadOutcome> f = new CompletableFuture<>();
+            tier.read("ns", hash(0), other, arena.allocate(12 * 1024), f::complete);
+            assertThat(f.get(10, TimeUnit.SECONDS)).isEqualTo(SsdTier.ReadOutcome.GEOMETRY);
+            assertThat(count(Counter.SSD_GEOMETRY_MISMATCH)).isEqualTo(1);
+            assertThat(tier.contains("ns", hash(0), 0, 32)).as("not offered to the next query again").isFalse();
+        }
+    }
+
+    @Test
     void aShardOfAnotherFormatVersionIsRefusedAndLeftAlone() throws Exception {
         Path shard = dir.resolve("pegaflow-ssd-0.shard");
         byte[] bytes;
