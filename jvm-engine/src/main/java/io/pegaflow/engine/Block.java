@@ -35,6 +35,8 @@ final class Block {
     boolean prefetching;
     /** Read back from SSD and not yet served by a query (tier attribution). */
     boolean fromSsd;
+    /** Fetched from a peer and not yet served (tier attribution). */
+    boolean fromPeer;
     long touchedNanos;
 
     Block lruPrev;

@@ -219,6 +219,11 @@ final class InstanceRegistry {
         return ids;
     }
 
+    /** The namespace named {@code name}, or null when no sealed instance created it. */
+    NamespaceIndex namespace(String name) {
+        return namespaces.get(name);
+    }
+
     /** Every namespace a sealed instance has created (namespaces outlive their instances). */
     Collection<NamespaceIndex> namespaces() {
         return namespaces.values();

@@ -67,10 +67,16 @@ public final class LocalStore implements BlockStore {
     private final java.util.ArrayDeque<Block> fetchQueue = new java.util.ArrayDeque<>();
     private long queuedFetchBytes;
     private boolean pumping;
+    /** Blocks pinned for peers' reads, by pin id, with their deadlines. */
+    private final Map<Token, PinnedForPeer> transfers = new HashMap<>();
     // --- end guarded ---
     /** The SSD tier and the pool bytes it reads from and writes into; set once, before use. */
     private volatile SsdTier ssd;
     private volatile MemorySegment poolMemory;
+    /** Other hosts' pools (cross-node sharing); set once, before use. */
+    private volatile RemoteTier remote;
+
+    private record PinnedForPeer(Block[] blocks, long deadlineNanos) {}
 
     /** A store handing out offsets in a pool of {@code capacityBytes}. */
     public LocalStore(EngineConfig config, long capacityBytes) {
@@ -119,6 +125,32 @@ public final class LocalStore implements BlockStore {
             poolMemory = pool;
             ssd = SsdTier.open(config, this::count); // rebuilds its index from the shard files
             return ssd;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Adds other hosts' pools ({@link RemoteTier}): every block that becomes resident or is
+     * evicted from now on is reported to it, and a query that misses locally asks it.
+     * {@code pool} is the pool's memory as this process maps it (fetched blocks land there).
+     */
+    public void attachRemote(RemoteTier tier, MemorySegment pool) {
+        if (tier == null || pool == null || pool.byteSize() < allocator.capacityBytes()) {
+            throw new InvalidArgumentException("remote tier " + tier + " with pool memory " + pool
+                    + "; expected both, the pool at least " + allocator.capacityBytes() + " bytes");
+        }
+        lock.lock();
+        try {
+            checkOpen();
+            if (remote != null) {
+                throw new InvalidArgumentException("a remote tier is already attached");
+            }
+            if (poolMemory != null && poolMemory.address() != pool.address()) {
+                throw new InvalidArgumentException("remote tier pool memory differs from the SSD tier's");
+            }
+            poolMemory = pool;
+            remote = tier;
         } finally {
             lock.unlock();
         }
@@ -400,6 +432,7 @@ public final class LocalStore implements BlockStore {
                 lru.addPinned(); // the save's own reference; unpin below may make it evictable
                 count(Counter.BLOCKS_SEALED, 1);
                 offerToSsd(b);
+                advertise(b);
             }
             unpin(b);
         }
@@ -429,7 +462,7 @@ public final class LocalStore implements BlockStore {
             expireLeases(now);
             Block[] found = new Block[count];
             hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
-            if (ssd != null && hit < count) {
+            if ((ssd != null || remote != null) && hit < count) {
                 // The resident prefix is pinned while reads are planned (they may evict), and
                 // unpinning makes it the newest: the read-back evicts older blocks first.
                 for (int i = 0; i < hit; i++) {
@@ -443,6 +476,11 @@ public final class LocalStore implements BlockStore {
                         lru.unpin(found[i]);
                     }
                 }
+                if (pending == 0 && remote != null
+                        && inst.ns.blocks.get(hashes.packed(), hit * hashes.hashLen(), hashes.hashLen()) == null
+                        && remote.missed(inst.ns.namespace, hashes, hit)) {
+                    pending = count - hit; // a lookup or fetch is under way; its run is not known yet
+                }
                 if (pending > 0) {
                     count(Counter.QUERY_REQUESTS, 1);
                     count(Counter.SSD_PENDING_ANSWERS, 1);
@@ -450,14 +488,19 @@ public final class LocalStore implements BlockStore {
                 }
             }
             int fromSsd = 0;
+            int fromPeer = 0;
             for (int i = 0; i < hit; i++) {
                 if (found[i].fromSsd) {
                     found[i].fromSsd = false;
                     fromSsd++;
+                } else if (found[i].fromPeer) {
+                    found[i].fromPeer = false;
+                    fromPeer++;
                 }
             }
             count(Counter.TIER_SSD_BLOCKS, fromSsd);
-            count(Counter.TIER_DRAM_BLOCKS, hit - fromSsd);
+            count(Counter.TIER_PEER_BLOCKS, fromPeer);
+            count(Counter.TIER_DRAM_BLOCKS, hit - fromSsd - fromPeer);
             count(Counter.TIER_MISS_BLOCKS, count - hit);
             if (hit > 0) {
                 leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
@@ -658,6 +701,9 @@ public final class LocalStore implements BlockStore {
                 run++;
                 continue;
             }
+            if (tier == null) {
+                break; // no SSD tier: only blocks fetched from peers are waited for
+            }
             if (allocator.freeBytes() + lru.evictableBytes() - queuedFetchBytes < need) {
                 count(Counter.SSD_PREFETCH_NO_SPACE, 1);
                 break; // the rest would only evict what this answer needs
@@ -675,7 +721,9 @@ public final class LocalStore implements BlockStore {
             waiting = true;
             run++;
         }
-        pumpFetches();
+        if (tier != null) {
+            pumpFetches();
+        }
         return waiting ? run : 0;
     }
 
@@ -749,6 +797,7 @@ public final class LocalStore implements BlockStore {
                 residentBlocks++;
                 residentBytes += b.bytes;
                 lru.addPinned();
+                advertise(b);
             } else {
                 count(Counter.SSD_PREFETCH_FAILURES, 1);
                 for (int s = 0; s < b.slotState.length; s++) {
@@ -765,6 +814,240 @@ public final class LocalStore implements BlockStore {
         }
     }
 
+    // ---------------------------------------------------------------- other hosts (cross-node sharing)
+
+    /** Under lock: reports a block that just became resident to the remote tier. */
+    private void advertise(Block b) {
+        RemoteTier r = remote;
+        if (r != null) {
+            r.resident(b.ns.namespace, b.key.bytes());
+        }
+    }
+
+    /**
+     * Peer side: pins the resident prefix of {@code hashes} in {@code namespace} for a peer to
+     * read, until {@link #releaseTransfer} or {@code ttl}, whichever is first. Null when the
+     * namespace is unknown here or its first block is not resident.
+     */
+    public TransferPin pinForTransfer(String namespace, BlockHashes hashes, java.time.Duration ttl) {
+        if (namespace == null || hashes == null || ttl == null || ttl.isNegative() || ttl.isZero()) {
+            throw new InvalidArgumentException("pinForTransfer(" + namespace + ", " + hashes + ", " + ttl
+                    + "); expected a namespace, hashes and a positive deadline");
+        }
+        lock.lock();
+        try {
+            checkOpen();
+            NamespaceIndex ns = registry.namespace(namespace);
+            if (ns == null) {
+                return null;
+            }
+            Block[] found = new Block[hashes.count()];
+            int hit = ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), hashes.count(), found);
+            if (hit == 0) {
+                return null;
+            }
+            Block[] pinned = Arrays.copyOf(found, hit);
+            List<long[]> offsets = new ArrayList<>(hit);
+            for (Block b : pinned) {
+                lru.pin(b);
+                offsets.add(b.slotOffset.clone());
+            }
+            Token id;
+            do {
+                id = Token.random(ids);
+            } while (transfers.containsKey(id) || open.containsKey(id));
+            transfers.put(id, new PinnedForPeer(pinned, clock.getAsLong() + ttl.toNanos()));
+            return new TransferPin(id, ns.slotBytes.clone(), offsets);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Peer side: ends a pin; false when it is unknown (already released or expired). */
+    public boolean releaseTransfer(Token id) {
+        if (id == null) {
+            return false;
+        }
+        lock.lock();
+        try {
+            if (closed) {
+                return false;
+            }
+            PinnedForPeer p = transfers.remove(id);
+            if (p == null) {
+                return false;
+            }
+            unpinAll(p.blocks());
+            return true;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Pins held for peers' reads now. */
+    public int transferPins() {
+        lock.lock();
+        try {
+            return transfers.size();
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Fetching side: reserves pool space for a run of blocks a peer holds, in order, stopping
+     * at the first one there is no unpinned space for (prefix and run capped at half the pool,
+     * as a read back from SSD is). Reserved blocks are indexed as being fetched: queries for
+     * them answer "not yet" until {@link #completeFetch}. Null when the namespace is unknown,
+     * the peer's slot sizes differ from it, or nothing fits.
+     */
+    public FetchReservation reserveFetch(String namespace, BlockHashes run, int alreadyHit, long[] slotBytes) {
+        if (namespace == null || run == null || slotBytes == null) {
+            throw new InvalidArgumentException("reserveFetch(" + namespace + ", " + run + "); expected a namespace and hashes");
+        }
+        lock.lock();
+        try {
+            checkOpen();
+            NamespaceIndex ns = registry.namespace(namespace);
+            if (ns == null) {
+                return null;
+            }
+            if (!Arrays.equals(ns.slotBytes, slotBytes)) {
+                count(Counter.PEER_FETCH_GEOMETRY_MISMATCH, 1);
+                return null;
+            }
+            long cap = Math.max(0, allocator.capacityBytes() / 2 / Math.max(1, ns.blockBytes) - alreadyHit);
+            int n = (int) Math.min(run.count(), cap);
+            Block[] blocks = new Block[n];
+            long[] handles = new long[n];
+            MemorySegment[] dst = new MemorySegment[n];
+            long now = clock.getAsLong();
+            byte[] packed = run.packed();
+            int len = run.hashLen();
+            int got = 0;
+            for (int i = 0; i < n; i++, got++) {
+                if (ns.blocks.get(packed, i * len, len) != null) {
+                    continue; // resident, read back or being saved here: not fetched
+                }
+                long handle;
+                while ((handle = allocator.allocate(ns.blockBytes)) == OffsetAllocator.NO_SPACE) {
+                    if (!evictOne()) {
+                        break;
+                    }
+                }
+                if (handle == OffsetAllocator.NO_SPACE) {
+                    break;
+                }
+                Block b = new Block(ns, HashKey.of(run, i), now);
+                b.addAllocation(handle, allocator.sizeBytes(handle));
+                long at = allocator.offsetBytes(handle);
+                dst[i] = poolMemory.asSlice(at, ns.blockBytes);
+                for (int sl = 0; sl < ns.slotBytes.length; sl++) {
+                    b.slotState[sl] = Block.WRITING;
+                    b.slotOffset[sl] = at;
+                    at += ns.slotBytes[sl];
+                }
+                ns.blocks.put(b);
+                inflight.add(b);
+                lru.pin(b);
+                b.prefetching = true;
+                blocks[i] = b;
+                handles[i] = handle;
+            }
+            if (got == 0) {
+                return null;
+            }
+            return new FetchReservation(Arrays.copyOf(blocks, got), Arrays.copyOf(handles, got), Arrays.copyOf(dst, got));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Fetching side: seals the reserved blocks whose bytes arrived and were checked
+     * ({@code ok[i]}), and drops the others' reservations. Sealed blocks are served like
+     * local ones and advertised.
+     */
+    public void completeFetch(FetchReservation r, boolean[] ok) {
+        if (r == null || ok == null || ok.length != r.length()) {
+            throw new InvalidArgumentException("completeFetch: " + (ok == null ? "null" : ok.length) + " outcomes for a reservation of "
+                    + (r == null ? "null" : r.length()) + "; expected one per reserved block");
+        }
+        lock.lock();
+        try {
+            if (closed || r.completed) {
+                return;
+            }
+            r.completed = true;
+            long now = clock.getAsLong();
+            for (int i = 0; i < r.length(); i++) {
+                Block b = r.blocks[i];
+                if (b == null) {
+                    continue;
+                }
+                b.prefetching = false;
+                if (ok[i]) {
+                    Arrays.fill(b.slotState, Block.FILLED);
+                    b.filled = b.slotState.length;
+                    b.sealed = true;
+                    b.fromPeer = true;
+                    b.touchedNanos = now;
+                    inflight.remove(b);
+                    residentBlocks++;
+                    residentBytes += b.bytes;
+                    lru.addPinned();
+                    advertise(b);
+                } else {
+                    Arrays.fill(b.slotState, Block.EMPTY);
+                    Arrays.fill(b.slotOffset, -1L);
+                    allocator.free(r.handles[i]);
+                    b.removeAllocation(r.handles[i]);
+                }
+                unpin(b); // a failed fetch leaves an empty block: unpin removes it
+            }
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Calls {@code each} with every resident block's namespace and hash (copied under the
+     * lock, called outside it): a registry that lost its entries advertises them again.
+     */
+    public void forEachResident(java.util.function.BiConsumer<String, byte[]> each) {
+        List<String> names = new ArrayList<>();
+        List<byte[]> keys = new ArrayList<>();
+        lock.lock();
+        try {
+            checkOpen();
+            for (NamespaceIndex ns : registry.namespaces()) {
+                for (Block b : ns.blocks.values()) {
+                    if (b.sealed) {
+                        names.add(ns.namespace);
+                        keys.add(b.key.bytes());
+                    }
+                }
+            }
+        } finally {
+            lock.unlock();
+        }
+        for (int i = 0; i < keys.size(); i++) {
+            each.accept(names.get(i), keys.get(i));
+        }
+    }
+
+    /** Under lock: releases pins whose reader neither released them nor finished in time. */
+    private void expireTransfers(long now) {
+        for (Iterator<PinnedForPeer> it = transfers.values().iterator(); it.hasNext(); ) {
+            PinnedForPeer p = it.next();
+            if (p.deadlineNanos() - now <= 0) {
+                it.remove();
+                unpinAll(p.blocks());
+                count(Counter.TRANSFER_PINS_EXPIRED, p.blocks().length);
+            }
+        }
+    }
+
     // ---------------------------------------------------------------- sweeping, stats, close
 
     /**
@@ -778,6 +1061,7 @@ public final class LocalStore implements BlockStore {
             checkOpen();
             long now = clock.getAsLong();
             expireLeases(now);
+            expireTransfers(now);
             expireCopies(now); // before the in-flight blocks: a rolled-back save may leave them unreferenced
             for (Iterator<Block> it = inflight.iterator(); it.hasNext(); ) {
                 Block b = it.next();
@@ -916,6 +1200,7 @@ public final class LocalStore implements BlockStore {
             }
             leases.clear();
             open.clear();
+            transfers.clear();
             fetchQueue.clear();
             for (NamespaceIndex ns : registry.namespaces()) {
                 for (Block b : ns.blocks.values()) {
@@ -1027,6 +1312,10 @@ public final class LocalStore implements BlockStore {
         residentBlocks--;
         residentBytes -= b.bytes;
         b.ns.blocks.remove(b);
+        RemoteTier r = remote;
+        if (r != null) {
+            r.evicted(b.ns.namespace, b.key.bytes());
+        }
         count(Counter.EVICTIONS, 1);
         count(Counter.EVICTED_BYTES, b.bytes);
         freeAllocations(b);

@@ -94,6 +94,16 @@ public final class PegaEngine implements AutoCloseable {
         return new PegaEngine(store, null, pool, transfer, System::nanoTime, false, 1);
     }
 
+    /** The control plane of an embedded engine, or null (attached: the server owns it). */
+    public LocalStore localStore() {
+        return local;
+    }
+
+    /** The pool's memory as this process maps it. */
+    public java.lang.foreign.MemorySegment poolMemory() {
+        return pool.segment();
+    }
+
     /** The SSD tier of an embedded engine, or null (none, or attached: the server owns it). */
     public io.pegaflow.engine.ssd.SsdTier ssd() {
         return local == null ? null : local.ssd();

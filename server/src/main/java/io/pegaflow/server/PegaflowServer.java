@@ -35,7 +35,7 @@ public final class PegaflowServer implements AutoCloseable {
      */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
             Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
-            int prefaultThreads, SsdConfig ssd) {
+            int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster) {
         public Config {
             if (prefaultThreads < 0 || prefaultThreads > 256) {
                 throw new InvalidArgumentException("--prefault-threads " + prefaultThreads + "; expected 0 (off) .. 256");
@@ -56,6 +56,20 @@ public final class PegaflowServer implements AutoCloseable {
             }
         }
 
+        /** Without cross-node sharing. */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
+                int prefaultThreads, SsdConfig ssd) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl, authTokenFile,
+                    prefaultThreads, ssd, null);
+        }
+
+        /** The same settings sharing blocks with other hosts as {@code cluster} says (null: alone). */
+        public Config withCluster(io.pegaflow.server.cluster.ClusterConfig cluster) {
+            return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
+                    authTokenFile, prefaultThreads, ssd, cluster);
+        }
+
         /** Without an SSD tier. */
         public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
                 Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
@@ -67,7 +81,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings with the SSD tier {@code ssd} (null: none). */
         public Config withSsd(SsdConfig ssd) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd);
+                    authTokenFile, prefaultThreads, ssd, cluster);
         }
 
         /** Pages of the pool committed as written (no pre-faulting at start). */
@@ -105,6 +119,7 @@ public final class PegaflowServer implements AutoCloseable {
     private final HttpEndpoints http;
     private volatile LocalSocketServer local;
     private final RpcMetrics rpcMetrics;
+    private final io.pegaflow.server.cluster.ClusterConfig.Cluster cluster;
     private final String serverId = UUID.randomUUID().toString();
     private volatile boolean serving;
 
@@ -117,6 +132,7 @@ public final class PegaflowServer implements AutoCloseable {
         Credentials credentialsLoaded = null;
         LocalStore storeMade = null;
         Server grpcStarted = null;
+        io.pegaflow.server.cluster.ClusterConfig.Cluster clusterStarted = null;
         try {
             this.pool = created = files.createPool(config.poolBytes());
             if (config.prefaultThreads() > 0) {
@@ -136,6 +152,10 @@ public final class PegaflowServer implements AutoCloseable {
             if (config.ssd() != null) {
                 // The server maps the pool too: the tier writes sealed blocks from it and reads them back into it.
                 store.attachSsd(config.ssd(), pool.segment());
+            }
+            this.cluster = clusterStarted = config.cluster() == null ? null : config.cluster().start(store, pool.segment());
+            if (cluster != null) {
+                ClusterMetrics.register(registry, cluster.tier(), cluster.server());
             }
             this.credentials = credentialsLoaded = Credentials.load(config.authTokenFile(), config.poolPath(),
                     config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()));
@@ -159,6 +179,9 @@ public final class PegaflowServer implements AutoCloseable {
             }
             if (sessionsStarted != null) {
                 sessionsStarted.close();
+            }
+            if (clusterStarted != null) {
+                clusterStarted.close();
             }
             if (credentialsLoaded != null) {
                 credentialsLoaded.close(); // a refused start leaves only what it found
@@ -229,7 +252,12 @@ public final class PegaflowServer implements AutoCloseable {
         return "{\"status\":\"" + (serving ? "serving" : "stopping") + "\",\"version\":\"" + Version.VERSION
                 + "\",\"server_id\":\"" + serverId + "\",\"instances\":" + store.instanceIds().size()
                 + ",\"pool_bytes\":" + pool.size() + ",\"pool_path\":" + HttpEndpoints.quote(pool.file().toString())
-                + (store.ssd() == null ? "" : ",\"ssd_blocks\":" + store.ssd().blocks() + ",\"ssd_bytes\":" + store.ssd().bytes()) + "}";
+                + (store.ssd() == null ? "" : ",\"ssd_blocks\":" + store.ssd().blocks() + ",\"ssd_bytes\":" + store.ssd().bytes())
+                + (cluster == null ? "" : ",\"cluster\":{\"node\":" + ((io.pegaflow.server.cluster.RedisBlockRegistry) cluster.tier().registry()).index()
+                        + ",\"peer_addr\":" + HttpEndpoints.quote(cluster.peerAddr())
+                        + ",\"registry_connected\":" + cluster.tier().registry().connected()
+                        + ",\"live_peers\":" + cluster.tier().registry().liveNodes().size()
+                        + ",\"transfer_pins\":" + store.transferPins() + "}") + "}";
     }
 
     public int port() {
@@ -242,6 +270,11 @@ public final class PegaflowServer implements AutoCloseable {
 
     public Path poolPath() {
         return pool.file();
+    }
+
+    /** Cross-node sharing, or null when this host works alone. */
+    public io.pegaflow.server.cluster.ClusterConfig.Cluster cluster() {
+        return cluster;
     }
 
     public LocalStore store() {
@@ -309,6 +342,9 @@ public final class PegaflowServer implements AutoCloseable {
         }
         sessions.close();
         credentials.close();
+        if (cluster != null) {
+            cluster.close(); // before the store: fetch threads write into the pool
+        }
         try {
             store.close();
         } catch (IllegalStateException leak) {

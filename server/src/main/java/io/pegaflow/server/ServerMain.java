@@ -98,6 +98,52 @@ public final class ServerMain implements Callable<Integer> {
             description = "blocks read back from SSD at once, their pool space reserved (default ${DEFAULT-VALUE})")
     int maxPrefetch;
 
+    @Option(names = "--redis-url", paramLabel = "URL",
+            description = "share blocks with other hosts through this Redis (redis://, rediss://, redis-sentinel://; docs/cluster.md); none: this host alone")
+    String redisUrl;
+
+    @Option(names = "--peer-addr", defaultValue = "127.0.0.1:50057",
+            description = "HOST:PORT the peer channel listens on, for other hosts' fetches (default ${DEFAULT-VALUE})")
+    String peerAddr;
+
+    @Option(names = "--peer-advertise-addr", paramLabel = "HOST:PORT",
+            description = "address other hosts reach the peer channel at (default: --peer-addr)")
+    String peerAdvertiseAddr;
+
+    @Option(names = "--peer-allow-remote", description = "let the peer channel listen beyond loopback")
+    boolean peerAllowRemote;
+
+    @Option(names = "--cluster-secret-file", paramLabel = "FILE",
+            description = "secret every host of the cluster shares (16..4096 characters); required with --redis-url")
+    Path clusterSecretFile;
+
+    @Option(names = "--peer-tls-cert", paramLabel = "PEM", description = "this host's certificate chain (peer channel and rediss://)")
+    Path peerTlsCert;
+
+    @Option(names = "--peer-tls-key", paramLabel = "PEM", description = "this host's PKCS#8 private key")
+    Path peerTlsKey;
+
+    @Option(names = "--peer-tls-ca", paramLabel = "PEM", description = "CA that every host's certificate chains to")
+    Path peerTlsCa;
+
+    @Option(names = "--cluster-max-nodes", defaultValue = "256", description = "hosts a cluster may have (default ${DEFAULT-VALUE})")
+    int clusterMaxNodes;
+
+    @Option(names = "--cluster-heartbeat-ms", defaultValue = "1000", description = "heartbeat period (default ${DEFAULT-VALUE})")
+    long heartbeatMs;
+
+    @Option(names = "--cluster-stale-ms", defaultValue = "3000",
+            description = "a host whose heartbeat is older (or newer) than this is never chosen; also its key's TTL (default ${DEFAULT-VALUE})")
+    long staleMs;
+
+    @Option(names = "--registry-queue-depth", defaultValue = "65536",
+            description = "registry updates waiting to be sent; beyond, dropped and counted (default ${DEFAULT-VALUE})")
+    int registryQueue;
+
+    @Option(names = "--peer-fetch-deadline-secs", defaultValue = "30",
+            description = "how long a peer pins blocks for one fetch, and how long the fetch may take (default ${DEFAULT-VALUE})")
+    long fetchDeadlineSecs;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -118,6 +164,9 @@ public final class ServerMain implements Callable<Integer> {
                 Duration.ofSeconds(copyTimeoutSecs), authTokenFile, prefaultThreads,
                 ssdPaths == null || ssdPaths.isEmpty() ? null : new SsdConfig(ssdPaths, Sizes.parse(ssdCapacity), ssdShards,
                         ssdQueue, ssdWriteThreads, ssdReadThreads, maxPrefetch));
+        if (redisUrl != null) {
+            config = config.withCluster(clusterConfig());
+        }
         if (warmUp) {
             long nanos = Warmup.run();
             Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");
@@ -141,6 +190,24 @@ public final class ServerMain implements Callable<Integer> {
         server.awaitTermination();
         server.close();
         return 0;
+    }
+
+    private io.pegaflow.server.cluster.ClusterConfig clusterConfig() {
+        io.lettuce.core.SslOptions ssl = null;
+        if (redisUrl.startsWith("rediss://") && peerTlsCa != null) {
+            io.lettuce.core.SslOptions.Builder b = io.lettuce.core.SslOptions.builder().jdkSslProvider().trustManager(peerTlsCa.toFile());
+            if (peerTlsCert != null && peerTlsKey != null) {
+                b.keyManager(peerTlsCert.toFile(), peerTlsKey.toFile(), null);
+            }
+            ssl = b.build();
+        }
+        var registry = new io.pegaflow.server.cluster.RedisBlockRegistry.Settings(redisUrl, clusterMaxNodes,
+                Duration.ofMillis(heartbeatMs), Duration.ofMillis(staleMs), registryQueue, Duration.ofSeconds(2), ssl);
+        var d = io.pegaflow.server.cluster.ClusterTier.Settings.DEFAULTS;
+        var fetch = new io.pegaflow.server.cluster.ClusterTier.Settings(Duration.ofSeconds(fetchDeadlineSecs), d.negativeTtl(),
+                d.suspectFor(), d.fetchThreads(), d.maxQueuedFetches(), d.maxRun());
+        return new io.pegaflow.server.cluster.ClusterConfig(registry, peerAddr, peerAdvertiseAddr, peerAllowRemote,
+                clusterSecretFile, peerTlsCert, peerTlsKey, peerTlsCa, fetch);
     }
 
     public static void main(String[] args) {

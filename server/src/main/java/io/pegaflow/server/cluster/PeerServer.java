@@ -1,0 +1,316 @@
+package io.pegaflow.server.cluster;
+
+import io.pegaflow.engine.BlockHashes;
+import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.Token;
+import io.pegaflow.engine.TransferPin;
+import java.io.IOException;
+import java.lang.foreign.MemorySegment;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
+import java.net.Socket;
+import java.nio.ByteBuffer;
+import java.nio.channels.ServerSocketChannel;
+import java.nio.channels.SocketChannel;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.time.Duration;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.zip.CRC32C;
+import javax.net.ssl.SSLServerSocket;
+import javax.net.ssl.SSLSocket;
+
+/**
+ * The serving side of the peer channel ({@link PeerWire}): other hosts pin blocks of this
+ * host's pool and read them. Every connection proves the cluster secret first; pins belong to
+ * the connection that made them (another connection cannot read or release them), end when it
+ * closes, and expire at their deadline whatever the reader does. Connections are capped.
+ */
+public final class PeerServer implements AutoCloseable {
+    private static final System.Logger LOG = System.getLogger(PeerServer.class.getName());
+    static final int MAX_CONNECTIONS = 256;
+    static final int MAX_PINS_PER_CONNECTION = 64;
+
+    private final LocalStore store;
+    private final MemorySegment pool;
+    private final byte[] secret;
+    private final ServerSocketChannel plain;
+    private final SSLServerSocket tls;
+    private final Thread acceptor;
+    private final Set<PeerLink> links = ConcurrentHashMap.newKeySet();
+    private volatile boolean closed;
+    final AtomicLong blocksServed = new AtomicLong();
+    final AtomicLong bytesServed = new AtomicLong();
+    final AtomicLong refused = new AtomicLong();
+
+    public PeerServer(InetSocketAddress bind, LocalStore store, MemorySegment pool, byte[] secret, PeerTls tlsConfig)
+            throws IOException {
+        this.store = store;
+        this.pool = pool;
+        this.secret = secret.clone();
+        if (tlsConfig == null) {
+            this.plain = ServerSocketChannel.open();
+            plain.bind(bind, 128);
+            this.tls = null;
+        } else {
+            this.plain = null;
+            SSLServerSocket s = (SSLServerSocket) tlsConfig.context().getServerSocketFactory().createServerSocket();
+            s.bind(bind, 128);
+            s.setNeedClientAuth(true);
+            this.tls = s;
+        }
+        this.acceptor = Thread.ofPlatform().daemon().name("pegaflow-peer-accept").start(this::acceptLoop);
+    }
+
+    public InetSocketAddress address() {
+        try {
+            return (InetSocketAddress) (plain != null ? plain.getLocalAddress() : tls.getLocalSocketAddress());
+        } catch (IOException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    private void acceptLoop() {
+        while (!closed) {
+            try {
+                if (plain != null) {
+                    SocketChannel ch = plain.accept();
+                    admit(() -> PeerLink.plain(ch), ch::close);
+                } else {
+                    Socket s = tls.accept();
+                    admit(() -> {
+                        s.setSoTimeout(30_000);
+                        return PeerLink.tls((SSLSocket) s);
+                    }, s::close);
+                }
+            } catch (IOException e) {
+                if (!closed) {
+                    LOG.log(System.Logger.Level.WARNING, "peer channel: accept failed: " + e);
+                }
+            }
+        }
+    }
+
+    private interface Open {
+        PeerLink open() throws IOException;
+    }
+
+    private interface Close {
+        void close() throws IOException;
+    }
+
+    private void admit(Open open, Close onRefuse) throws IOException {
+        if (links.size() >= MAX_CONNECTIONS) {
+            refused.incrementAndGet();
+            onRefuse.close();
+            return;
+        }
+        Thread.ofVirtual().name("pegaflow-peer-conn").start(() -> {
+            PeerLink link;
+            try {
+                link = open.open(); // the TLS handshake: a wrong certificate ends here
+            } catch (IOException e) {
+                refused.incrementAndGet();
+                LOG.log(System.Logger.Level.INFO, "peer channel: connection refused (" + e.getMessage() + ")");
+                try {
+                    onRefuse.close();
+                } catch (IOException ignored) {
+                    // closing
+                }
+                return;
+            }
+            links.add(link);
+            try {
+                serve(link);
+            } finally {
+                links.remove(link);
+                link.close();
+            }
+        });
+    }
+
+    private void serve(PeerLink link) {
+        Map<Token, TransferPin> pins = new HashMap<>();
+        try {
+            if (!hello(link)) {
+                refused.incrementAndGet();
+                return;
+            }
+            ByteBuffer op = ByteBuffer.allocate(1);
+            while (!closed) {
+                op.clear();
+                link.readFully(op);
+                switch (op.get(0)) {
+                    case PeerWire.PIN -> pin(link, pins);
+                    case PeerWire.READ -> read(link, pins);
+                    case PeerWire.RELEASE -> {
+                        Token id = readId(link);
+                        TransferPin p = pins.remove(id);
+                        status(link, p != null && store.releaseTransfer(id) ? PeerWire.OK : PeerWire.UNKNOWN_PIN);
+                    }
+                    default -> {
+                        status(link, PeerWire.BAD_REQUEST);
+                        return; // an unknown frame: the stream cannot be trusted any further
+                    }
+                }
+            }
+        } catch (IOException | RuntimeException e) {
+            if (!closed && !(e instanceof java.io.EOFException)) {
+                LOG.log(System.Logger.Level.DEBUG, "peer channel " + link.remote() + ": " + e);
+            }
+        } finally {
+            for (Token id : pins.keySet()) {
+                store.releaseTransfer(id); // the reader left: its pins end now, not at their deadline
+            }
+        }
+    }
+
+    private boolean hello(PeerLink link) throws IOException {
+        ByteBuffer head = ByteBuffer.allocate(PeerWire.MAGIC.length + 2);
+        link.readFully(head);
+        byte[] magic = new byte[PeerWire.MAGIC.length];
+        head.flip().get(magic);
+        int len = Short.toUnsignedInt(head.getShort());
+        if (!MessageDigest.isEqual(magic, PeerWire.MAGIC) || len > PeerWire.MAX_SECRET) {
+            status(link, PeerWire.REFUSED);
+            return false;
+        }
+        ByteBuffer given = ByteBuffer.allocate(len);
+        link.readFully(given);
+        boolean ok = MessageDigest.isEqual(given.array(), secret);
+        status(link, ok ? PeerWire.OK : PeerWire.REFUSED);
+        return ok;
+    }
+
+    private void pin(PeerLink link, Map<Token, TransferPin> pins) throws IOException {
+        ByteBuffer h = ByteBuffer.allocate(2);
+        link.readFully(h);
+        int nsLen = Short.toUnsignedInt(h.getShort(0));
+        PeerWire.check(nsLen >= 1 && nsLen <= io.pegaflow.engine.Limits.MAX_NAME_BYTES, "namespace of " + nsLen + " bytes; expected 1..256");
+        ByteBuffer b = ByteBuffer.allocate(nsLen + 1 + 4);
+        link.readFully(b);
+        String ns = new String(b.array(), 0, nsLen, StandardCharsets.UTF_8);
+        int hashLen = Byte.toUnsignedInt(b.get(nsLen));
+        int count = b.getInt(nsLen + 1);
+        PeerWire.check(hashLen >= 1 && hashLen <= io.pegaflow.engine.Limits.MAX_HASH_BYTES, "hash length " + hashLen + "; expected 1..64");
+        PeerWire.check(count >= 1 && count <= PeerWire.MAX_PIN_HASHES, count + " hashes; expected 1.." + PeerWire.MAX_PIN_HASHES);
+        ByteBuffer packed = ByteBuffer.allocate(count * hashLen + 4); // sized from checked fields only
+        link.readFully(packed);
+        int deadline = packed.getInt(count * hashLen);
+        PeerWire.check(deadline >= 1 && deadline <= PeerWire.MAX_DEADLINE_MS, "deadline " + deadline + " ms; expected 1.." + PeerWire.MAX_DEADLINE_MS);
+        if (pins.size() >= MAX_PINS_PER_CONNECTION) {
+            status(link, PeerWire.BAD_REQUEST);
+            return;
+        }
+        TransferPin p = store.pinForTransfer(ns, new BlockHashes(java.util.Arrays.copyOf(packed.array(), count * hashLen), hashLen),
+                Duration.ofMillis(deadline));
+        if (p == null) {
+            status(link, PeerWire.NONE);
+            return;
+        }
+        pins.put(p.id(), p);
+        ByteBuffer out = ByteBuffer.allocate(1 + PeerWire.ID_BYTES + 8 + 8 * p.slotBytes().length);
+        out.put(PeerWire.OK).put(p.id().toBytes()).putInt(p.blocks()).putInt(p.slotBytes().length);
+        for (long s : p.slotBytes()) {
+            out.putLong(s);
+        }
+        link.write(out.flip());
+        link.flush();
+    }
+
+    private void read(PeerLink link, Map<Token, TransferPin> pins) throws IOException {
+        Token id = readId(link);
+        ByteBuffer c = ByteBuffer.allocate(4);
+        link.readFully(c);
+        int count = c.getInt(0);
+        TransferPin p = pins.get(id);
+        PeerWire.check(count >= 0 && count <= PeerWire.MAX_PIN_HASHES, count + " blocks; expected 0.." + PeerWire.MAX_PIN_HASHES);
+        ByteBuffer want = ByteBuffer.allocate(count);
+        link.readFully(want);
+        if (p == null || count > p.blocks()) {
+            status(link, PeerWire.UNKNOWN_PIN);
+            return;
+        }
+        status0(link, PeerWire.OK);
+        long blockBytes = p.blockBytes();
+        ByteBuffer head = ByteBuffer.allocate(PeerWire.BLOCK.length + 4 + 8);
+        ByteBuffer tail = ByteBuffer.allocate(4);
+        CRC32C crc = new CRC32C();
+        for (int i = 0; i < count; i++) {
+            if (want.get(i) == 0) {
+                continue;
+            }
+            long[] offsets = p.slotOffsets().get(i);
+            crc.reset();
+            for (int s = 0; s < offsets.length; s++) {
+                crc.update(pool.asSlice(offsets[s], p.slotBytes()[s]).asByteBuffer());
+            }
+            head.clear();
+            head.put(PeerWire.BLOCK).putInt(i).putLong(blockBytes);
+            link.write(head.flip());
+            for (int s = 0; s < offsets.length; s++) {
+                link.write(pool.asSlice(offsets[s], p.slotBytes()[s]).asByteBuffer());
+            }
+            tail.clear();
+            tail.putInt((int) crc.getValue());
+            link.write(tail.flip());
+            blocksServed.incrementAndGet();
+            bytesServed.addAndGet(blockBytes);
+        }
+        link.flush();
+    }
+
+    private static Token readId(PeerLink link) throws IOException {
+        ByteBuffer id = ByteBuffer.allocate(PeerWire.ID_BYTES);
+        link.readFully(id);
+        return Token.fromBytes(id.array());
+    }
+
+    private static void status(PeerLink link, byte s) throws IOException {
+        status0(link, s);
+        link.flush();
+    }
+
+    private static void status0(PeerLink link, byte s) throws IOException {
+        link.write(ByteBuffer.wrap(new byte[] {s}));
+    }
+
+    public long blocksServed() {
+        return blocksServed.get();
+    }
+
+    public long refusedConnections() {
+        return refused.get();
+    }
+
+    /** Connections open now. */
+    public int connections() {
+        return links.size();
+    }
+
+    @Override
+    public void close() {
+        closed = true;
+        try {
+            if (plain != null) {
+                plain.close();
+            } else {
+                tls.close();
+            }
+        } catch (IOException ignored) {
+            // closing
+        }
+        for (PeerLink l : links) {
+            l.close();
+        }
+        try {
+            acceptor.join(1000);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+}

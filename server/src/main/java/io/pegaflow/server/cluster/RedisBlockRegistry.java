@@ -1,0 +1,625 @@
+package io.pegaflow.server.cluster;
+
+import io.lettuce.core.ClientOptions;
+import io.lettuce.core.KeyValue;
+import io.lettuce.core.LettuceFutures;
+import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisFuture;
+import io.lettuce.core.RedisURI;
+import io.lettuce.core.ScriptOutputType;
+import io.lettuce.core.SocketOptions;
+import io.lettuce.core.SslOptions;
+import io.lettuce.core.api.StatefulRedisConnection;
+import io.lettuce.core.api.async.RedisAsyncCommands;
+import io.lettuce.core.codec.ByteArrayCodec;
+import io.pegaflow.engine.BlockHashes;
+import io.pegaflow.engine.InvalidArgumentException;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.UUID;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.function.BiConsumer;
+import java.util.function.Consumer;
+
+/**
+ * {@link BlockRegistry} on Redis (docs/cluster.md, "Registry layout").
+ *
+ * <ul>
+ *   <li>A host claims an index {@code i} < {@code maxNodes} with {@code SET pf:node:i "<id> <peer
+ *       addr> <ms>" NX PX ttl} and keeps it with a heartbeat (a script that refreshes the key
+ *       only while it still names this host). The key expiring is the host leaving.</li>
+ *   <li>A block is one key, {@code "pf" + 6 bytes of SHA-256(namespace) + hash}, whose value is a
+ *       bitmap of owner indices: advertise is {@code SETBIT key i 1}, withdraw clears the bit and
+ *       deletes the key when no bit is left. Any number of owners, one small value each.</li>
+ *   <li>Lookup is one {@code MGET} of the asked prefix's keys; the longest run whose bitmaps
+ *       share a live owner wins. Owners whose heartbeat is older (or newer: a wrong clock)
+ *       than {@code staleAfter} are never chosen.</li>
+ * </ul>
+ *
+ * Updates wait in a bounded map, netted per block (the last update wins), and a flusher sends
+ * them pipelined. With Redis down the host works alone: updates are dropped and counted, the
+ * failure is logged once, and when Redis answers again (or comes back empty) every resident
+ * block is advertised again.
+ */
+public final class RedisBlockRegistry implements BlockRegistry {
+    private static final System.Logger LOG = System.getLogger(RedisBlockRegistry.class.getName());
+    static final byte[] NODE_PREFIX = "pf:node:".getBytes(StandardCharsets.US_ASCII);
+    private static final int FLUSH_BATCH = 16_384;
+    private static final String HEARTBEAT = """
+            local v = redis.call('GET', KEYS[1])
+            if v and string.sub(v, 1, 36) ~= ARGV[1] then return 0 end
+            redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+            if v then return 1 end
+            return 2""";
+    /** Clears a departed host's bit, unless a host holds its index again (KEYS[2], its node key). */
+    private static final String CLEAN = """
+            if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+            redis.call('SETBIT', KEYS[1], ARGV[1], 0)
+            if redis.call('BITCOUNT', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
+            return 1""";
+    private static final String WITHDRAW = """
+            redis.call('SETBIT', KEYS[1], ARGV[1], 0)
+            if redis.call('BITCOUNT', KEYS[1]) == 0 then redis.call('DEL', KEYS[1]) end
+            return 1""";
+
+    /** Settings; {@code staleAfter} is also the node key's TTL. */
+    public record Settings(String url, int maxNodes, Duration heartbeat, Duration staleAfter, int queueDepth,
+            Duration timeout, SslOptions ssl) {
+        public Settings {
+            if (url == null || !(url.startsWith("redis://") || url.startsWith("rediss://") || url.startsWith("redis-sentinel://"))) {
+                throw new InvalidArgumentException("--redis-url " + url + "; expected redis://, rediss:// or redis-sentinel://HOST:PORT");
+            }
+            if (maxNodes < 2 || maxNodes > 4096) {
+                throw new InvalidArgumentException("--cluster-max-nodes " + maxNodes + "; expected 2..4096");
+            }
+            if (heartbeat.toMillis() < 50 || staleAfter.compareTo(heartbeat.multipliedBy(2)) < 0) {
+                throw new InvalidArgumentException("heartbeat " + heartbeat + ", stale after " + staleAfter
+                        + "; expected a heartbeat >= 50 ms and stale-after >= 2 heartbeats");
+            }
+            if (queueDepth < 1 || queueDepth > (1 << 24)) {
+                throw new InvalidArgumentException("--registry-queue-depth " + queueDepth + "; expected 1..16777216");
+            }
+        }
+
+        public static Settings of(String url) {
+            return new Settings(url, 256, Duration.ofSeconds(1), Duration.ofSeconds(3), 65_536, Duration.ofSeconds(2), null);
+        }
+    }
+
+    private final Settings settings;
+    private final String nodeId = UUID.randomUUID().toString();
+    private final String peerAddr;
+    private final Consumer<BiConsumer<String, byte[]>> resident;
+    private final RedisClient client;
+    private final ScheduledExecutorService beat;
+    private final Thread flusher;
+
+    private final Object queueLock = new Object();
+    /** Netted updates: key -> true (advertise) / false (withdraw). Guarded by queueLock. */
+    private LinkedHashMap<ByteBuffer, Boolean> queued = new LinkedHashMap<>();
+    /** Other hosts' claims to clear: key -> owner index (negative: -1 - index of a departed host). Guarded by queueLock. */
+    private LinkedHashMap<ByteBuffer, Integer> forgets = new LinkedHashMap<>();
+    private boolean resyncWanted;
+    private long flushRequested;
+    private long flushDone;
+    private volatile boolean closed;
+
+    private volatile StatefulRedisConnection<byte[], byte[]> pipe; // the flusher's, flushed by hand
+    private volatile StatefulRedisConnection<byte[], byte[]> ask;  // lookups and heartbeats
+    private volatile int index = -1;
+    private volatile boolean healthy;
+    private volatile boolean downLogged;
+    private volatile List<Node> live = List.of();
+    private final Map<String, byte[]> nsTags = new java.util.concurrent.ConcurrentHashMap<>();
+
+    private final AtomicLong advertised = new AtomicLong();
+    private final AtomicLong withdrawn = new AtomicLong();
+    private final AtomicLong dropped = new AtomicLong();
+    private final AtomicLong errors = new AtomicLong();
+    private final AtomicLong lookups = new AtomicLong();
+    private final AtomicLong resyncs = new AtomicLong();
+
+    /**
+     * Starts heart-beating and flushing. {@code resident} walks this host's resident blocks
+     * (namespace, hash) for a full advertisement. Redis need not be up yet.
+     */
+    public RedisBlockRegistry(Settings settings, String peerAddr, Consumer<BiConsumer<String, byte[]>> resident) {
+        this.settings = settings;
+        this.peerAddr = peerAddr;
+        this.resident = resident;
+        RedisURI uri = RedisURI.create(settings.url());
+        uri.setTimeout(settings.timeout());
+        this.client = RedisClient.create(uri);
+        ClientOptions.Builder options = ClientOptions.builder().autoReconnect(true)
+                .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS)
+                .socketOptions(SocketOptions.builder().connectTimeout(settings.timeout()).build());
+        if (settings.ssl() != null) {
+            options.sslOptions(settings.ssl());
+        }
+        client.setOptions(options.build());
+        ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
+            Thread t = new Thread(r, "pegaflow-registry-heartbeat");
+            t.setDaemon(true);
+            return t;
+        });
+        s.setRemoveOnCancelPolicy(true);
+        this.beat = s;
+        beat.scheduleWithFixedDelay(this::heartbeatQuietly, 0, settings.heartbeat().toMillis(), TimeUnit.MILLISECONDS);
+        this.flusher = Thread.ofPlatform().daemon().name("pegaflow-registry-flush").start(this::flushLoop);
+    }
+
+    public String nodeId() {
+        return nodeId;
+    }
+
+    /** This host's index in the registry, or -1 before it claimed one. */
+    public int index() {
+        return index;
+    }
+
+    // ------------------------------------------------------------ updates (never block)
+
+    @Override
+    public void advertise(String namespace, byte[] hash) {
+        enqueue(key(namespace, hash, 0, hash.length), true);
+    }
+
+    @Override
+    public void withdraw(String namespace, byte[] hash) {
+        enqueue(key(namespace, hash, 0, hash.length), false);
+    }
+
+    @Override
+    public void forget(String namespace, byte[] hash, Node node) {
+        synchronized (queueLock) {
+            if (forgets.size() >= settings.queueDepth()) {
+                dropped.incrementAndGet();
+                return;
+            }
+            forgets.put(ByteBuffer.wrap(key(namespace, hash, 0, hash.length)), node.index());
+            queueLock.notifyAll();
+        }
+    }
+
+    /** Queues clearing departed host {@code owner}'s bit on {@code key} (checked against its node key in Redis). */
+    private void forgetDeparted(byte[] key, int owner) {
+        synchronized (queueLock) {
+            if (forgets.size() < settings.queueDepth()) {
+                forgets.put(ByteBuffer.wrap(key), -1 - owner);
+            }
+        }
+    }
+
+    private void enqueue(byte[] key, boolean holds) {
+        ByteBuffer k = ByteBuffer.wrap(key);
+        synchronized (queueLock) {
+            if (queued.size() >= settings.queueDepth() && !queued.containsKey(k)) {
+                dropped.incrementAndGet();
+                return;
+            }
+            queued.put(k, holds);
+            if (queued.size() == 1 || queued.size() >= FLUSH_BATCH) {
+                queueLock.notifyAll();
+            }
+        }
+    }
+
+    @Override
+    public void flush() throws Exception {
+        long ticket;
+        synchronized (queueLock) {
+            ticket = ++flushRequested;
+            queueLock.notifyAll();
+            long deadline = System.nanoTime() + settings.timeout().toNanos() * 4;
+            while (flushDone < ticket && !closed) {
+                long left = deadline - System.nanoTime();
+                if (left <= 0) {
+                    throw new java.util.concurrent.TimeoutException("registry flush not done in " + settings.timeout().multipliedBy(4));
+                }
+                queueLock.wait(Math.max(1, left / 1_000_000));
+            }
+        }
+    }
+
+    private void flushLoop() {
+        while (!closed) {
+            LinkedHashMap<ByteBuffer, Boolean> batch;
+            LinkedHashMap<ByteBuffer, Integer> forget;
+            boolean resync;
+            long ticket;
+            synchronized (queueLock) {
+                while (!closed && queued.isEmpty() && forgets.isEmpty() && !resyncWanted && flushDone == flushRequested) {
+                    try {
+                        queueLock.wait(100);
+                    } catch (InterruptedException e) {
+                        return;
+                    }
+                }
+                batch = queued;
+                queued = new LinkedHashMap<>();
+                forget = forgets;
+                forgets = new LinkedHashMap<>();
+                resync = resyncWanted && index >= 0 && healthy;
+                if (resync) {
+                    resyncWanted = false;
+                }
+                ticket = flushRequested;
+            }
+            try {
+                send(batch, forget);
+                if (resync) {
+                    resyncAll();
+                }
+            } catch (Exception e) {
+                failed("sending " + batch.size() + " registry updates", e);
+                if (resync) {
+                    synchronized (queueLock) {
+                        resyncWanted = true;
+                    }
+                }
+            }
+            synchronized (queueLock) {
+                flushDone = Math.max(flushDone, ticket);
+                queueLock.notifyAll();
+            }
+        }
+    }
+
+    private void send(Map<ByteBuffer, Boolean> batch, Map<ByteBuffer, Integer> forget) throws Exception {
+        if (batch.isEmpty() && forget.isEmpty()) {
+            return;
+        }
+        StatefulRedisConnection<byte[], byte[]> c = pipe;
+        int me = index;
+        if (c == null || me < 0 || !healthy) {
+            dropped.addAndGet(batch.size() + forget.size()); // the resync after reconnecting re-advertises
+            return;
+        }
+        RedisAsyncCommands<byte[], byte[]> cmd = c.async();
+        List<RedisFuture<?>> pending = new ArrayList<>(Math.min(batch.size() + forget.size(), FLUSH_BATCH));
+        long adv = 0;
+        long wd = 0;
+        byte[] meArg = Integer.toString(me).getBytes(StandardCharsets.US_ASCII);
+        for (Map.Entry<ByteBuffer, Boolean> e : batch.entrySet()) {
+            byte[] key = e.getKey().array();
+            if (e.getValue()) {
+                pending.add(cmd.setbit(key, me, 1));
+                adv++;
+            } else {
+                pending.add(cmd.eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {key}, meArg));
+                wd++;
+            }
+            if (pending.size() >= FLUSH_BATCH) {
+                drain(c, pending);
+            }
+        }
+        for (Map.Entry<ByteBuffer, Integer> e : forget.entrySet()) {
+            int owner = e.getValue();
+            if (owner >= 0) {
+                pending.add(cmd.eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array()},
+                        Integer.toString(owner).getBytes(StandardCharsets.US_ASCII)));
+            } else {
+                pending.add(cmd.eval(CLEAN, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array(), nodeKey(-1 - owner)},
+                        Integer.toString(-1 - owner).getBytes(StandardCharsets.US_ASCII)));
+            }
+            if (pending.size() >= FLUSH_BATCH) {
+                drain(c, pending);
+            }
+        }
+        drain(c, pending);
+        advertised.addAndGet(adv);
+        withdrawn.addAndGet(wd);
+    }
+
+    private void drain(StatefulRedisConnection<byte[], byte[]> c, List<RedisFuture<?>> pending) throws Exception {
+        if (pending.isEmpty()) {
+            return;
+        }
+        c.flushCommands();
+        RedisFuture<?>[] all = pending.toArray(RedisFuture[]::new);
+        pending.clear();
+        if (!LettuceFutures.awaitAll(settings.timeout().multipliedBy(4), all)) {
+            throw new java.util.concurrent.TimeoutException(all.length + " registry updates not answered in time");
+        }
+    }
+
+    /** Advertises every resident block again (Redis restarted empty, or answered again after an outage). */
+    private void resyncAll() throws Exception {
+        resyncs.incrementAndGet();
+        LinkedHashMap<ByteBuffer, Boolean> chunk = new LinkedHashMap<>();
+        Exception[] failure = new Exception[1];
+        resident.accept((ns, hash) -> {
+            if (failure[0] != null) {
+                return;
+            }
+            chunk.put(ByteBuffer.wrap(key(ns, hash, 0, hash.length)), true);
+            if (chunk.size() >= FLUSH_BATCH) {
+                try {
+                    send(chunk, Map.of());
+                } catch (Exception e) {
+                    failure[0] = e;
+                }
+                chunk.clear();
+            }
+        });
+        if (failure[0] != null) {
+            throw failure[0];
+        }
+        send(chunk, Map.of());
+        LOG.log(System.Logger.Level.INFO, "registry: resident blocks advertised again (node " + index + ")");
+    }
+
+    // ------------------------------------------------------------ lookup
+
+    @Override
+    public Owner lookup(String namespace, BlockHashes hashes, List<String> excluded) throws Exception {
+        StatefulRedisConnection<byte[], byte[]> c = ask;
+        if (c == null || !healthy) {
+            throw new IllegalStateException("registry not connected");
+        }
+        long now = System.currentTimeMillis();
+        Map<Integer, Node> candidates = new java.util.HashMap<>();
+        for (Node n : live) {
+            if (fresh(n, now) && (excluded == null || !excluded.contains(n.id()))) {
+                candidates.put(n.index(), n);
+            }
+        }
+        if (candidates.isEmpty() || hashes.count() == 0) {
+            return Owner.NONE;
+        }
+        lookups.incrementAndGet();
+        int count = hashes.count();
+        int len = hashes.hashLen();
+        byte[][] keys = new byte[count][];
+        for (int i = 0; i < count; i++) {
+            keys[i] = key(namespace, hashes.packed(), i * len, len);
+        }
+        List<KeyValue<byte[], byte[]>> values = c.async().mget(keys).get(settings.timeout().toMillis(), TimeUnit.MILLISECONDS);
+        Set<Integer> alive = new HashSet<>(candidates.keySet());
+        Set<Integer> known = new HashSet<>();
+        for (Node n : live) {
+            known.add(n.index());
+        }
+        known.add(index);
+        int run = 0;
+        for (int k = 0; k < values.size(); k++) {
+            KeyValue<byte[], byte[]> kv = values.get(k);
+            byte[] bits = kv.hasValue() ? kv.getValue() : null;
+            if (bits == null) {
+                break;
+            }
+            for (int i = 0; i < bits.length * 8; i++) {
+                if (bit(bits, i) && !known.contains(i)) {
+                    forgetDeparted(keys[k], i); // a host that left: cleaned up now that it was seen
+                }
+            }
+            Set<Integer> next = new HashSet<>();
+            for (int i : alive) {
+                if (bit(bits, i)) {
+                    next.add(i);
+                }
+            }
+            if (next.isEmpty()) {
+                break;
+            }
+            alive = next;
+            run++;
+        }
+        if (run == 0) {
+            return Owner.NONE;
+        }
+        List<Integer> holders = new ArrayList<>(alive);
+        int pick = holders.get(java.util.concurrent.ThreadLocalRandom.current().nextInt(holders.size()));
+        return new Owner(candidates.get(pick), run);
+    }
+
+    private boolean fresh(Node n, long nowMillis) {
+        long stale = settings.staleAfter().toMillis();
+        return nowMillis - n.heartbeatMillis() <= stale && n.heartbeatMillis() - nowMillis <= stale;
+    }
+
+    static boolean bit(byte[] bits, int i) {
+        int b = i >>> 3;
+        return b < bits.length && ((bits[b] >> (7 - (i & 7))) & 1) != 0;
+    }
+
+    @Override
+    public List<Node> liveNodes() {
+        long now = System.currentTimeMillis();
+        return live.stream().filter(n -> fresh(n, now)).toList();
+    }
+
+    // ------------------------------------------------------------ heartbeat
+
+    private void heartbeatQuietly() {
+        try {
+            heartbeat();
+        } catch (Exception e) {
+            failed("heartbeat", e);
+        }
+    }
+
+    private synchronized void heartbeat() throws Exception {
+        if (closed) {
+            return;
+        }
+        if (ask == null) {
+            ask = client.connect(ByteArrayCodec.INSTANCE);
+            StatefulRedisConnection<byte[], byte[]> p = client.connect(ByteArrayCodec.INSTANCE);
+            p.setAutoFlushCommands(false);
+            pipe = p;
+        }
+        RedisAsyncCommands<byte[], byte[]> cmd = ask.async();
+        long ms = settings.timeout().toMillis();
+        byte[] ttl = Long.toString(settings.staleAfter().toMillis()).getBytes(StandardCharsets.US_ASCII);
+        boolean wasHealthy = healthy;
+        if (index >= 0) {
+            byte[] value = (nodeId + " " + peerAddr + " " + System.currentTimeMillis()).getBytes(StandardCharsets.UTF_8);
+            Long r = cmd.<Long>eval(HEARTBEAT, ScriptOutputType.INTEGER, new byte[][] {nodeKey(index)},
+                    nodeId.getBytes(StandardCharsets.US_ASCII), value, ttl).get(ms, TimeUnit.MILLISECONDS);
+            if (r == 0) {
+                LOG.log(System.Logger.Level.WARNING, "registry: index " + index + " was taken over (this host missed its heartbeats); claiming another");
+                index = -1;
+            } else if (r == 2 || !wasHealthy) {
+                wantResync(); // Redis lost this host's key (restarted empty) or was unreachable
+            }
+        }
+        if (index < 0) {
+            claim(cmd, ttl, ms);
+            wantResync();
+        }
+        refreshLive(cmd, ms);
+        healthy = true;
+        if (downLogged) {
+            downLogged = false;
+            LOG.log(System.Logger.Level.INFO, "registry: Redis answers again at " + settings.url() + "; node index " + index);
+        }
+    }
+
+    private void claim(RedisAsyncCommands<byte[], byte[]> cmd, byte[] ttl, long ms) throws Exception {
+        List<KeyValue<byte[], byte[]>> taken = cmd.mget(allNodeKeys()).get(ms, TimeUnit.MILLISECONDS);
+        for (int i = 0; i < settings.maxNodes(); i++) {
+            if (taken.get(i).hasValue()) {
+                continue;
+            }
+            byte[] value = (nodeId + " " + peerAddr + " " + System.currentTimeMillis()).getBytes(StandardCharsets.UTF_8);
+            String ok = cmd.set(nodeKey(i), value, io.lettuce.core.SetArgs.Builder.nx().px(Long.parseLong(new String(ttl,
+                    StandardCharsets.US_ASCII)))).get(ms, TimeUnit.MILLISECONDS);
+            if ("OK".equals(ok)) {
+                index = i;
+                LOG.log(System.Logger.Level.INFO, "registry: this host is node " + i + " (" + nodeId + ", peer " + peerAddr + ")");
+                return;
+            }
+        }
+        throw new IllegalStateException("registry: all " + settings.maxNodes() + " node indices are taken; raise --cluster-max-nodes");
+    }
+
+    private void refreshLive(RedisAsyncCommands<byte[], byte[]> cmd, long ms) throws Exception {
+        List<KeyValue<byte[], byte[]>> nodes = cmd.mget(allNodeKeys()).get(ms, TimeUnit.MILLISECONDS);
+        List<Node> seen = new ArrayList<>();
+        for (int i = 0; i < nodes.size(); i++) {
+            if (i == index || !nodes.get(i).hasValue()) {
+                continue;
+            }
+            String[] f = new String(nodes.get(i).getValue(), StandardCharsets.UTF_8).split(" ");
+            if (f.length != 3 || f[0].equals(nodeId)) {
+                continue;
+            }
+            try {
+                seen.add(new Node(i, f[0], f[1], Long.parseLong(f[2])));
+            } catch (NumberFormatException e) {
+                // not a node record this version wrote: never chosen
+            }
+        }
+        live = List.copyOf(seen);
+    }
+
+    private void wantResync() {
+        synchronized (queueLock) {
+            resyncWanted = true;
+            queueLock.notifyAll();
+        }
+    }
+
+    private void failed(String what, Exception e) {
+        errors.incrementAndGet();
+        healthy = false;
+        if (!downLogged) {
+            downLogged = true;
+            LOG.log(System.Logger.Level.WARNING, "registry: " + what + " failed at " + settings.url() + " (" + e
+                    + "); this host works alone until Redis answers (logged once)");
+        }
+    }
+
+    @Override
+    public boolean connected() {
+        return healthy;
+    }
+
+    @Override
+    public RegistryStats stats() {
+        return new RegistryStats(advertised.get(), withdrawn.get(), dropped.get(), errors.get(), lookups.get(), resyncs.get());
+    }
+
+    // ------------------------------------------------------------ keys
+
+    private byte[][] allNodeKeys() {
+        byte[][] keys = new byte[settings.maxNodes()][];
+        for (int i = 0; i < keys.length; i++) {
+            keys[i] = nodeKey(i);
+        }
+        return keys;
+    }
+
+    static byte[] nodeKey(int i) {
+        byte[] n = Integer.toString(i).getBytes(StandardCharsets.US_ASCII);
+        byte[] k = Arrays.copyOf(NODE_PREFIX, NODE_PREFIX.length + n.length);
+        System.arraycopy(n, 0, k, NODE_PREFIX.length, n.length);
+        return k;
+    }
+
+    /** {@code "pf"}, the namespace's 6-byte tag, then the hash. */
+    byte[] key(String namespace, byte[] buf, int off, int len) {
+        byte[] tag = nsTags.computeIfAbsent(namespace, RedisBlockRegistry::tag);
+        byte[] k = new byte[2 + tag.length + len];
+        k[0] = 'p';
+        k[1] = 'f';
+        System.arraycopy(tag, 0, k, 2, tag.length);
+        System.arraycopy(buf, off, k, 2 + tag.length, len);
+        return k;
+    }
+
+    static byte[] tag(String namespace) {
+        try {
+            return Arrays.copyOf(MessageDigest.getInstance("SHA-256").digest(namespace.getBytes(StandardCharsets.UTF_8)), 6);
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
+    @Override
+    public void close() {
+        if (closed) {
+            return;
+        }
+        try {
+            flush(); // withdrawals of a clean stop reach Redis
+        } catch (Exception ignored) {
+            // Redis is down: the key expiring says this host left
+        }
+        closed = true;
+        synchronized (queueLock) {
+            queueLock.notifyAll();
+        }
+        beat.shutdownNow();
+        try {
+            flusher.join(2000);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        StatefulRedisConnection<byte[], byte[]> a = ask;
+        int me = index;
+        if (a != null && me >= 0 && healthy) {
+            try {
+                a.async().del(nodeKey(me)).get(500, TimeUnit.MILLISECONDS); // others stop choosing this host now
+            } catch (Exception ignored) {
+                // the key expires by itself
+            }
+        }
+        client.shutdown(Duration.ZERO, Duration.ofSeconds(1));
+    }
+}

@@ -1,0 +1,272 @@
+package io.pegaflow.server.cluster;
+
+import io.pegaflow.engine.BlockHashes;
+import io.pegaflow.engine.FetchReservation;
+import java.io.IOException;
+import java.lang.foreign.MemorySegment;
+import java.net.InetSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.time.Duration;
+import java.util.Arrays;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ConcurrentLinkedDeque;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.ScheduledThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.zip.CRC32C;
+
+/**
+ * {@link PeerTransport} over TCP ({@link PeerWire}), optionally mutual TLS. Idle connections
+ * are kept per peer and reused; one pin holds its connection from {@code pin} to
+ * {@code release}. Every exchange runs under a deadline: a peer that stops answering has its
+ * connection closed under it (the read fails, the blocks are misses).
+ */
+public final class TcpPeerTransport implements PeerTransport {
+    private static final int IDLE_PER_PEER = 8;
+
+    private final byte[] secret;
+    private final PeerTls tls;
+    private final int connectTimeoutMillis;
+    private final Map<String, ConcurrentLinkedDeque<PeerLink>> idle = new ConcurrentHashMap<>();
+    private final ScheduledExecutorService watchdog;
+    private final java.util.concurrent.atomic.AtomicLong checksumFailures = new java.util.concurrent.atomic.AtomicLong();
+
+    public TcpPeerTransport(byte[] secret, PeerTls tls, Duration connectTimeout) {
+        this.secret = secret.clone();
+        this.tls = tls;
+        this.connectTimeoutMillis = (int) Math.max(1, connectTimeout.toMillis());
+        ScheduledThreadPoolExecutor w = new ScheduledThreadPoolExecutor(1, r -> {
+            Thread t = new Thread(r, "pegaflow-peer-watchdog");
+            t.setDaemon(true);
+            return t;
+        });
+        w.setRemoveOnCancelPolicy(true);
+        this.watchdog = w;
+    }
+
+    private static final class Pin implements RemotePin {
+        final String addr;
+        final PeerLink link;
+        final byte[] id;
+        final int blocks;
+        final long[] slotBytes;
+        final long deadlineNanos;
+        boolean broken;
+
+        Pin(String addr, PeerLink link, byte[] id, int blocks, long[] slotBytes, long deadlineNanos) {
+            this.addr = addr;
+            this.link = link;
+            this.id = id;
+            this.blocks = blocks;
+            this.slotBytes = slotBytes;
+            this.deadlineNanos = deadlineNanos;
+        }
+
+        @Override
+        public int blocks() {
+            return blocks;
+        }
+
+        @Override
+        public long[] slotBytes() {
+            return slotBytes;
+        }
+    }
+
+    @Override
+    public RemotePin pin(BlockRegistry.Node peer, String namespace, BlockHashes hashes, Duration deadline) throws IOException {
+        String addr = peer.peerAddr();
+        PeerLink link = borrow(addr);
+        long deadlineNanos = System.nanoTime() + deadline.toNanos();
+        ScheduledFuture<?> guard = guard(link, deadlineNanos);
+        boolean ok = false;
+        try {
+            byte[] ns = namespace.getBytes(StandardCharsets.UTF_8);
+            ByteBuffer req = ByteBuffer.allocate(1 + 2 + ns.length + 1 + 4 + hashes.packed().length + 4);
+            req.put(PeerWire.PIN).putShort((short) ns.length).put(ns).put((byte) hashes.hashLen()).putInt(hashes.count())
+                    .put(hashes.packed()).putInt((int) Math.min(PeerWire.MAX_DEADLINE_MS, Math.max(1, deadline.toMillis())));
+            link.write(req.flip());
+            link.flush();
+            byte status = readStatus(link);
+            if (status == PeerWire.NONE) {
+                ok = true;
+                giveBack(addr, link);
+                return null;
+            }
+            if (status != PeerWire.OK) {
+                throw new IOException("peer " + addr + " refused the pin (status " + status + ")");
+            }
+            ByteBuffer head = ByteBuffer.allocate(PeerWire.ID_BYTES + 8);
+            link.readFully(head);
+            byte[] id = Arrays.copyOf(head.array(), PeerWire.ID_BYTES);
+            int blocks = head.getInt(PeerWire.ID_BYTES);
+            int slots = head.getInt(PeerWire.ID_BYTES + 4);
+            if (blocks < 1 || blocks > hashes.count() || slots < 1 || slots > PeerWire.MAX_SLOTS) {
+                throw new IOException("peer " + addr + " pinned " + blocks + " blocks of " + slots + " slots; expected 1.."
+                        + hashes.count() + " blocks");
+            }
+            ByteBuffer sizes = ByteBuffer.allocate(8 * slots);
+            link.readFully(sizes);
+            long[] slotBytes = new long[slots];
+            for (int s = 0; s < slots; s++) {
+                slotBytes[s] = sizes.getLong(8 * s);
+            }
+            ok = true;
+            return new Pin(addr, link, id, blocks, slotBytes, deadlineNanos);
+        } finally {
+            guard.cancel(false);
+            if (!ok) {
+                link.close();
+            }
+        }
+    }
+
+    @Override
+    public void read(RemotePin remote, FetchReservation into, boolean[] ok) throws IOException {
+        Pin pin = (Pin) remote;
+        PeerLink link = pin.link;
+        ScheduledFuture<?> guard = guard(link, pin.deadlineNanos);
+        try {
+            int n = into.length();
+            ByteBuffer req = ByteBuffer.allocate(1 + PeerWire.ID_BYTES + 4 + n);
+            req.put(PeerWire.READ).put(pin.id).putInt(n);
+            long blockBytes = 0;
+            for (long s : pin.slotBytes) {
+                blockBytes += s;
+            }
+            for (int i = 0; i < n; i++) {
+                req.put((byte) (into.dst(i) == null ? 0 : 1));
+            }
+            link.write(req.flip());
+            link.flush();
+            byte status = readStatus(link);
+            if (status != PeerWire.OK) {
+                throw new IOException("peer " + pin.addr + " refused the read (status " + status + ")");
+            }
+            ByteBuffer head = ByteBuffer.allocate(PeerWire.BLOCK.length + 12);
+            ByteBuffer tail = ByteBuffer.allocate(4);
+            CRC32C crc = new CRC32C();
+            byte[] magic = new byte[PeerWire.BLOCK.length];
+            for (int i = 0; i < n; i++) {
+                MemorySegment dst = into.dst(i);
+                if (dst == null) {
+                    continue;
+                }
+                head.clear();
+                link.readFully(head);
+                head.flip().get(magic);
+                int index = head.getInt();
+                long len = head.getLong();
+                if (!Arrays.equals(magic, PeerWire.BLOCK) || index != i || len != blockBytes || len != dst.byteSize()) {
+                    throw new IOException("peer " + pin.addr + " sent block " + index + " of " + len + " bytes; expected block "
+                            + i + " of " + dst.byteSize());
+                }
+                ByteBuffer into0 = dst.asByteBuffer();
+                link.readFully(into0);
+                tail.clear();
+                link.readFully(tail);
+                crc.reset();
+                crc.update(dst.asByteBuffer());
+                ok[i] = (int) crc.getValue() == tail.getInt(0); // a mismatch: that block is a miss, never served
+                if (!ok[i]) {
+                    checksumFailures.incrementAndGet();
+                }
+            }
+        } catch (IOException | RuntimeException e) {
+            pin.broken = true;
+            throw e instanceof IOException io ? io : new IOException(e);
+        } finally {
+            guard.cancel(false);
+        }
+    }
+
+    @Override
+    public void release(RemotePin remote) {
+        Pin pin = (Pin) remote;
+        if (pin.broken) {
+            pin.link.close(); // the peer ends the pin when the connection goes
+            return;
+        }
+        ScheduledFuture<?> guard = guard(pin.link, System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(connectTimeoutMillis));
+        try {
+            ByteBuffer req = ByteBuffer.allocate(1 + PeerWire.ID_BYTES);
+            req.put(PeerWire.RELEASE).put(pin.id);
+            pin.link.write(req.flip());
+            pin.link.flush();
+            readStatus(pin.link);
+            giveBack(pin.addr, pin.link);
+        } catch (IOException | RuntimeException e) {
+            pin.link.close();
+        } finally {
+            guard.cancel(false);
+        }
+    }
+
+    private ScheduledFuture<?> guard(PeerLink link, long deadlineNanos) {
+        return watchdog.schedule(link::close, Math.max(1, deadlineNanos - System.nanoTime()), TimeUnit.NANOSECONDS);
+    }
+
+    private static byte readStatus(PeerLink link) throws IOException {
+        ByteBuffer s = ByteBuffer.allocate(1);
+        link.readFully(s);
+        return s.get(0);
+    }
+
+    private PeerLink borrow(String addr) throws IOException {
+        ConcurrentLinkedDeque<PeerLink> q = idle.get(addr);
+        PeerLink link = q == null ? null : q.pollFirst();
+        if (link != null) {
+            return link;
+        }
+        InetSocketAddress where = io.pegaflow.client.Wire.hostPort(addr, "peer address");
+        link = PeerLink.connect(where, tls, connectTimeoutMillis);
+        ScheduledFuture<?> guard = guard(link, System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(connectTimeoutMillis));
+        try {
+            ByteBuffer hello = ByteBuffer.allocate(PeerWire.MAGIC.length + 2 + secret.length);
+            hello.put(PeerWire.MAGIC).putShort((short) secret.length).put(secret);
+            link.write(hello.flip());
+            link.flush();
+            if (readStatus(link) != PeerWire.OK) {
+                throw new IOException("peer " + addr + " refused this host's cluster secret");
+            }
+            return link;
+        } catch (IOException | RuntimeException e) {
+            link.close();
+            throw e instanceof IOException io ? io : new IOException(e);
+        } finally {
+            guard.cancel(false);
+        }
+    }
+
+    private void giveBack(String addr, PeerLink link) {
+        ConcurrentLinkedDeque<PeerLink> q = idle.computeIfAbsent(addr, a -> new ConcurrentLinkedDeque<>());
+        if (q.size() < IDLE_PER_PEER) {
+            q.addFirst(link);
+        } else {
+            link.close();
+        }
+    }
+
+    /** Drops idle connections to {@code addr} (it failed). */
+    void forgetPeer(String addr) {
+        ConcurrentLinkedDeque<PeerLink> q = idle.remove(addr);
+        if (q != null) {
+            q.forEach(PeerLink::close);
+        }
+    }
+
+    @Override
+    public long checksumFailures() {
+        return checksumFailures.get();
+    }
+
+    @Override
+    public void close() {
+        idle.values().forEach(q -> q.forEach(PeerLink::close));
+        idle.clear();
+        watchdog.shutdownNow();
+    }
+}
