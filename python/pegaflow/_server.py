@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import collections
+import contextlib
+import ctypes
+import os
 import json
 import re
 import socket
@@ -23,6 +26,7 @@ class Server:
     pool_path: Path
     start_seconds: float
     log: collections.deque = field(default_factory=lambda: collections.deque(maxlen=200))
+    netns: str | None = None  # the network namespace it runs in (the cluster tier's hosts)
 
     @property
     def endpoint(self) -> str:
@@ -38,8 +42,9 @@ class Server:
         if authorized:
             request.add_header("Authorization", f"Bearer {self.token}")
         try:
-            with urllib.request.urlopen(request, timeout=5) as r:
-                return r.status, r.read().decode()
+            with in_netns(self.netns):
+                with urllib.request.urlopen(request, timeout=5) as r:
+                    return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
@@ -62,6 +67,30 @@ class Server:
             self.proc.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def in_netns(name: str | None):
+    """Runs the block with this thread in network namespace ``name`` (``ip netns``; None: where it
+    is). Sockets made inside stay in that namespace; the thread comes back when the block ends."""
+    if name is None:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone_newnet = 0x40000000
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(target, clone_newnet) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into network namespace {name}")
+        try:
+            yield
+        finally:
+            if libc.setns(home, clone_newnet) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to this thread's network namespace")
+    finally:
+        os.close(target)
+        os.close(home)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -81,10 +110,10 @@ def server_argv(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", gr
 
 
 def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", grace_ms: int = 500,
-                 extra: list[str] | None = None) -> Server:
+                 extra: list[str] | None = None, netns: str | None = None) -> Server:
     start = time.perf_counter()
     proc = subprocess.Popen(
-        server_argv(pool_path, grpc_port, pool_size, grace_ms, extra),
+        (["ip", "netns", "exec", netns] if netns else []) + server_argv(pool_path, grpc_port, pool_size, grace_ms, extra),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines = []
@@ -95,7 +124,7 @@ def start_server(pool_path: Path, grpc_port: int = 0, pool_size: str = "32mb", g
         lines.append(line)
         m = re.search(r"ready grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+)", line)
         if m:
-            server = Server(proc, int(m.group(1)), int(m.group(2)), pool_path, time.perf_counter() - start)
+            server = Server(proc, int(m.group(1)), int(m.group(2)), pool_path, time.perf_counter() - start, netns=netns)
             server.log.extend(lines)
             # keep reading its output so a chatty server never blocks on a full pipe
             threading.Thread(target=_drain, args=(proc, server.log), daemon=True).start()

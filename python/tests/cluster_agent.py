@@ -1,0 +1,92 @@
+"""One host's vLLM-side work in the cluster tier, run inside that host's network namespace
+(``ip netns exec``): save a prefix with content derived from its hashes, or fetch one and check
+every byte. Prints one JSON line. Hashes and bytes follow from (--seed, block index) alone, so
+the saving and the fetching host agree without talking."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import sys
+import time
+
+from pegaflow import EngineClient, LayerRegion
+
+SEG = 16384
+BLOCKS = 64
+LAYERS = 2
+
+
+def block_hashes(seed: str, n: int) -> list[bytes]:
+    return [hashlib.sha256(f"{seed}/{i}".encode()).digest() for i in range(n)]
+
+
+def content(h: bytes, layer: int, s: int) -> bytes:
+    unit = hashlib.sha256(h + bytes([layer, s])).digest()
+    return unit * (SEG // len(unit))
+
+
+class Cache:
+    def __init__(self):
+        self.buffers = [ctypes.create_string_buffer(2 * BLOCKS * SEG) for _ in range(LAYERS)]
+
+    def regions(self):
+        return [LayerRegion(f"model.layers.{i}.attn", "split_kv", ctypes.addressof(b), 2 * BLOCKS * SEG, BLOCKS, SEG, SEG,
+                            BLOCKS * SEG) for i, b in enumerate(self.buffers)]
+
+    def write(self, block: int, h: bytes):
+        for li, b in enumerate(self.buffers):
+            for s in range(2):
+                ctypes.memmove(ctypes.addressof(b) + (s * BLOCKS + block) * SEG, content(h, li, s), SEG)
+
+    def holds(self, block: int, h: bytes) -> bool:
+        return all(b.raw[(s * BLOCKS + block) * SEG:(s * BLOCKS + block + 1) * SEG] == content(h, li, s)
+                   for li, b in enumerate(self.buffers) for s in range(2))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("op", choices=["save", "fetch"])
+    p.add_argument("--endpoint", required=True)
+    p.add_argument("--instance", required=True)
+    p.add_argument("--ns", default="ns-cluster")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--blocks", type=int, default=8)
+    p.add_argument("--timeout", type=float, default=20.0)
+    a = p.parse_args()
+    assert a.blocks <= BLOCKS // 2
+    hashes = block_hashes(a.seed, a.blocks)
+    cache = Cache()
+    with EngineClient(a.endpoint) as c:
+        c.register_instance(a.instance, a.ns, 1, 1)
+        c.register_worker(a.instance, 0, 0, cache.regions())
+        if a.op == "save":
+            for i, h in enumerate(hashes):
+                cache.write(i, h)
+            done = c.save(a.instance, 0, list(range(a.blocks)), hashes).wait()
+            print(json.dumps({"saved": done.blocks}))
+            return 0
+        start = time.perf_counter()
+        not_yet = 0
+        q = c.query(a.instance, hashes)
+        while q.pending_blocks:
+            not_yet += 1
+            if time.perf_counter() - start > a.timeout:
+                print(json.dumps({"error": f"still 'not yet' after {a.timeout} s"}))
+                return 1
+            time.sleep(0.005)
+            q = c.query(a.instance, hashes)
+        seconds = time.perf_counter() - start
+        ok = True
+        if q.hit_blocks:
+            dst = list(range(BLOCKS // 2, BLOCKS // 2 + q.hit_blocks))
+            assert c.load(a.instance, 0, q.lease, dst).wait().blocks == q.hit_blocks
+            ok = all(cache.holds(d, hashes[k]) for k, d in enumerate(dst))
+        print(json.dumps({"hit": q.hit_blocks, "not_yet": not_yet, "identical": ok, "seconds": round(seconds, 3)}))
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
