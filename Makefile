@@ -86,6 +86,10 @@ run-engine-ssd: setup build
 	$(VENV)/bin/pegaflow-bench workload --layers 8 --pool $(SSD_ENGINE_POOL) --ssd-path out/ssd-engine --ssd-capacity 32gb --json out/engine-ssd-report.json
 	rm -rf out/ssd-engine
 
+# Peer fetch against raw TCP between two namespaces, and the Redis registry's costs (root).
+bench-cluster: build setup-redis
+	$(VENV)/bin/pegaflow-bench cluster --json out/cluster.json
+
 bench-ssd: build
 	$(VENV)/bin/pegaflow-bench ssd --path out/ssd-bench --json out/ssd.json
 

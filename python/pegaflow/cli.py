@@ -94,6 +94,10 @@ def bench_main(argv: list[str] | None = None) -> int:
             from pegaflow.bench.workload import main
 
             return main(args[1:])
+        if args and args[0] == "cluster":
+            from pegaflow.bench.cluster import main
+
+            return main(args[1:])
         if args and args[0] == "vllm-run":
             from pegaflow.bench.vllm_run import main
 

@@ -1,6 +1,6 @@
 """Cross-node sharing (docs/cluster.md) on three hosts made of network namespaces on this
 machine: each has its own address on a bridge the test builds, a pegaflow-server, and vLLM-side
-work run inside it (cluster_agent.py); redis-server (Debian's package) runs on host A. The
+work run inside it (pegaflow.bench.cluster_agent); redis-server (Debian's package) runs on host A. The
 namespaces, links and processes are made and removed by the tests; traffic stays between them."""
 
 from __future__ import annotations
@@ -21,20 +21,16 @@ import pytest
 
 from bridge_helpers import wait_until
 from pegaflow._server import in_netns, start_server
+from pegaflow.bench import netns
 
 pytestmark = [pytest.mark.cluster,
               pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root (CI runs as root)")]
 
 HOSTS = {"a": "10.77.0.1", "b": "10.77.0.2", "c": "10.77.0.3"}
 PREFIX = f"pft{os.getpid() % 10000}"  # namespaces and links of this run
-AGENT = Path(__file__).with_name("cluster_agent.py")
 REDIS_PORT = 6390
 PEER_PORT = 7100
 FAST = ["--cluster-heartbeat-ms=200", "--cluster-stale-ms=1000", "--peer-fetch-deadline-secs=10"]
-
-
-def sh(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True)
 
 
 def ns(host: str) -> str:
@@ -43,28 +39,8 @@ def ns(host: str) -> str:
 
 @pytest.fixture(scope="module")
 def network():
-    """Three namespaces on a bridge in a fourth: a <-> b <-> c over veth pairs, 10.77.0.0/24."""
-    switch = f"{PREFIX}-sw"
-    made = []
-    try:
-        sh("ip", "netns", "add", switch)
-        made.append(switch)
-        sh("ip", "netns", "exec", switch, "ip", "link", "add", "br0", "type", "bridge")
-        sh("ip", "netns", "exec", switch, "ip", "link", "set", "br0", "up")
-        for host, addr in HOSTS.items():
-            sh("ip", "netns", "add", ns(host))
-            made.append(ns(host))
-            sh("ip", "link", "add", f"{PREFIX}{host}", "type", "veth", "peer", "name", f"{PREFIX}{host}s")
-            sh("ip", "link", "set", f"{PREFIX}{host}", "netns", ns(host))
-            sh("ip", "link", "set", f"{PREFIX}{host}s", "netns", switch)
-            sh("ip", "netns", "exec", switch, "ip", "link", "set", f"{PREFIX}{host}s", "master", "br0", "up")
-            sh("ip", "netns", "exec", ns(host), "ip", "addr", "add", f"{addr}/24", "dev", f"{PREFIX}{host}")
-            sh("ip", "netns", "exec", ns(host), "ip", "link", "set", f"{PREFIX}{host}", "up")
-            sh("ip", "netns", "exec", ns(host), "ip", "link", "set", "lo", "up")
+    with netns.hosts(HOSTS, PREFIX):
         yield
-    finally:
-        for name in reversed(made):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)  # removes its links too
 
 
 class Redis:
@@ -123,7 +99,7 @@ def host_server(tmp: Path, host: str, secret: Path, port: int = PEER_PORT, extra
 
 
 def agent(host: str, server, op: str, seed: str, blocks: int = 8, timeout: float = 20.0) -> dict:
-    out = subprocess.run(["ip", "netns", "exec", ns(host), sys.executable, str(AGENT), op, "--endpoint", server.endpoint,
+    out = subprocess.run(["ip", "netns", "exec", ns(host), sys.executable, "-m", "pegaflow.bench.cluster_agent", op, "--endpoint", server.endpoint,
                           "--instance", f"{op}-{seed}-{host}", "--seed", seed, "--blocks", str(blocks),
                           "--timeout", str(timeout)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -14,7 +14,7 @@ import picocli.CommandLine.Command;
         mixinStandardHelpOptions = true,
         version = "pegaflow-bench 0.1.0",
         description = "PegaFlow-JVM benchmarks; each subcommand prints a summary and writes JSON.",
-        subcommands = {TransferCommand.class, PathsCommand.class, PathsWorkerCommand.class, AttachCommand.class, SsdCommand.class, RpcCommand.class, JmhCommand.class})
+        subcommands = {TransferCommand.class, PathsCommand.class, PathsWorkerCommand.class, AttachCommand.class, SsdCommand.class, RpcCommand.class, JmhCommand.class, RegistryCommand.class, RawTcpCommand.class})
 public final class BenchMain {
     public static void main(String[] args) {
         System.exit(run(new BenchMain(), args));

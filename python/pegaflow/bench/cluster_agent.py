@@ -1,4 +1,4 @@
-"""One host's vLLM-side work in the cluster tier, run inside that host's network namespace
+"""One host's vLLM-side work in the cluster tier and ``pegaflow-bench cluster``, run inside that host's network namespace
 (``ip netns exec``): save a prefix with content derived from its hashes, or fetch one and check
 every byte. Prints one JSON line. Hashes and bytes follow from (--seed, block index) alone, so
 the saving and the fetching host agree without talking."""
@@ -55,18 +55,21 @@ def main() -> int:
     p.add_argument("--seed", required=True)
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--no-load", action="store_true", help="fetch: release the lease instead of loading (prefixes > 32 blocks)")
     a = p.parse_args()
-    assert a.blocks <= BLOCKS // 2
     hashes = block_hashes(a.seed, a.blocks)
     cache = Cache()
     with EngineClient(a.endpoint) as c:
         c.register_instance(a.instance, a.ns, 1, 1)
         c.register_worker(a.instance, 0, 0, cache.regions())
         if a.op == "save":
-            for i, h in enumerate(hashes):
-                cache.write(i, h)
-            done = c.save(a.instance, 0, list(range(a.blocks)), hashes).wait()
-            print(json.dumps({"saved": done.blocks}))
+            saved = 0
+            for at in range(0, a.blocks, BLOCKS):  # the device cache holds BLOCKS at a time
+                batch = hashes[at:at + BLOCKS]
+                for i, h in enumerate(batch):
+                    cache.write(i, h)
+                saved += c.save(a.instance, 0, list(range(len(batch))), batch).wait().blocks
+            print(json.dumps({"saved": saved}))
             return 0
         start = time.perf_counter()
         not_yet = 0
@@ -80,7 +83,10 @@ def main() -> int:
             q = c.query(a.instance, hashes)
         seconds = time.perf_counter() - start
         ok = True
-        if q.hit_blocks:
+        if q.hit_blocks and a.no_load:
+            c.release(a.instance, q.lease)
+        elif q.hit_blocks:
+            assert q.hit_blocks <= BLOCKS // 2, "load at most 32 blocks; use --no-load for longer prefixes"
             dst = list(range(BLOCKS // 2, BLOCKS // 2 + q.hit_blocks))
             assert c.load(a.instance, 0, q.lease, dst).wait().blocks == q.hit_blocks
             ok = all(cache.holds(d, hashes[k]) for k, d in enumerate(dst))

@@ -1,0 +1,124 @@
+"""``pegaflow-bench cluster``: cross-node sharing measured on two hosts made of network
+namespaces (root; docs/cluster.md). In one run: raw TCP throughput between the two namespaces
+(``pegaflow-bench raw-tcp``, direct buffers over one connection), then a 2,048-block prefix saved
+on host A and asked for on host B through real pegaflow-servers (query -> lookup -> pin -> read ->
+checked -> hit), then the registry's costs (``pegaflow-bench registry``) against the same Redis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pegaflow._server import start_server
+from pegaflow.bench import netns
+from pegaflow.bench.cluster_agent import BLOCKS, LAYERS, SEG
+
+ADDRS = {"a": "10.77.1.1", "b": "10.77.1.2"}
+REDIS_PORT = 6391
+
+
+def _bench(ns: str, *args: str, capture: bool = True) -> subprocess.Popen | str:
+    cmd = ["ip", "netns", "exec", ns, str(Path(sys.executable).parent / "pegaflow-bench"), *args]
+    if not capture:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(" ".join(cmd) + " failed:\n" + out.stdout + out.stderr)
+    return out.stdout
+
+
+def _agent(ns: str, server, *args: str) -> dict:
+    out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "pegaflow.bench.cluster_agent", *args,
+                          "--endpoint", server.endpoint], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(out.stdout + out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="pegaflow-bench cluster")
+    p.add_argument("--blocks", type=int, default=2048, help="prefix length fetched (default 2048)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--registry-blocks", type=int, default=1_000_000)
+    p.add_argument("--json", default="out/cluster.json")
+    a = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("pegaflow-bench cluster: needs root (it makes network namespaces)", file=sys.stderr)
+        return 2
+    block_bytes = LAYERS * 2 * SEG
+    report: dict = {"blocks": a.blocks, "block_bytes": block_bytes, "rounds": a.rounds}
+    tmp = Path(tempfile.mkdtemp(prefix="pegaflow-cluster-bench-"))
+    secret = tmp / "secret"
+    secret.write_text(os.urandom(24).hex())
+    with netns.hosts(ADDRS, prefix=f"pfb{os.getpid() % 10000}") as ns:
+        redis = subprocess.Popen(["ip", "netns", "exec", ns["a"], shutil.which("redis-server"), "--bind", ADDRS["a"],
+                                  "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no", "--protected-mode", "no"],
+                                 stdout=subprocess.DEVNULL)
+        servers = []
+        try:
+            time.sleep(0.5)
+            # 1. the baseline: raw TCP between the same two namespaces
+            listener = _bench(ns["a"], "raw-tcp", "--listen", f"{ADDRS['a']}:7300", "--rounds", "3", capture=False)
+            assert listener.stdout.readline().strip() == "ready"
+            raw = json.loads(_bench(ns["b"], "raw-tcp", "--connect", f"{ADDRS['a']}:7300", "--rounds", "3",
+                                    "--bytes", str(1 << 30)).strip().splitlines()[-1])["raw_tcp_gbps_rounds"]
+            listener.wait(60)
+            report["raw_tcp_gbps"] = round(statistics.median(raw), 3)
+            report["raw_tcp_gbps_rounds"] = raw
+            # 2. peer fetch through two real servers
+            flags = [f"--redis-url=redis://{ADDRS['a']}:{REDIS_PORT}", "--peer-allow-remote", f"--cluster-secret-file={secret}",
+                     "--cluster-heartbeat-ms=200", "--cluster-stale-ms=1000"]
+            pool_a = f"{(a.rounds * a.blocks * block_bytes >> 20) + 256}mb"
+            pool_b = f"{(4 * a.blocks * block_bytes >> 20)}mb"
+            sa = start_server(tmp / "a.pool", pool_size=pool_a, netns=ns["a"], extra=[*flags, f"--peer-addr={ADDRS['a']}:7301"])
+            servers.append(sa)
+            sb = start_server(tmp / "b.pool", pool_size=pool_b, netns=ns["b"], extra=[*flags, f"--peer-addr={ADDRS['b']}:7301"])
+            servers.append(sb)
+            for r in range(a.rounds):
+                _agent(ns["a"], sa, "save", "--instance", f"save{r}", "--seed", f"bench{r}", "--blocks", str(a.blocks))
+            deadline = time.time() + 30
+            while sa.metric("pegaflow_registry_advertised_blocks_total") < a.rounds * a.blocks:
+                assert time.time() < deadline, "A did not advertise its blocks"
+                time.sleep(0.05)
+            ms = []
+            for r in range(a.rounds):
+                got = _agent(ns["b"], sb, "fetch", "--instance", f"fetch{r}", "--seed", f"bench{r}", "--blocks", str(a.blocks),
+                             "--no-load", "--timeout", "60")
+                if got["hit"] != a.blocks:
+                    raise RuntimeError(f"round {r}: fetched {got['hit']} of {a.blocks} blocks")
+                ms.append(got["seconds"] * 1e3)
+                print(f"round {r}: {a.blocks}-block prefix from host A ready on host B in {ms[-1]:.1f} ms", file=sys.stderr)
+            p50 = statistics.median(ms)
+            report[f"remote_prefix_{a.blocks}_ms_p50"] = round(p50, 1)
+            report["remote_prefix_ms_all"] = [round(x, 1) for x in ms]
+            report["fetch_gbps"] = round(a.blocks * block_bytes / (p50 / 1e3) / 1e9, 3)
+            report["fetch_ratio"] = round(report["fetch_gbps"] / report["raw_tcp_gbps"], 3)
+            report["peer_fetch_bytes"] = sb.metric("pegaflow_peer_fetch_bytes_total")
+            report["checksum_failures"] = sb.metric("pegaflow_peer_checksum_failures_total")
+            for s in servers:
+                s.stop()
+            servers.clear()
+            # 3. the registry's own costs, on a database of the same Redis nothing else uses
+            reg = json.loads(_bench(ns["b"], "registry", "--redis", f"redis://{ADDRS['a']}:{REDIS_PORT}/1",
+                                    "--blocks", str(a.registry_blocks), "--json", str(tmp / "registry.json")))
+            report["registry_blocks"] = reg.pop("blocks")
+            report.update({k: v for k, v in reg.items() if k != "command"})
+        finally:
+            for s in servers:
+                s.stop(kill=True)
+            redis.kill()
+            redis.wait(10)
+    shutil.rmtree(tmp, ignore_errors=True)
+    report["command"] = "pegaflow-bench cluster " + " ".join(argv)
+    print(json.dumps(report, indent=2))
+    Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
