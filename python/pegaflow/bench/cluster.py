@@ -47,6 +47,7 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="pegaflow-bench cluster")
     p.add_argument("--blocks", type=int, default=2048, help="prefix length fetched (default 2048)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=3, help="fetch rounds run first and not counted (JIT warm-up)")
     p.add_argument("--registry-blocks", type=int, default=1_000_000)
     p.add_argument("--json", default="out/cluster.json")
     a = p.parse_args(argv)
@@ -54,7 +55,7 @@ def main(argv: list[str]) -> int:
         print("pegaflow-bench cluster: needs root (it makes network namespaces)", file=sys.stderr)
         return 2
     block_bytes = LAYERS * 2 * SEG
-    report: dict = {"blocks": a.blocks, "block_bytes": block_bytes, "rounds": a.rounds}
+    report: dict = {"blocks": a.blocks, "block_bytes": block_bytes, "rounds": a.rounds, "warmup_rounds": a.warmup}
     tmp = Path(tempfile.mkdtemp(prefix="pegaflow-cluster-bench-"))
     secret = tmp / "secret"
     secret.write_text(os.urandom(24).hex())
@@ -76,26 +77,34 @@ def main(argv: list[str]) -> int:
             # 2. peer fetch through two real servers
             flags = [f"--redis-url=redis://{ADDRS['a']}:{REDIS_PORT}", "--peer-allow-remote", f"--cluster-secret-file={secret}",
                      "--cluster-heartbeat-ms=200", "--cluster-stale-ms=1000"]
-            pool_a = f"{(a.rounds * a.blocks * block_bytes >> 20) + 256}mb"
+            total = a.warmup + a.rounds
+            pool_a = f"{(total * a.blocks * block_bytes >> 20) + 256}mb"
             pool_b = f"{(4 * a.blocks * block_bytes >> 20)}mb"
-            sa = start_server(tmp / "a.pool", pool_size=pool_a, netns=ns["a"], extra=[*flags, f"--peer-addr={ADDRS['a']}:7301"])
+            # pools committed at start (--prefault-threads), as for a production pool: the fetch then
+            # writes into resident pages, as the raw TCP receiver does into its reused buffer
+            sa = start_server(tmp / "a.pool", pool_size=pool_a, netns=ns["a"],
+                              extra=[*flags, f"--peer-addr={ADDRS['a']}:7301", "--prefault-threads=2"])
             servers.append(sa)
-            sb = start_server(tmp / "b.pool", pool_size=pool_b, netns=ns["b"], extra=[*flags, f"--peer-addr={ADDRS['b']}:7301"])
+            sb = start_server(tmp / "b.pool", pool_size=pool_b, netns=ns["b"],
+                              extra=[*flags, f"--peer-addr={ADDRS['b']}:7301", "--prefault-threads=2"])
             servers.append(sb)
-            for r in range(a.rounds):
+            for r in range(total):
                 _agent(ns["a"], sa, "save", "--instance", f"save{r}", "--seed", f"bench{r}", "--blocks", str(a.blocks))
             deadline = time.time() + 30
-            while sa.metric("pegaflow_registry_advertised_blocks_total") < a.rounds * a.blocks:
+            while sa.metric("pegaflow_registry_advertised_blocks_total") < total * a.blocks:
                 assert time.time() < deadline, "A did not advertise its blocks"
                 time.sleep(0.05)
             ms = []
-            for r in range(a.rounds):
+            for r in range(total):
                 got = _agent(ns["b"], sb, "fetch", "--instance", f"fetch{r}", "--seed", f"bench{r}", "--blocks", str(a.blocks),
                              "--no-load", "--timeout", "60")
                 if got["hit"] != a.blocks:
                     raise RuntimeError(f"round {r}: fetched {got['hit']} of {a.blocks} blocks")
-                ms.append(got["seconds"] * 1e3)
-                print(f"round {r}: {a.blocks}-block prefix from host A ready on host B in {ms[-1]:.1f} ms", file=sys.stderr)
+                took = got["seconds"] * 1e3
+                print(f"{'warm-up' if r < a.warmup else 'round'} {r}: {a.blocks}-block prefix from host A ready on host B "
+                      f"in {took:.1f} ms", file=sys.stderr)
+                if r >= a.warmup:
+                    ms.append(took)
             p50 = statistics.median(ms)
             report[f"remote_prefix_{a.blocks}_ms_p50"] = round(p50, 1)
             report["remote_prefix_ms_all"] = [round(x, 1) for x in ms]
@@ -103,6 +112,11 @@ def main(argv: list[str]) -> int:
             report["fetch_ratio"] = round(report["fetch_gbps"] / report["raw_tcp_gbps"], 3)
             report["peer_fetch_bytes"] = sb.metric("pegaflow_peer_fetch_bytes_total")
             report["checksum_failures"] = sb.metric("pegaflow_peer_checksum_failures_total")
+            phases = {}
+            for line in sb.http("/metrics")[1].splitlines():
+                if line.startswith("pegaflow_peer_fetch_phase_seconds_total{"):
+                    phases[line.split('"')[1]] = round(float(line.rsplit(" ", 1)[1]) * 1e3 / (a.warmup + a.rounds), 1)
+            report["fetch_phase_ms_mean"] = phases  # over warm-up and counted rounds
             for s in servers:
                 s.stop()
             servers.clear()

@@ -31,6 +31,13 @@ final class ClusterMetrics {
         counter(registry, "pegaflow_peer_served_blocks", "blocks this host served to other hosts", server::blocksServed);
         counter(registry, "pegaflow_peer_refused_connections", "peer connections refused (secret, certificate, or too many)",
                 server::refusedConnections);
+        CounterWithCallback.builder().name("pegaflow_peer_fetch_phase_seconds")
+                .help("time fetches spent per phase: registry lookup, peer pin, pool reservation, read and check, sealing")
+                .labelNames("phase").callback(cb -> {
+                    for (int i = 0; i < ClusterTier.PHASES.size(); i++) {
+                        cb.call(tier.phaseSeconds(i), ClusterTier.PHASES.get(i));
+                    }
+                }).register(registry);
         GaugeWithCallback.builder().name("pegaflow_peer_live_hosts").help("other hosts whose heartbeat is fresh")
                 .callback(cb -> cb.call(tier.registry().liveNodes().size())).register(registry);
         GaugeWithCallback.builder().name("pegaflow_registry_connected").help("1 while the registry answers heartbeats")

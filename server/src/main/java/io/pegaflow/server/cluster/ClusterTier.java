@@ -58,6 +58,9 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
     final AtomicLong fetchedBytes = new AtomicLong();
     final AtomicLong fetchFailures = new AtomicLong();
     final AtomicLong rejected = new AtomicLong();
+    /** Nanoseconds spent per phase of fetches, in {@link #PHASES} order. */
+    private final AtomicLong[] phaseNanos = {new AtomicLong(), new AtomicLong(), new AtomicLong(), new AtomicLong(), new AtomicLong()};
+    public static final List<String> PHASES = List.of("lookup", "pin", "reserve", "read", "complete");
 
     public ClusterTier(LocalStore store, BlockRegistry registry, PeerTransport transport, Settings settings) {
         this.store = store;
@@ -123,17 +126,22 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
         try {
             lookups.incrementAndGet();
             BlockRegistry.Owner owner;
+            long t0 = System.nanoTime();
             try {
                 owner = registry.lookup(namespace, wanted, suspected());
             } catch (Exception e) {
                 lookupErrors.incrementAndGet();
                 return;
             }
+            long t1 = System.nanoTime();
+            phaseNanos[0].addAndGet(t1 - t0);
             if (owner.blocks() == 0) {
                 return;
             }
             node = owner.node();
             PeerTransport.RemotePin pin = transport.pin(node, namespace, wanted.slice(0, owner.blocks()), settings.fetchDeadline());
+            long t2 = System.nanoTime();
+            phaseNanos[1].addAndGet(t2 - t1);
             if (pin == null) {
                 registry.forget(namespace, Arrays.copyOf(key.hash().array(), wanted.hashLen()), node); // it no longer holds it
                 return;
@@ -142,14 +150,18 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
             FetchReservation into = null;
             try {
                 into = store.reserveFetch(namespace, wanted.slice(0, pin.blocks()), alreadyHit, pin.slotBytes());
+                long t3 = System.nanoTime();
+                phaseNanos[2].addAndGet(t3 - t2);
                 if (into == null) {
                     return;
                 }
                 inflight.remove(key); // the reserved blocks answer "not yet" from here on
                 ok = new boolean[into.length()];
                 transport.read(pin, into, ok);
+                phaseNanos[3].addAndGet(System.nanoTime() - t3);
             } finally {
                 if (into != null) {
+                    long t4 = System.nanoTime();
                     long got = 0;
                     for (boolean b : ok) {
                         if (b) {
@@ -157,6 +169,7 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
                         }
                     }
                     store.completeFetch(into, ok);
+                    phaseNanos[4].addAndGet(System.nanoTime() - t4);
                     fetchedBlocks.addAndGet(got);
                     fetchedBytes.addAndGet(got * (into.length() == 0 ? 0 : blockBytes(pin.slotBytes())));
                 }
@@ -205,6 +218,11 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
     public Stats statsView() {
         return new Stats(lookups::get, lookupErrors::get, fetchedBlocks::get, fetchedBytes::get, fetchFailures::get,
                 transport::checksumFailures, rejected::get);
+    }
+
+    /** Seconds spent in {@code PHASES.get(i)} over every fetch so far. */
+    public double phaseSeconds(int i) {
+        return phaseNanos[i].get() / 1e9;
     }
 
     /** Fetches running or queued now. */

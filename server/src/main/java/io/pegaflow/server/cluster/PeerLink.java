@@ -18,6 +18,20 @@ import javax.net.ssl.SSLSocket;
 abstract class PeerLink implements AutoCloseable {
     abstract void write(ByteBuffer src) throws IOException;
 
+    /** Writes every buffer in order (one gathering system call where the link allows). */
+    void write(ByteBuffer[] srcs) throws IOException {
+        for (ByteBuffer b : srcs) {
+            write(b);
+        }
+    }
+
+    /** Fills every buffer in order (one scattering system call where the link allows). */
+    void readFully(ByteBuffer[] dsts) throws IOException {
+        for (ByteBuffer b : dsts) {
+            readFully(b);
+        }
+    }
+
     /** Fills {@code dst} to its limit; EOF is an error. */
     abstract void readFully(ByteBuffer dst) throws IOException;
 
@@ -28,8 +42,13 @@ abstract class PeerLink implements AutoCloseable {
     @Override
     public abstract void close();
 
+    /** Socket buffers of a bulk link: a 2,048-block read streams ~100s of MiB. */
+    static final int SOCKET_BUFFER = 4 << 20;
+
     static PeerLink plain(SocketChannel ch) throws IOException {
         ch.socket().setTcpNoDelay(true);
+        ch.socket().setSendBufferSize(SOCKET_BUFFER);
+        ch.socket().setReceiveBufferSize(SOCKET_BUFFER);
         return new Plain(ch);
     }
 
@@ -81,6 +100,24 @@ abstract class PeerLink implements AutoCloseable {
         void readFully(ByteBuffer dst) throws IOException {
             while (dst.hasRemaining()) {
                 if (ch.read(dst) < 0) {
+                    throw new EOFException("peer " + remote() + " closed the connection");
+                }
+            }
+        }
+
+        @Override
+        void write(ByteBuffer[] srcs) throws IOException {
+            ByteBuffer last = srcs[srcs.length - 1];
+            while (last.hasRemaining()) {
+                ch.write(srcs);
+            }
+        }
+
+        @Override
+        void readFully(ByteBuffer[] dsts) throws IOException {
+            ByteBuffer last = dsts[dsts.length - 1];
+            while (last.hasRemaining()) {
+                if (ch.read(dsts) < 0) {
                     throw new EOFException("peer " + remote() + " closed the connection");
                 }
             }

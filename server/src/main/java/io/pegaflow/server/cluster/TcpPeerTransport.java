@@ -164,10 +164,8 @@ public final class TcpPeerTransport implements PeerTransport {
                     throw new IOException("peer " + pin.addr + " sent block " + index + " of " + len + " bytes; expected block "
                             + i + " of " + dst.byteSize());
                 }
-                ByteBuffer into0 = dst.asByteBuffer();
-                link.readFully(into0);
                 tail.clear();
-                link.readFully(tail);
+                link.readFully(new ByteBuffer[] {dst.asByteBuffer(), tail}); // payload straight into the pool, then its checksum
                 crc.reset();
                 crc.update(dst.asByteBuffer());
                 ok[i] = (int) crc.getValue() == tail.getInt(0); // a mismatch: that block is a miss, never served
