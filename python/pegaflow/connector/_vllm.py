@@ -120,9 +120,13 @@ def _check_single_group(kv_cache_config) -> None:
         )
 
 
+def _kv_role(kv_transfer_config) -> str:
+    return getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
+
+
 def _kv_role_flags(kv_transfer_config) -> tuple[bool, bool]:
     """(load, save) from kv_role: kv_both does both, kv_producer only saves, kv_consumer only loads."""
-    role = getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
+    role = _kv_role(kv_transfer_config)
     return role != "kv_producer", role != "kv_consumer"
 
 
@@ -158,7 +162,9 @@ class PegaKVConnector(KVConnectorBase_V1):
                     f"process (pid {os.getpid()}; vLLM executor '{vllm_config.parallel_config.distributed_executor_backend}'). "
                     "Use mode 'auto' or 'server'"
                 )
-            self._sched = SchedulerBrain(self._link.handle, self._instance_id, self._block_size, self._load_enabled)
+            # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
+            self._sched = SchedulerBrain(self._link.handle, self._instance_id, self._block_size, self._load_enabled,
+                                         wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer")
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "

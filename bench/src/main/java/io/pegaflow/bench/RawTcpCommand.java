@@ -28,9 +28,17 @@ public final class RawTcpCommand implements Callable<Integer> {
     @Option(names = "--rounds", defaultValue = "3")
     int rounds;
 
+    @Option(names = "--buffer-bytes", defaultValue = "4194304",
+            description = "memory each side cycles through (default 4 MiB: stays in cache; the size of a fetch moves memory as a fetch does)")
+    long bufferBytes;
+
     @Override
     public Integer call() throws Exception {
-        ByteBuffer buf = ByteBuffer.allocateDirect(4 << 20);
+        if (bufferBytes < 4096 || bufferBytes > (1L << 31) - 4096) {
+            throw new IllegalArgumentException("--buffer-bytes " + bufferBytes + "; expected 4096 .. 2 GiB");
+        }
+        ByteBuffer buf = ByteBuffer.allocateDirect((int) bufferBytes); // zeroed: every page touched before timing
+        int chunk = 4 << 20;
         if (listen != null) {
             try (ServerSocketChannel s = ServerSocketChannel.open()) {
                 s.bind(Wire.hostPort(listen, "--listen"));
@@ -40,8 +48,10 @@ public final class RawTcpCommand implements Callable<Integer> {
                     try (SocketChannel c = s.accept()) {
                         long got = 0;
                         int n;
-                        while ((n = c.read(buf.clear())) > 0) {
+                        int at = 0;
+                        while ((n = c.read(buf.limit(Math.min(buf.capacity(), at + chunk)).position(at))) > 0) {
                             got += n;
+                            at = buf.position() == buf.capacity() ? 0 : buf.position();
                         }
                         c.write(ByteBuffer.wrap(new byte[] {1}));
                     }
@@ -56,11 +66,14 @@ public final class RawTcpCommand implements Callable<Integer> {
                 c.socket().setTcpNoDelay(true);
                 long t0 = System.nanoTime();
                 long sent = 0;
+                int at = 0;
                 while (sent < bytes) {
-                    buf.clear().limit((int) Math.min(buf.capacity(), bytes - sent));
+                    int n = (int) Math.min(Math.min(chunk, buf.capacity() - at), bytes - sent);
+                    buf.limit(at + n).position(at);
                     while (buf.hasRemaining()) {
                         sent += c.write(buf);
                     }
+                    at = at + n == buf.capacity() ? 0 : at + n;
                 }
                 c.shutdownOutput();
                 c.read(ByteBuffer.allocate(1));

@@ -46,8 +46,12 @@ final class ConnectorExports {
     static int pfSchedCreate(long link, MemorySegment instanceId, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
+            if (loadEnabled < 0 || loadEnabled > 2) {
+                throw new io.pegaflow.engine.InvalidArgumentException("sched_create load mode " + loadEnabled
+                        + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode instance)");
+            }
             SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), str(instanceId, "instance_id"), blockSize,
-                    loadEnabled != 0);
+                    loadEnabled != 0, loadEnabled == 2);
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
     }

@@ -39,6 +39,9 @@ public final class SchedulerSide {
     private final String instanceId;
     private final int blockSize;
     private final boolean loadEnabled;
+    /** A P/D decode instance: a partial hit answers "not yet" until the whole prefix is there (or maxWait). */
+    private final boolean waitFullPrefix;
+    private long prefixWaits;
     private final Map<String, Req> requests = new HashMap<>();
     private final Map<String, StepPlan.Load> pendingLoads = new LinkedHashMap<>();
     private final List<StepPlan.Save> stepSaves = new ArrayList<>();
@@ -73,6 +76,7 @@ public final class SchedulerSide {
         PegaEngine loadEngine; // issued the pending load's lease (released there at shutdown)
         long[] loadTargets = new long[0];
         boolean loadFailed; // a load of this request failed: no more hits for it (recompute)
+        boolean prefixWaitOver; // a decode instance waited its limit for the whole prefix
         boolean finishedByVllm;
         long waitingSince; // nanoTime of the first "not yet" answer; 0: not waiting
     }
@@ -83,6 +87,17 @@ public final class SchedulerSide {
      * @param loadEnabled false for save-only deployments: lookups always miss
      */
     public SchedulerSide(EngineSource source, String instanceId, int blockSize, boolean loadEnabled) {
+        this(source, instanceId, blockSize, loadEnabled, false);
+    }
+
+    /**
+     * {@code waitFullPrefix}: a decode instance of prefill/decode disaggregation (vLLM's
+     * {@code kv_consumer}). Its prompts were just prefilled elsewhere, and the prefill's blocks
+     * may still be on their way (saved, advertised, fetched from the prefill host): a lookup
+     * that finds less than the whole prefix answers "not yet" until it finds it all, or until
+     * the wait limit, then takes what is there (docs/cluster.md, P/D).
+     */
+    public SchedulerSide(EngineSource source, String instanceId, int blockSize, boolean loadEnabled, boolean waitFullPrefix) {
         if (blockSize < 1) {
             throw new InvalidArgumentException("block size " + blockSize + "; expected >= 1 token");
         }
@@ -93,6 +108,7 @@ public final class SchedulerSide {
         this.instanceId = instanceId;
         this.blockSize = blockSize;
         this.loadEnabled = loadEnabled;
+        this.waitFullPrefix = waitFullPrefix;
     }
 
     private Req req(String id) {
@@ -129,7 +145,22 @@ public final class SchedulerSide {
             r.waitingSince = 0;
             return 0; // the store is unavailable or not ready: recompute
         }
-        if (q.pending()) {
+        if (waitFullPrefix && !q.pending() && q.hitBlocks() < usable && !r.prefixWaitOver) {
+            long t = System.nanoTime();
+            if (r.waitingSince == 0) {
+                r.waitingSince = t;
+            }
+            if (t - r.waitingSince < maxWaitNanos) {
+                if (q.lease() != null) {
+                    releaseQuietly(now.engine(), q.lease()); // asked again next step
+                }
+                notYetAnswers++;
+                prefixWaits++;
+                return NOT_YET;
+            }
+            waitTimeouts++;
+            r.prefixWaitOver = true; // take what is there from now on
+        } else if (q.pending()) {
             // The prefix continues on SSD and is being read back: vLLM keeps the request
             // waiting and asks again next step, up to the wait limit; then it recomputes.
             long t = System.nanoTime();
@@ -371,6 +402,11 @@ public final class SchedulerSide {
     }
 
     /** Lookups answered "not yet" (prefix being read back from SSD). */
+    /** "Not yet" answers of a decode instance waiting for the whole prefix. */
+    public long prefixWaits() {
+        return prefixWaits;
+    }
+
     public long notYetAnswers() {
         return notYetAnswers;
     }

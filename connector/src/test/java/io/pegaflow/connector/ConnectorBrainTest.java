@@ -262,6 +262,32 @@ class ConnectorBrainTest {
     }
 
     @Test
+    void aDecodeInstanceWaitsForTheWholePrefixThenTakesItOrAfterItsLimitWhatIsThere() throws Exception {
+        SchedulerSide decode = new SchedulerSide(bound::get, "vllm", BLOCK, true, true);
+        BlockHashes h = hashes(4);
+        for (int i = 0; i < 4; i++) {
+            fill(i);
+        }
+        engine.save("vllm", 0, ids(0, 2), h.slice(0, 2)).join(); // the prefill's first half arrived
+        assertThat(decode.lookup("pd", h, 4 * BLOCK + 1, 0)).as("half the prefix: not yet").isEqualTo(SchedulerSide.NOT_YET);
+        assertThat(engine.stats().get(io.pegaflow.engine.metrics.Gauge.ACTIVE_LEASES)).as("the partial hit's lease was released").isZero();
+        engine.save("vllm", 0, ids(2, 2), h.slice(2, 4)).join(); // the rest
+        assertThat(decode.lookup("pd", h, 4 * BLOCK + 1, 0)).isEqualTo(4 * BLOCK);
+        assertThat(decode.prefixWaits()).isEqualTo(1);
+        decode.requestFinished("pd");
+        // a prefix whose rest never comes: after the wait limit, what is there
+        BlockHashes other = hashes(4);
+        engine.save("vllm", 0, ids(0, 1), other.slice(0, 1)).join();
+        decode.maxWait(Duration.ZERO);
+        assertThat(decode.lookup("late", other, 4 * BLOCK + 1, 0)).isEqualTo(BLOCK);
+        assertThat(decode.waitTimeouts()).isEqualTo(1);
+        decode.requestFinished("late");
+        // a kv_both instance never waits
+        assertThat(sched.lookup("both", other, 4 * BLOCK + 1, 0)).isEqualTo(BLOCK);
+        sched.requestFinished("both");
+    }
+
+    @Test
     void aPrefixOnSsdIsNotYetUntilReadBackThenAHit(@TempDir Path dir) throws Exception {
         BlockHashes h = hashes(3);
         try (PegaEngine first = ssdEngine(dir)) {

@@ -28,6 +28,8 @@ final class PeerWire {
     static final byte BAD_REQUEST = 3;
     static final byte UNKNOWN_PIN = 4;
     static final int ID_BYTES = 16;
+    /** Blocks per gathering write or scattering read (16 x 64 KiB: 1 MiB a system call). */
+    static final int BATCH = 16;
     /** Hashes one pin may ask for (a 2,048-block prefix is the design point; 32x that is plenty). */
     static final int MAX_PIN_HASHES = 65_536;
     static final int MAX_SECRET = 4096;

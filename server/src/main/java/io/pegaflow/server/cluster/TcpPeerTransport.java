@@ -146,31 +146,55 @@ public final class TcpPeerTransport implements PeerTransport {
             if (status != PeerWire.OK) {
                 throw new IOException("peer " + pin.addr + " refused the read (status " + status + ")");
             }
-            ByteBuffer head = ByteBuffer.allocate(PeerWire.BLOCK.length + 12);
-            ByteBuffer tail = ByteBuffer.allocate(4);
+            // Blocks come in BATCH at a time, each frame scattered straight to its place: header,
+            // payload into the pool, checksum. Checked per block once its batch is in.
             CRC32C crc = new CRC32C();
             byte[] magic = new byte[PeerWire.BLOCK.length];
-            for (int i = 0; i < n; i++) {
-                MemorySegment dst = into.dst(i);
-                if (dst == null) {
-                    continue;
+            int[] batch = new int[PeerWire.BATCH];
+            ByteBuffer[] heads = new ByteBuffer[PeerWire.BATCH];
+            ByteBuffer[] tails = new ByteBuffer[PeerWire.BATCH];
+            for (int k = 0; k < PeerWire.BATCH; k++) {
+                heads[k] = ByteBuffer.allocate(PeerWire.BLOCK.length + 12);
+                tails[k] = ByteBuffer.allocate(4);
+            }
+            int i = 0;
+            while (i < n) {
+                int m = 0;
+                for (; i < n && m < PeerWire.BATCH; i++) {
+                    if (into.dst(i) != null) {
+                        if (into.dst(i).byteSize() != blockBytes) {
+                            throw new IOException("reserved " + into.dst(i).byteSize() + " bytes for block " + i + " of "
+                                    + blockBytes + " from " + pin.addr);
+                        }
+                        batch[m++] = i;
+                    }
                 }
-                head.clear();
-                link.readFully(head);
-                head.flip().get(magic);
-                int index = head.getInt();
-                long len = head.getLong();
-                if (!Arrays.equals(magic, PeerWire.BLOCK) || index != i || len != blockBytes || len != dst.byteSize()) {
-                    throw new IOException("peer " + pin.addr + " sent block " + index + " of " + len + " bytes; expected block "
-                            + i + " of " + dst.byteSize());
+                if (m == 0) {
+                    break;
                 }
-                tail.clear();
-                link.readFully(new ByteBuffer[] {dst.asByteBuffer(), tail}); // payload straight into the pool, then its checksum
-                crc.reset();
-                crc.update(dst.asByteBuffer());
-                ok[i] = (int) crc.getValue() == tail.getInt(0); // a mismatch: that block is a miss, never served
-                if (!ok[i]) {
-                    checksumFailures.incrementAndGet();
+                ByteBuffer[] frame = new ByteBuffer[3 * m];
+                for (int k = 0; k < m; k++) {
+                    frame[3 * k] = heads[k].clear();
+                    frame[3 * k + 1] = into.dst(batch[k]).asByteBuffer();
+                    frame[3 * k + 2] = tails[k].clear();
+                }
+                link.readFully(frame);
+                for (int k = 0; k < m; k++) {
+                    int b = batch[k];
+                    ByteBuffer head = heads[k].flip();
+                    head.get(magic);
+                    int index = head.getInt();
+                    long len = head.getLong();
+                    if (!Arrays.equals(magic, PeerWire.BLOCK) || index != b || len != blockBytes) {
+                        throw new IOException("peer " + pin.addr + " sent block " + index + " of " + len + " bytes; expected block "
+                                + b + " of " + blockBytes); // the stream is out of step: nothing after is trusted
+                    }
+                    crc.reset();
+                    crc.update(into.dst(b).asByteBuffer());
+                    ok[b] = (int) crc.getValue() == tails[k].getInt(0); // a mismatch: that block is a miss, never served
+                    if (!ok[b]) {
+                        checksumFailures.incrementAndGet();
+                    }
                 }
             }
         } catch (IOException | RuntimeException e) {
