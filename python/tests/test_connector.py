@@ -551,3 +551,29 @@ def test_two_vllm_instances_in_two_processes_share_one_server(engines, tmp_path)
         assert result == {"outputs": a.outputs["r"], "computed": 70 - 64 + 2, "loaded": 1}
     finally:
         server.stop()
+
+
+def test_the_tail_key_is_the_same_on_both_sides_and_only_where_a_tail_is_worth_loading():
+    """PegaFlow's tail-block flow (docs/cluster.md, P/D): the prefill and the decode side derive
+    a prompt's partial last block's key from the same inputs, and none where it would not pay."""
+    from types import SimpleNamespace
+
+    from pegaflow.connector._vllm import tail_key
+
+    def request(tokens, hashes, **extra):
+        return SimpleNamespace(num_prompt_tokens=len(tokens), prompt_token_ids=tokens, block_hashes=hashes, **extra)
+
+    hashes = [bytes([i]) * 32 for i in range(3)]
+    prompt = list(range(100))  # 3 blocks of 32, then 4 tokens
+    key = tail_key(request(prompt, hashes), 32)
+    assert key is not None and len(key) == 32 and key not in hashes
+    assert tail_key(request(list(prompt), list(hashes)), 32) == key, "the other side computes the same key"
+    assert tail_key(request(prompt[:99] + [7], hashes), 32) != key, "other tail tokens, another key"
+    assert tail_key(request(prompt, [hashes[0], hashes[1], b"\x09" * 32]), 32) != key, "another prefix, another key"
+    assert tail_key(request(prompt[:97], hashes), 32) is None, "1 tail token: vLLM computes the last one anyway"
+    assert tail_key(request(prompt[:96], hashes), 32) is None, "no partial block"
+    assert tail_key(request(prompt[:20], []), 32) is None, "no full block before it"
+    assert tail_key(request(prompt, hashes[:2]), 32) is None, "full blocks not all hashed yet"
+    assert tail_key(request(prompt, hashes, lora_request=object()), 32) is None
+    assert tail_key(request(prompt, hashes, cache_salt="s"), 32) is None
+    assert len(tail_key(request(prompt, [h[:16] for h in hashes]), 32)) == 16, "as long as vLLM's own hashes"

@@ -21,6 +21,8 @@ miss, never an exception into vLLM.
 
 from __future__ import annotations
 
+import array
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -120,6 +122,24 @@ def _check_single_group(kv_cache_config) -> None:
         )
 
 
+def tail_key(request, block_size: int) -> bytes | None:
+    """The key of a prompt's partial last block (PegaFlow's tail-block flow; docs/cluster.md, P/D):
+    derived from the last full block's hash and the tail's token ids, the same on the prefill
+    and the decode side. None when there is no tail worth it (fewer than 2 tokens: vLLM computes
+    the last prompt token anyway), no full block before it, the full blocks are not all hashed
+    yet, or the request carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt)."""
+    n = request.num_prompt_tokens
+    full = n // block_size
+    hashes = request.block_hashes
+    if n - full * block_size < 2 or full == 0 or len(hashes) < full:
+        return None
+    if getattr(request, "lora_request", None) or getattr(request, "mm_features", None) or getattr(request, "cache_salt", None):
+        return None
+    parent = bytes(hashes[full - 1])
+    tokens = array.array("i", request.prompt_token_ids[full * block_size:n]).tobytes()
+    return hashlib.sha256(b"pegaflow-tail\0" + parent + tokens).digest()[:len(parent)]
+
+
 def _kv_role(kv_transfer_config) -> str:
     return getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
 
@@ -147,6 +167,9 @@ class PegaKVConnector(KVConnectorBase_V1):
                                            vllm_config, self._instance_id)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._load_enabled, self._save_enabled = _kv_role_flags(vllm_config.kv_transfer_config)
+        # P/D: the prefill side saves a prompt's partial last block too, the decode side loads it
+        self._role = _kv_role(vllm_config.kv_transfer_config)
+        self._tail_probes: set[str] = set()
         self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
         self._worker: WorkerCore | None = None
@@ -236,8 +259,23 @@ class PegaKVConnector(KVConnectorBase_V1):
         hashes = request.block_hashes
         if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size:
             return 0, False
+        bs = self._block_size
+        tail = tail_key(request, bs) if self._role == "kv_consumer" and request.num_tokens == request.num_prompt_tokens \
+            else None
         try:
-            n = self._sched.lookup(request.request_id, hashes, request.num_tokens, num_computed_tokens)
+            if tail is not None:
+                # the tail block after the full ones: the brain sees it as one more block (its
+                # window then reaches it), and a hit on it covers every prompt token but the last
+                full = request.num_prompt_tokens // bs
+                n = self._sched.lookup(request.request_id, list(hashes[:full]) + [tail], (full + 1) * bs + 1,
+                                       num_computed_tokens)
+                if n > 0 and num_computed_tokens + n > full * bs:
+                    n = request.num_tokens - 1 - num_computed_tokens
+                    self._tail_probes.add(request.request_id)
+                else:
+                    self._tail_probes.discard(request.request_id)
+            else:
+                n = self._sched.lookup(request.request_id, hashes, request.num_tokens, num_computed_tokens)
         except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
             log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
             return 0, False
@@ -254,6 +292,9 @@ class PegaKVConnector(KVConnectorBase_V1):
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
         self._requests[request.request_id] = request
+        if num_external_tokens % self._block_size and request.request_id in self._tail_probes:
+            # the tail block is loaded whole (its bytes past the prompt are never read)
+            num_external_tokens = -(-num_external_tokens // self._block_size) * self._block_size
         self._sched.after_alloc(request.request_id, blocks.get_block_ids()[0], num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -280,6 +321,17 @@ class PegaKVConnector(KVConnectorBase_V1):
         hashes = request.block_hashes
         full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
         sent = self._hashes_sent.get(req_id, 0)
+        if (self._role == "kv_producer" and num_computed + num_scheduled >= request.num_prompt_tokens
+                and full == request.num_prompt_tokens // self._block_size and sent <= full):
+            tail = tail_key(request, self._block_size)
+            if tail is not None:
+                # the prompt is complete this step: its partial last block is saved under its
+                # tail key as one more block (the brain counts it complete at the block's end)
+                window = list(hashes[sent:full]) + [tail]
+                self._sched.schedule(req_id, window, sent, block_ids, resumed, num_computed,
+                                     (full + 1) * self._block_size - num_computed)
+                self._hashes_sent[req_id] = full + 1
+                return
         if full <= sent and not block_ids and not resumed:
             return  # a decode step inside a block: nothing for the brain (no upcall per token)
         window = hashes[sent:full] if full > sent else []
@@ -294,6 +346,7 @@ class PegaKVConnector(KVConnectorBase_V1):
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._requests.pop(request.request_id, None)
         self._hashes_sent.pop(request.request_id, None)
+        self._tail_probes.discard(request.request_id)
         return self._sched.request_finished(request.request_id), None
 
     # ================================================================== stats (both sides)
