@@ -102,6 +102,10 @@ public final class ServerMain implements Callable<Integer> {
             description = "share blocks with other hosts through this Redis (redis://, rediss://, redis-sentinel://; docs/cluster.md); none: this host alone")
     String redisUrl;
 
+    @Option(names = "--redis-cluster",
+            description = "--redis-url names a Redis Cluster: redis://HOST:PORT[,HOST:PORT...] seeds; keys spread over its shards")
+    boolean redisCluster;
+
     @Option(names = "--peer-addr", defaultValue = "127.0.0.1:50057",
             description = "HOST:PORT the peer channel listens on, for other hosts' fetches (default ${DEFAULT-VALUE})")
     String peerAddr;
@@ -202,7 +206,7 @@ public final class ServerMain implements Callable<Integer> {
             ssl = b.build();
         }
         var registry = new io.pegaflow.server.cluster.RedisBlockRegistry.Settings(redisUrl, clusterMaxNodes,
-                Duration.ofMillis(heartbeatMs), Duration.ofMillis(staleMs), registryQueue, Duration.ofSeconds(2), ssl);
+                Duration.ofMillis(heartbeatMs), Duration.ofMillis(staleMs), registryQueue, Duration.ofSeconds(2), ssl, redisCluster);
         var d = io.pegaflow.server.cluster.ClusterTier.Settings.DEFAULTS;
         var fetch = new io.pegaflow.server.cluster.ClusterTier.Settings(Duration.ofSeconds(fetchDeadlineSecs), d.negativeTtl(),
                 d.suspectFor(), d.fetchThreads(), d.maxQueuedFetches(), d.maxRun());

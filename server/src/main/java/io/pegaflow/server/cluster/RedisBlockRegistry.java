@@ -9,8 +9,14 @@ import io.lettuce.core.RedisURI;
 import io.lettuce.core.ScriptOutputType;
 import io.lettuce.core.SocketOptions;
 import io.lettuce.core.SslOptions;
-import io.lettuce.core.api.StatefulRedisConnection;
-import io.lettuce.core.api.async.RedisAsyncCommands;
+import io.lettuce.core.AbstractRedisClient;
+import io.lettuce.core.api.StatefulConnection;
+import io.lettuce.core.api.async.RedisKeyAsyncCommands;
+import io.lettuce.core.api.async.RedisScriptingAsyncCommands;
+import io.lettuce.core.api.async.RedisStringAsyncCommands;
+import io.lettuce.core.cluster.ClusterClientOptions;
+import io.lettuce.core.cluster.ClusterTopologyRefreshOptions;
+import io.lettuce.core.cluster.RedisClusterClient;
 import io.lettuce.core.codec.ByteArrayCodec;
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.InvalidArgumentException;
@@ -77,8 +83,17 @@ public final class RedisBlockRegistry implements BlockRegistry {
 
     /** Settings; {@code staleAfter} is also the node key's TTL. */
     public record Settings(String url, int maxNodes, Duration heartbeat, Duration staleAfter, int queueDepth,
-            Duration timeout, SslOptions ssl) {
+            Duration timeout, SslOptions ssl, boolean cluster) {
+        /** A standalone or Sentinel-managed Redis. */
+        public Settings(String url, int maxNodes, Duration heartbeat, Duration staleAfter, int queueDepth, Duration timeout,
+                SslOptions ssl) {
+            this(url, maxNodes, heartbeat, staleAfter, queueDepth, timeout, ssl, false);
+        }
+
         public Settings {
+            if (cluster && url != null && url.startsWith("redis-sentinel://")) {
+                throw new InvalidArgumentException("--redis-cluster with " + url + "; a Redis Cluster is given as redis://HOST:PORT[,HOST:PORT...]");
+            }
             if (url == null || !(url.startsWith("redis://") || url.startsWith("rediss://") || url.startsWith("redis-sentinel://"))) {
                 throw new InvalidArgumentException("--redis-url " + url + "; expected redis://, rediss:// or redis-sentinel://HOST:PORT");
             }
@@ -95,7 +110,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
         }
 
         public static Settings of(String url) {
-            return new Settings(url, 256, Duration.ofSeconds(1), Duration.ofSeconds(3), 65_536, Duration.ofSeconds(2), null);
+            return new Settings(url, 256, Duration.ofSeconds(1), Duration.ofSeconds(3), 65_536, Duration.ofSeconds(2), null, false);
         }
     }
 
@@ -103,7 +118,8 @@ public final class RedisBlockRegistry implements BlockRegistry {
     private final String nodeId = UUID.randomUUID().toString();
     private final String peerAddr;
     private final Consumer<BiConsumer<String, byte[]>> resident;
-    private final RedisClient client;
+    private final AbstractRedisClient client;
+    private final java.util.function.Supplier<Link> connect;
     private final ScheduledExecutorService beat;
     private final Thread flusher;
 
@@ -117,8 +133,15 @@ public final class RedisBlockRegistry implements BlockRegistry {
     private long flushDone;
     private volatile boolean closed;
 
-    private volatile StatefulRedisConnection<byte[], byte[]> pipe; // the flusher's, flushed by hand
-    private volatile StatefulRedisConnection<byte[], byte[]> ask;  // lookups and heartbeats
+    private volatile Link pipe; // the flusher's, flushed by hand
+    private volatile Link ask;  // lookups and heartbeats
+
+    /**
+     * One connection and its commands, standalone or cluster alike (Lettuce's cluster commands
+     * route each key to its shard and split multi-key reads by slot).
+     */
+    private record Link(StatefulConnection<byte[], byte[]> conn, RedisStringAsyncCommands<byte[], byte[]> str,
+            RedisScriptingAsyncCommands<byte[], byte[]> lua, RedisKeyAsyncCommands<byte[], byte[]> key) {}
     private volatile int index = -1;
     private volatile boolean healthy;
     private volatile boolean downLogged;
@@ -140,16 +163,44 @@ public final class RedisBlockRegistry implements BlockRegistry {
         this.settings = settings;
         this.peerAddr = peerAddr;
         this.resident = resident;
-        RedisURI uri = RedisURI.create(settings.url());
-        uri.setTimeout(settings.timeout());
-        this.client = RedisClient.create(uri);
-        ClientOptions.Builder options = ClientOptions.builder().autoReconnect(true)
-                .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS)
-                .socketOptions(SocketOptions.builder().connectTimeout(settings.timeout()).build());
-        if (settings.ssl() != null) {
-            options.sslOptions(settings.ssl());
+        SocketOptions socket = SocketOptions.builder().connectTimeout(settings.timeout()).build();
+        if (settings.cluster()) {
+            List<RedisURI> seeds = seeds(settings.url(), settings.timeout());
+            RedisClusterClient c = RedisClusterClient.create(seeds);
+            // Commands wait for a shard's connection (opened on first use, flushed by hand on the
+            // pipeline): rejecting them would fail every first batch. Every wait is bounded by a timeout.
+            ClusterClientOptions.Builder options = ClusterClientOptions.builder().autoReconnect(true)
+                    .disconnectedBehavior(ClientOptions.DisconnectedBehavior.ACCEPT_COMMANDS).socketOptions(socket)
+                    // a failover or resharding is picked up within a heartbeat or two
+                    .topologyRefreshOptions(ClusterTopologyRefreshOptions.builder()
+                            .enablePeriodicRefresh(settings.heartbeat().multipliedBy(5)).enableAllAdaptiveRefreshTriggers().build());
+            if (settings.ssl() != null) {
+                options.sslOptions(settings.ssl());
+            }
+            c.setOptions(options.build());
+            this.client = c;
+            this.connect = () -> {
+                var conn = c.connect(ByteArrayCodec.INSTANCE);
+                var a = conn.async();
+                return new Link(conn, a, a, a);
+            };
+        } else {
+            RedisURI uri = RedisURI.create(settings.url());
+            uri.setTimeout(settings.timeout());
+            RedisClient c = RedisClient.create(uri);
+            ClientOptions.Builder options = ClientOptions.builder().autoReconnect(true)
+                    .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS).socketOptions(socket);
+            if (settings.ssl() != null) {
+                options.sslOptions(settings.ssl());
+            }
+            c.setOptions(options.build());
+            this.client = c;
+            this.connect = () -> {
+                var conn = c.connect(ByteArrayCodec.INSTANCE);
+                var a = conn.async();
+                return new Link(conn, a, a, a);
+            };
         }
-        client.setOptions(options.build());
         ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
             Thread t = new Thread(r, "pegaflow-registry-heartbeat");
             t.setDaemon(true);
@@ -159,6 +210,24 @@ public final class RedisBlockRegistry implements BlockRegistry {
         this.beat = s;
         beat.scheduleWithFixedDelay(this::heartbeatQuietly, 0, settings.heartbeat().toMillis(), TimeUnit.MILLISECONDS);
         this.flusher = Thread.ofPlatform().daemon().name("pegaflow-registry-flush").start(this::flushLoop);
+    }
+
+    /** The seeds of a Redis Cluster: {@code redis[s]://[credentials@]HOST:PORT[,HOST:PORT...]}. */
+    static List<RedisURI> seeds(String url, Duration timeout) {
+        int at = url.indexOf("://") + 3;
+        String scheme = url.substring(0, at);
+        String rest = url.substring(at);
+        String credentials = rest.contains("@") ? rest.substring(0, rest.indexOf('@') + 1) : "";
+        List<RedisURI> out = new ArrayList<>();
+        for (String hostPort : rest.substring(credentials.length()).split(",")) {
+            if (hostPort.isBlank()) {
+                throw new InvalidArgumentException("--redis-url " + url + " has an empty seed; expected HOST:PORT[,HOST:PORT...]");
+            }
+            RedisURI u = RedisURI.create(scheme + credentials + hostPort.trim());
+            u.setTimeout(timeout);
+            out.add(u);
+        }
+        return out;
     }
 
     public String nodeId() {
@@ -282,13 +351,12 @@ public final class RedisBlockRegistry implements BlockRegistry {
         if (batch.isEmpty() && forget.isEmpty()) {
             return;
         }
-        StatefulRedisConnection<byte[], byte[]> c = pipe;
+        Link c = pipe;
         int me = index;
         if (c == null || me < 0 || !healthy) {
             dropped.addAndGet(batch.size() + forget.size()); // the resync after reconnecting re-advertises
             return;
         }
-        RedisAsyncCommands<byte[], byte[]> cmd = c.async();
         List<RedisFuture<?>> pending = new ArrayList<>(Math.min(batch.size() + forget.size(), FLUSH_BATCH));
         long adv = 0;
         long wd = 0;
@@ -296,10 +364,10 @@ public final class RedisBlockRegistry implements BlockRegistry {
         for (Map.Entry<ByteBuffer, Boolean> e : batch.entrySet()) {
             byte[] key = e.getKey().array();
             if (e.getValue()) {
-                pending.add(cmd.setbit(key, me, 1));
+                pending.add(c.str().setbit(key, me, 1));
                 adv++;
             } else {
-                pending.add(cmd.eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {key}, meArg));
+                pending.add(c.lua().eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {key}, meArg));
                 wd++;
             }
             if (pending.size() >= FLUSH_BATCH) {
@@ -309,10 +377,15 @@ public final class RedisBlockRegistry implements BlockRegistry {
         for (Map.Entry<ByteBuffer, Integer> e : forget.entrySet()) {
             int owner = e.getValue();
             if (owner >= 0) {
-                pending.add(cmd.eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array()},
+                pending.add(c.lua().eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array()},
                         Integer.toString(owner).getBytes(StandardCharsets.US_ASCII)));
+            } else if (settings.cluster()) {
+                // A script may touch one shard only: the block key and the node key live on two.
+                // The departed host's absence was seen in the last heartbeat's view instead.
+                pending.add(c.lua().eval(WITHDRAW, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array()},
+                        Integer.toString(-1 - owner).getBytes(StandardCharsets.US_ASCII)));
             } else {
-                pending.add(cmd.eval(CLEAN, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array(), nodeKey(-1 - owner)},
+                pending.add(c.lua().eval(CLEAN, ScriptOutputType.INTEGER, new byte[][] {e.getKey().array(), nodeKey(-1 - owner)},
                         Integer.toString(-1 - owner).getBytes(StandardCharsets.US_ASCII)));
             }
             if (pending.size() >= FLUSH_BATCH) {
@@ -324,11 +397,11 @@ public final class RedisBlockRegistry implements BlockRegistry {
         withdrawn.addAndGet(wd);
     }
 
-    private void drain(StatefulRedisConnection<byte[], byte[]> c, List<RedisFuture<?>> pending) throws Exception {
+    private void drain(Link c, List<RedisFuture<?>> pending) throws Exception {
         if (pending.isEmpty()) {
             return;
         }
-        c.flushCommands();
+        c.conn().flushCommands();
         RedisFuture<?>[] all = pending.toArray(RedisFuture[]::new);
         pending.clear();
         if (!LettuceFutures.awaitAll(settings.timeout().multipliedBy(4), all)) {
@@ -366,7 +439,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
 
     @Override
     public Owner lookup(String namespace, BlockHashes hashes, List<String> excluded) throws Exception {
-        StatefulRedisConnection<byte[], byte[]> c = ask;
+        Link c = ask;
         if (c == null || !healthy) {
             throw new IllegalStateException("registry not connected");
         }
@@ -388,7 +461,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
         for (int k = 0; k < probes.length; k++) {
             keys[k] = key(namespace, hashes.packed(), probes[k] * len, len);
         }
-        List<KeyValue<byte[], byte[]>> values = c.async().mget(keys).get(settings.timeout().toMillis(), TimeUnit.MILLISECONDS);
+        List<KeyValue<byte[], byte[]>> values = c.str().mget(keys).get(settings.timeout().toMillis(), TimeUnit.MILLISECONDS);
         Set<Integer> alive = new HashSet<>(candidates.keySet());
         Set<Integer> known = new HashSet<>();
         for (Node n : live) {
@@ -475,18 +548,18 @@ public final class RedisBlockRegistry implements BlockRegistry {
             return;
         }
         if (ask == null) {
-            ask = client.connect(ByteArrayCodec.INSTANCE);
-            StatefulRedisConnection<byte[], byte[]> p = client.connect(ByteArrayCodec.INSTANCE);
-            p.setAutoFlushCommands(false);
+            ask = connect.get();
+            Link p = connect.get();
+            p.conn().setAutoFlushCommands(false);
             pipe = p;
         }
-        RedisAsyncCommands<byte[], byte[]> cmd = ask.async();
+        Link cmd = ask;
         long ms = settings.timeout().toMillis();
         byte[] ttl = Long.toString(settings.staleAfter().toMillis()).getBytes(StandardCharsets.US_ASCII);
         boolean wasHealthy = healthy;
         if (index >= 0) {
             byte[] value = (nodeId + " " + peerAddr + " " + System.currentTimeMillis()).getBytes(StandardCharsets.UTF_8);
-            Long r = cmd.<Long>eval(HEARTBEAT, ScriptOutputType.INTEGER, new byte[][] {nodeKey(index)},
+            Long r = cmd.lua().<Long>eval(HEARTBEAT, ScriptOutputType.INTEGER, new byte[][] {nodeKey(index)},
                     nodeId.getBytes(StandardCharsets.US_ASCII), value, ttl).get(ms, TimeUnit.MILLISECONDS);
             if (r == 0) {
                 LOG.log(System.Logger.Level.WARNING, "registry: index " + index + " was taken over (this host missed its heartbeats); claiming another");
@@ -507,14 +580,14 @@ public final class RedisBlockRegistry implements BlockRegistry {
         }
     }
 
-    private void claim(RedisAsyncCommands<byte[], byte[]> cmd, byte[] ttl, long ms) throws Exception {
-        List<KeyValue<byte[], byte[]>> taken = cmd.mget(allNodeKeys()).get(ms, TimeUnit.MILLISECONDS);
+    private void claim(Link cmd, byte[] ttl, long ms) throws Exception {
+        List<KeyValue<byte[], byte[]>> taken = cmd.str().mget(allNodeKeys()).get(ms, TimeUnit.MILLISECONDS);
         for (int i = 0; i < settings.maxNodes(); i++) {
             if (taken.get(i).hasValue()) {
                 continue;
             }
             byte[] value = (nodeId + " " + peerAddr + " " + System.currentTimeMillis()).getBytes(StandardCharsets.UTF_8);
-            String ok = cmd.set(nodeKey(i), value, io.lettuce.core.SetArgs.Builder.nx().px(Long.parseLong(new String(ttl,
+            String ok = cmd.str().set(nodeKey(i), value, io.lettuce.core.SetArgs.Builder.nx().px(Long.parseLong(new String(ttl,
                     StandardCharsets.US_ASCII)))).get(ms, TimeUnit.MILLISECONDS);
             if ("OK".equals(ok)) {
                 index = i;
@@ -525,8 +598,8 @@ public final class RedisBlockRegistry implements BlockRegistry {
         throw new IllegalStateException("registry: all " + settings.maxNodes() + " node indices are taken; raise --cluster-max-nodes");
     }
 
-    private void refreshLive(RedisAsyncCommands<byte[], byte[]> cmd, long ms) throws Exception {
-        List<KeyValue<byte[], byte[]>> nodes = cmd.mget(allNodeKeys()).get(ms, TimeUnit.MILLISECONDS);
+    private void refreshLive(Link cmd, long ms) throws Exception {
+        List<KeyValue<byte[], byte[]>> nodes = cmd.str().mget(allNodeKeys()).get(ms, TimeUnit.MILLISECONDS);
         List<Node> seen = new ArrayList<>();
         for (int i = 0; i < nodes.size(); i++) {
             if (i == index || !nodes.get(i).hasValue()) {
@@ -628,11 +701,11 @@ public final class RedisBlockRegistry implements BlockRegistry {
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
-        StatefulRedisConnection<byte[], byte[]> a = ask;
+        Link a = ask;
         int me = index;
         if (a != null && me >= 0 && healthy) {
             try {
-                a.async().del(nodeKey(me)).get(500, TimeUnit.MILLISECONDS); // others stop choosing this host now
+                a.key().del(nodeKey(me)).get(500, TimeUnit.MILLISECONDS); // others stop choosing this host now
             } catch (Exception ignored) {
                 // the key expires by itself
             }
