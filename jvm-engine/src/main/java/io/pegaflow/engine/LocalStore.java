@@ -784,30 +784,12 @@ public final class LocalStore implements BlockStore {
                 return;
             }
             prefetchInFlight--;
-            b.prefetching = false;
-            if (outcome == SsdTier.ReadOutcome.OK) {
-                for (int s = 0; s < b.slotState.length; s++) {
-                    b.slotState[s] = Block.FILLED;
-                }
-                b.filled = b.slotState.length;
-                b.sealed = true;
-                b.fromSsd = true;
-                b.touchedNanos = clock.getAsLong();
-                inflight.remove(b);
-                residentBlocks++;
-                residentBytes += b.bytes;
-                lru.addPinned();
-                advertise(b);
-            } else {
+            boolean ok = outcome == SsdTier.ReadOutcome.OK;
+            if (!ok) {
                 count(Counter.SSD_PREFETCH_FAILURES, 1);
-                for (int s = 0; s < b.slotState.length; s++) {
-                    b.slotState[s] = Block.EMPTY;
-                    b.slotOffset[s] = -1;
-                }
-                allocator.free(handle);
-                b.removeAllocation(handle);
             }
-            unpin(b); // a failed read leaves an empty block: unpin removes it
+            b.fromSsd = ok;
+            endRead(b, handle, ok, clock.getAsLong());
             pumpFetches();
         } finally {
             lock.unlock();
@@ -985,29 +967,39 @@ public final class LocalStore implements BlockStore {
                 if (b == null) {
                     continue;
                 }
-                b.prefetching = false;
-                if (ok[i]) {
-                    Arrays.fill(b.slotState, Block.FILLED);
-                    b.filled = b.slotState.length;
-                    b.sealed = true;
-                    b.fromPeer = true;
-                    b.touchedNanos = now;
-                    inflight.remove(b);
-                    residentBlocks++;
-                    residentBytes += b.bytes;
-                    lru.addPinned();
-                    advertise(b);
-                } else {
-                    Arrays.fill(b.slotState, Block.EMPTY);
-                    Arrays.fill(b.slotOffset, -1L);
-                    allocator.free(r.handles[i]);
-                    b.removeAllocation(r.handles[i]);
-                }
-                unpin(b); // a failed fetch leaves an empty block: unpin removes it
+                b.fromPeer = ok[i];
+                endRead(b, r.handles[i], ok[i], now);
             }
         } finally {
             lock.unlock();
         }
+    }
+
+    /**
+     * Under lock: ends a read back from SSD or a fetch from a peer into {@code b}'s reserved
+     * allocation {@code handle}: seals the block (resident, advertised) when its bytes arrived
+     * and were checked, else releases the allocation; then drops the read's pin (an empty
+     * block leaves the index with it).
+     */
+    private void endRead(Block b, long handle, boolean ok, long now) {
+        b.prefetching = false;
+        if (ok) {
+            Arrays.fill(b.slotState, Block.FILLED);
+            b.filled = b.slotState.length;
+            b.sealed = true;
+            b.touchedNanos = now;
+            inflight.remove(b);
+            residentBlocks++;
+            residentBytes += b.bytes;
+            lru.addPinned();
+            advertise(b);
+        } else {
+            Arrays.fill(b.slotState, Block.EMPTY);
+            Arrays.fill(b.slotOffset, -1L);
+            allocator.free(handle);
+            b.removeAllocation(handle);
+        }
+        unpin(b);
     }
 
     /**

@@ -34,6 +34,13 @@ public final class PeerServer implements AutoCloseable {
     private static final System.Logger LOG = System.getLogger(PeerServer.class.getName());
     static final int MAX_CONNECTIONS = 256;
     static final int MAX_PINS_PER_CONNECTION = 64;
+    static final int HELLO_TIMEOUT_SECONDS = 10;
+    private static final java.util.concurrent.ScheduledExecutorService HELLO_WATCHDOG =
+            java.util.concurrent.Executors.newSingleThreadScheduledExecutor(r -> {
+                Thread t = new Thread(r, "pegaflow-peer-hello-watchdog");
+                t.setDaemon(true);
+                return t;
+            });
 
     private final LocalStore store;
     private final MemorySegment pool;
@@ -137,8 +144,18 @@ public final class PeerServer implements AutoCloseable {
 
     private void serve(PeerLink link) {
         Map<Token, TransferPin> pins = new HashMap<>();
+        // A connection that does not prove the secret in time is closed: idle strangers cannot
+        // hold the connection slots.
+        java.util.concurrent.ScheduledFuture<?> helloDeadline = HELLO_WATCHDOG.schedule(link::close, HELLO_TIMEOUT_SECONDS,
+                java.util.concurrent.TimeUnit.SECONDS);
         try {
-            if (!hello(link)) {
+            boolean proved;
+            try {
+                proved = hello(link);
+            } finally {
+                helloDeadline.cancel(false);
+            }
+            if (!proved) {
                 refused.incrementAndGet();
                 return;
             }

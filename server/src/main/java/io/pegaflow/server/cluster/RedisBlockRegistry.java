@@ -92,10 +92,11 @@ public final class RedisBlockRegistry implements BlockRegistry {
 
         public Settings {
             if (cluster && url != null && url.startsWith("redis-sentinel://")) {
-                throw new InvalidArgumentException("--redis-cluster with " + url + "; a Redis Cluster is given as redis://HOST:PORT[,HOST:PORT...]");
+                throw new InvalidArgumentException("--redis-cluster with " + redacted(url) + "; a Redis Cluster is given as redis://HOST:PORT[,HOST:PORT...]");
             }
             if (url == null || !(url.startsWith("redis://") || url.startsWith("rediss://") || url.startsWith("redis-sentinel://"))) {
-                throw new InvalidArgumentException("--redis-url " + url + "; expected redis://, rediss:// or redis-sentinel://HOST:PORT");
+                throw new InvalidArgumentException("--redis-url " + (url == null ? null : redacted(url))
+                        + "; expected redis://, rediss:// or redis-sentinel://HOST:PORT");
             }
             if (maxNodes < 2 || maxNodes > 4096) {
                 throw new InvalidArgumentException("--cluster-max-nodes " + maxNodes + "; expected 2..4096");
@@ -179,11 +180,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
             }
             c.setOptions(options.build());
             this.client = c;
-            this.connect = () -> {
-                var conn = c.connect(ByteArrayCodec.INSTANCE);
-                var a = conn.async();
-                return new Link(conn, a, a, a);
-            };
+            this.connect = () -> link(c.connect(ByteArrayCodec.INSTANCE), c2 -> c2.async());
         } else {
             RedisURI uri = RedisURI.create(settings.url());
             uri.setTimeout(settings.timeout());
@@ -195,11 +192,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
             }
             c.setOptions(options.build());
             this.client = c;
-            this.connect = () -> {
-                var conn = c.connect(ByteArrayCodec.INSTANCE);
-                var a = conn.async();
-                return new Link(conn, a, a, a);
-            };
+            this.connect = () -> link(c.connect(ByteArrayCodec.INSTANCE), c2 -> c2.async());
         }
         ScheduledThreadPoolExecutor s = new ScheduledThreadPoolExecutor(1, r -> {
             Thread t = new Thread(r, "pegaflow-registry-heartbeat");
@@ -212,6 +205,21 @@ public final class RedisBlockRegistry implements BlockRegistry {
         this.flusher = Thread.ofPlatform().daemon().name("pegaflow-registry-flush").start(this::flushLoop);
     }
 
+    /** {@code url} without its credentials (a password in a Redis URL never reaches a log). */
+    static String redacted(String url) {
+        int scheme = url.indexOf("://");
+        int at = url.indexOf('@');
+        return scheme >= 0 && at > scheme ? url.substring(0, scheme + 3) + "***@" + url.substring(at + 1) : url;
+    }
+
+    /** A connection with its commands: standalone and cluster commands share these interfaces. */
+    private static <C extends StatefulConnection<byte[], byte[]>, A extends RedisStringAsyncCommands<byte[], byte[]>
+            & RedisScriptingAsyncCommands<byte[], byte[]> & RedisKeyAsyncCommands<byte[], byte[]>> Link link(C conn,
+            java.util.function.Function<C, A> commands) {
+        A a = commands.apply(conn);
+        return new Link(conn, a, a, a);
+    }
+
     /** The seeds of a Redis Cluster: {@code redis[s]://[credentials@]HOST:PORT[,HOST:PORT...]}. */
     static List<RedisURI> seeds(String url, Duration timeout) {
         int at = url.indexOf("://") + 3;
@@ -221,7 +229,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
         List<RedisURI> out = new ArrayList<>();
         for (String hostPort : rest.substring(credentials.length()).split(",")) {
             if (hostPort.isBlank()) {
-                throw new InvalidArgumentException("--redis-url " + url + " has an empty seed; expected HOST:PORT[,HOST:PORT...]");
+                throw new InvalidArgumentException("--redis-url " + redacted(url) + " has an empty seed; expected HOST:PORT[,HOST:PORT...]");
             }
             RedisURI u = RedisURI.create(scheme + credentials + hostPort.trim());
             u.setTimeout(timeout);
@@ -576,7 +584,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
         healthy = true;
         if (downLogged) {
             downLogged = false;
-            LOG.log(System.Logger.Level.INFO, "registry: Redis answers again at " + settings.url() + "; node index " + index);
+            LOG.log(System.Logger.Level.INFO, "registry: Redis answers again at " + redacted(settings.url()) + "; node index " + index);
         }
     }
 
@@ -630,7 +638,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
         healthy = false;
         if (!downLogged) {
             downLogged = true;
-            LOG.log(System.Logger.Level.WARNING, "registry: " + what + " failed at " + settings.url() + " (" + e
+            LOG.log(System.Logger.Level.WARNING, "registry: " + what + " failed at " + redacted(settings.url()) + " (" + e
                     + "); this host works alone until Redis answers (logged once)");
         }
     }
