@@ -90,9 +90,9 @@ def secret(tmp_path_factory) -> Path:
 
 
 def host_server(tmp: Path, host: str, secret: Path, port: int = PEER_PORT, extra: list[str] | None = None,
-                advertise: str | None = None):
+                advertise: str | None = None, secret_flag: str = "--cluster-secret-file"):
     flags = [f"--redis-url=redis://{HOSTS['a']}:{REDIS_PORT}", f"--peer-addr={HOSTS[host]}:{port}", "--peer-allow-remote",
-             f"--cluster-secret-file={secret}", *FAST, *(extra or [])]
+             f"{secret_flag}={secret}", *FAST, *(extra or [])]
     if advertise:
         flags.append(f"--peer-advertise-addr={advertise}")
     return start_server(tmp / f"{host}-{port}.pool", pool_size="64mb", extra=flags, netns=ns(host))
@@ -279,15 +279,17 @@ def _certs(d: Path, ca_name: str, hosts: list[str]) -> None:
 
 
 def test_tls_between_hosts_and_a_wrong_certificate_is_refused(cluster, secret, tmp_path):
+    """Mutual TLS between hosts whose cluster secret is the server secret they share."""
     good, rogue = tmp_path / "good", tmp_path / "rogue"
     _certs(good, "pegaflow-test-ca", ["a", "b"])
     _certs(rogue, "someone-else", ["c"])
     tls = lambda d, h: [f"--peer-tls-cert={d / (h + '.pem')}", f"--peer-tls-key={d / (h + '.key')}",  # noqa: E731
                         f"--peer-tls-ca={d / 'ca.pem'}"]
     port = PEER_PORT + 3
-    ta = host_server(tmp_path, "a", secret, port=port, extra=tls(good, "a"))
-    tb = host_server(tmp_path, "b", secret, port=port, extra=tls(good, "b"))
-    tc = host_server(tmp_path, "c", secret, port=port, extra=tls(rogue, "c"))
+    # these hosts share the server secret of --auth-token-file (security.md) as their cluster secret
+    ta = host_server(tmp_path, "a", secret, port=port, extra=tls(good, "a"), secret_flag="--auth-token-file")
+    tb = host_server(tmp_path, "b", secret, port=port, extra=tls(good, "b"), secret_flag="--auth-token-file")
+    tc = host_server(tmp_path, "c", secret, port=port, extra=tls(rogue, "c"), secret_flag="--auth-token-file")
     try:
         for s in (ta, tb, tc):
             wait_peers(s, 5)

@@ -118,7 +118,7 @@ public final class ServerMain implements Callable<Integer> {
     boolean peerAllowRemote;
 
     @Option(names = "--cluster-secret-file", paramLabel = "FILE",
-            description = "secret every host of the cluster shares (16..4096 characters); required with --redis-url")
+            description = "secret every host of the cluster shares (16..4096 characters; default: --auth-token-file, the server secret, when every host is given the same)")
     Path clusterSecretFile;
 
     @Option(names = "--peer-tls-cert", paramLabel = "PEM", description = "this host's certificate chain (peer channel and rediss://)")
@@ -211,7 +211,7 @@ public final class ServerMain implements Callable<Integer> {
         var fetch = new io.pegaflow.server.cluster.ClusterTier.Settings(Duration.ofSeconds(fetchDeadlineSecs), d.negativeTtl(),
                 d.suspectFor(), d.fetchThreads(), d.maxQueuedFetches(), d.maxRun());
         return new io.pegaflow.server.cluster.ClusterConfig(registry, peerAddr, peerAdvertiseAddr, peerAllowRemote,
-                clusterSecretFile, peerTlsCert, peerTlsKey, peerTlsCa, fetch);
+                clusterSecretFile != null ? clusterSecretFile : authTokenFile, peerTlsCert, peerTlsKey, peerTlsCa, fetch);
     }
 
     public static void main(String[] args) {

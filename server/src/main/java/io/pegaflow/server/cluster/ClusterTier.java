@@ -168,6 +168,9 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
                             got++;
                         }
                     }
+                    // believed before the failed blocks leave the index: a query polling meanwhile
+                    // must not start the same fetch again
+                    negative.put(key, System.nanoTime() + settings.negativeTtl().toNanos());
                     store.completeFetch(into, ok);
                     phaseNanos[4].addAndGet(System.nanoTime() - t4);
                     fetchedBlocks.addAndGet(got);
