@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -49,11 +48,8 @@ class Redis:
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns("a"), shutil.which("redis-server"), "--bind", HOSTS["a"], "--port", str(REDIS_PORT),
-             "--save", "", "--appendonly", "no", "--protected-mode", "no", "--dir", str(self.workdir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.ping(), "redis-server answers")
+        self.proc = netns.redis_server(ns("a"), HOSTS["a"], REDIS_PORT, self.workdir)
+        assert self.ping()
 
     def ping(self) -> bool:
         try:

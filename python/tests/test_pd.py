@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -84,9 +83,7 @@ def test_prefill_on_one_host_decode_on_another_through_the_router(tmp_path):
     servers = []
     with netns.hosts(HOSTS, PREFIX) as ns:
         try:
-            procs.append(subprocess.Popen(["ip", "netns", "exec", ns["a"], shutil.which("redis-server"), "--bind", HOSTS["a"],
-                                           "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no",
-                                           "--protected-mode", "no"], stdout=subprocess.DEVNULL))
+            procs.append(netns.redis_server(ns["a"], HOSTS["a"], REDIS_PORT))
             flags = [f"--redis-url=redis://{HOSTS['a']}:{REDIS_PORT}", "--peer-allow-remote", f"--cluster-secret-file={secret}",
                      "--cluster-heartbeat-ms=200", "--cluster-stale-ms=1000"]
             for h in ("a", "b"):

@@ -60,12 +60,9 @@ def main(argv: list[str]) -> int:
     secret = tmp / "secret"
     secret.write_text(os.urandom(24).hex())
     with netns.hosts(ADDRS, prefix=f"pfb{os.getpid() % 10000}") as ns:
-        redis = subprocess.Popen(["ip", "netns", "exec", ns["a"], shutil.which("redis-server"), "--bind", ADDRS["a"],
-                                  "--port", str(REDIS_PORT), "--save", "", "--appendonly", "no", "--protected-mode", "no"],
-                                 stdout=subprocess.DEVNULL)
+        redis = netns.redis_server(ns["a"], ADDRS["a"], REDIS_PORT)
         servers = []
         try:
-            time.sleep(0.5)
             # 1. the baseline: raw TCP between the same two namespaces, twice: cycling through memory
             #    the size of one fetch (what a fetch moves: pool pages, not cache) and through 4 MiB
             #    that stays in cache (iperf's way; the higher figure)

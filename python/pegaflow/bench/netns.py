@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import socket
 import subprocess
+import time
+from pathlib import Path
 
 
 def _sh(*cmd: str) -> None:
@@ -41,3 +45,25 @@ def hosts(addrs: dict[str, str], prefix: str | None = None):
     finally:
         for name in reversed(made):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)  # removes its links too
+
+
+def redis_server(ns: str, addr: str, port: int, workdir: Path | None = None, timeout: float = 10.0) -> subprocess.Popen:
+    """Starts redis-server (no persistence) in namespace ``ns`` on ``addr:port`` and returns once
+    it accepts connections; the caller kills it."""
+    from pegaflow._server import in_netns
+
+    argv = ["ip", "netns", "exec", ns, shutil.which("redis-server") or "redis-server", "--bind", addr, "--port", str(port),
+            "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+    if workdir is not None:
+        argv += ["--dir", str(workdir)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with in_netns(ns), socket.create_connection((addr, port), timeout=1):
+                return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"redis-server in {ns} on {addr}:{port} did not start (exit {proc.poll()})")
+            time.sleep(0.05)

@@ -75,12 +75,7 @@ final class Credentials implements ServerInterceptor {
      */
     static Credentials load(Path givenFile, Path besidePool, GroupPrincipal group) throws IOException {
         if (givenFile != null) {
-            String text = Files.readString(givenFile, StandardCharsets.UTF_8).trim();
-            if (text.length() < 16 || text.length() > 4096) {
-                throw new InvalidArgumentException("--auth-token-file " + givenFile + " holds " + text.length()
-                        + " characters; expected a secret of 16..4096");
-            }
-            return new Credentials(text.getBytes(StandardCharsets.UTF_8), givenFile, false);
+            return new Credentials(Secrets.read(givenFile, "--auth-token-file"), givenFile, false);
         }
         byte[] raw = new byte[32];
         new SecureRandom().nextBytes(raw);

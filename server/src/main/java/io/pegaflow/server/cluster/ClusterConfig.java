@@ -6,8 +6,6 @@ import io.pegaflow.engine.LocalStore;
 import java.io.IOException;
 import java.lang.foreign.MemorySegment;
 import java.net.InetSocketAddress;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.time.Duration;
 
@@ -49,19 +47,9 @@ public record ClusterConfig(RedisBlockRegistry.Settings registry, String peerAdd
         return tlsCert != null;
     }
 
-    /** The secret's bytes: the file's text, trimmed, 16..4096 characters. */
-    byte[] secret() throws IOException {
-        String text = Files.readString(secretFile, StandardCharsets.UTF_8).trim();
-        if (text.length() < 16 || text.length() > 4096) {
-            throw new InvalidArgumentException("--cluster-secret-file " + secretFile + " holds " + text.length()
-                    + " characters; expected a secret of 16..4096");
-        }
-        return text.getBytes(StandardCharsets.UTF_8);
-    }
-
     /** The peer channel, the registry and the tier, started and attached to {@code store}. */
     public Cluster start(LocalStore store, MemorySegment pool) throws IOException {
-        byte[] secret = secret();
+        byte[] secret = io.pegaflow.server.Secrets.read(secretFile, "cluster secret file");
         PeerTls tlsContext = tls() ? PeerTls.load(tlsCert, tlsKey, tlsCa) : null;
         if (!tls() && allowRemote) {
             System.getLogger(ClusterConfig.class.getName()).log(System.Logger.Level.WARNING,

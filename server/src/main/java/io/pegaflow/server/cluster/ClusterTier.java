@@ -174,7 +174,7 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
                     store.completeFetch(into, ok);
                     phaseNanos[4].addAndGet(System.nanoTime() - t4);
                     fetchedBlocks.addAndGet(got);
-                    fetchedBytes.addAndGet(got * (into.length() == 0 ? 0 : blockBytes(pin.slotBytes())));
+                    fetchedBytes.addAndGet(got * pin.blockBytes());
                 }
                 transport.release(pin);
             }
@@ -198,14 +198,6 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
         }
     }
 
-    private static long blockBytes(long[] slots) {
-        long sum = 0;
-        for (long s : slots) {
-            sum += s;
-        }
-        return sum;
-    }
-
     private List<String> suspected() {
         long now = System.nanoTime();
         suspects.values().removeIf(t -> t - now <= 0);
@@ -226,11 +218,6 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
     /** Seconds spent in {@code PHASES.get(i)} over every fetch so far. */
     public double phaseSeconds(int i) {
         return phaseNanos[i].get() / 1e9;
-    }
-
-    /** Fetches running or queued now. */
-    public int fetchesInFlight() {
-        return inflight.size() + fetchers.getActiveCount();
     }
 
     @Override

@@ -51,7 +51,6 @@ public final class PeerServer implements AutoCloseable {
     private final Set<PeerLink> links = ConcurrentHashMap.newKeySet();
     private volatile boolean closed;
     final AtomicLong blocksServed = new AtomicLong();
-    final AtomicLong bytesServed = new AtomicLong();
     final AtomicLong refused = new AtomicLong();
 
     public PeerServer(InetSocketAddress bind, LocalStore store, MemorySegment pool, byte[] secret, PeerTls tlsConfig)
@@ -277,7 +276,6 @@ public final class PeerServer implements AutoCloseable {
             }
             frames.add(ByteBuffer.allocate(4).putInt((int) crc.getValue()).flip());
             blocksServed.incrementAndGet();
-            bytesServed.addAndGet(blockBytes);
             if (++inBatch == PeerWire.BATCH) {
                 link.write(frames.toArray(ByteBuffer[]::new));
                 frames.clear();
@@ -311,11 +309,6 @@ public final class PeerServer implements AutoCloseable {
 
     public long refusedConnections() {
         return refused.get();
-    }
-
-    /** Connections open now. */
-    public int connections() {
-        return links.size();
     }
 
     @Override

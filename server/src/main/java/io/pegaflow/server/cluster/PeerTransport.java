@@ -19,6 +19,15 @@ public interface PeerTransport extends AutoCloseable {
         int blocks();
 
         long[] slotBytes();
+
+        /** Bytes of one block: its slots together. */
+        default long blockBytes() {
+            long sum = 0;
+            for (long s : slotBytes()) {
+                sum += s;
+            }
+            return sum;
+        }
     }
 
     /** Pins the resident prefix of {@code hashes} on {@code peer}; null when it holds none of it. */

@@ -238,10 +238,6 @@ public final class RedisBlockRegistry implements BlockRegistry {
         return out;
     }
 
-    public String nodeId() {
-        return nodeId;
-    }
-
     /** This host's index in the registry, or -1 before it claimed one. */
     public int index() {
         return index;

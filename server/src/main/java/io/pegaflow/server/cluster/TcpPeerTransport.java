@@ -133,10 +133,7 @@ public final class TcpPeerTransport implements PeerTransport {
             int n = into.length();
             ByteBuffer req = ByteBuffer.allocate(1 + PeerWire.ID_BYTES + 4 + n);
             req.put(PeerWire.READ).put(pin.id).putInt(n);
-            long blockBytes = 0;
-            for (long s : pin.slotBytes) {
-                blockBytes += s;
-            }
+            long blockBytes = pin.blockBytes();
             for (int i = 0; i < n; i++) {
                 req.put((byte) (into.dst(i) == null ? 0 : 1));
             }
