@@ -1,5 +1,5 @@
 /*
- * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 3).
+ * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 4).
  *
  * The engine is Java. A host process (CPython through ctypes, or C, C++, Rust) creates one
  * JVM with JNI_CreateJavaVM, with the engine jar on -Djava.class.path and the options
@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 3
+#define PEGAFLOW_ABI_VERSION 4
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -196,9 +196,14 @@ typedef struct pegaflow_api {
     /* ---- The vLLM connector's brain (io.pegaflow.connector), for connector shims. ----
        Both sides are created on a link and read its current engine at every call.
        Scheduler side: one per engine-core process; called from vLLM's scheduler thread. */
-    /* load_enabled: 0 no loads (save-only), 1 load, 2 load and wait for the whole prefix
+    /* groups: the model's KV-cache groups in vLLM's order, one line each (since ABI 4):
+       "<kind> <window> <instance_id>", kind 0 full attention, 1 sliding window (window: its
+       tokens, vLLM's window plus its retained tokens), 2 recurrent state in vLLM's align mode
+       (window 0). Each group is its own store instance (registered with link_register_worker
+       under that id), so its blocks hold its layers only. A model with one group: "0 0 <id>".
+       load_enabled: 0 no loads (save-only), 1 load, 2 load and wait for the whole prefix
        ("not yet" until it is all there, up to the wait limit): a P/D decode instance. */
-    int32_t (*sched_create)(int64_t link, const char *instance_id, int32_t block_size,
+    int32_t (*sched_create)(int64_t link, const char *groups, int32_t block_size,
                             int32_t load_enabled, int64_t *out_sched);
     /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store
        failure). Side-effect free when repeated with the same inputs (the same hashes,
@@ -206,16 +211,18 @@ typedef struct pegaflow_api {
     int32_t (*sched_lookup)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
                             int32_t hash_len, int64_t num_tokens, int64_t num_computed,
                             int64_t *out_tokens);
-    /* update_state_after_alloc with the request's block ids (single KV-cache group). */
+    /* update_state_after_alloc with the request's block tables: counts[g] ids of group g,
+       back to back in block_ids (n_groups as in sched_create). */
     int32_t (*sched_after_alloc)(int64_t sched, const char *req_id, const int64_t *block_ids,
-                                 int32_t n, int64_t num_external_tokens);
-    /* One scheduled request of this step (new_block_ids appended, or the whole table when
-       resumed); then sched_build_plan once. hashes holds n of the request's full-block hashes
-       starting at index hash_offset (pass each hash once: the ones not passed before). */
+                                 const int64_t *counts, int32_t n_groups, int64_t num_external_tokens);
+    /* One scheduled request of this step (each group's new block ids appended, or its whole
+       table when resumed; counts as in sched_after_alloc); then sched_build_plan once. hashes
+       holds n of the request's full-block hashes starting at index hash_offset (pass each
+       hash once: the ones not passed before). */
     int32_t (*sched_schedule)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
                               int32_t hash_len, int32_t hash_offset, const int64_t *new_block_ids,
-                              int32_t n_ids, int32_t resumed, int64_t num_computed,
-                              int64_t num_scheduled);
+                              const int64_t *counts, int32_t n_groups, int32_t resumed,
+                              int64_t num_computed, int64_t num_scheduled);
     int32_t (*sched_preempted)(int64_t sched, const char *req_id);
     /* build_connector_meta: the step's plan (opaque bytes for every worker). When it does not
        fit cap, PF_INVALID_ARGUMENT with *out_len set; the plan is kept for the next call. */
@@ -231,7 +238,8 @@ typedef struct pegaflow_api {
 
     /* Worker side: one per worker (TP rank). The plan is the scheduler's bytes, decoded once
        per step however many of the three hooks pass it. */
-    int32_t (*worker_create)(int64_t link, const char *instance_id, int32_t worker_rank,
+    /* groups: as in sched_create. */
+    int32_t (*worker_create)(int64_t link, const char *groups, int32_t worker_rank,
                              int64_t *out_worker);
     int32_t (*worker_start_loads)(int64_t worker, const uint8_t *plan, int64_t len);
     /* wait_for_save: submits the plan's saves ordered after work queued on stream. */

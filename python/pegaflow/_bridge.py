@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -72,8 +72,8 @@ EXPORTS: list[tuple[str, list]] = [
     ("link_close", [c_int64]),
     ("sched_create", [c_int64, c_char_p, c_int32, c_int32, POINTER(c_int64)]),
     ("sched_lookup", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int64, c_int64, POINTER(c_int64)]),
-    ("sched_after_alloc", [c_int64, c_char_p, c_void_p, c_int32, c_int64]),
-    ("sched_schedule", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int32, c_void_p, c_int32, c_int32, c_int64, c_int64]),
+    ("sched_after_alloc", [c_int64, c_char_p, c_void_p, c_void_p, c_int32, c_int64]),
+    ("sched_schedule", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int32, c_void_p, c_void_p, c_int32, c_int32, c_int64, c_int64]),
     ("sched_preempted", [c_int64, c_char_p]),
     ("sched_build_plan", [c_int64, c_void_p, c_int64, POINTER(c_int64)]),
     ("sched_request_finished", [c_int64, c_char_p, POINTER(c_int32)]),

@@ -106,7 +106,7 @@ def round_trip(device: str) -> dict:
     from transformers import DynamicCache
 
     from pegaflow.connector import _runtime
-    from pegaflow.connector._brain import SchedulerBrain
+    from pegaflow.connector._brain import Group, SchedulerBrain
     from pegaflow.connector.worker import WorkerCore
 
     cfg, model, tokens, kv_cold = tiny_llama(device)
@@ -125,13 +125,13 @@ def round_trip(device: str) -> dict:
     settings = _runtime.Settings(mode="embedded", pool_size="256mb")
     core = WorkerCore(settings, "e2e")
     namespace = core.register(views, NB, mla=False, facts={"model": "tiny-random-llama", "block_size": BS})
-    sched = SchedulerBrain(core.link.handle, "e2e", BS, True)
+    sched = SchedulerBrain(core.link.handle, [Group("e2e")], BS, True)
     hashes = block_hashes(prompt, PROMPT_BLOCKS)
     try:
         # request a: cold; its 5 full blocks are saved after "the forward"
         assert sched.lookup("a", hashes, len(prompt), 0) == 0
-        sched.after_alloc("a", src + [30], 0)
-        sched.schedule("a", hashes, 0, src + [30], True, 0, len(prompt))
+        sched.after_alloc("a", [src + [30]], 0)
+        sched.schedule("a", hashes, 0, [src + [30]], True, 0, len(prompt))
         t0 = time.perf_counter()
         core.submit_saves(sched.build_plan())
         assert sched.request_finished("a"), "blocks held until their saves finish"
@@ -145,7 +145,7 @@ def round_trip(device: str) -> dict:
         dst = [40, 41, 50, 51, 60]  # different block ids
         hit = sched.lookup("b", hashes, len(prompt), 0)
         assert hit == cached
-        sched.after_alloc("b", dst + [61], hit)
+        sched.after_alloc("b", [dst + [61]], hit)
         t0 = time.perf_counter()
         core.start_loads(sched.build_plan())
         poll(core, [], "R", "b")
@@ -228,7 +228,7 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
 
     from pegaflow._server import start_server
     from pegaflow.connector import _runtime
-    from pegaflow.connector._brain import SchedulerBrain
+    from pegaflow.connector._brain import Group, SchedulerBrain
 
     cfg, model, tokens, kv_cold = tiny_llama(devices[0])
     L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
@@ -267,10 +267,10 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
         for r, c in enumerate(pipes):
             c.send(("fill", "tp2-a", shards[r], src))
         assert all(c.recv() for c in pipes)
-        a = SchedulerBrain(link.handle, "tp2-a", BS, True)
+        a = SchedulerBrain(link.handle, [Group("tp2-a")], BS, True)
         assert a.lookup("r", hashes, len(prompt), 0) == 0
-        a.after_alloc("r", src + [30], 0)
-        a.schedule("r", hashes, 0, src + [30], True, 0, len(prompt))
+        a.after_alloc("r", [src + [30]], 0)
+        a.schedule("r", hashes, 0, [src + [30]], True, 0, len(prompt))
         t0 = time.perf_counter()
         assert both("save", "tp2-a", a.build_plan(), "r") == [[], []]
         save_s = time.perf_counter() - t0
@@ -278,9 +278,9 @@ def round_trip_tp2(devices: list[str], tmp_path) -> dict:
         a.finished(["r"], [])
         saved = both("read", "tp2-a", src)
 
-        b = SchedulerBrain(link.handle, "tp2-b", BS, True)
+        b = SchedulerBrain(link.handle, [Group("tp2-b")], BS, True)
         assert b.lookup("r", hashes, len(prompt), 0) == cached
-        b.after_alloc("r", dst + [61], cached)
+        b.after_alloc("r", [dst + [61]], cached)
         t0 = time.perf_counter()
         assert both("load", "tp2-b", b.build_plan(), "r") == [[], []], "no load errors on either rank"
         load_s = time.perf_counter() - t0

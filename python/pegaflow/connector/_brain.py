@@ -4,8 +4,10 @@ created on a store link handle (``_runtime.Link``), which gives them the current
 
 from __future__ import annotations
 
+import array
 import ctypes
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from ctypes import c_int32, c_int64
 
 from .. import _bridge
@@ -13,13 +15,37 @@ from ..engine import _hashes, _ids
 from ..errors import InvalidArgumentError
 
 
+FULL, SLIDING, RECURRENT = 0, 1, 2  # KV-cache group kinds (io.pegaflow.connector.CacheGroup)
+
+
+@dataclass(frozen=True)
+class Group:
+    """One KV-cache group as the brains see it: its store instance, kind and (sliding) window."""
+
+    instance_id: str
+    kind: int = FULL
+    window: int = 0
+
+
+def _groups_text(groups: Sequence[Group]) -> bytes:
+    return "\n".join(f"{g.kind} {g.window} {g.instance_id}" for g in groups).encode()
+
+
+def _tables(tables: Sequence[Sequence[int]]) -> tuple[array.array, array.array, int]:
+    """Block tables of every group as sched_after_alloc / sched_schedule take them."""
+    ids = array.array("q")
+    for t in tables:
+        ids.extend(t)
+    return ids, array.array("q", (len(t) for t in tables)), len(tables)
+
+
 class SchedulerBrain:
-    def __init__(self, link_handle: int, instance_id: str, block_size: int, load_enabled: bool,
+    def __init__(self, link_handle: int, groups: Sequence[Group], block_size: int, load_enabled: bool,
                  wait_full_prefix: bool = False):
         out = c_int64()
         self._api = _bridge.api()
         mode = (2 if wait_full_prefix else 1) if load_enabled else 0  # sched_create's load mode (pegaflow.h)
-        self._api.call("sched_create", link_handle, instance_id.encode(), block_size, mode, ctypes.byref(out))
+        self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
 
@@ -30,16 +56,19 @@ class SchedulerBrain:
                        ctypes.byref(out))
         return out.value
 
-    def after_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
-        ids, address, n = _ids(block_ids)
-        self._api.call("sched_after_alloc", self.handle, req_id.encode(), address, n, num_external_tokens)
+    def after_alloc(self, req_id: str, tables: Sequence[Sequence[int]], num_external_tokens: int) -> None:
+        """``tables``: the request's block table of each KV-cache group."""
+        ids, counts, n = _tables(tables)
+        self._api.call("sched_after_alloc", self.handle, req_id.encode(), ids.buffer_info()[0], counts.buffer_info()[0],
+                       n, num_external_tokens)
 
-    def schedule(self, req_id: str, hashes: Sequence[bytes], hash_offset: int, new_block_ids: Sequence[int],
+    def schedule(self, req_id: str, hashes: Sequence[bytes], hash_offset: int, new_block_ids: Sequence[Sequence[int]],
                  resumed: bool, num_computed: int, num_scheduled: int) -> None:
+        """``new_block_ids``: each KV-cache group's new block ids (its whole table when resumed)."""
         packed, n, length = _hashes(hashes)
-        ids, address, n_ids = _ids(new_block_ids)
-        self._api.call("sched_schedule", self.handle, req_id.encode(), packed, n, length, hash_offset, address, n_ids,
-                       int(resumed), num_computed, num_scheduled)
+        ids, counts, n_groups = _tables(new_block_ids)
+        self._api.call("sched_schedule", self.handle, req_id.encode(), packed, n, length, hash_offset,
+                       ids.buffer_info()[0], counts.buffer_info()[0], n_groups, int(resumed), num_computed, num_scheduled)
 
     def preempted(self, req_id: str) -> None:
         self._api.call("sched_preempted", self.handle, req_id.encode())
@@ -78,10 +107,10 @@ class SchedulerBrain:
 
 
 class WorkerBrain:
-    def __init__(self, link_handle: int, instance_id: str, worker_rank: int):
+    def __init__(self, link_handle: int, groups: Sequence[Group], worker_rank: int):
         out = c_int64()
         self._api = _bridge.api()
-        self._api.call("worker_create", link_handle, instance_id.encode(), worker_rank, ctypes.byref(out))
+        self._api.call("worker_create", link_handle, _groups_text(groups), worker_rank, ctypes.byref(out))
         self.handle: int | None = out.value
         self._text = ctypes.create_string_buffer(1 << 14)
         self._errors = (c_int64 * 1024)()

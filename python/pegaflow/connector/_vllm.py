@@ -32,11 +32,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from ..errors import PegaflowError
-from . import _compat, _layout, _private, _runtime
+from . import _compat, _groups, _layout, _private, _runtime
 from ._brain import SchedulerBrain
 from ._stats import PegaConnectorStats, PegaPromMetrics
 from .settings import Settings
@@ -111,17 +112,6 @@ def _check_parallelism(vllm_config) -> None:
         )
 
 
-def _check_single_group(kv_cache_config) -> None:
-    groups = kv_cache_config.kv_cache_groups
-    kinds = [type(g.kv_cache_spec).__name__ for g in groups]
-    if len(groups) != 1 or not isinstance(groups[0].kv_cache_spec, (FullAttentionSpec, MLAAttentionSpec)):
-        raise ValueError(
-            f"PegaKVConnector stores one full-attention or MLA KV-cache group; this model has {len(groups)} "
-            f"group(s) {kinds}. Hybrid models (sliding window, Mamba) are not supported: start vLLM with "
-            "--disable-hybrid-kv-cache-manager, or use another connector for this model"
-        )
-
-
 def tail_key(request, block_size: int) -> bytes | None:
     """The key of a prompt's partial last block (PegaFlow's tail-block flow; docs/cluster.md, P/D):
     derived from the last full block's hash and the tail's token ids, the same on the prefill
@@ -150,8 +140,10 @@ def _kv_role_flags(kv_transfer_config) -> tuple[bool, bool]:
     return role != "kv_producer", role != "kv_consumer"
 
 
-class PegaKVConnector(KVConnectorBase_V1):
-    """See the module docstring. Not ``SupportsHMA``: hybrid models are refused at startup."""
+class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
+    """See the module docstring. ``SupportsHMA``: vLLM keeps its hybrid KV cache manager on, and
+    each KV-cache group (full attention, sliding window, Mamba in align mode) is stored as its own
+    instance (``_groups``); what is not supported is refused at startup with the reason."""
 
     if (_source := _compat.cache_hit_source()) is not None:
         _cache_hit_source = _source  # vLLM >= 0.32: hits come from host memory
@@ -160,16 +152,17 @@ class PegaKVConnector(KVConnectorBase_V1):
         super().__init__(vllm_config, role, kv_cache_config)
         if kv_cache_config is None:
             raise ValueError("PegaKVConnector needs vLLM's kv_cache_config (vLLM 0.33 passes it)")
-        _check_single_group(kv_cache_config)
         _check_parallelism(vllm_config)
         self._instance_id = _instance_id(vllm_config)
+        self._block_size = int(vllm_config.cache_config.block_size)
+        self._groups = _groups.plan(kv_cache_config, self._block_size, self._instance_id)
         self._settings = _private.resolve_settings(Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config),
                                            vllm_config, self._instance_id)
-        self._block_size = int(vllm_config.cache_config.block_size)
         self._load_enabled, self._save_enabled = _kv_role_flags(vllm_config.kv_transfer_config)
         # P/D: the prefill side saves a prompt's partial last block too, the decode side loads it
         self._role = _kv_role(vllm_config.kv_transfer_config)
         self._tail_probes: set[str] = set()
+        self._no_blocks = ((),) * len(self._groups)
         self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
         self._worker: WorkerCore | None = None
@@ -186,7 +179,8 @@ class PegaKVConnector(KVConnectorBase_V1):
                     "Use mode 'auto' or 'server'"
                 )
             # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
-            self._sched = SchedulerBrain(self._link.handle, self._instance_id, self._block_size, self._load_enabled,
+            self._sched = SchedulerBrain(self._link.handle, [g.group for g in self._groups], self._block_size,
+                                         self._load_enabled,
                                          wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer")
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
@@ -211,7 +205,7 @@ class PegaKVConnector(KVConnectorBase_V1):
         tp_rank, tp_size, pp_rank, pp_size = _parallel_ranks(self._vllm_config)
         worker = WorkerCore(self._settings, self._instance_id, self._load_enabled, self._save_enabled)
         worker.register(kv_caches, int(kcc.num_blocks), _is_mla(kcc), _layout.namespace_facts(self._vllm_config),
-                        tp_rank, tp_size, pp_rank, pp_size)
+                        tp_rank, tp_size, pp_rank, pp_size, groups=self._groups)
         self._worker = worker
 
     def _plan(self, metadata) -> bytes | None:
@@ -295,7 +289,7 @@ class PegaKVConnector(KVConnectorBase_V1):
         if num_external_tokens % self._block_size and request.request_id in self._tail_probes:
             # the tail block is loaded whole (its bytes past the prompt are never read)
             num_external_tokens = -(-num_external_tokens // self._block_size) * self._block_size
-        self._sched.after_alloc(request.request_id, blocks.get_block_ids()[0], num_external_tokens)
+        self._sched.after_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched = self._sched
@@ -303,12 +297,12 @@ class PegaKVConnector(KVConnectorBase_V1):
         if self._save_enabled:
             for nr in scheduler_output.scheduled_new_reqs:
                 # new, or (V2 model runner) resumed after preemption: the whole block table
-                self._schedule(nr.req_id, nr.block_ids[0], True, nr.num_computed_tokens, counts.get(nr.req_id, 0))
+                self._schedule(nr.req_id, nr.block_ids, True, nr.num_computed_tokens, counts.get(nr.req_id, 0))
             cached = scheduler_output.scheduled_cached_reqs
             resumed = cached.resumed_req_ids
             for i, req_id in enumerate(cached.req_ids):
                 new_ids = cached.new_block_ids[i]
-                self._schedule(req_id, new_ids[0] if new_ids is not None else (), req_id in resumed,
+                self._schedule(req_id, new_ids if new_ids is not None else self._no_blocks, req_id in resumed,
                                cached.num_computed_tokens[i], counts.get(req_id, 0))
         for req_id in scheduler_output.preempted_req_ids or ():
             sched.preempted(req_id)
@@ -332,7 +326,7 @@ class PegaKVConnector(KVConnectorBase_V1):
                                      (full + 1) * self._block_size - num_computed)
                 self._hashes_sent[req_id] = full + 1
                 return
-        if full <= sent and not block_ids and not resumed:
+        if full <= sent and not any(block_ids) and not resumed:
             return  # a decode step inside a block: nothing for the brain (no upcall per token)
         window = hashes[sent:full] if full > sent else []
         self._sched.schedule(req_id, window, sent, block_ids, resumed, num_computed, num_scheduled)
@@ -348,6 +342,15 @@ class PegaKVConnector(KVConnectorBase_V1):
         self._hashes_sent.pop(request.request_id, None)
         self._tail_probes.discard(request.request_id)
         return self._sched.request_finished(request.request_id), None
+
+    def request_finished_all_groups(self, request: Request,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """``SupportsHMA``: the one call for a request of a hybrid model (every group's blocks)."""
+        return self.request_finished(request, block_ids[0] if block_ids else [])
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        """vLLM >= 0.32: a load restores every group (each group's hit blocks), so none is zeroed."""
+        return tuple(range(len(self._groups)))
 
     # ================================================================== stats (both sides)
 

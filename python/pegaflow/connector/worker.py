@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from . import _layout, _runtime
-from ._brain import WorkerBrain
+from ..errors import InvalidArgumentError
+from . import _groups, _layout, _runtime
+from ._brain import Group, WorkerBrain
 from .settings import Settings
 
 log = logging.getLogger("pegaflow.connector")
@@ -31,30 +32,48 @@ class WorkerCore:
         self._stream_of = None
 
     def register(self, kv_caches: dict, num_blocks: int, mla: bool, facts: dict, tp_rank: int = 0, tp_size: int = 1,
-                 pp_rank: int = 0, pp_size: int = 1) -> str:
+                 pp_rank: int = 0, pp_size: int = 1, groups: list[_groups.GroupPlan] | None = None) -> str:
         """Describes the tensors (shape, strides, storage offsets), registers them with the
-        store and returns the namespace. MLA latents are the same on every TP rank, so MLA
-        workers register as replicas of one stored copy."""
-        layers = _layout.describe_kv_caches(kv_caches, num_blocks, mla)
-        device = layers[0].device
+        store and returns the namespace (group 0's). MLA latents are the same on every TP rank,
+        so MLA workers register as replicas of one stored copy. With several KV-cache groups
+        (``groups``, vLLM's hybrid manager) each group registers its own layers as its own
+        instance, in a namespace of its own."""
+        if groups is None:
+            groups = [_groups.GroupPlan(0, Group(self.instance_id), tuple(kv_caches), "FullAttentionSpec")]
+        store_tp, store_tp_rank = (1, 0) if mla else (tp_size, tp_rank)
+        worker_rank = pp_rank * tp_size + tp_rank
+        namespaces, described = [], []
+        for g in groups:
+            caches = {n: kv_caches[n] for n in g.layer_names if n in kv_caches}
+            if len(groups) > 1 and not caches:
+                raise InvalidArgumentError(f"KV-cache group {g.index} ({g.spec}): none of its layers {list(g.layer_names)[:4]} "
+                                           "was registered by vLLM; expected its KV tensors")
+            layers = _layout.describe_kv_caches(caches if len(groups) > 1 else kv_caches, num_blocks, mla)
+            group_facts = facts if len(groups) == 1 else dict(facts, group=g.index, group_spec=g.spec,
+                                                               group_kind=g.group.kind, window=g.group.window)
+            namespace = self.settings.namespace or _layout.derive_namespace(group_facts, layers, store_tp)
+            if self.settings.namespace and len(groups) > 1:
+                namespace = f"{namespace}/g{g.index}"
+            namespaces.append(namespace)
+            described.append(layers)
+        device = described[0][0].device
         if device.startswith("cuda"):
             transfer, device_id = "cuda", int(device.split(":")[1]) if ":" in device else 0
         else:
             transfer, device_id = "host", 0
-        store_tp, store_tp_rank = (1, 0) if mla else (tp_size, tp_rank)
-        namespace = self.settings.namespace or _layout.derive_namespace(facts, layers, store_tp)
-        worker_rank = pp_rank * tp_size + tp_rank
-        self.link.register_worker(self.instance_id, namespace, store_tp, tp_size * pp_size, worker_rank, store_tp_rank,
-                                  [g.region for g in layers], transfer, device_id)
-        self.brain = WorkerBrain(self.link.handle, self.instance_id, worker_rank)
+        for g, namespace, layers in zip(groups, namespaces, described):
+            self.link.register_worker(g.group.instance_id, namespace, store_tp, tp_size * pp_size, worker_rank,
+                                      store_tp_rank, [x.region for x in layers], transfer, device_id)
+        self.brain = WorkerBrain(self.link.handle, [g.group for g in groups], worker_rank)
         if transfer == "cuda":
             import torch
 
             self._stream_of = lambda: torch.cuda.current_stream(device_id).cuda_stream
-        self.namespace, self.layers = namespace, layers
-        log.info("PegaKVConnector worker %d: %d layers (%s), namespace %s, mode %s", worker_rank, len(layers),
-                 layers[0].region.layout, namespace, self.link.mode)
-        return namespace
+        self.namespace, self.layers = namespaces[0], [x for layers in described for x in layers]
+        log.info("PegaKVConnector worker %d: %d layers (%s) in %d KV-cache group(s) %s, namespace %s, mode %s", worker_rank,
+                 len(self.layers), described[0][0].region.layout, len(groups), [g.spec for g in groups], namespaces[0],
+                 self.link.mode)
+        return namespaces[0]
 
     def handle_preemptions(self, plan: bytes | None) -> None:
         """Before vLLM reuses preempted requests' blocks: their saves stop reading them."""

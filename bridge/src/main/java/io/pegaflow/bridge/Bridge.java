@@ -43,7 +43,7 @@ import java.util.List;
  */
 public final class Bridge {
     /** Bumped on any change to the table's layout or a function's signature. */
-    public static final int ABI_VERSION = 3;
+    public static final int ABI_VERSION = 4;
 
     private static volatile long table;
 

@@ -12,11 +12,14 @@ import static java.lang.foreign.ValueLayout.JAVA_BYTE;
 import static java.lang.foreign.ValueLayout.JAVA_INT;
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
 
+import io.pegaflow.connector.CacheGroup;
 import io.pegaflow.connector.SchedulerSide;
 import io.pegaflow.connector.WorkerSide;
 import io.pegaflow.engine.InvalidArgumentException;
 import java.lang.foreign.MemorySegment;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
 
@@ -43,14 +46,55 @@ final class ConnectorExports {
         return WORKERS.get(handle);
     }
 
-    static int pfSchedCreate(long link, MemorySegment instanceId, int blockSize, int loadEnabled, MemorySegment out) {
+    /**
+     * {@code groups}: one line per KV-cache group, in vLLM's order, {@code "<kind> <window> <instance_id>"}
+     * with kind 0 full attention, 1 sliding window (window: tokens), 2 recurrent state (window 0).
+     */
+    static List<CacheGroup> groups(MemorySegment text) {
+        List<CacheGroup> out = new ArrayList<>();
+        for (String line : lines(text, "groups")) {
+            String[] f = line.split(" ", 3);
+            if (f.length != 3) {
+                throw new InvalidArgumentException("KV-cache group line '" + line + "'; expected '<kind> <window> <instance_id>'");
+            }
+            try {
+                out.add(new CacheGroup(f[2], CacheGroup.Kind.of(Integer.parseInt(f[0])), Integer.parseInt(f[1])));
+            } catch (NumberFormatException e) {
+                throw new InvalidArgumentException("KV-cache group line '" + line + "'; expected integer kind and window");
+            }
+        }
+        return out;
+    }
+
+    /** Block tables of every group: {@code counts[g]} ids of group g, back to back in {@code ids}. */
+    static long[][] tables(MemorySegment ids, MemorySegment counts, int nGroups, String what) {
+        if (nGroups < 1 || nGroups > SchedulerSide.MAX_GROUPS) {
+            throw new InvalidArgumentException(what + " of " + nGroups + " KV-cache groups; expected 1 to " + SchedulerSide.MAX_GROUPS);
+        }
+        long[] n = longs(counts, nGroups, what + " counts");
+        long total = 0;
+        for (long c : n) {
+            if (c < 0 || c > io.pegaflow.engine.Limits.MAX_HASHES_PER_CALL) {
+                throw new InvalidArgumentException(what + " count " + c + "; expected 0 to " + io.pegaflow.engine.Limits.MAX_HASHES_PER_CALL);
+            }
+            total += c;
+        }
+        long[] all = longs(ids, (int) total, what);
+        long[][] out = new long[nGroups][];
+        for (int g = 0, at = 0; g < nGroups; at += (int) n[g], g++) {
+            out[g] = java.util.Arrays.copyOfRange(all, at, at + (int) n[g]);
+        }
+        return out;
+    }
+
+    static int pfSchedCreate(long link, MemorySegment groups, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
             if (loadEnabled < 0 || loadEnabled > 2) {
                 throw new io.pegaflow.engine.InvalidArgumentException("sched_create load mode " + loadEnabled
                         + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode instance)");
             }
-            SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), str(instanceId, "instance_id"), blockSize,
+            SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), groups(groups), blockSize,
                     loadEnabled != 0, loadEnabled == 2);
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
@@ -63,14 +107,16 @@ final class ConnectorExports {
                 hashes(hashes, n, hashLen), numTokens, numComputed)));
     }
 
-    static int pfSchedAfterAlloc(long sched, MemorySegment reqId, MemorySegment blockIds, int n, long numExternal) {
-        return guard(() -> sched(sched).afterAlloc(str(reqId, "req_id"), longs(blockIds, n, "block_ids"), numExternal));
+    static int pfSchedAfterAlloc(long sched, MemorySegment reqId, MemorySegment blockIds, MemorySegment counts, int nGroups,
+            long numExternal) {
+        return guard(() -> sched(sched).afterAlloc(str(reqId, "req_id"), tables(blockIds, counts, nGroups, "block_ids"),
+                numExternal));
     }
 
     static int pfSchedSchedule(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen, int hashOffset,
-            MemorySegment newBlockIds, int nIds, int resumed, long numComputed, long numScheduled) {
+            MemorySegment newBlockIds, MemorySegment counts, int nGroups, int resumed, long numComputed, long numScheduled) {
         return guard(() -> sched(sched).schedule(str(reqId, "req_id"), hashes(hashes, n, hashLen), hashOffset,
-                longs(newBlockIds, nIds, "new_block_ids"), resumed != 0, numComputed, numScheduled));
+                tables(newBlockIds, counts, nGroups, "new_block_ids"), resumed != 0, numComputed, numScheduled));
     }
 
     static int pfSchedPreempted(long sched, MemorySegment reqId) {
@@ -127,10 +173,11 @@ final class ConnectorExports {
         });
     }
 
-    static int pfWorkerCreate(long link, MemorySegment instanceId, int workerRank, MemorySegment out) {
+    /** {@code groups}: as in sched_create. */
+    static int pfWorkerCreate(long link, MemorySegment groups, int workerRank, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            WorkerSide w = new WorkerSide(LinkExports.LINKS.get(link), str(instanceId, "instance_id"), workerRank);
+            WorkerSide w = new WorkerSide(LinkExports.LINKS.get(link), groups(groups), workerRank);
             o.set(JAVA_LONG, 0, WORKERS.add(w));
         });
     }

@@ -30,28 +30,46 @@ import java.util.Map;
  * store link replaces it after a server restart); a probe remembers the generation whose
  * lease it holds and is void in any other. Not thread-safe: vLLM's scheduler calls from one
  * thread.
+ *
+ * <p>Hybrid models (vLLM's hybrid KV cache manager) have several KV-cache groups, each a
+ * {@link CacheGroup} with its own store instance and block table. A hit of {@code k} blocks is
+ * offered only where every group has what it needs at {@code k} (full attention: every block;
+ * sliding window: the blocks inside the window; recurrent: the state at {@code k}), the
+ * rightmost such {@code k} within the full-attention prefix; each group's lease covers
+ * exactly what it loads. Saves skip vLLM's null block, and a recurrent group saves only the
+ * states at the block boundaries its steps end on.
  */
 public final class SchedulerSide {
     /** What {@link #lookup} returns for "not known yet, ask again" (vLLM's None). */
     public static final long ASK_AGAIN = -1;
+    /** {@link #lookup}'s answer while the prefix is read back from a lower tier: vLLM asks again. */
+    public static final long NOT_YET = -1;
+    /** vLLM's null block: a block table's placeholder for what a group no longer (or never) holds. */
+    static final long NULL_BLOCK = 0;
+    /**
+     * Candidate hit ends one lookup tries before it answers 0: each try is one query per
+     * sliding-window or recurrent group (full-attention groups are asked once). A recurrent
+     * group has states only at the boundaries steps ended on, the rightmost usually within a
+     * block or two of the full-attention prefix's end.
+     */
+    static final int MAX_HIT_ROUNDS = 64;
 
     private final EngineSource source;
-    private final String instanceId;
+    private final List<CacheGroup> groups;
     private final int blockSize;
     private final boolean loadEnabled;
     /** A P/D decode instance: a partial hit answers "not yet" until the whole prefix is there (or maxWait). */
     private final boolean waitFullPrefix;
     private long prefixWaits;
     private final Map<String, Req> requests = new HashMap<>();
-    private final Map<String, StepPlan.Load> pendingLoads = new LinkedHashMap<>();
+    private final Map<String, List<StepPlan.Load>> pendingLoads = new LinkedHashMap<>();
     private final List<StepPlan.Save> stepSaves = new ArrayList<>();
     private final List<String> stepPreempted = new ArrayList<>();
     private long lookupFailures;
     private long notYetAnswers;
     private long waitTimeouts;
+    private long hitShrinks;
     private long maxWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(10);
-    /** {@link #lookup}'s answer while the prefix is read back from a lower tier: vLLM asks again. */
-    public static final long NOT_YET = -1;
     private long contractViolations;
     private long loadFailures;
 
@@ -59,27 +77,31 @@ public final class SchedulerSide {
     static final Token NO_LEASE = Token.NONE;
 
     /** Per-request state. */
-    private static final class Req {
-        // probe: the exact window it asked about, the engine and generation its lease is from
+    private final class Req {
+        // probe: the exact window it asked about, the engine and generation its leases are from
         BlockHashes probeWindow;
         int probeBase;
         int probeHit;
-        Token probeLease;
+        final Token[] probeLeases = new Token[groups.size()];
+        final int[] probeFrom = new int[groups.size()];
         PegaEngine probeEngine;
         long probeGeneration;
         boolean probed;
-        // blocks
-        long[] table = new long[0];
-        int savedUpTo;
+        // blocks, per group
+        long[][] tables = emptyTables();
+        final int[] savedUpTo = new int[groups.size()];
         boolean hadSaves;
         boolean loading;
-        PegaEngine loadEngine; // issued the pending load's lease (released there at shutdown)
+        PegaEngine loadEngine; // issued the pending load's leases (released there at shutdown)
         long[] loadTargets = new long[0];
         boolean loadFailed; // a load of this request failed: no more hits for it (recompute)
         boolean prefixWaitOver; // a decode instance waited its limit for the whole prefix
         boolean finishedByVllm;
         long waitingSince; // nanoTime of the first "not yet" answer; 0: not waiting
     }
+
+    /** A hit: blocks [base, end) loadable, each group's lease and first leased block; or pending. */
+    private record Hit(int end, Token[] leases, int[] from, boolean pending) {}
 
     /**
      * @param source      where the store's engine is found at each call (none: every lookup misses)
@@ -98,17 +120,39 @@ public final class SchedulerSide {
      * the wait limit, then takes what is there (docs/cluster.md, P/D).
      */
     public SchedulerSide(EngineSource source, String instanceId, int blockSize, boolean loadEnabled, boolean waitFullPrefix) {
+        this(source, List.of(CacheGroup.full(instanceId)), blockSize, loadEnabled, waitFullPrefix);
+    }
+
+    /** One side for a model with {@code groups} (vLLM's KV-cache groups, in vLLM's order). */
+    public SchedulerSide(EngineSource source, List<CacheGroup> groups, int blockSize, boolean loadEnabled,
+            boolean waitFullPrefix) {
         if (blockSize < 1) {
             throw new InvalidArgumentException("block size " + blockSize + "; expected >= 1 token");
         }
         if (source == null) {
             throw new InvalidArgumentException("engine source is null; expected the store link");
         }
+        if (groups == null || groups.isEmpty() || groups.size() > MAX_GROUPS) {
+            throw new InvalidArgumentException((groups == null ? 0 : groups.size()) + " KV-cache groups; expected 1 to "
+                    + MAX_GROUPS);
+        }
+        if (groups.stream().map(CacheGroup::instanceId).distinct().count() != groups.size()) {
+            throw new InvalidArgumentException("KV-cache groups " + groups + " share an instance id; expected one each");
+        }
         this.source = source;
-        this.instanceId = instanceId;
+        this.groups = List.copyOf(groups);
         this.blockSize = blockSize;
         this.loadEnabled = loadEnabled;
         this.waitFullPrefix = waitFullPrefix;
+    }
+
+    /** Most KV-cache groups one model may have (vLLM's hybrid models have a handful). */
+    public static final int MAX_GROUPS = 64;
+
+    private long[][] emptyTables() {
+        long[][] t = new long[groups.size()][];
+        Arrays.fill(t, new long[0]);
+        return t;
     }
 
     private Req req(String id) {
@@ -118,8 +162,8 @@ public final class SchedulerSide {
     /**
      * {@code get_num_new_matched_tokens}: how many tokens beyond {@code numComputedTokens}
      * can be loaded, given the request's full-block hashes. At least the last prompt token is
-     * always left to compute. The answer (and its lease) is memoized while the inputs are
-     * the same, so calling again changes nothing; changed inputs release the old lease first.
+     * always left to compute. The answer (and its leases) is memoized while the inputs are
+     * the same, so calling again changes nothing; changed inputs release the old leases first.
      * Returns 0 on any store failure (server down, instance not registered yet).
      */
     public long lookup(String requestId, BlockHashes hashes, long numTokens, long numComputedTokens) {
@@ -136,24 +180,22 @@ public final class SchedulerSide {
             return (long) r.probeHit * blockSize;
         }
         dropProbe(r);
-        BlockHashes window = hashes.slice(base, base + usable);
-        QueryResult q;
+        Hit q;
         try {
-            q = now.engine().query(instanceId, window);
+            q = findHit(now.engine(), hashes, base, base + usable);
         } catch (PegaflowException e) {
             lookupFailures++;
             r.waitingSince = 0;
             return 0; // the store is unavailable or not ready: recompute
         }
-        if (waitFullPrefix && !q.pending() && q.hitBlocks() < usable && !r.prefixWaitOver) {
+        int hit = q.end() - base;
+        if (waitFullPrefix && !q.pending() && hit < usable && !r.prefixWaitOver) {
             long t = System.nanoTime();
             if (r.waitingSince == 0) {
                 r.waitingSince = t;
             }
             if (t - r.waitingSince < maxWaitNanos) {
-                if (q.lease() != null) {
-                    releaseQuietly(now.engine(), q.lease()); // asked again next step
-                }
+                releaseAll(now.engine(), q.leases()); // asked again next step
                 notYetAnswers++;
                 prefixWaits++;
                 return NOT_YET;
@@ -161,8 +203,8 @@ public final class SchedulerSide {
             waitTimeouts++;
             r.prefixWaitOver = true; // take what is there from now on
         } else if (q.pending()) {
-            // The prefix continues on SSD and is being read back: vLLM keeps the request
-            // waiting and asks again next step, up to the wait limit; then it recomputes.
+            // The prefix continues on SSD or another host and is being read back: vLLM keeps
+            // the request waiting and asks again next step, up to the wait limit; then it recomputes.
             long t = System.nanoTime();
             if (r.waitingSince == 0) {
                 r.waitingSince = t;
@@ -178,47 +220,151 @@ public final class SchedulerSide {
         }
         r.waitingSince = 0;
         r.probed = true;
-        r.probeWindow = window;
+        r.probeWindow = hashes.slice(base, base + usable);
         r.probeBase = base;
-        r.probeHit = q.hitBlocks();
-        r.probeLease = q.lease();
+        r.probeHit = hit;
+        System.arraycopy(q.leases(), 0, r.probeLeases, 0, groups.size());
+        System.arraycopy(q.from(), 0, r.probeFrom, 0, groups.size());
         r.probeEngine = now.engine();
         r.probeGeneration = now.generation();
-        return (long) q.hitBlocks() * blockSize;
+        return (long) hit * blockSize;
+    }
+
+    /**
+     * The rightmost hit end in {@code (base, end]} where every group has what it needs, with
+     * each group's lease over exactly the blocks it loads. Full-attention groups bound it by
+     * their stored prefix; then each candidate end is checked against every sliding-window
+     * group (its window's blocks all stored) and recurrent group (its state there stored), and
+     * moved left past what is missing. Nothing stays leased on a miss, a "pending" answer or
+     * an exception.
+     */
+    private Hit findHit(PegaEngine e, BlockHashes hashes, int base, int end) {
+        int n = groups.size();
+        Token[] leases = new Token[n];
+        int[] from = new int[n];
+        int[] to = new int[n];
+        boolean done = false;
+        try {
+            int k = end;
+            for (int g = 0; g < n; g++) {
+                if (groups.get(g).kind() == CacheGroup.Kind.FULL) {
+                    QueryResult q = e.query(groups.get(g).instanceId(), hashes.slice(base, k));
+                    if (q.pending()) {
+                        releaseQuietly(e, g, q.lease());
+                        return new Hit(base, leases, from, true);
+                    }
+                    leases[g] = q.lease();
+                    from[g] = base;
+                    k = base + q.hitBlocks();
+                    to[g] = k;
+                }
+            }
+            for (int round = 0; k > base; round++) {
+                if (round == MAX_HIT_ROUNDS) {
+                    k = base;
+                    break;
+                }
+                int next = k;
+                for (int g = 0; g < n; g++) {
+                    CacheGroup group = groups.get(g);
+                    if (group.kind() == CacheGroup.Kind.FULL) {
+                        continue;
+                    }
+                    int f = Math.max(base, group.firstNeeded(k, blockSize));
+                    QueryResult q = e.query(group.instanceId(), hashes.slice(f, k));
+                    if (q.pending()) {
+                        releaseQuietly(e, g, q.lease());
+                        return new Hit(base, leases, from, true);
+                    }
+                    if (q.hitBlocks() == k - f) {
+                        releaseQuietly(e, g, leases[g]);
+                        leases[g] = q.lease();
+                        from[g] = f;
+                        to[g] = k;
+                    } else {
+                        releaseQuietly(e, g, q.lease());
+                        // a window must end before the first missing block; a state is looked for one block left
+                        next = Math.min(next, group.kind() == CacheGroup.Kind.RECURRENT ? k - 1 : f + q.hitBlocks());
+                    }
+                }
+                if (next == k) {
+                    break;
+                }
+                k = next;
+            }
+            if (k <= base) {
+                return new Hit(base, leases, from, false); // released in finally
+            }
+            for (int g = 0; g < n; g++) {
+                if (groups.get(g).kind() == CacheGroup.Kind.FULL && to[g] != k) {
+                    // the hit shrank below this group's prefix: lease exactly [base, k) (pinned
+                    // by the old lease meanwhile, so all of it is there), then drop the old lease
+                    QueryResult q = e.query(groups.get(g).instanceId(), hashes.slice(base, k));
+                    releaseQuietly(e, g, leases[g]);
+                    leases[g] = q.lease();
+                    to[g] = k;
+                    hitShrinks++;
+                    if (q.hitBlocks() != k - base) {
+                        return new Hit(base, leases, from, false); // not the store's contract; released in finally
+                    }
+                }
+            }
+            done = true;
+            return new Hit(k, leases, from, false);
+        } finally {
+            if (!done) {
+                releaseAll(e, leases);
+                Arrays.fill(leases, null);
+            }
+        }
     }
 
     private void dropProbe(Req r) {
-        if (r.probeLease != null) {
-            releaseQuietly(r.probeEngine, r.probeLease);
-        }
+        releaseAll(r.probeEngine, r.probeLeases);
+        Arrays.fill(r.probeLeases, null);
         r.probed = false;
-        r.probeLease = null;
         r.probeEngine = null;
         r.probeWindow = null;
         r.probeHit = 0;
     }
 
+    /** {@code leases[g]} is group g's. */
+    private void releaseAll(PegaEngine engine, Token[] leases) {
+        for (int g = 0; g < leases.length; g++) {
+            releaseQuietly(engine, g, leases[g]);
+        }
+    }
+
     /** On the engine that issued it: after a restart the old engine is closed and this fails quietly. */
-    private void releaseQuietly(PegaEngine engine, Token lease) {
-        if (engine == null) {
+    private void releaseQuietly(PegaEngine engine, int group, Token lease) {
+        if (engine == null || lease == null || lease == NO_LEASE) {
             return;
         }
         try {
-            engine.release(instanceId, lease);
+            engine.release(groups.get(group).instanceId(), lease);
         } catch (PegaflowException ignored) {
             // expired, or the server is gone: either way nothing stays pinned
         }
     }
 
     /**
-     * {@code update_state_after_alloc}: vLLM allocated {@code blockIds} (the request's whole
-     * block table for its single KV-cache group) and will load {@code numExternalTokens}.
-     * The probe's lease becomes a pending load into the blocks after the locally computed
-     * ones; with 0 external tokens the probe is released.
+     * {@code update_state_after_alloc} for a model with one KV-cache group: vLLM allocated
+     * {@code blockIds} (the request's whole block table) and will load {@code numExternalTokens}.
      */
     public void afterAlloc(String requestId, long[] blockIds, long numExternalTokens) {
+        afterAlloc(requestId, new long[][] {blockIds}, numExternalTokens);
+    }
+
+    /**
+     * {@code update_state_after_alloc}: vLLM allocated {@code tables} (the request's whole block
+     * table of each KV-cache group) and will load {@code numExternalTokens}. The probe's leases
+     * become a pending load into each group's blocks of the hit; with 0 external tokens the
+     * probe is released.
+     */
+    public void afterAlloc(String requestId, long[][] tables, long numExternalTokens) {
+        checkGroups(requestId, tables);
         Req r = req(requestId);
-        r.table = blockIds.clone();
+        r.tables = copy(tables);
         if (numExternalTokens <= 0) {
             if (r.probed) {
                 dropProbe(r);
@@ -226,65 +372,149 @@ public final class SchedulerSide {
             return;
         }
         int blocks = (int) (numExternalTokens / blockSize);
-        int base = (int) Math.min(r.probeBase, blockIds.length);
-        if (!r.probed || r.probeLease == null || blocks != r.probeHit || blockIds.length < base + blocks
-                || numExternalTokens % blockSize != 0) {
-            // vLLM committed to a load we did not offer (not the contract; never seen): the
-            // request waits for finished_recving, so send a load that fails on every target
-            // block; the worker reports it and vLLM recomputes (kv_load_failure_policy=recompute).
-            contractViolations++;
-            dropProbe(r);
-            int from = Math.min(base, blockIds.length);
-            int to = (int) Math.min(blockIds.length, from + Math.max(1, (numExternalTokens + blockSize - 1) / blockSize));
-            r.loadTargets = Arrays.copyOfRange(blockIds, from, to);
-            pendingLoads.put(requestId, new StepPlan.Load(requestId, NO_LEASE, r.loadTargets));
-            r.loading = true;
-            r.loadEngine = null;
-            return;
+        int base = r.probeBase;
+        int end = base + blocks;
+        boolean offered = r.probed && blocks == r.probeHit && numExternalTokens % blockSize == 0;
+        List<long[]> dst = new ArrayList<>();
+        for (int g = 0; offered && g < groups.size(); g++) {
+            long[] t = tables[g];
+            offered = r.probeLeases[g] != null && t.length >= end;
+            if (offered) {
+                long[] ids = Arrays.copyOfRange(t, r.probeFrom[g], end);
+                offered = !dropsBlocks(g) || Arrays.stream(ids).noneMatch(id -> id == NULL_BLOCK); // else vLLM holds
+                // no block where this group's hit loads one
+                dst.add(ids);
+            }
         }
-        r.loadTargets = Arrays.copyOfRange(blockIds, base, base + blocks);
-        pendingLoads.put(requestId, new StepPlan.Load(requestId, r.probeLease, r.loadTargets));
+        List<StepPlan.Load> loads = new ArrayList<>();
+        List<long[]> targets = new ArrayList<>();
+        if (!offered) {
+            // vLLM committed to a load we did not offer (not the contract; never seen): the
+            // request waits for finished_recving, so send loads that fail on every target
+            // block; the worker reports them and vLLM recomputes (kv_load_failure_policy=recompute).
+            contractViolations++;
+            int from = base;
+            dropProbe(r);
+            int span = (int) Math.max(1, (numExternalTokens + blockSize - 1) / blockSize);
+            for (int g = 0; g < groups.size(); g++) {
+                long[] t = tables[g];
+                int gr = g;
+                long[] ids = Arrays.stream(Arrays.copyOfRange(t, Math.min(from, t.length), (int) Math.min(t.length,
+                        (long) from + span))).filter(id -> !dropsBlocks(gr) || id != NULL_BLOCK).toArray();
+                if (ids.length > 0) {
+                    loads.add(new StepPlan.Load(requestId, g, NO_LEASE, ids));
+                    targets.add(ids);
+                }
+            }
+            r.loadEngine = null;
+        } else {
+            for (int g = 0; g < groups.size(); g++) {
+                loads.add(new StepPlan.Load(requestId, g, r.probeLeases[g], dst.get(g)));
+                targets.add(dst.get(g));
+                r.savedUpTo[g] = Math.max(r.savedUpTo[g], end); // loaded blocks are already stored
+            }
+            r.loadEngine = r.probeEngine;
+            Arrays.fill(r.probeLeases, null); // now the pending load's
+            r.probed = false;
+            r.probeEngine = null;
+            r.probeWindow = null;
+        }
+        r.loadTargets = targets.stream().flatMapToLong(Arrays::stream).toArray();
+        pendingLoads.put(requestId, loads);
         r.loading = true;
-        r.loadEngine = r.probeEngine;
-        r.savedUpTo = Math.max(r.savedUpTo, base + blocks); // loaded blocks are already stored
-        r.probed = false;
-        r.probeLease = null;
-        r.probeEngine = null;
-        r.probeWindow = null;
+    }
+
+    /**
+     * Whether group {@code g}'s block table marks blocks vLLM dropped (outside a window, older
+     * states) with its null block; a full-attention table holds real blocks only, block 0 included.
+     */
+    private boolean dropsBlocks(int g) {
+        return groups.get(g).kind() != CacheGroup.Kind.FULL;
+    }
+
+    private void checkGroups(String requestId, long[][] tables) {
+        if (tables == null || tables.length != groups.size()) {
+            throw new InvalidArgumentException("request " + requestId + ": block tables of "
+                    + (tables == null ? 0 : tables.length) + " KV-cache groups; expected " + groups.size());
+        }
+    }
+
+    private static long[][] copy(long[][] tables) {
+        long[][] out = new long[tables.length][];
+        for (int g = 0; g < tables.length; g++) {
+            out[g] = tables[g].clone();
+        }
+        return out;
+    }
+
+    /** {@link #schedule(String, BlockHashes, int, long[][], boolean, long, long)} for a model with one KV-cache group. */
+    public void schedule(String requestId, BlockHashes hashes, int hashOffset, long[] newBlockIds,
+            boolean resumed, long numComputedTokens, long numScheduledTokens) {
+        schedule(requestId, hashes, hashOffset, new long[][] {newBlockIds}, resumed, numComputedTokens, numScheduledTokens);
     }
 
     /**
      * One scheduled request of this step: a window of its full-block hashes (hash
      * {@code hashOffset + i} is the i-th of {@code hashes}; callers pass only hashes they
-     * have not passed before), the new block ids appended to its table (or its whole table when
-     * {@code resumed}), and its token counts. Full blocks that this step completes and that are
-     * not stored yet are saved.
+     * have not passed before), the new block ids appended to each group's table (or its whole
+     * table when {@code resumed}), and its token counts. Full blocks that this step completes
+     * and that are not stored yet are saved: every one of a full-attention group, those a
+     * sliding-window group still holds, and a recurrent group's state when the step ends on a
+     * block boundary.
      */
-    public void schedule(String requestId, BlockHashes hashes, int hashOffset, long[] newBlockIds,
+    public void schedule(String requestId, BlockHashes hashes, int hashOffset, long[][] newBlockIds,
             boolean resumed, long numComputedTokens, long numScheduledTokens) {
         if (hashOffset < 0) {
             throw new InvalidArgumentException("request " + requestId + ": hash offset " + hashOffset + "; expected >= 0");
         }
+        checkGroups(requestId, newBlockIds);
         Req r = req(requestId);
-        if (resumed) {
-            r.table = newBlockIds.clone();
-        } else if (newBlockIds.length > 0) {
-            long[] t = Arrays.copyOf(r.table, r.table.length + newBlockIds.length);
-            System.arraycopy(newBlockIds, 0, t, r.table.length, newBlockIds.length);
-            r.table = t;
+        for (int g = 0; g < groups.size(); g++) {
+            if (resumed) {
+                r.tables[g] = newBlockIds[g].clone();
+            } else if (newBlockIds[g].length > 0) {
+                long[] t = Arrays.copyOf(r.tables[g], r.tables[g].length + newBlockIds[g].length);
+                System.arraycopy(newBlockIds[g], 0, t, r.tables[g].length, newBlockIds[g].length);
+                r.tables[g] = t;
+            }
         }
         int count = hashOffset + hashes.count();
-        // Blocks vLLM had cached locally are saved too (deduplicated if already stored), so
-        // other instances sharing the store find them.
-        int full = (int) Math.min(count, Math.min(r.table.length, (numComputedTokens + numScheduledTokens) / blockSize));
-        int from = Math.max(r.savedUpTo, hashOffset);
-        if (full <= from) {
-            return;
+        long end = numComputedTokens + numScheduledTokens;
+        for (int g = 0; g < groups.size(); g++) {
+            long[] table = r.tables[g];
+            // Blocks vLLM had cached locally are saved too (deduplicated if already stored), so
+            // other instances sharing the store find them.
+            int full = (int) Math.min(count, Math.min(table.length, end / blockSize));
+            int from = Math.max(r.savedUpTo[g], hashOffset);
+            if (full <= from) {
+                continue;
+            }
+            int first = switch (groups.get(g).kind()) {
+                case FULL, SLIDING -> from;
+                // the state after this step, where it ends on a block boundary (vLLM's checkpoint)
+                case RECURRENT -> end % blockSize == 0 && full == end / blockSize ? full - 1 : full;
+            };
+            long[] ids = Arrays.copyOfRange(table, first, full);
+            BlockHashes h = hashes.slice(first - hashOffset, full - hashOffset);
+            int kept = dropsBlocks(g) ? (int) Arrays.stream(ids).filter(id -> id != NULL_BLOCK).count() : ids.length;
+            if (kept < ids.length) { // what vLLM no longer holds (outside a window) is not saved
+                long[] keptIds = new long[kept];
+                byte[] keptHashes = new byte[kept * h.hashLen()];
+                for (int i = 0, j = 0; i < ids.length; i++) {
+                    if (ids[i] != NULL_BLOCK) {
+                        System.arraycopy(h.packed(), i * h.hashLen(), keptHashes, j * h.hashLen(), h.hashLen());
+                        keptIds[j++] = ids[i];
+                    }
+                }
+                ids = keptIds;
+                h = kept == 0 ? BlockHashes.EMPTY : new BlockHashes(keptHashes, h.hashLen());
+            }
+            if (kept > 0) {
+                stepSaves.add(new StepPlan.Save(requestId, g, ids, h));
+                r.hadSaves = true;
+            }
+            r.savedUpTo[g] = full;
         }
-        long[] ids = Arrays.copyOfRange(r.table, from, full);
-        stepSaves.add(new StepPlan.Save(requestId, ids, hashes.slice(from - hashOffset, full - hashOffset)));
-        r.savedUpTo = full;
-        r.hadSaves = true;
     }
 
     /** A request was preempted this step: its blocks are freed; it may be resumed later. */
@@ -292,7 +522,7 @@ public final class SchedulerSide {
         Req r = requests.get(requestId);
         if (r != null) {
             dropProbe(r);
-            r.table = new long[0];
+            r.tables = emptyTables();
             // Workers finish its saves before vLLM reuses the blocks (handle_preemptions) and
             // forget them, so only saves after a resume make request_finished hold blocks.
             r.hadSaves = false;
@@ -302,14 +532,14 @@ public final class SchedulerSide {
 
     /** {@code build_connector_meta}: this step's plan, encoded; the step's state is reset. */
     public byte[] buildPlan() {
-        StepPlan plan = new StepPlan(new ArrayList<>(pendingLoads.values()), new ArrayList<>(stepSaves),
-                new ArrayList<>(stepPreempted));
+        List<StepPlan.Load> loads = new ArrayList<>();
+        pendingLoads.values().forEach(loads::addAll);
+        StepPlan plan = new StepPlan(loads, new ArrayList<>(stepSaves), new ArrayList<>(stepPreempted));
         pendingLoads.clear();
         stepSaves.clear();
         stepPreempted.clear();
         return plan.encode();
     }
-
     /**
      * {@code request_finished}: true when the request's blocks must stay allocated until a
      * worker reports it in {@code finished_sending} (some of its blocks were sent to be
@@ -381,9 +611,11 @@ public final class SchedulerSide {
         for (Req r : requests.values()) {
             dropProbe(r);
         }
-        for (StepPlan.Load l : pendingLoads.values()) {
-            Req r = requests.get(l.requestId());
-            releaseQuietly(r == null ? null : r.loadEngine, l.lease());
+        for (List<StepPlan.Load> loads : pendingLoads.values()) {
+            for (StepPlan.Load l : loads) {
+                Req r = requests.get(l.requestId());
+                releaseQuietly(r == null ? null : r.loadEngine, l.group(), l.lease());
+            }
         }
         pendingLoads.clear();
     }
@@ -401,12 +633,22 @@ public final class SchedulerSide {
         maxWaitNanos = wait.toNanos();
     }
 
-    /** Lookups answered "not yet" (prefix being read back from SSD). */
+    /** Hits that shrank below the full-attention prefix to where every other group had its blocks. */
+    public long hitShrinks() {
+        return hitShrinks;
+    }
+
+    /** The KV-cache groups this side serves, in vLLM's order. */
+    public List<CacheGroup> groups() {
+        return groups;
+    }
+
     /** "Not yet" answers of a decode instance waiting for the whole prefix. */
     public long prefixWaits() {
         return prefixWaits;
     }
 
+    /** Lookups answered "not yet" (prefix being read back from SSD or another host). */
     public long notYetAnswers() {
         return notYetAnswers;
     }

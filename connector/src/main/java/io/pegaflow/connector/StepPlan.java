@@ -20,13 +20,16 @@ import java.util.List;
  * their blocks are reused).
  */
 public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempted) {
-    private static final int VERSION = 2;
+    private static final int VERSION = 3;
 
-    /** Load the leased blocks into {@code blockIds} (one per leased block, in order). */
-    public record Load(String requestId, Token lease, long[] blockIds) {}
+    /**
+     * Load the leased blocks into {@code blockIds} (one per leased block, in order) of KV-cache
+     * group {@code group} (0 for a model with one group).
+     */
+    public record Load(String requestId, int group, Token lease, long[] blockIds) {}
 
-    /** Save {@code blockIds[i]} under hash {@code i} (all of this worker's layers). */
-    public record Save(String requestId, long[] blockIds, BlockHashes hashes) {}
+    /** Save {@code blockIds[i]} of KV-cache group {@code group} under hash {@code i} (all of this worker's layers of it). */
+    public record Save(String requestId, int group, long[] blockIds, BlockHashes hashes) {}
 
     public boolean isEmpty() {
         return loads.isEmpty() && saves.isEmpty() && preempted.isEmpty();
@@ -42,11 +45,13 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
             out.writeInt(preempted.size());
             for (Load l : loads) {
                 out.writeUTF(l.requestId());
+                out.writeInt(l.group());
                 out.write(l.lease().toBytes());
                 writeLongs(out, l.blockIds());
             }
             for (Save s : saves) {
                 out.writeUTF(s.requestId());
+                out.writeInt(s.group());
                 writeLongs(out, s.blockIds());
                 out.writeInt(s.hashes().hashLen());
                 out.write(s.hashes().packed());
@@ -77,13 +82,15 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
             List<Load> loads = new ArrayList<>();
             for (int i = nLoads; i > 0; i--) {
                 String id = in.readUTF();
+                int group = in.readInt();
                 byte[] lease = new byte[Token.BYTES];
                 in.readFully(lease);
-                loads.add(new Load(id, Token.fromBytes(lease), readLongs(in)));
+                loads.add(new Load(id, group, Token.fromBytes(lease), readLongs(in)));
             }
             List<Save> saves = new ArrayList<>();
             for (int i = nSaves; i > 0; i--) {
                 String id = in.readUTF();
+                int group = in.readInt();
                 long[] blocks = readLongs(in);
                 int len = in.readInt();
                 if (len < 0 || (long) len * blocks.length > data.length) {
@@ -92,7 +99,7 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
                 }
                 byte[] packed = new byte[blocks.length * len];
                 in.readFully(packed);
-                saves.add(new Save(id, blocks, blocks.length == 0 ? BlockHashes.EMPTY : new BlockHashes(packed, len)));
+                saves.add(new Save(id, group, blocks, blocks.length == 0 ? BlockHashes.EMPTY : new BlockHashes(packed, len)));
             }
             List<String> preempted = new ArrayList<>();
             for (int i = nPreempted; i > 0; i--) {

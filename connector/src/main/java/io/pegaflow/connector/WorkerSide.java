@@ -34,10 +34,10 @@ public final class WorkerSide {
     private final EngineSource source;
     private byte[] lastPlanBytes;
     private StepPlan lastPlan;
-    private final String instanceId;
+    private final List<CacheGroup> groups;
     private final int workerRank;
-    private final Map<String, CompletableFuture<CopyResult>> loads = new HashMap<>();
-    private final Map<String, long[]> loadTargets = new HashMap<>();
+    /** A request's loads in flight, one per KV-cache group, with their destination blocks. */
+    private final Map<String, List<PendingLoad>> loads = new HashMap<>();
     private final Map<String, List<CompletableFuture<CopyResult>>> saves = new HashMap<>();
     private final Set<String> finishedByVllm = new LinkedHashSet<>();
     private final Set<Long> loadErrors = new LinkedHashSet<>();
@@ -62,13 +62,33 @@ public final class WorkerSide {
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
             STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_COUNT = 6;
 
+    private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
+
     public WorkerSide(EngineSource source, String instanceId, int workerRank) {
+        this(source, List.of(CacheGroup.full(instanceId)), workerRank);
+    }
+
+    /** A worker of a model with {@code groups} (vLLM's KV-cache groups, in vLLM's order; the scheduler side's). */
+    public WorkerSide(EngineSource source, List<CacheGroup> groups, int workerRank) {
         if (source == null) {
             throw new InvalidArgumentException("engine source is null; expected the store link");
         }
+        if (groups == null || groups.isEmpty() || groups.size() > SchedulerSide.MAX_GROUPS) {
+            throw new InvalidArgumentException((groups == null ? 0 : groups.size()) + " KV-cache groups; expected 1 to "
+                    + SchedulerSide.MAX_GROUPS);
+        }
         this.source = source;
-        this.instanceId = instanceId;
+        this.groups = List.copyOf(groups);
         this.workerRank = workerRank;
+    }
+
+    /** The store instance of the plan's group {@code group}. */
+    private String instance(int group, String requestId) {
+        if (group < 0 || group >= groups.size()) {
+            throw new InvalidArgumentException("step plan entry of request " + requestId + " for KV-cache group " + group
+                    + "; this worker has groups 0 to " + (groups.size() - 1));
+        }
+        return groups.get(group).instanceId();
     }
 
     private PegaEngine current(String what) {
@@ -102,18 +122,24 @@ public final class WorkerSide {
                             cause instanceof TransferFailedException tf ? tf.blockIds().length : targets);
                 }
             });
-            loads.put(l.requestId(), f);
-            loadTargets.put(l.requestId(), l.blockIds());
+            loads.computeIfAbsent(l.requestId(), k -> new ArrayList<>()).add(new PendingLoad(f, l.blockIds()));
         }
     }
 
     /**
      * {@code wait_for_save}: submit the plan's saves, ordered after the work already queued on
-     * CUDA stream {@code stream} (0: none, or host copies). Returns at once.
+     * CUDA stream {@code stream} (0: none, or host copies). Returns at once, unless the plan
+     * saves blocks of sliding-window or recurrent groups: vLLM frees those before the request
+     * ends (outside the window, or an older state) and may reuse them in the next step, so
+     * their copies finish first.
      */
     public void submitSaves(byte[] plan, long stream) {
+        List<CompletableFuture<CopyResult>> withinStep = new ArrayList<>();
         for (StepPlan.Save s : plan(plan).saves()) {
             CompletableFuture<CopyResult> f = startSave(s, stream);
+            if (s.group() >= 0 && s.group() < groups.size() && groups.get(s.group()).savesWithinStep()) {
+                withinStep.add(f);
+            }
             f.whenComplete((r, e) -> {
                 if (e == null) {
                     count(STAT_SAVED_BLOCKS, STAT_SAVED_BYTES, r);
@@ -123,12 +149,16 @@ public final class WorkerSide {
             });
             saves.computeIfAbsent(s.requestId(), k -> new ArrayList<>()).add(f);
         }
+        for (CompletableFuture<CopyResult> f : withinStep) {
+            f.handle((r, e) -> null).join(); // a failure only loses cache (counted above)
+        }
     }
 
     /** The engine is read on the caller's thread (the one bound for this step); the store call runs on {@link #starter}. */
     private CompletableFuture<CopyResult> startLoad(StepPlan.Load l) {
         try {
             PegaEngine e = current("load of request " + l.requestId());
+            String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> e.load(instanceId, workerRank, l.lease(), l.blockIds()), starter)
                     .thenCompose(x -> x)
                     .exceptionallyCompose(t -> {
@@ -146,6 +176,7 @@ public final class WorkerSide {
     private CompletableFuture<CopyResult> startSave(StepPlan.Save s, long stream) {
         try {
             PegaEngine e = current("save of request " + s.requestId());
+            String instanceId = instance(s.group(), s.requestId());
             if (stream != 0) {
                 return e.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream);
             }
@@ -185,16 +216,17 @@ public final class WorkerSide {
         List<String> recving = new ArrayList<>();
         for (var it = loads.entrySet().iterator(); it.hasNext(); ) {
             var e = it.next();
-            if (e.getValue().isDone()) {
+            if (e.getValue().stream().allMatch(p -> p.future().isDone())) { // every group's load
                 it.remove();
-                long[] targets = loadTargets.remove(e.getKey());
-                try {
-                    e.getValue().join();
-                } catch (CompletionException | java.util.concurrent.CancellationException failed) {
-                    Throwable cause = failed.getCause();
-                    long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : targets;
-                    for (long id : ids) {
-                        loadErrors.add(id);
+                for (PendingLoad p : e.getValue()) {
+                    try {
+                        p.future().join();
+                    } catch (CompletionException | java.util.concurrent.CancellationException failed) {
+                        Throwable cause = failed.getCause();
+                        long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : p.targets();
+                        for (long id : ids) {
+                            loadErrors.add(id);
+                        }
                     }
                 }
                 recving.add(e.getKey());
@@ -259,7 +291,8 @@ public final class WorkerSide {
 
     /** Waits for every load and save in flight (connector shutdown). */
     public void shutdown() {
-        Set<CompletableFuture<?>> all = new HashSet<>(loads.values());
+        Set<CompletableFuture<?>> all = new HashSet<>();
+        loads.values().forEach(l -> l.forEach(p -> all.add(p.future())));
         saves.values().forEach(all::addAll);
         for (CompletableFuture<?> f : all) {
             f.handle((r, e) -> null).join();
