@@ -232,8 +232,11 @@ typedef struct pegaflow_api {
     /* update_connector_output's invalid_block_ids, before sched_finished: a request whose
        load failed is not offered hits again (recompute, no retry loop). */
     int32_t (*sched_failed_blocks)(int64_t sched, const int64_t *ids, int32_t n);
-    /* update_connector_output: '\n'-separated request ids (NULL or "" for none). */
-    int32_t (*sched_finished)(int64_t sched, const char *sending, const char *recving);
+    /* update_connector_output: '\n'-separated request ids (NULL or "" for none); failed: the
+       requests whose load failed (failed_recving: the way a model with several KV-cache
+       groups reports it), not offered hits again (since ABI 4). */
+    int32_t (*sched_finished)(int64_t sched, const char *sending, const char *recving,
+                              const char *failed);
     int32_t (*sched_close)(int64_t sched);
 
     /* Worker side: one per worker (TP rank). The plan is the scheduler's bytes, decoded once
@@ -247,7 +250,8 @@ typedef struct pegaflow_api {
     /* handle_preemptions: returns once saves of the plan's preempted requests finished. */
     int32_t (*worker_await_preempted)(int64_t worker, const uint8_t *plan, int64_t len);
     /* get_finished: lines "S <id>" (saves done) and "R <id>" (load done) into buf. When they
-       do not fit (PF_INVALID_ARGUMENT, *out_len set) they are kept for the next call. */
+       do not fit (PF_INVALID_ARGUMENT, *out_len set) they are kept for the next call. A
+       request whose load failed in any group also has a line "F <id>" (since ABI 4). */
     int32_t (*worker_get_finished)(int64_t worker, const char *finished_ids, char *buf, int32_t cap,
                                    int32_t *out_len);
     /* get_block_ids_with_load_errors: drains the failed destination block ids. */

@@ -78,7 +78,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("sched_build_plan", [c_int64, c_void_p, c_int64, POINTER(c_int64)]),
     ("sched_request_finished", [c_int64, c_char_p, POINTER(c_int32)]),
     ("sched_failed_blocks", [c_int64, c_void_p, c_int32]),
-    ("sched_finished", [c_int64, c_char_p, c_char_p]),
+    ("sched_finished", [c_int64, c_char_p, c_char_p, c_char_p]),
     ("sched_close", [c_int64]),
     ("worker_create", [c_int64, c_char_p, c_int32, POINTER(c_int64)]),
     ("worker_start_loads", [c_int64, c_char_p, c_int64]),

@@ -60,7 +60,7 @@ def vllm_layout_views(num_layers: int, heads: int, head_dim: int, dtype, device)
 def poll(core, finished, kind: str, req: str, timeout_s: float = 30) -> None:
     end = time.monotonic() + timeout_s
     while True:
-        sending, recving = core.get_finished(finished)
+        sending, recving, _ = core.get_finished(finished)
         finished = []
         if req in (sending if kind == "S" else recving):
             return

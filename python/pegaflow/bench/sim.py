@@ -47,7 +47,13 @@ from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MLAAttentionSpec  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheGroupSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
@@ -68,6 +74,7 @@ class Stats:
     prompt_tokens: int = 0
     loaded_requests: int = 0
     invalid_blocks: int = 0
+    failed_loads: int = 0  # requests reported in failed_recving (a model with several KV-cache groups)
     preemptions: int = 0
     external_tokens: int = 0  # tokens the connector loaded (committed by vLLM)
     local_hit_tokens: int = 0  # tokens vLLM's own prefix cache served
@@ -85,8 +92,9 @@ class _Rank:
         self.connector = connector
         self.caches = caches
         self.names = sorted(caches)
-        self.tables: dict[str, list[int]] = {}
-        self.history: dict[str, list[int]] = {}  # last block table of every request (for checks)
+        self.tables: dict[str, list[list[int]]] = {}  # every KV-cache group's block table
+        self.history: dict[str, list[int]] = {}  # last block table (group 0) of every request (for checks)
+        self.group_history: dict[str, list[list[int]]] = {}  # every group's
 
 
 class SimEngine:
@@ -109,12 +117,21 @@ class SimEngine:
         kv_role: str = "kv_both",
         connector: bool = True,
         verify: bool = False,
+        hybrid: str | None = None,
+        window: int = 40,
     ):
+        """``hybrid``: None (one full-attention group, ``LAYERS`` layers), ``"swa"`` (vLLM's hybrid
+        manager with a full-attention layer and a sliding-window layer of ``window`` tokens) or
+        ``"mamba"`` (a full-attention layer and a Mamba layer whose states vLLM keeps per block,
+        ``mamba_cache_mode='align'``). The Mamba "model" reads its state from the block vLLM's
+        runner reads it from and writes the next one where the runner writes it, and samples
+        from it: a wrong state loaded changes the outputs."""
         self.name = name
         self.verify = verify
         self.block_size = block_size
         self.tp = tp
         self.mla = mla
+        self.hybrid = hybrid
         self.stats = Stats()
         self.outputs: dict[str, list[int]] = {}
         self.finish_status: dict[str, RequestStatus] = {}
@@ -122,6 +139,8 @@ class SimEngine:
                                    max_model_len=4096, seed=0)
         cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=True)
         cache_config.kv_cache_layout = layout
+        if hybrid == "mamba":
+            cache_config.mamba_cache_mode = "align"
         kv_transfer = None
         if connector:
             kv_transfer = KVTransferConfig(
@@ -140,9 +159,24 @@ class SimEngine:
         else:
             spec = FullAttentionSpec(block_size=block_size, num_kv_heads=2, head_size=16, dtype=dtype)
         names = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
-        self.kv_cache_config = get_kv_cache_config_from_groups(
-            self.vllm_config, [KVCacheGroupSpec(names, spec)], available_memory=num_blocks * LAYERS * spec.page_size_bytes
-        )
+        groups = [KVCacheGroupSpec(names, spec)]
+        memory = num_blocks * LAYERS * spec.page_size_bytes
+        if hybrid is not None:
+            # one layer per group; the groups overlay one backing, each block id in one group at a time
+            if hybrid == "swa":
+                other = SlidingWindowSpec(block_size=block_size, num_kv_heads=2, head_size=16, dtype=dtype,
+                                          sliding_window=window)
+                other_name = "model.layers.1.self_attn.attn"
+            elif hybrid == "mamba":
+                other = MambaSpec(block_size=block_size, shapes=((4, 8), (2, 16)), dtypes=(dtype, dtype),
+                                  mamba_cache_mode="align", page_size_padded=spec.page_size_bytes)
+                other_name = "model.layers.1.mixer"
+            else:
+                raise ValueError(f"hybrid '{hybrid}'; expected None, 'swa' or 'mamba'")
+            groups = [KVCacheGroupSpec(names[:1], spec), KVCacheGroupSpec([other_name], other)]
+            memory = num_blocks * spec.page_size_bytes
+        self.group_of = {n: i for i, g in enumerate(groups) for n in g.layer_names}
+        self.kv_cache_config = get_kv_cache_config_from_groups(self.vllm_config, groups, available_memory=memory)
         self.vllm_config.cache_config.num_gpu_blocks = self.kv_cache_config.num_blocks
         self.num_blocks = self.kv_cache_config.num_blocks
         # Workers first, as EngineCore does (KV caches are registered before the scheduler exists).
@@ -167,7 +201,7 @@ class SimEngine:
         self._digests: dict[tuple[int, ...], bytes] = {}
         self._external: dict[str, int] = {}
         self._counted: set[str] = set()
-        self.mismatches: list[tuple] = []  # (request, rank, block index, block id, computed tokens, step)
+        self.mismatches: list[tuple] = []  # (request, rank, group, block index, block id, computed tokens, step)
         if self.scheduler.connector is not None:
             self._instrument(self.scheduler.connector)
 
@@ -225,22 +259,55 @@ class SimEngine:
         seed = hashlib.sha256(self._prefix_digest(tokens, pos + 1) + tag).digest()
         return (seed * (nbytes // 32 + 1))[:nbytes]
 
-    def _write_token(self, rank: _Rank, tokens: list[int], pos: int, block: int) -> None:
+    def _is_state(self, name: str) -> bool:
+        return self.hybrid == "mamba" and self.group_of[name] == 1
+
+    def _write_token(self, rank: _Rank, tokens: list[int], pos: int, tables: list[list[int]]) -> None:
         off = pos % self.block_size
         for name in rank.names:
+            if self._is_state(name):
+                continue  # a recurrent layer writes its state once per step (_advance_state)
             t = rank.caches[name]
-            cell = t[block, :, off, :]  # logical [B, H, N, C] view, any physical order
+            cell = t[tables[self.group_of[name]][pos // self.block_size], :, off, :]  # logical [B, H, N, C] view
             raw = cell.view(torch.uint8)
             data = self.token_kv(tokens, pos, name, rank.rank, raw.numel())
             raw.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8).view(raw.shape))
 
-    def block_matches(self, rank: int, block: int, tokens: list[int], block_index: int) -> bool:
+    def _advance_state(self, rank: _Rank, tokens: list[int], start: int, end: int, table: list[int]) -> bytes:
+        """The recurrent layer's step, as vLLM's align-mode runner does it: the state is read from
+        the block of the last computed token (none at 0), advanced over tokens [start, end) and
+        written into the block of token end - 1. Its digest after p tokens is the prefix digest
+        of p tokens, however the prompt was split into steps. Returns the new state."""
+        bs = self.block_size
+        name = next(n for n in rank.names if self._is_state(n))
+        if start == 0:
+            state = self._prefix_digest(tokens, 0)
+        else:
+            state = bytes(rank.caches[name][table[(start + bs - 1) // bs - 1]].contiguous().view(torch.uint8)
+                          .flatten()[:32].tolist())
+        for tok in tokens[start:end]:
+            state = hashlib.sha256(state + tok.to_bytes(4, "little")).digest()
+        raw = rank.caches[name][table[(end + bs - 1) // bs - 1]].view(torch.uint8)
+        raw.copy_(torch.frombuffer(bytearray((state * (raw.numel() // 32 + 1))[:raw.numel()]),
+                                   dtype=torch.uint8).view(raw.shape))
+        return state
+
+    def block_matches(self, rank: int, block: int, tokens: list[int], block_index: int, group: int | None = None) -> bool:
         """Whether GPU block ``block`` of ``rank`` holds exactly what computing block
-        ``block_index`` of ``tokens`` writes (every layer, every token)."""
+        ``block_index`` of ``tokens`` writes (every layer of ``group``, default all; a
+        recurrent layer: the state after the block's last token)."""
         r = self.ranks[rank]
-        for off in range(self.block_size):
-            pos = block_index * self.block_size + off
-            for name in r.names:
+        for name in r.names:
+            if group is not None and self.group_of[name] != group:
+                continue
+            if self._is_state(name):
+                raw = r.caches[name][block].contiguous().view(torch.uint8).flatten()
+                want = self._prefix_digest(tokens, (block_index + 1) * self.block_size)
+                if bytes(raw[:32].tolist()) != want:
+                    return False
+                continue
+            for off in range(self.block_size):
+                pos = block_index * self.block_size + off
                 raw = r.caches[name][block, :, off, :].view(torch.uint8)
                 if bytes(raw.contiguous().flatten().tolist()) != self.token_kv(tokens, pos, name, rank, raw.numel()):
                     return False
@@ -281,15 +348,17 @@ class SimEngine:
             for rid in so.preempted_req_ids or ():
                 rank.tables.pop(rid, None)
             for nr in so.scheduled_new_reqs:
-                rank.tables[nr.req_id] = list(nr.block_ids[0])
+                rank.tables[nr.req_id] = [list(g) for g in nr.block_ids]
             for i, rid in enumerate(cached.req_ids):
                 new_ids = cached.new_block_ids[i]
                 if rid in cached.resumed_req_ids:
-                    rank.tables[rid] = list(new_ids[0])
+                    rank.tables[rid] = [list(g) for g in new_ids]
                 elif new_ids is not None:
-                    rank.tables.setdefault(rid, []).extend(new_ids[0])
+                    for table, ids in zip(rank.tables[rid], new_ids):
+                        table.extend(ids)
             for rid in list(so.num_scheduled_tokens):
-                rank.history[rid] = list(rank.tables[rid])
+                rank.history[rid] = list(rank.tables[rid][0])
+                rank.group_history[rid] = [list(t) for t in rank.tables[rid]]
             for nr in so.scheduled_new_reqs:
                 if rank.rank == 0:
                     external = self._external.pop(nr.req_id, 0)
@@ -302,13 +371,17 @@ class SimEngine:
                 req = self.scheduler.requests[rid]
                 tokens = req.all_token_ids
                 n = so.num_scheduled_tokens[rid]
-                table = rank.tables[rid]
+                tables = rank.tables[rid]
                 for pos in range(start, start + n):
-                    self._write_token(rank, tokens, pos, table[pos // self.block_size])
+                    self._write_token(rank, tokens, pos, tables)
+                state = self._advance_state(rank, tokens, start, start + n, tables[1]) if self.hybrid == "mamba" else None
                 if rank.rank == 0:
                     self.stats.scheduled_tokens += n
-                    # vLLM samples only when the scheduled tokens reach the end of the known ones
-                    sampled[rid] = [self._sample(tokens[: start + n])] if start + n >= req.num_tokens else []
+                    # vLLM samples only when the scheduled tokens reach the end of the known ones; a
+                    # recurrent model samples from the state it just computed (from the one it read)
+                    token = self._sample(tokens[: start + n]) if state is None else \
+                        3 + int.from_bytes(state[:4], "little") % (VOCAB - 3)
+                    sampled[rid] = [token] if start + n >= req.num_tokens else []
             if self.verify:
                 # After the forward (a block another request computes in this same step may be
                 # a prefix hit, as in vLLM's batched forward): every block vLLM did not compute
@@ -316,12 +389,20 @@ class SimEngine:
                 # computing writes.
                 for nr in so.scheduled_new_reqs:
                     tokens = self.scheduler.requests[nr.req_id].all_token_ids
-                    for i in range(nr.num_computed_tokens // self.block_size):
-                        self.stats.verified_blocks += 1
-                        if not self.block_matches(rank.rank, rank.tables[nr.req_id][i], tokens, i):
-                            self.stats.verify_failures += 1
-                            self.mismatches.append((nr.req_id, rank.rank, i, rank.tables[nr.req_id][i],
-                                                    nr.num_computed_tokens, self.stats.steps))
+                    computed = nr.num_computed_tokens // self.block_size
+                    for g, table in enumerate(rank.tables[nr.req_id]):
+                        # a hybrid group holds only what it still needs (vLLM's null block, 0,
+                        # elsewhere); a recurrent one, the state where computing resumes
+                        indices = range(computed) if self.hybrid is None or g == 0 else \
+                            [i for i in range(computed) if table[i] != 0] if self.hybrid == "swa" else \
+                            [computed - 1] if computed and nr.num_computed_tokens % self.block_size == 0 else []
+                        for i in indices:
+                            self.stats.verified_blocks += 1
+                            if not self.block_matches(rank.rank, table[i], tokens, i,
+                                                      None if self.hybrid is None else g):
+                                self.stats.verify_failures += 1
+                                self.mismatches.append((nr.req_id, rank.rank, g, i, table[i],
+                                                        nr.num_computed_tokens, self.stats.steps))
             kvo = None
             if c is not None:
                 c.start_load_kv(None)  # async loads start after the forward (kv_connector.py:92-98, 143)
@@ -341,6 +422,7 @@ class SimEngine:
         merged = self._aggregator.aggregate(outputs) if self.ranks[0].connector is not None else outputs[0]
         if merged.kv_connector_output is not None:
             self.stats.invalid_blocks += len(merged.kv_connector_output.invalid_block_ids)
+            self.stats.failed_loads += len(merged.kv_connector_output.failed_recving or ())
             self.stats.loaded_requests += len(merged.kv_connector_output.finished_recving or ())
         engine_outputs = self.scheduler.update_from_output(so, merged)
         produced: dict[str, list[int]] = {}

@@ -94,11 +94,11 @@ class SchedulerBrain:
         if n:
             self._api.call("sched_failed_blocks", self.handle, address, n)
 
-    def finished(self, sending: Iterable[str] | None, recving: Iterable[str] | None) -> None:
-        s = "\n".join(sending or ())
-        r = "\n".join(recving or ())
-        if s or r:
-            self._api.call("sched_finished", self.handle, s.encode(), r.encode())
+    def finished(self, sending: Iterable[str] | None, recving: Iterable[str] | None,
+                 failed: Iterable[str] | None = None) -> None:
+        s, r, f = ("\n".join(ids or ()) for ids in (sending, recving, failed))
+        if s or r or f:
+            self._api.call("sched_finished", self.handle, s.encode(), r.encode(), f.encode())
 
     def close(self) -> None:
         if self.handle is not None:
@@ -125,7 +125,8 @@ class WorkerBrain:
     def await_preempted(self, plan: bytes) -> None:
         self._api.call("worker_await_preempted", self.handle, plan, len(plan))
 
-    def get_finished(self, finished_ids: Iterable[str]) -> tuple[set[str], set[str]]:
+    def get_finished(self, finished_ids: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
+        """(saves done, loads done, loads of those that failed in some group)."""
         ids = "\n".join(finished_ids).encode()
         size = c_int32()
         try:
@@ -135,11 +136,10 @@ class WorkerBrain:
                 raise
             self._text = ctypes.create_string_buffer(size.value * 2 + 1)  # the results were kept for this call
             self._api.call("worker_get_finished", self.handle, b"", self._text, len(self._text), ctypes.byref(size))
-        sending: set[str] = set()
-        recving: set[str] = set()
+        out: dict[str, set[str]] = {"S": set(), "R": set(), "F": set()}
         for line in self._text.value.decode().splitlines():
-            (sending if line[0] == "S" else recving).add(line[2:])
-        return sending, recving
+            out[line[0]].add(line[2:])
+        return out["S"], out["R"], out["F"]
 
     def load_errors(self) -> set[int]:
         count = c_int32()

@@ -32,6 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
@@ -235,13 +236,25 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.submit_saves(plan)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending or None, results.finished_recving or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Finished saves and loads. A model with several KV-cache groups reports a failed load by
+        request (``failed_recving``: vLLM recomputes the request), since vLLM cannot map block ids
+        of several groups back to requests; one group reports the failed blocks instead
+        (``get_block_ids_with_load_errors``: vLLM keeps the valid prefix)."""
         if self._worker is None:
-            return None, None
-        sending, recving = self._worker.get_finished(finished_req_ids)
-        return sending or None, recving or None
+            return KVConnectorTransferResults()
+        sending, recving, failed = self._worker.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
+                                          failed_recving=failed if len(self._groups) > 1 else set())
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return self._worker.load_errors() if self._worker is not None else set()
+        if self._worker is None:
+            return set()
+        errors = self._worker.load_errors()
+        return errors if len(self._groups) == 1 else set()  # several groups: reported by request
 
     # ================================================================== scheduler side
 
@@ -335,7 +348,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: KVConnectorOutput):
         self._sched.failed_blocks(connector_output.invalid_block_ids or ())
-        self._sched.finished(connector_output.finished_sending, connector_output.finished_recving)
+        self._sched.finished(connector_output.finished_sending, connector_output.finished_recving,
+                             getattr(connector_output, "failed_recving", None))
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._requests.pop(request.request_id, None)

@@ -90,9 +90,10 @@ class WorkerCore:
         if self.brain is not None and plan and self.save_enabled:
             self.brain.submit_saves(plan, self._stream_of() if self._stream_of else 0)
 
-    def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str]]:
+    def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
+        """(saves done, loads done, loads of those that failed)."""
         if self.brain is None:
-            return set(), set()
+            return set(), set(), set()
         return self.brain.get_finished(finished_req_ids)
 
     def load_errors(self) -> set[int]:

@@ -158,9 +158,13 @@ final class ConnectorExports {
         return guard(() -> sched(sched).failedBlocks(longs(ids, n, "ids")));
     }
 
-    /** {@code sending} and {@code recving}: request ids separated by '\n' (NULL or "" for none). */
-    static int pfSchedFinished(long sched, MemorySegment sending, MemorySegment recving) {
-        return guard(() -> sched(sched).finished(lines(sending, "sending"), lines(recving, "recving")));
+    /** {@code sending}, {@code recving}, {@code failed}: request ids separated by '\n' (NULL or "" for none). */
+    static int pfSchedFinished(long sched, MemorySegment sending, MemorySegment recving, MemorySegment failed) {
+        return guard(() -> {
+            SchedulerSide s = sched(sched);
+            s.failedLoads(lines(failed, "failed"));
+            s.finished(lines(sending, "sending"), lines(recving, "recving"));
+        });
     }
 
     static int pfSchedClose(long sched) {
@@ -207,6 +211,7 @@ final class ConnectorExports {
                 StringBuilder sb = new StringBuilder();
                 f.sending().forEach(id -> sb.append("S ").append(id).append('\n'));
                 f.recving().forEach(id -> sb.append("R ").append(id).append('\n'));
+                f.failed().forEach(id -> sb.append("F ").append(id).append('\n'));
                 text = sb.toString().getBytes(StandardCharsets.UTF_8);
             } else {
                 workerSide(worker).noteFinished(lines(finished, "finished")); // results are taken on the next call

@@ -589,6 +589,21 @@ public final class SchedulerSide {
         }
     }
 
+    /**
+     * {@code update_connector_output}'s {@code failed_recving} (before {@link #finished}): requests
+     * whose load failed, reported by request (a model with several KV-cache groups, where vLLM
+     * cannot map block ids back to requests); they are not offered hits again.
+     */
+    public void failedLoads(List<String> requestIds) {
+        for (String id : requestIds) {
+            Req r = requests.get(id);
+            if (r != null && r.loading && !r.loadFailed) {
+                r.loadFailed = true;
+                loadFailures++;
+            }
+        }
+    }
+
     /** {@code update_connector_output}: requests whose saves or loads all workers finished. */
     public void finished(List<String> sending, List<String> recving) {
         for (String id : recving) {

@@ -204,8 +204,8 @@ public final class WorkerSide {
         }
     }
 
-    /** Result of {@link #getFinished}. */
-    public record Finished(List<String> sending, List<String> recving) {}
+    /** Result of {@link #getFinished}: {@code failed} are requests of {@code recving} whose load failed in some group. */
+    public record Finished(List<String> sending, List<String> recving, List<String> failed) {}
 
     /**
      * {@code get_finished}: loads that completed (successfully or not: failures are in
@@ -214,6 +214,7 @@ public final class WorkerSide {
     public Finished getFinished(List<String> finishedRequestIds) {
         noteFinished(finishedRequestIds);
         List<String> recving = new ArrayList<>();
+        List<String> failedLoads = new ArrayList<>();
         for (var it = loads.entrySet().iterator(); it.hasNext(); ) {
             var e = it.next();
             if (e.getValue().stream().allMatch(p -> p.future().isDone())) { // every group's load
@@ -226,6 +227,9 @@ public final class WorkerSide {
                         long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : p.targets();
                         for (long id : ids) {
                             loadErrors.add(id);
+                        }
+                        if (failedLoads.isEmpty() || !failedLoads.getLast().equals(e.getKey())) {
+                            failedLoads.add(e.getKey());
                         }
                     }
                 }
@@ -251,7 +255,7 @@ public final class WorkerSide {
                 sending.add(id);
             }
         }
-        return new Finished(sending, recving);
+        return new Finished(sending, recving, failedLoads);
     }
 
     /** Records requests vLLM finished, whose saves {@link #getFinished} reports once done. */
