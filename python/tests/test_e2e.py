@@ -47,6 +47,14 @@ def model():
 
 
 @pytest.fixture(scope="module")
+def swa_model():
+    """The tiny model with every other layer a 64-token sliding window (vLLM's hybrid manager)."""
+    from pegaflow.models.tiny import build
+
+    return str(build(MODEL.with_name(MODEL.name + "-swa"), sliding_window=64))
+
+
+@pytest.fixture(scope="module")
 def server(tmp_path_factory):
     s = start_server(tmp_path_factory.mktemp("e2e") / "pool", pool_size="64mb")
     yield s
@@ -89,6 +97,26 @@ def test_in_process_embedded_loads_back_what_it_saved(model, procs, baseline):
     assert [x.token_ids for x in first] == baseline(1)
     assert [x.token_ids for x in second] == baseline(1)
     # after vLLM's own cache was emptied, every full block of the prompt came from the store
+    assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
+
+
+def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):
+    """A hybrid model (full attention and 64-token sliding window layers): vLLM keeps its
+    hybrid KV cache manager on with the connector (SupportsHMA), the answers equal the
+    connector-less run's, and after vLLM's own cache is emptied the prefix comes from the store."""
+    a, _ = procs
+    a.open(EngineSpec(swa_model))
+    base = [x.token_ids for x in one_by_one(a, prompts(7, n=3))]
+    a.open(EngineSpec(swa_model, connector={"mode": "embedded", "pool_size": "32mb"}, engine_id="swa"))
+    groups = a.kv_groups()
+    first = one_by_one(a, prompts(7, n=3))
+    assert a.reset_prefix_cache()
+    second = one_by_one(a, prompts(7, n=3))
+    a.close_engine()
+    assert groups["hybrid_manager"], groups
+    assert [g[:2] for g in groups["groups"]] == [("FullAttentionSpec", None), ("SlidingWindowSpec", 64)], groups
+    assert [x.token_ids for x in first] == base
+    assert [x.token_ids for x in second] == base
     assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
 
 

@@ -114,6 +114,18 @@ def _metrics(llm) -> dict[str, float]:
     return out
 
 
+def _kv_groups(llm) -> dict:
+    """vLLM's KV-cache groups as its scheduler holds them (in-process engines only), and
+    whether its hybrid KV cache manager is on."""
+    core = llm.llm_engine.engine_core.engine_core  # InprocClient -> EngineCore
+    groups = core.scheduler.kv_cache_config.kv_cache_groups
+    return {
+        "hybrid_manager": not core.vllm_config.scheduler_config.disable_hybrid_kv_cache_manager,
+        "groups": [(type(g.kv_cache_spec).__name__, getattr(g.kv_cache_spec, "sliding_window", None), len(g.layer_names))
+                   for g in groups],
+    }
+
+
 def _serve(conn, env: dict) -> None:
     os.environ.update({k: str(v) for k, v in env.items()})
     import vllm  # noqa: F401  (the slow part, started at once so several processes import side by side)
@@ -138,6 +150,8 @@ def _serve(conn, env: dict) -> None:
                 conn.send(("ok", _reset(llm)))
             elif cmd == "metrics":
                 conn.send(("ok", _metrics(llm)))
+            elif cmd == "kv_groups":
+                conn.send(("ok", _kv_groups(llm)))
             elif cmd == "close":
                 if llm is not None:
                     _close(llm)
@@ -197,6 +211,10 @@ class EngineProc:
 
     def metrics(self) -> dict[str, float]:
         return self._call("metrics")
+
+    def kv_groups(self) -> dict:
+        """{"hybrid_manager": bool, "groups": [(spec class, sliding window, layers)]} of the open engine."""
+        return self._call("kv_groups")
 
     def close_engine(self) -> None:
         self._call("close")

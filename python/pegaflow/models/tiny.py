@@ -8,6 +8,12 @@ with a chat template), so vLLM's OpenAI server answers text prompts. The folder 
 only when its ``BUILD`` stamp differs from this module's recipe.
 
     python -m pegaflow.models.tiny out/tiny-llama
+    python -m pegaflow.models.tiny out/tiny-llama-swa --sliding-window 64
+
+``sliding_window=W`` builds the same model with every other layer's attention limited to the
+last ``W`` tokens (``layer_types`` alternating ``full_attention`` / ``sliding_attention``, the
+Gemma 2/3 and gpt-oss pattern, which vLLM's Llama reads): vLLM's hybrid KV cache manager then
+keeps two KV-cache groups, a full-attention one and a sliding-window one.
 """
 
 from __future__ import annotations
@@ -69,11 +75,13 @@ def _tokenizer(vocab_size: int):
     return tok
 
 
-def build(path: str | Path, force: bool = False) -> Path:
-    """Builds (or keeps, when its stamp matches) the tiny model folder at ``path``."""
+def build(path: str | Path, force: bool = False, sliding_window: int | None = None) -> Path:
+    """Builds (or keeps, when its stamp matches) the tiny model folder at ``path``; with
+    ``sliding_window``, the hybrid variant (see the module doc)."""
     path = Path(path)
     stamp = path / "BUILD"
-    if not force and stamp.exists() and stamp.read_text().strip() == RECIPE:
+    recipe = RECIPE if sliding_window is None else f"{RECIPE}+swa{sliding_window}"
+    if not force and stamp.exists() and stamp.read_text().strip() == recipe:
         return path
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -93,6 +101,11 @@ def build(path: str | Path, force: bool = False) -> Path:
             if p.dim() == 2:
                 p.normal_(0.0, 0.04)
     model.save_pretrained(path, safe_serialization=True)
+    if sliding_window is not None:
+        saved = json.loads((path / "config.json").read_text())
+        saved.update(sliding_window=sliding_window, layer_types=[
+            "full_attention" if i % 2 == 0 else "sliding_attention" for i in range(config["num_hidden_layers"])])
+        (path / "config.json").write_text(json.dumps(saved, indent=1))
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
@@ -101,9 +114,13 @@ def build(path: str | Path, force: bool = False) -> Path:
     }, indent=1))
     (path / "special_tokens_map.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>",
                                                               "pad_token": "<pad>"}))
-    stamp.write_text(RECIPE + "\n")
+    stamp.write_text(recipe + "\n")
     return path
 
 
 if __name__ == "__main__":
-    print(build(sys.argv[1] if len(sys.argv) > 1 else "out/tiny-llama", force="--force" in sys.argv))
+    args = sys.argv[1:]
+    window = int(args[args.index("--sliding-window") + 1]) if "--sliding-window" in args else None
+    target = next((a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--sliding-window")),
+                  "out/tiny-llama")
+    print(build(target, force="--force" in args, sliding_window=window))
