@@ -120,6 +120,21 @@ def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(s
     assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
 
 
+def test_a_mamba_hybrid_without_align_mode_is_refused_with_the_reason(procs, tmp_path_factory):
+    """Attention + Mamba2 layers whose states vLLM keeps per request only (no prefix caching,
+    mamba_cache_mode 'none'): nothing to store at a block boundary, so the connector refuses
+    at startup and says what would work. (The CPU build cannot run align mode at all: its SSD
+    kernel has no per-chunk states; docs/connector.md.)"""
+    from pegaflow.models.tiny import build_mamba_hybrid
+
+    model = str(build_mamba_hybrid(MODEL.with_name("tiny-granite-hybrid")))
+    a, _ = procs
+    with pytest.raises(RuntimeError, match=r"MambaSpec with mamba_cache_mode 'none'.*expected mamba_cache_mode 'align'"):
+        a.open(EngineSpec(model, connector={"mode": "embedded", "pool_size": "32mb"}, engine_id="mamba",
+                          extra={"enable_prefix_caching": False}))
+    a.close_engine()
+
+
 def test_auto_in_process_without_a_server_is_embedded(model, procs, baseline):
     a, _ = procs
     a.open(EngineSpec(model, connector={"mode": "auto", "endpoint": f"127.0.0.1:{free_port()}", "pool_size": "32mb"},

@@ -9,6 +9,7 @@ only when its ``BUILD`` stamp differs from this module's recipe.
 
     python -m pegaflow.models.tiny out/tiny-llama
     python -m pegaflow.models.tiny out/tiny-llama-swa --sliding-window 64
+    python -m pegaflow.models.tiny out/tiny-granite-hybrid --mamba
 
 ``sliding_window=W`` builds the same model with every other layer's attention limited to the
 last ``W`` tokens (``layer_types`` alternating ``full_attention`` / ``sliding_attention``, the
@@ -118,9 +119,54 @@ def build(path: str | Path, force: bool = False, sliding_window: int | None = No
     return path
 
 
+MAMBA_RECIPE = "tiny-granite-hybrid/1"
+
+
+def build_mamba_hybrid(path: str | Path, force: bool = False) -> Path:
+    """A tiny random-weight attention + Mamba2 hybrid (IBM Granite 4 hybrid layout:
+    ``layer_types`` mamba, attention, mamba, attention; no experts) with this module's
+    tokenizer: vLLM keeps a Mamba KV-cache group beside the attention one. vLLM's CPU build
+    runs it only without prefix caching (its CPU SSD kernel has no per-chunk states for
+    ``mamba_cache_mode='align'``), which is the case the connector refuses."""
+    path = Path(path)
+    stamp = path / "BUILD"
+    if not force and stamp.exists() and stamp.read_text().strip() == MAMBA_RECIPE:
+        return path
+    import torch
+    from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(CONFIG["vocab_size"])
+    config = GraniteMoeHybridConfig(
+        vocab_size=CONFIG["vocab_size"], hidden_size=256, intermediate_size=512, shared_intermediate_size=512,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        layer_types=["mamba", "attention", "mamba", "attention"], num_local_experts=0, num_experts_per_tok=0,
+        mamba_n_heads=8, mamba_d_head=32, mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=1,
+        mamba_chunk_size=64, max_position_embeddings=CONFIG["max_position_embeddings"],
+        position_embedding_type="rope", tie_word_embeddings=False, bos_token_id=tok.token_to_id("<s>"),
+        eos_token_id=tok.token_to_id("</s>"), pad_token_id=tok.token_to_id("<pad>"))
+    torch.manual_seed(20261201)
+    model = GraniteMoeHybridForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.04)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>",
+        "add_bos_token": False, "model_max_length": CONFIG["max_position_embeddings"], "chat_template": CHAT_TEMPLATE,
+    }, indent=1))
+    stamp.write_text(MAMBA_RECIPE + "\n")
+    return path
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     window = int(args[args.index("--sliding-window") + 1]) if "--sliding-window" in args else None
     target = next((a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--sliding-window")),
                   "out/tiny-llama")
-    print(build(target, force="--force" in args, sliding_window=window))
+    if "--mamba" in args:
+        print(build_mamba_hybrid(target, force="--force" in args))
+    else:
+        print(build(target, force="--force" in args, sliding_window=window))
