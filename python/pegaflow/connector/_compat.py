@@ -14,9 +14,13 @@ from .._vllm_version import installed_vllm, vllm_minor
 DIFFERENCES = {
     "cache_hit_source": ("0.32", "vLLM attributes external hits to a tier (CacheHitSource); the store is host memory, "
                                  "so the connector declares HOST. Before 0.32 there is no tier attribution."),
-    "loaded_group_ids": ("0.32", "get_loaded_kv_cache_group_ids: the base's default (every prefix-cacheable group) is "
-                                 "right for one full-attention group; before 0.32 vLLM assumes the same."),
+    "loaded_group_ids": ("0.32", "get_loaded_kv_cache_group_ids: the connector answers every KV-cache group (a load "
+                                 "restores each group's blocks of the hit), so vLLM zeroes none of them; before 0.32 "
+                                 "vLLM does not ask and zeroes nothing."),
 }
+
+# Hooks the connector defines that only some minors call: the difference they come with.
+HOOKS = {"get_loaded_kv_cache_group_ids": "loaded_group_ids"}
 
 
 def minor() -> tuple[int, int]:
