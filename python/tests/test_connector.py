@@ -424,19 +424,7 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
         a.run()
         assert a.scheduler.reset_prefix_cache()  # what vLLM cached locally is gone: the store must serve
         a.add("r2", p, max_tokens=2)  # a hit: its load is planned, then the server dies
-        killed = []
-
-        def kill(so):
-            # the plan's header: version, then the counts of loads, saves, preempted (int32 BE)
-            if not killed and so.kv_connector_metadata.plan[4:8] != b"\x00" * 4:
-                server.stop(kill=True)
-                killed.append(True)
-
-        for _ in range(50):
-            a.step(on_scheduled=kill)
-            if killed:
-                break
-        assert killed, "r2 never got a load planned"
+        a.at_first_load(lambda so: server.stop(kill=True))
         a.run()
         assert a.stats.invalid_blocks > 0, "the failed load was reported block by block"
         assert a.outputs["r2"] == a.outputs["r1"], "recomputed to the same result"

@@ -436,6 +436,23 @@ class SimEngine:
                     self.finish_status[o.request_id] = o.finish_reason
         return produced
 
+    def at_first_load(self, act, max_steps: int = 50) -> None:
+        """Steps until a step's plan starts a load, running ``act(scheduler_output)`` on that
+        step between the scheduler and the workers (where a test injects a fault)."""
+        done: list[bool] = []
+
+        def hook(so):
+            # the plan's header: version, then the counts of loads, saves, preempted (int32 BE)
+            if not done and so.kv_connector_metadata.plan[4:8] != b"\x00" * 4:
+                act(so)
+                done.append(True)
+
+        for _ in range(max_steps):
+            self.step(on_scheduled=hook)
+            if done:
+                return
+        raise AssertionError(f"{self.name}: no load planned in {max_steps} steps")
+
     def run(self, max_steps: int = 2000, idle_sleep_s: float = 0.001) -> None:
         """Steps until every request has finished and every held block is back."""
         for _ in range(max_steps):

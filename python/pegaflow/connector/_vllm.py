@@ -164,6 +164,10 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._role = _kv_role(vllm_config.kv_transfer_config)
         self._tail_probes: set[str] = set()
         self._no_blocks = ((),) * len(self._groups)
+        # The partial tail block is one model's KV of a part of a block: a sliding window or a
+        # recurrent state there is not what a block-aligned hit loads, so hybrid models P/D
+        # without it (every full block; the tail's tokens are computed on the decode side).
+        self._tail_flow = len(self._groups) == 1
         self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
         self._worker: WorkerCore | None = None
@@ -267,7 +271,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size:
             return 0, False
         bs = self._block_size
-        tail = tail_key(request, bs) if self._role == "kv_consumer" and request.num_tokens == request.num_prompt_tokens \
+        tail = tail_key(request, bs) if self._tail_flow and self._role == "kv_consumer" \
+            and request.num_tokens == request.num_prompt_tokens \
             else None
         try:
             if tail is not None:
@@ -328,7 +333,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         hashes = request.block_hashes
         full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
         sent = self._hashes_sent.get(req_id, 0)
-        if (self._role == "kv_producer" and num_computed + num_scheduled >= request.num_prompt_tokens
+        if (self._tail_flow and self._role == "kv_producer" and num_computed + num_scheduled >= request.num_prompt_tokens
                 and full == request.num_prompt_tokens // self._block_size and sent <= full):
             tail = tail_key(request, self._block_size)
             if tail is not None:

@@ -1,5 +1,6 @@
 package io.pegaflow.connector;
 
+import static io.pegaflow.connector.TestBlocks.ids;
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
@@ -95,17 +96,7 @@ class ConnectorBrainTest {
     }
 
     private BlockHashes hashes(int n) {
-        byte[] h = new byte[n * 32];
-        rnd.nextBytes(h);
-        return new BlockHashes(h, 32);
-    }
-
-    private static long[] ids(int from, int n) {
-        long[] out = new long[n];
-        for (int i = 0; i < n; i++) {
-            out[i] = from + i;
-        }
-        return out;
+        return TestBlocks.hashes(rnd, n);
     }
 
     /** A cold request of {@code tokens} tokens computed in one step in blocks [from, ...): its full blocks get saved. */

@@ -1,5 +1,6 @@
 package io.pegaflow.connector;
 
+import static io.pegaflow.connector.TestBlocks.ids;
 import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
@@ -98,17 +99,7 @@ class HybridBrainTest {
     }
 
     private BlockHashes hashes(int n) {
-        byte[] h = new byte[n * 32];
-        rnd.nextBytes(h);
-        return new BlockHashes(h, 32);
-    }
-
-    private static long[] ids(int from, int n) {
-        long[] out = new long[n];
-        for (int i = 0; i < n; i++) {
-            out[i] = from + i;
-        }
-        return out;
+        return TestBlocks.hashes(rnd, n);
     }
 
     /** One step of a request with both tables ({@code tables[g]}: its new ids), its saves submitted. */
@@ -140,16 +131,22 @@ class HybridBrainTest {
         throw new AssertionError("the saves of " + id + " never finished");
     }
 
-    private List<String> recving() throws InterruptedException {
+    /** Polls get_finished until a load is reported. */
+    private WorkerSide.Finished loadDone() throws InterruptedException {
         for (int i = 0; i < 400; i++) {
             WorkerSide.Finished f = worker.getFinished(List.of());
             if (!f.recving().isEmpty()) {
-                assertThat(f.failed()).isEmpty();
-                return f.recving();
+                return f;
             }
             Thread.sleep(5);
         }
-        return List.of();
+        throw new AssertionError("no load finished");
+    }
+
+    private List<String> recving() throws InterruptedException {
+        WorkerSide.Finished f = loadDone();
+        assertThat(f.failed()).isEmpty();
+        return f.recving();
     }
 
     /** Loads {@code id}'s committed hit; returns the plan's loads. */
@@ -252,11 +249,7 @@ class HybridBrainTest {
         sched.afterAlloc("b", new long[][] {ids(20, 5), new long[5]}, 4 * BLOCK);
         assertThat(sched.contractViolations()).isEqualTo(1);
         worker.startLoads(sched.buildPlan());
-        WorkerSide.Finished f = null;
-        for (int i = 0; i < 400 && (f == null || f.recving().isEmpty()); i++) {
-            f = worker.getFinished(List.of());
-            Thread.sleep(5);
-        }
+        WorkerSide.Finished f = loadDone();
         assertThat(f.recving()).containsExactly("b");
         assertThat(f.failed()).as("reported by request").containsExactly("b");
         sched.failedLoads(f.failed());
