@@ -34,6 +34,8 @@ from pegaflow.connector import _groups, _runtime  # noqa: E402
 
 EMBEDDED = {"mode": "embedded", "pool_size": "64mb"}
 CHUNK = 64  # max_num_batched_tokens: a 200-token prompt is computed in steps ending at 64, 128, 192, 200
+PAGE = 16 * 2 * 2 * 16 * 2  # an attention block: 16 tokens, K and V, 2 heads of 16, float16
+STATE = 2 * (4 * 8 + 2 * 16)  # a Mamba block: its conv and SSM states, float16 (the rest of its page is padding)
 
 
 def prompt(seed: int, n: int) -> list[int]:
@@ -93,6 +95,7 @@ def test_sliding_window_warm_hit_loads_the_full_prefix_and_only_the_window(engin
     assert b.stats.external_tokens == 192  # 12 blocks; the 200th token is computed
     # full attention: 12 blocks; the window of the 193rd token (tokens 153..192): blocks 9, 10, 11
     assert stats(b)["pegaflow_load_blocks_total"] - before == 12 + 3
+    assert b.ranks[0].connector._worker.brain.stats()["loaded_bytes"] == (12 + 3) * PAGE
     assert b.stats.verified_blocks == 15 and b.stats.verify_failures == 0, b.mismatches
     assert stats(b)["pegaflow_active_leases"] == 0
 
@@ -160,6 +163,8 @@ def test_recurrent_warm_hit_loads_only_the_final_state(engines):
     assert b.outputs["r"] == want
     assert b.stats.external_tokens == 192  # the state after 192 tokens (a step ended there)
     assert stats(b)["pegaflow_load_blocks_total"] - before == 12 + 1  # 12 attention blocks, 1 state
+    # each group's own slot geometry: a state block is its state, not an attention page
+    assert b.ranks[0].connector._worker.brain.stats()["loaded_bytes"] == 12 * PAGE + STATE
     assert b.stats.verify_failures == 0, b.mismatches
 
 
