@@ -260,6 +260,21 @@ typedef struct pegaflow_api {
     /* vLLM's connector stats: counters since the last call into out[0..5] (cap >= 6): blocks and
        bytes loaded, blocks and bytes saved, blocks whose load failed, saves that failed. */
     int32_t (*worker_stats)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
+
+    /* ---- vLLM's prefix-caching block hash, for engines that are not vLLM (since ABI 4). ----
+       The hashes of every full block of tokens[0..n_tokens) in blocks of block_size, chained
+       from parent (parent_len 0: the request's first block, vLLM's NONE_HASH), exactly as
+       vLLM's hash_block_tokens computes them without extra keys (no LoRA, multimodal inputs
+       or cache salt), so a native engine and vLLM instances share one namespace. algo: vLLM's
+       --prefix-caching-hash-algo, "sha256", "sha256_cbor", "xxhash" or "xxhash_cbor"; seed:
+       the PYTHONHASHSEED of those vLLM processes, NULL for vLLM's default (SHA-256 algorithms
+       only: without it vLLM's xxhash seeds are random per process). *out_count hashes of
+       *out_hash_len bytes (32 SHA-256, 16 xxhash) go to out when they fit cap; else
+       PF_INVALID_ARGUMENT with both counts set. Needs no engine. */
+    int32_t (*block_hashes)(const char *algo, const char *seed, const uint8_t *parent,
+                            int32_t parent_len, const int32_t *tokens, int64_t n_tokens,
+                            int32_t block_size, uint8_t *out, int64_t cap, int32_t *out_count,
+                            int32_t *out_hash_len);
 } pegaflow_api;
 
 #ifdef __cplusplus

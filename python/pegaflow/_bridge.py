@@ -88,6 +88,8 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_load_errors", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("worker_close", [c_int64]),
     ("worker_stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("block_hashes", [c_char_p, c_char_p, c_char_p, c_int32, c_void_p, c_int64, c_int32, c_void_p, c_int64,
+                      POINTER(c_int32), POINTER(c_int32)]),
 ]
 
 

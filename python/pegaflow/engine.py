@@ -321,3 +321,20 @@ def _lease(lease: bytes) -> bytes:
 def noop() -> None:
     """One call across the boundary that does nothing (for the bridge benchmark)."""
     _bridge.api().call("noop")
+
+
+def vllm_block_hashes(tokens: Sequence[int], block_size: int, algo: str = "sha256", seed: str | None = None,
+                      parent: bytes | None = None) -> list[bytes]:
+    """vLLM's prefix-caching hashes of the full blocks of ``tokens`` (the engine's Java hasher,
+    C ABI ``block_hashes``): what ``hash_block_tokens`` gives a request without extra keys,
+    for vLLM's ``algo`` (sha256, sha256_cbor, xxhash, xxhash_cbor) and the ``seed`` its
+    processes run with (``PYTHONHASHSEED``; None: vLLM's default, SHA-256 algorithms only)."""
+    toks = array.array("i", tokens)
+    count, hash_len = ctypes.c_int32(), ctypes.c_int32()
+    n = len(toks) // block_size if block_size > 0 else 0
+    out = ctypes.create_string_buffer(max(1, n * 32))
+    _bridge.api().call("block_hashes", algo.encode(), None if seed is None else seed.encode(), parent or b"",
+                       len(parent or b""), toks.buffer_info()[0], len(toks), block_size, out, len(out),
+                       ctypes.byref(count), ctypes.byref(hash_len))
+    raw = out.raw
+    return [raw[i * hash_len.value:(i + 1) * hash_len.value] for i in range(count.value)]

@@ -63,7 +63,8 @@ public final class Bridge {
                     "sched_preempted", "sched_build_plan", "sched_request_finished", "sched_failed_blocks",
                     "sched_finished", "sched_close", "worker_create", "worker_start_loads", "worker_submit_saves",
                     "worker_await_preempted", "worker_get_finished", "worker_load_errors", "worker_close",
-                    "worker_stats"));
+                    "worker_stats"),
+            EngineExports.class, List.of("block_hashes"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();

@@ -1,6 +1,7 @@
 package io.pegaflow.bridge;
 
 import static io.pegaflow.bridge.Marshal.buffer;
+import static io.pegaflow.bridge.Marshal.bytes;
 import static io.pegaflow.bridge.Marshal.guard;
 import static io.pegaflow.bridge.Marshal.hashes;
 import static io.pegaflow.bridge.Marshal.longs;
@@ -11,6 +12,7 @@ import static java.lang.foreign.ValueLayout.JAVA_INT;
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
 
 import io.pegaflow.client.EngineClient;
+import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.CopyResult;
 import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.EngineStats;
@@ -27,6 +29,7 @@ import io.pegaflow.engine.TransferFailedException;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.cuda.CudaOptions;
 import io.pegaflow.engine.cuda.CudaTransferEngine;
+import io.pegaflow.engine.hash.VllmBlockHasher;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
 import java.lang.foreign.MemorySegment;
@@ -242,6 +245,41 @@ final class EngineExports {
     }
 
     /** Engine stats as JSON (UTF-8, NUL-terminated); *out_len is its length, PF_INVALID_ARGUMENT when it does not fit. */
+    /**
+     * vLLM's block hashes of the full blocks of {@code tokens} ({@link VllmBlockHasher}): {@code
+     * *out_count} hashes of {@code *out_hash_len} bytes into {@code out} when they fit {@code cap}
+     * (else PF_INVALID_ARGUMENT with the counts set; nothing is kept, calling again recomputes).
+     */
+    static int pfBlockHashes(MemorySegment algo, MemorySegment seed, MemorySegment parent, int parentLen,
+            MemorySegment tokens, long nTokens, int blockSize, MemorySegment out, long cap, MemorySegment outCount,
+            MemorySegment outHashLen) {
+        return guard(() -> {
+            if (nTokens < 0 || nTokens > VllmBlockHasher.MAX_TOKENS) {
+                throw new InvalidArgumentException("block_hashes: " + nTokens + " tokens; expected 0 to "
+                        + VllmBlockHasher.MAX_TOKENS);
+            }
+            if (parentLen < 0 || parentLen > 64) {
+                throw new InvalidArgumentException("block_hashes: parent_len " + parentLen + "; expected 0 (the first block) to 64");
+            }
+            VllmBlockHasher h = new VllmBlockHasher(VllmBlockHasher.Algorithm.of(str(algo, "algo")),
+                    seed.equals(MemorySegment.NULL) ? null : str(seed, "seed"));
+            int[] t = nTokens == 0 ? new int[0] : buffer(tokens, 4 * nTokens, "tokens").toArray(JAVA_INT);
+            BlockHashes hashes = h.chain(parentLen == 0 ? null : bytes(parent, parentLen, "parent"), t, blockSize);
+            int hashLen = h.algorithm() == VllmBlockHasher.Algorithm.SHA256 || h.algorithm() == VllmBlockHasher.Algorithm.SHA256_CBOR
+                    ? 32 : 16;
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, hashes.count());
+            buffer(outHashLen, 4, "out_hash_len").set(JAVA_INT, 0, hashLen);
+            byte[] packed = hashes.packed();
+            if (cap < packed.length) {
+                throw new InvalidArgumentException("block_hashes: " + hashes.count() + " hashes of " + hashLen
+                        + " bytes do not fit " + cap + " bytes; pass a buffer of at least " + packed.length);
+            }
+            if (packed.length > 0) {
+                MemorySegment.copy(packed, 0, buffer(out, packed.length, "out"), JAVA_BYTE, 0, packed.length);
+            }
+        });
+    }
+
     static int pfStats(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
         return guard(() -> {
             putText(statsJson(engine(engine).stats()), buf, cap, outLen, "stats");

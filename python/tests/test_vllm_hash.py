@@ -1,0 +1,80 @@
+"""The engine's vLLM block hasher (Java, C ABI ``block_hashes``) against vLLM's own
+``hash_block_tokens`` from the installed vllm 0.33, for each of its prefix-caching hash
+algorithms and seeds, on seeded random token lists: a native engine that hashes its tokens
+this way shares a namespace with vLLM instances (wave 2, 8/8)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+kv_cache_utils = pytest.importorskip("vllm.v1.core.kv_cache_utils", reason="needs vllm==0.33.0 (make setup)")
+pytest.importorskip("xxhash", reason="vLLM's xxhash algorithms need the xxhash package (the test extra has it)")
+
+from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
+
+from pegaflow.engine import vllm_block_hashes  # noqa: E402
+from pegaflow.errors import InvalidArgumentError  # noqa: E402
+
+ALGOS = ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+
+
+def vllm_chain(algo: str, seed: str | None, tokens: list[int], block_size: int, monkeypatch) -> list[bytes]:
+    """What vLLM computes: NONE_HASH from the seed as init_none_hash derives it, then the chain."""
+    if seed is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", seed)
+    fn = get_hash_fn_by_name(algo)
+    kv_cache_utils.init_none_hash(fn)
+    out, parent = [], None
+    for i in range(len(tokens) // block_size):
+        parent = kv_cache_utils.hash_block_tokens(fn, parent, tokens[i * block_size:(i + 1) * block_size])
+        out.append(bytes(parent))
+    return out
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_the_java_hasher_matches_vllms_hash_block_tokens(algo, monkeypatch):
+    rnd = random.Random(f"vllm-hash-{algo}")
+    seeds = ["0", "42", "pegaflow"] + ([None] if algo.startswith("sha256") else [])
+    for seed in seeds:
+        for _ in range(6):
+            block_size = rnd.choice([1, 3, 16, 32, 64, 256])
+            n = rnd.randrange(0, 8 * block_size + 5)
+            # token ids of every encoding width (1, 2, 4 bytes; past 2^31 is not a token id)
+            tokens = [rnd.choice([rnd.randrange(256), rnd.randrange(65536), rnd.randrange(2**31)]) for _ in range(n)]
+            want = vllm_chain(algo, seed, tokens, block_size, monkeypatch)
+            assert vllm_block_hashes(tokens, block_size, algo, seed) == want, (algo, seed, block_size, n)
+            if len(want) > 1:  # continuing from a parent gives the rest of the chain
+                rest = tokens[block_size:]
+                assert vllm_block_hashes(rest, block_size, algo, seed, parent=want[0]) == want[1:]
+
+
+def test_a_block_larger_than_a_pickle_frame_and_pegainfers_golden_vector(monkeypatch):
+    """A block whose pickle spans two 64 KiB frames (CPython commits a frame at the first
+    object boundary past 64 KiB); and NONE_HASH for seed "0" under xxhash_cbor, the value
+    PegaInfer pins in its tests (1ebe3657...aaeca, ../shared/reference/pegainfer-embedding.md)."""
+    rnd = random.Random(7)
+    tokens = [rnd.randrange(40000, 60000) for _ in range(30000)]
+    for algo in ("sha256", "xxhash"):
+        assert vllm_block_hashes(tokens, 30000, algo, "1") == vllm_chain(algo, "1", tokens, 30000, monkeypatch)
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    kv_cache_utils.init_none_hash(get_hash_fn_by_name("xxhash_cbor"))
+    none = bytes(kv_cache_utils.NONE_HASH).hex()
+    assert none.startswith("1ebe3657") and none.endswith("aaeca")
+    first = vllm_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4, "xxhash_cbor", "0")
+    assert first[0].hex().startswith("0a8577df") and first[0].hex().endswith("c52e")
+    assert first[1].hex().startswith("d152782c") and first[1].hex().endswith("5e23")
+
+
+def test_bad_requests_name_the_value():
+    with pytest.raises(InvalidArgumentError, match="hash algorithm 'md5'; expected sha256, sha256_cbor, xxhash"):
+        vllm_block_hashes([1, 2], 1, "md5")
+    with pytest.raises(InvalidArgumentError, match="xxhash without a seed.*PYTHONHASHSEED"):
+        vllm_block_hashes([1, 2], 1, "xxhash")
+    with pytest.raises(InvalidArgumentError, match="block size 0; expected >= 1"):
+        vllm_block_hashes([1, 2], 0, "sha256")
