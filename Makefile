@@ -126,7 +126,7 @@ test-e2e: setup build setup-cpu setup-redis
 	PEGAFLOW_VENV=$(CPU_VENV) ci/pytest-tier.sh "e2e and not gpu"
 
 # The e2e tier under each supported minor, each in its own venv; the table goes to out/compat.md.
-test-compat: setup build
+test-compat: setup build setup-redis
 	ci/test-compat.sh
 
 test: setup test-java test-python test-cluster test-e2e test-release bench-paths

@@ -1,5 +1,5 @@
 /*
- * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 4).
+ * pegaflow.h - the C ABI of the PegaFlow-JVM engine (ABI version 5).
  *
  * The engine is Java. A host process (CPython through ctypes, or C, C++, Rust) creates one
  * JVM with JNI_CreateJavaVM, with the engine jar on -Djava.class.path and the options
@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 4
+#define PEGAFLOW_ABI_VERSION 5
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -62,6 +62,16 @@ enum pf_error {
 };
 
 #define PF_FLAG_PREFAULT 1
+
+/* query_request flags and states (since ABI 5). */
+#define PF_QUERY_ALL_OR_NOTHING 1
+enum pf_query_state { PF_QUERY_READY = 0, PF_QUERY_LOADING = 1 };
+
+/* register_rank: int64 fields per arena (since ABI 5). */
+#define PEGAFLOW_ARENA_PARAMS 6
+
+/* completion_on_done's callback: status is the operation's pf_error (0: done). */
+typedef void (*pf_completion_cb)(int64_t completion, int32_t status, void *user);
 
 /* layer_params layouts. */
 enum pf_layout { PF_SPLIT_KV = 0, PF_COMBINED = 1, PF_MLA = 2 };
@@ -275,6 +285,64 @@ typedef struct pegaflow_api {
                             int32_t parent_len, const int32_t *tokens, int64_t n_tokens,
                             int32_t block_size, uint8_t *out, int64_t cap, int32_t *out_count,
                             int32_t *out_hash_len);
+
+    /* ---- A native inference engine embedding the store (since ABI 5; docs/embedding.md). ----
+       ORDERING: the caller saves only blocks whose compute is ordered before the save: either
+       pass the stream that computed them as wait_stream (the copy waits for the work queued on
+       it so far) or synchronize first. The engine copies on its own streams and cannot tell.
+       REUSE: a GPU block being saved stays untouched (not freed, not rewritten) until its save
+       completion is done (poll, wait or callback); a block being loaded into is not read
+       before its load completion is done. Freeing a completion early does not cancel the
+       copy, and the block is still in use until the copy ends: keep your own guard until the
+       callback fires (or flush returns). */
+
+    /* Calls cb(completion, status, user) once when the completion is done: at once on the
+       calling thread when it already is, else on the engine thread that finished it. Keep
+       the callback short (it holds that copy lane's thread); it may call any function of this
+       table except wait on a completion that is not done. The callback fires even when the
+       completion was freed before it was done (the copy is never cancelled); then do not pass
+       its id to other calls. Several callbacks on one completion all fire. */
+    int32_t (*completion_on_done)(int64_t completion, pf_completion_cb cb, void *user);
+
+    /* The visibility barrier (the "KV ready" signal of prefill/decode): returns once every
+       save and load this engine started before the call has ended and those saves are
+       visible to local queries and, with a cluster (pegaflow-server with --redis), to other
+       hosts' queries. timeout_ms < 0: no limit; PF_TIMEOUT names what was still running. A
+       failed save is reported on its own completion; the barrier does not fail for it. */
+    int32_t (*flush)(int64_t engine, int64_t timeout_ms);
+
+    /* A prefix query owned by the caller's request req_id (1..256 bytes): out_state =
+       {state, hit blocks, missing blocks}. PF_QUERY_LOADING: a lower tier (the SSD tier, or
+       another host through pegaflow-server) is bringing blocks in, or, with
+       PF_QUERY_ALL_OR_NOTHING, the whole prefix is not there yet: no lease; ask again with the
+       same req_id and the same hashes (other hashes: PF_INVALID_ARGUMENT, nothing changes).
+       PF_QUERY_READY: hit blocks from hash 0 are leased in out_lease (16 zero bytes when the
+       hit is 0); the request is done and its id free again. All-or-nothing answers READY with
+       every block or, after the wait limit (30 s from the first query), with 0 and missing = n.
+       A request never polled again is dropped after 5 minutes; query_cancel drops it now. */
+    int32_t (*query_request)(int64_t engine, const char *instance_id, const char *req_id, int32_t n,
+                             const uint8_t *hashes, int32_t hash_len, int32_t flags,
+                             int32_t out_state[3], uint8_t *out_lease);
+    /* Forgets a loading request (admission refused it); *out_was_loading (may be NULL). */
+    int32_t (*query_cancel)(int64_t engine, const char *instance_id, const char *req_id,
+                            int32_t *out_was_loading);
+
+    /* One rank of an instance in one call: registers the instance (world = tp_size x pp_size;
+       again with the same shape: no-op, another shape: PF_TOPOLOGY_MISMATCH) and this rank's
+       arenas (worker rank pp_rank x tp_size + tp_rank), sealing the topology when the last
+       rank registers. Each arena is a strided region of GPU (or host) memory holding one
+       piece of every block; arena_names: n_arenas names separated by '\n' (blocks of a
+       namespace are slots sorted by name, so name a page-first layout's arenas in page order,
+       e.g. zero-padded, to keep each block one contiguous host run); arena_params: n_arenas x 6
+       int64: base address, blocks, block stride, segment bytes, segments (1, or 2 for K and V
+       apart), segment stride (V's offset from K; 0 with one segment). Segment s of block b is
+       at base + b*stride + s*segment_stride. Several arenas move together under one block id
+       (an MLA latent arena and its sidecar: two arenas). The region checked is the reach of
+       the last block, (blocks-1)*stride + (segments-1)*segment_stride + segment bytes.
+       CHECKED as in register_worker (GPU arenas against their CUDA allocation). */
+    int32_t (*register_rank)(int64_t engine, const char *instance_id, const char *ns, int32_t device,
+                             int32_t tp_rank, int32_t tp_size, int32_t pp_rank, int32_t pp_size,
+                             int32_t n_arenas, const char *arena_names, const int64_t *arena_params);
 } pegaflow_api;
 
 #ifdef __cplusplus

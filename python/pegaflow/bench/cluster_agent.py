@@ -55,6 +55,7 @@ def main() -> int:
     p.add_argument("--seed", required=True)
     p.add_argument("--blocks", type=int, default=8)
     p.add_argument("--timeout", type=float, default=20.0)
+    p.add_argument("--flush", action="store_true", help="save: end with the flush barrier (visible to other hosts)")
     p.add_argument("--no-load", action="store_true", help="fetch: release the lease instead of loading (prefixes > 32 blocks)")
     a = p.parse_args()
     hashes = block_hashes(a.seed, a.blocks)
@@ -69,6 +70,8 @@ def main() -> int:
                 for i, h in enumerate(batch):
                     cache.write(i, h)
                 saved += c.save(a.instance, 0, list(range(len(batch))), batch).wait().blocks
+            if a.flush:
+                c.flush()
             print(json.dumps({"saved": saved}))
             return 0
         start = time.perf_counter()

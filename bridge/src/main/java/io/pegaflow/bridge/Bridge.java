@@ -43,7 +43,7 @@ import java.util.List;
  */
 public final class Bridge {
     /** Bumped on any change to the table's layout or a function's signature. */
-    public static final int ABI_VERSION = 4;
+    public static final int ABI_VERSION = 5;
 
     private static volatile long table;
 
@@ -64,7 +64,8 @@ public final class Bridge {
                     "sched_finished", "sched_close", "worker_create", "worker_start_loads", "worker_submit_saves",
                     "worker_await_preempted", "worker_get_finished", "worker_load_errors", "worker_close",
                     "worker_stats"),
-            EngineExports.class, List.of("block_hashes"));
+            EngineExports.class, List.of("block_hashes", "completion_on_done", "flush", "query_request", "query_cancel",
+                    "register_rank"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();

@@ -7,6 +7,7 @@ import static io.pegaflow.bridge.Marshal.hashes;
 import static io.pegaflow.bridge.Marshal.longs;
 import static io.pegaflow.bridge.Marshal.putText;
 import static io.pegaflow.bridge.Marshal.str;
+import static java.lang.foreign.ValueLayout.ADDRESS;
 import static java.lang.foreign.ValueLayout.JAVA_BYTE;
 import static java.lang.foreign.ValueLayout.JAVA_INT;
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
@@ -21,9 +22,11 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
+import io.pegaflow.engine.Limits;
 import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
+import io.pegaflow.engine.PrefixRequests;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.TransferFailedException;
 import io.pegaflow.engine.WorkerSpec;
@@ -32,7 +35,10 @@ import io.pegaflow.engine.cuda.CudaTransferEngine;
 import io.pegaflow.engine.hash.VllmBlockHasher;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
+import java.lang.foreign.FunctionDescriptor;
+import java.lang.foreign.Linker;
 import java.lang.foreign.MemorySegment;
+import java.lang.invoke.MethodHandle;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -51,6 +57,16 @@ import java.util.concurrent.TimeoutException;
 final class EngineExports {
     static final Marshal.Handles<PegaEngine> ENGINES = new Marshal.Handles<>("engine");
     static final Marshal.Handles<CompletableFuture<?>> COMPLETIONS = new Marshal.Handles<>("completion");
+
+    /** Request-owned prefix queries of each engine handle ({@code query_request}), made on first use. */
+    static final Map<Long, PrefixRequests> PREFIX_REQUESTS = new ConcurrentHashMap<>();
+    /** {@code void (*)(int64_t completion, int32_t status, void *user)}, called through its address. */
+    private static final MethodHandle CALLBACK = Linker.nativeLinker()
+            .downcallHandle(FunctionDescriptor.ofVoid(JAVA_LONG, JAVA_INT, ADDRESS));
+    /** Fields per arena in {@code register_rank}'s {@code arena_params}. */
+    static final int ARENA_PARAMS = 6;
+    /** {@code query_request} flag: every block or none (a decode node that cannot recompute). */
+    static final int QUERY_ALL_OR_NOTHING = 1;
 
     /** Fields per layer in {@code register_worker}'s {@code layer_params}. */
     static final int LAYER_PARAMS = 7;
@@ -113,6 +129,7 @@ final class EngineExports {
         return guard(() -> {
             PegaEngine e = ENGINES.take(engine);
             SERVER_IDS.remove(engine);
+            PREFIX_REQUESTS.remove(engine);
             e.close();
         });
     }
@@ -201,11 +218,7 @@ final class EngineExports {
             } catch (TimeoutException e) {
                 throw new PegaflowException(ErrorCode.TIMEOUT, "completion " + completion + " not done after " + timeoutMs + " ms");
             } catch (ExecutionException e) {
-                Throwable cause = e.getCause();
-                if (cause instanceof PegaflowException pe) {
-                    throw pe;
-                }
-                throw new PegaflowException(ErrorCode.INTERNAL, String.valueOf(cause), cause);
+                throw failure(e.getCause());
             }
             if (!outValues.equals(MemorySegment.NULL)) {
                 MemorySegment out = outValues.reinterpret(24);
@@ -242,6 +255,145 @@ final class EngineExports {
                 MemorySegment.copy(ids, 0, buffer(out, 8L * n, "out"), JAVA_LONG, 0, n);
             }
         });
+    }
+
+    /** A failed operation's cause as the error the C caller sees. */
+    private static PegaflowException failure(Throwable cause) {
+        Throwable c = cause instanceof java.util.concurrent.CompletionException && cause.getCause() != null
+                ? cause.getCause() : cause;
+        return c instanceof PegaflowException pe ? pe : new PegaflowException(ErrorCode.INTERNAL, String.valueOf(c), c);
+    }
+
+    /**
+     * Calls {@code fn(completion, status, user)} once when the completion is done (at once, on
+     * this thread, when it already is; else on the engine thread that finished it). The I/O
+     * does not depend on the handle: freeing it first still runs the callback.
+     */
+    static int pfCompletionOnDone(long completion, MemorySegment fn, MemorySegment user) {
+        return guard(() -> {
+            if (fn.equals(MemorySegment.NULL)) {
+                throw new InvalidArgumentException("callback is NULL; expected a function pointer "
+                        + "void (*)(int64_t completion, int32_t status, void *user)");
+            }
+            CompletableFuture<?> f = completion(completion);
+            f.whenComplete((r, e) -> {
+                int status = e == null ? 0 : failure(e).code().value();
+                try {
+                    CALLBACK.invokeExact(fn, completion, status, user);
+                } catch (Throwable t) {
+                    System.getLogger(EngineExports.class.getName()).log(System.Logger.Level.ERROR,
+                            "completion callback " + fn + " of completion " + completion + " failed", t);
+                }
+            });
+        });
+    }
+
+    /** The visibility barrier of one engine (see {@link PegaEngine#flush}). */
+    static int pfFlush(long engine, long timeoutMs) {
+        return guard(() -> engine(engine).flush(timeoutMs));
+    }
+
+    /**
+     * A prefix query owned by request {@code req_id} ({@link PrefixRequests}): out_state gets
+     * {state (0 ready, 1 loading), hit blocks, missing blocks}; the lease (16 bytes) is set
+     * when ready with a hit, else zero.
+     */
+    static int pfQueryRequest(long engine, MemorySegment instanceId, MemorySegment reqId, int n, MemorySegment hashes,
+            int hashLen, int flags, MemorySegment outState, MemorySegment outLease) {
+        return guard(() -> {
+            MemorySegment state = buffer(outState, 12, "out_state");
+            MemorySegment lease = buffer(outLease, Token.BYTES, "out_lease");
+            if ((flags & ~QUERY_ALL_OR_NOTHING) != 0) {
+                throw new InvalidArgumentException("query_request flags " + flags + "; expected 0 or "
+                        + QUERY_ALL_OR_NOTHING + " (PF_QUERY_ALL_OR_NOTHING)");
+            }
+            PegaEngine e = engine(engine);
+            PrefixRequests.Answer a = PREFIX_REQUESTS.computeIfAbsent(engine, k -> new PrefixRequests())
+                    .query(e, str(instanceId, "instance_id"), str(reqId, "req_id"), hashes(hashes, n, hashLen),
+                            (flags & QUERY_ALL_OR_NOTHING) != 0);
+            state.set(JAVA_INT, 0, a.state() == PrefixRequests.State.READY ? 0 : 1);
+            state.set(JAVA_INT, 4, a.hitBlocks());
+            state.set(JAVA_INT, 8, a.missingBlocks());
+            byte[] bytes = a.lease() != null ? a.lease().toBytes() : new byte[Token.BYTES];
+            MemorySegment.copy(bytes, 0, lease, JAVA_BYTE, 0, Token.BYTES);
+        });
+    }
+
+    /** Forgets a loading request; *out_was_loading (may be NULL) = 1 when it was. */
+    static int pfQueryCancel(long engine, MemorySegment instanceId, MemorySegment reqId, MemorySegment outWasLoading) {
+        return guard(() -> {
+            engine(engine);
+            PrefixRequests p = PREFIX_REQUESTS.get(engine);
+            boolean was = p != null && p.cancel(str(instanceId, "instance_id"), str(reqId, "req_id"));
+            if (!outWasLoading.equals(MemorySegment.NULL)) {
+                outWasLoading.reinterpret(4).set(JAVA_INT, 0, was ? 1 : 0);
+            }
+        });
+    }
+
+    /**
+     * One rank of an instance in one call: the instance (world = tp x pp; registering it
+     * again with the same shape is a no-op) and the rank's arenas, each {@code ARENA_PARAMS}
+     * int64: base, blocks, block stride, segment bytes, segments (1 or 2), segment stride.
+     * The region registered is the reach of the last block.
+     */
+    static int pfRegisterRank(long engine, MemorySegment instanceId, MemorySegment namespace, int device, int tpRank,
+            int tpSize, int ppRank, int ppSize, int nArenas, MemorySegment arenaNames, MemorySegment arenaParams) {
+        return guard(() -> {
+            if (tpSize < 1 || ppSize < 1 || tpRank < 0 || tpRank >= tpSize || ppRank < 0 || ppRank >= ppSize) {
+                throw new InvalidArgumentException("register_rank: tp_rank " + tpRank + " of tp_size " + tpSize
+                        + ", pp_rank " + ppRank + " of pp_size " + ppSize + "; expected 0 <= rank < size");
+            }
+            List<LayerRegion> arenas = arenas(nArenas, arenaNames, arenaParams);
+            String id = str(instanceId, "instance_id");
+            PegaEngine e = engine(engine);
+            e.registerInstance(new InstanceSpec(id, str(namespace, "namespace"), tpSize, Math.multiplyExact(tpSize, ppSize)));
+            e.registerWorker(id, new WorkerSpec(ppRank * tpSize + tpRank, tpRank, device, arenas));
+        });
+    }
+
+    static List<LayerRegion> arenas(int n, MemorySegment names, MemorySegment params) {
+        Limits.checkCount("arenas", n, Limits.MAX_LAYERS_PER_WORKER, "MAX_LAYERS_PER_WORKER");
+        if (n < 1) {
+            throw new InvalidArgumentException("arena count " + n + "; expected >= 1");
+        }
+        String[] nameList = str(names, "arena_names").split("\n", -1);
+        if (nameList.length != n) {
+            throw new InvalidArgumentException("arena_names has " + nameList.length + " names; expected " + n);
+        }
+        long[] p = longs(params, n * ARENA_PARAMS, "arena_params");
+        List<LayerRegion> out = new ArrayList<>(n);
+        for (int i = 0; i < n; i++) {
+            int at = i * ARENA_PARAMS;
+            long base = p[at];
+            long blocks = p[at + 1];
+            long stride = p[at + 2];
+            long segBytes = p[at + 3];
+            long segments = p[at + 4];
+            long segStride = p[at + 5];
+            String where = "arena '" + nameList[i] + "'";
+            if (segments != 1 && segments != 2) {
+                throw new InvalidArgumentException(where + ": segments " + segments + "; expected 1 or 2");
+            }
+            if (blocks < 1 || blocks > Integer.MAX_VALUE) {
+                throw new InvalidArgumentException(where + ": blocks " + blocks + "; expected 1.." + Integer.MAX_VALUE);
+            }
+            if (stride <= 0 || segBytes <= 0 || segStride < 0) {
+                throw new InvalidArgumentException(where + ": block stride " + stride + ", segment bytes " + segBytes
+                        + ", segment stride " + segStride + "; expected > 0, > 0, >= 0");
+            }
+            long reach;
+            try {
+                reach = Math.addExact(Math.addExact(Math.multiplyExact(blocks - 1, stride),
+                        Math.multiplyExact(segments - 1, segStride)), segBytes);
+            } catch (ArithmeticException ex) {
+                throw new InvalidArgumentException(where + ": " + blocks + " blocks of stride " + stride
+                        + " overflow 64 bits");
+            }
+            out.add(new LayerRegion(nameList[i], segments == 2 ? KvLayout.SPLIT_KV : KvLayout.COMBINED, base, reach,
+                    (int) blocks, stride, segBytes, segments == 2 ? segStride : 0));
+        }
+        return out;
     }
 
     /** Engine stats as JSON (UTF-8, NUL-terminated); *out_len is its length, PF_INVALID_ARGUMENT when it does not fit. */
@@ -312,6 +464,7 @@ final class EngineExports {
                 }
             }
             COMPLETIONS.clear();
+            PREFIX_REQUESTS.clear();
         });
     }
 

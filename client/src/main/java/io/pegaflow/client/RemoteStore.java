@@ -26,6 +26,7 @@ import io.pegaflow.client.proto.BeginLoadRequest;
 import io.pegaflow.client.proto.CopyDirection;
 import io.pegaflow.client.proto.Empty;
 import io.pegaflow.client.proto.EndCopyRequest;
+import io.pegaflow.client.proto.FlushRequest;
 import io.pegaflow.client.proto.EngineGrpc;
 import io.pegaflow.client.proto.HealthRequest;
 import io.pegaflow.client.proto.HealthResponse;
@@ -419,6 +420,11 @@ public final class RemoteStore implements BlockStore {
         if (local.call(Wire.RELEASE, req) == null) {
             call(s -> s.release(req));
         }
+    }
+
+    @Override
+    public void flush() {
+        call(s -> s.flush(FlushRequest.getDefaultInstance()));
     }
 
     @Override

@@ -40,6 +40,15 @@ public interface BlockStore extends AutoCloseable {
 
     EngineStats stats();
 
+    /**
+     * The visibility barrier: every save ended before this call is visible to other hosts'
+     * queries when it returns (local queries see a save as soon as it ended). Without other
+     * hosts it returns at once.
+     *
+     * @throws PegaflowException TIMEOUT or UNAVAILABLE when the cluster registry did not confirm
+     */
+    default void flush() {}
+
     @Override
     void close();
 }

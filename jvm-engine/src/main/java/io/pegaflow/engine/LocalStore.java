@@ -440,6 +440,27 @@ public final class LocalStore implements BlockStore {
 
     // ---------------------------------------------------------------- query
 
+    /** See {@link BlockStore#flush}: the remote tier's queue of advertisements, sent (not under the lock). */
+    @Override
+    public void flush() {
+        RemoteTier r = remote;
+        if (r == null) {
+            return;
+        }
+        try {
+            r.flush();
+        } catch (java.util.concurrent.TimeoutException e) {
+            throw new PegaflowException(ErrorCode.TIMEOUT, "flush: the cluster registry did not confirm in time: " + e.getMessage(), e);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new PegaflowException(ErrorCode.UNAVAILABLE, "flush interrupted", e);
+        } catch (PegaflowException e) {
+            throw e;
+        } catch (Exception e) {
+            throw new PegaflowException(ErrorCode.UNAVAILABLE, "flush: the cluster registry is unavailable: " + e, e);
+        }
+    }
+
     /**
      * Finds the longest prefix of {@code hashes} whose blocks are all resident (sealed) and
      * returns its length with a lease that pins those blocks until every worker loaded them,

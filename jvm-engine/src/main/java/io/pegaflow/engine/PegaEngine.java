@@ -10,6 +10,9 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.TimeoutException;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 import java.util.function.Function;
 import java.util.function.LongSupplier;
@@ -352,6 +355,46 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     // ---------------------------------------------------------------- maintenance, stats, close
+
+    /**
+     * The visibility barrier (prefill/decode's "KV ready"): returns once every save (and load)
+     * this engine started before the call has ended and the store confirmed that those saves
+     * are visible to local and other hosts' queries. A failed save is reported on its own
+     * future and simply is not visible; the barrier does not fail for it.
+     *
+     * @param timeoutMs how long to wait in all (< 0: forever)
+     * @throws PegaflowException TIMEOUT naming what was still running, or the store's
+     *     TIMEOUT / UNAVAILABLE when the cluster registry did not confirm
+     */
+    public void flush(long timeoutMs) {
+        startOp();
+        try {
+            long deadline = System.nanoTime() + (timeoutMs < 0 ? 0 : TimeUnit.MILLISECONDS.toNanos(timeoutMs));
+            List<CompletableFuture<?>> all = new ArrayList<>();
+            pending.values().forEach(all::addAll);
+            for (CompletableFuture<?> f : all) {
+                try {
+                    if (timeoutMs < 0) {
+                        f.join();
+                    } else {
+                        f.get(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+                    }
+                } catch (TimeoutException e) {
+                    long left = all.stream().filter(x -> !x.isDone()).count();
+                    throw new PegaflowException(ErrorCode.TIMEOUT, "flush: " + left + " of " + all.size()
+                            + " copies started before it still running after " + timeoutMs + " ms");
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                    throw new PegaflowException(ErrorCode.INTERNAL, "flush interrupted", e);
+                } catch (ExecutionException | RuntimeException e) {
+                    // the caller of that save or load sees the failure through its own future
+                }
+            }
+            store.flush();
+        } finally {
+            endOp();
+        }
+    }
 
     /** Expires leases and partially saved blocks now (embedded engines; the server sweeps its own). */
     public void sweep() {

@@ -20,4 +20,11 @@ public interface RemoteTier {
 
     /** A resident block left the pool (evicted): withdraw it. */
     void evicted(String namespace, byte[] hash);
+
+    /**
+     * Returns once every advertisement queued before the call has reached the other hosts
+     * (the flush barrier; called outside the store's lock). Throws on a timeout or when the
+     * registry cannot be reached.
+     */
+    default void flush() throws Exception {}
 }

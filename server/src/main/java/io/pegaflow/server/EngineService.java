@@ -26,6 +26,7 @@ import io.pegaflow.client.proto.CopyPlan;
 import io.pegaflow.client.proto.CopyResult;
 import io.pegaflow.client.proto.Empty;
 import io.pegaflow.client.proto.EndCopyRequest;
+import io.pegaflow.client.proto.FlushRequest;
 import io.pegaflow.client.proto.EngineGrpc;
 import io.pegaflow.client.proto.HealthRequest;
 import io.pegaflow.client.proto.HealthResponse;
@@ -249,6 +250,14 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     /** Release on {@code store}: the gRPC method and the local socket's. */
     static void release(LocalStore store, ReleaseRequest r) {
         store.release(r.getInstanceId(), Token.fromBytes(r.getLease().toByteArray()));
+    }
+
+    @Override
+    public void flush(FlushRequest r, StreamObserver<Empty> out) {
+        answer(out, () -> {
+            store.flush();
+            return EMPTY;
+        });
     }
 
     @Override

@@ -119,6 +119,12 @@ public final class ClusterTier implements RemoteTier, AutoCloseable {
         registry.withdraw(namespace, hash);
     }
 
+    /** The flush barrier: the registry's queued advertisements sent and answered. */
+    @Override
+    public void flush() throws Exception {
+        registry.flush();
+    }
+
     // ------------------------------------------------------------ the fetch (on a fetch thread)
 
     private void fetch(Key key, String namespace, BlockHashes wanted, int alreadyHit) {
