@@ -14,7 +14,7 @@
  *    the same namespace finding the blocks by the same hashes;
  *  - an SSD tier below a small pool: a prefix evicted to SSD answers "loading", then ready,
  *    and loads byte-exact;
- *  - bad calls with their codes and messages.
+ *  - bad calls with their codes and messages (sizes refused before anything is allocated).
  *
  *   cc -O2 -Wall -I$JAVA_HOME/include -I$JAVA_HOME/include/linux -Ibridge/include \
  *      bridge/c/roundtrip.c -ldl -lpthread -o roundtrip
@@ -334,6 +334,8 @@ int main(int argc, char **argv) {
                  "flags 4");
     EXPECT_ERROR(api->query_request(engine, "native", "", PREFIX, hashes, hlen, 0, st, lease), PF_INVALID_ARGUMENT,
                  "request id");
+    EXPECT_ERROR(api->query_request(engine, "native", "r", 1 << 30, hashes, hlen, 0, st, lease), PF_INVALID_ARGUMENT,
+                 "MAX_HASHES_PER_CALL"); /* refused before 16 GiB is read or allocated */
     EXPECT_ERROR(api->completion_on_done(12345, NULL, NULL), PF_INVALID_ARGUMENT, "callback is NULL");
     EXPECT_ERROR(api->wait(987654321, 0, v), PF_INVALID_ARGUMENT, "completion handle 987654321");
     EXPECT_ERROR(api->block_hashes("xxhash", NULL, NULL, 0, tokens, 16, 16, hashes, sizeof hashes, &count, &hlen),

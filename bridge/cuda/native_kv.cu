@@ -175,6 +175,28 @@ int main(int argc, char **argv) {
     CU(cudaMemcpy(d_dst, dst.data(), n * 8, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(d_zero, zero_ids, 16, cudaMemcpyHostToDevice));
 
+    /* the line in this run: one large pinned copy each way (docs/gpu.md's 55.4 GB/s) */
+    double line_h2d = 0, line_d2h = 0;
+    {
+        const size_t bytes = (size_t) 2 << 30;
+        void *host;
+        CU(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+        memset(host, 1, bytes);
+        for (int r = 0; r < 3; r++) {
+            double t0 = now_s();
+            CU(cudaMemcpyAsync(kv, host, bytes, cudaMemcpyHostToDevice, compute));
+            CU(cudaStreamSynchronize(compute));
+            line_h2d = std::max(line_h2d, bytes / (now_s() - t0) / 1e9);
+            t0 = now_s();
+            CU(cudaMemcpyAsync(host, kv, bytes, cudaMemcpyDeviceToHost, compute));
+            CU(cudaStreamSynchronize(compute));
+            line_d2h = std::max(line_d2h, bytes / (now_s() - t0) / 1e9);
+        }
+        CU(cudaFreeHost(host));
+        CU(cudaMemset(kv, 0, nb * PAGE));
+        printf("line: H2D %.2f GB/s, D2H %.2f GB/s (one 2 GiB pinned copy, best of 3)\n", line_h2d, line_d2h);
+    }
+
     double t_connect = now_s();
     int64_t engine;
     CK(api->engine_connect(argv[2], 1, /* CUDA copies */ 1, 0, 30000, &engine));
@@ -182,7 +204,8 @@ int main(int argc, char **argv) {
 
     std::string json = "{\"device\":\"" + std::string(prop.name) + "\",\"blocks\":" + std::to_string(n) +
                        ",\"block_bytes\":" + std::to_string(PAGE) + ",\"reps\":" + std::to_string(reps) +
-                       ",\"jvm_start_s\":" + std::to_string(t_boot) + ",\"connect_s\":" + std::to_string(t_connect);
+                       ",\"jvm_start_s\":" + std::to_string(t_boot) + ",\"connect_s\":" + std::to_string(t_connect) +
+                       ",\"line_h2d_gbps\":" + std::to_string(line_h2d) + ",\"line_d2h_gbps\":" + std::to_string(line_d2h);
     const char *variants[2] = {"shared", "page"};
     for (int v = 0; v < 2; v++) {
         std::string inst = std::string("native-") + variants[v];

@@ -281,7 +281,7 @@ def test_the_c_round_trip_program(tmp_path):
                  "loaded the same 6 blocks by the same hashes",
                  "then ready with 4 blocks, loaded byte-exact"):
         assert line in out, out
-    assert out.count("bad call ") == 11, out
+    assert out.count("bad call ") == 12, out
 
 
 def test_the_c_host_gets_a_clear_error_without_a_java_runtime(tmp_path):

@@ -33,9 +33,13 @@ def expected(torch, logical, layer: int, device):
 
 
 def poll(core, kind: str, req: str, timeout_s: float = 120) -> None:
+    """Until the worker reports ``req``'s saves (S) or load (R) done; vLLM first passes the
+    finished request to get_finished, and a save is reported only for a finished request."""
     end = time.monotonic() + timeout_s
+    finished = [req] if kind == "S" else []
     while True:
-        sending, recving, _ = core.get_finished([])
+        sending, recving, _ = core.get_finished(finished)
+        finished = []
         if req in (sending if kind == "S" else recving):
             return
         if time.monotonic() > end:

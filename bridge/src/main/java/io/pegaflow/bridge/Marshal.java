@@ -7,6 +7,7 @@ import static java.lang.foreign.ValueLayout.JAVA_LONG;
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.Limits;
 import io.pegaflow.engine.PegaflowException;
 import java.lang.foreign.MemorySegment;
 import java.nio.charset.StandardCharsets;
@@ -136,6 +137,7 @@ final class Marshal {
             throw new InvalidArgumentException("hashes: count " + n + ", hash_len " + hashLen
                     + "; expected count >= 0 and 1 <= hash_len <= 64");
         }
+        Limits.checkHashes((long) n * hashLen, hashLen); // before the copy is allocated
         return n == 0 ? BlockHashes.EMPTY : new BlockHashes(bytes(p, (long) n * hashLen, "hashes"), hashLen);
     }
 
