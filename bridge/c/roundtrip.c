@@ -12,6 +12,7 @@
  *    block ids with every byte compared and untouched blocks still zero;
  *  - a second instance registered the classic way (register_instance + register_worker) in
  *    the same namespace finding the blocks by the same hashes;
+ *  - pipeline parallel: two stages registering their own layers (register_rank, pp_size 2);
  *  - an SSD tier below a small pool: a prefix evicted to SSD answers "loading", then ready,
  *    and loads byte-exact;
  *  - bad calls with their codes and messages (sizes refused before anything is allocated).
@@ -321,6 +322,39 @@ int main(int argc, char **argv) {
     for (int i = 0; i < PREFIX; i++) EXPECT(same_as(&other, (int) src[i], (int) src[i]), "classic block %d", i);
     CHECK(api->unregister_instance(engine, "classic"));
     printf("a second instance (register_instance + register_worker) loaded the same 6 blocks by the same hashes\n");
+
+    /* pipeline parallel: two stages (pp_size 2), each registering its own layers; the instance
+       seals with the second; a block is found once both stages saved their share */
+    {
+        kv_cache st0 = cache_new();
+        int64_t pp0[PEGAFLOW_ARENA_PARAMS], pp1[2 * PEGAFLOW_ARENA_PARAMS], pv[3];
+        int64_t all[(LAYERS + 1) * PEGAFLOW_ARENA_PARAMS];
+        arena_params(&st0, all);
+        memcpy(pp0, all, sizeof pp0);                                /* stage 0: layer.00 */
+        memcpy(pp1, all + PEGAFLOW_ARENA_PARAMS, sizeof pp1);        /* stage 1: layer.01, sidecar */
+        CHECK(api->register_rank(engine, "pp", "pp-namespace", 0, 0, 1, 0, 2, 1, "layer.00", pp0));
+        int32_t ph[2];
+        EXPECT_ERROR(api->query(engine, "pp", PREFIX, hashes, hlen, ph, lease), PF_REGISTRATION_INCOMPLETE, "pp");
+        CHECK(api->register_rank(engine, "pp", "pp-namespace", 0, 0, 1, 1, 2, 2, "layer.01\nsidecar", pp1));
+        for (int i = 0; i < PREFIX; i++) fill(&st0, (int) src[i]);
+        int64_t pc;
+        CHECK(api->save(engine, "pp", 0, PREFIX, src, hashes, hlen, NULL, 0, &pc));
+        CHECK(api->wait(pc, 10000, pv));
+        CHECK(api->completion_free(pc));
+        CHECK(api->query(engine, "pp", PREFIX, hashes, hlen, ph, lease));
+        EXPECT(ph[0] == 0, "a block with one stage's share is not resident (hit %d)", ph[0]);
+        CHECK(api->save(engine, "pp", 1, PREFIX, src, hashes, hlen, NULL, 0, &pc));
+        CHECK(api->wait(pc, 10000, pv));
+        CHECK(api->completion_free(pc));
+        CHECK(api->query(engine, "pp", PREFIX, hashes, hlen, ph, lease));
+        EXPECT(ph[0] == PREFIX, "both stages saved: hit %d", ph[0]);
+        CHECK(api->release(engine, "pp", lease));
+        CHECK(api->unregister_instance(engine, "pp"));
+        free(st0.pages);
+        free(st0.sidecar);
+        printf("pipeline parallel: two stages registered their layers with register_rank; a block is resident "
+               "once both saved\n");
+    }
 
     /* bad calls: a code and a message naming the value; nothing changes */
     int64_t bad[PEGAFLOW_ARENA_PARAMS];
