@@ -396,7 +396,6 @@ final class EngineExports {
         return out;
     }
 
-    /** Engine stats as JSON (UTF-8, NUL-terminated); *out_len is its length, PF_INVALID_ARGUMENT when it does not fit. */
     /**
      * vLLM's block hashes of the full blocks of {@code tokens} ({@link VllmBlockHasher}): {@code
      * *out_count} hashes of {@code *out_hash_len} bytes into {@code out} when they fit {@code cap}
@@ -432,6 +431,7 @@ final class EngineExports {
         });
     }
 
+    /** Engine stats as JSON (UTF-8, NUL-terminated); *out_len is its length, PF_INVALID_ARGUMENT when it does not fit. */
     static int pfStats(long engine, MemorySegment buf, int cap, MemorySegment outLen) {
         return guard(() -> {
             putText(statsJson(engine(engine).stats()), buf, cap, outLen, "stats");
