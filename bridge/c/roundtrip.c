@@ -34,40 +34,9 @@
 #include "pegaflow.h"
 #include "pegaflow_boot.h"
 
-static const pegaflow_api *api;
+static const pegaflow_api *api; /* before pegaflow_check.h's macros use it */
 
-#define CHECK(call)                                                                  \
-    do {                                                                             \
-        int32_t rc_ = (call);                                                        \
-        if (rc_ != PF_OK) {                                                          \
-            char msg_[1024];                                                         \
-            api->last_error(msg_, sizeof msg_);                                      \
-            fprintf(stderr, "%s:%d %s failed: code %d: %s\n", __FILE__, __LINE__,     \
-                    #call, rc_, msg_);                                               \
-            exit(1);                                                                 \
-        }                                                                            \
-    } while (0)
-
-#define EXPECT(cond, ...)                                                            \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d expected %s: ", __FILE__, __LINE__, #cond);       \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fprintf(stderr, "\n");                                                   \
-            exit(1);                                                                 \
-        }                                                                            \
-    } while (0)
-
-/* A bad call: the code, and a message containing `needle`. */
-#define EXPECT_ERROR(call, code, needle)                                             \
-    do {                                                                             \
-        int32_t rc_ = (call);                                                        \
-        char msg_[1024];                                                             \
-        api->last_error(msg_, sizeof msg_);                                          \
-        EXPECT(rc_ == (code) && strstr(msg_, (needle)) != NULL,                      \
-               "%s gave code %d, message '%s'", #call, rc_, msg_);                   \
-        printf("bad call %-16s code %2d: %.110s\n", #code, rc_, msg_);                \
-    } while (0)
+#include "pegaflow_check.h"
 
 enum {
     LAYERS = 2,     /* layers in a page */

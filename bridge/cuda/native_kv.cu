@@ -36,30 +36,13 @@
 
 static const pegaflow_api *api;
 
-#define CK(call)                                                                                  \
-    do {                                                                                          \
-        int32_t rc_ = (call);                                                                     \
-        if (rc_ != PF_OK) {                                                                       \
-            char msg_[2048];                                                                      \
-            api->last_error(msg_, sizeof msg_);                                                   \
-            fprintf(stderr, "%s:%d %s: code %d: %s\n", __FILE__, __LINE__, #call, rc_, msg_);      \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "pegaflow_check.h"
+
 #define CU(call)                                                                                  \
     do {                                                                                          \
         cudaError_t e_ = (call);                                                                  \
         if (e_ != cudaSuccess) {                                                                  \
             fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-#define EXPECT(cond, ...)                                                                         \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "%s:%d expected %s: ", __FILE__, __LINE__, #cond);                    \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fprintf(stderr, "\n");                                                                \
             exit(1);                                                                              \
         }                                                                                         \
     } while (0)
@@ -114,7 +97,7 @@ static std::vector<uint8_t> prompt_hashes(int64_t n, int rep) {
     for (size_t i = 0; i < tokens.size(); i++) tokens[i] = 3 + (int32_t) ((i * 7919 + (size_t) rep * 104729) % 32000);
     std::vector<uint8_t> h(n * 16);
     int32_t count = 0, len = 0;
-    CK(api->block_hashes("xxhash_cbor", "0", nullptr, 0, tokens.data(), (int64_t) tokens.size(), BS, h.data(),
+    CHECK(api->block_hashes("xxhash_cbor", "0", nullptr, 0, tokens.data(), (int64_t) tokens.size(), BS, h.data(),
                          (int64_t) h.size(), &count, &len));
     EXPECT(count == n && len == 16, "%lld hashes of 16 bytes; got %d of %d", (long long) n, count, len);
     return h;
@@ -199,7 +182,7 @@ int main(int argc, char **argv) {
 
     double t_connect = now_s();
     int64_t engine;
-    CK(api->engine_connect(argv[2], 1, /* CUDA copies */ 1, 0, 30000, &engine));
+    CHECK(api->engine_connect(argv[2], 1, /* CUDA copies */ 1, 0, 30000, &engine));
     t_connect = now_s() - t_connect;
 
     std::string json = "{\"device\":\"" + std::string(prop.name) + "\",\"blocks\":" + std::to_string(n) +
@@ -225,7 +208,7 @@ int main(int argc, char **argv) {
             a[4] = 1; /* vLLM's order: K|V per token and head, one segment */
             a[5] = 0;
         }
-        CK(api->register_rank(engine, inst.c_str(), ns.c_str(), 0, 0, 1, 0, 1, L, names.c_str(), params.data()));
+        CHECK(api->register_rank(engine, inst.c_str(), ns.c_str(), 0, 0, 1, 0, 1, L, names.c_str(), params.data()));
 
         /* rep 0: the prompt a vLLM connector will load (shared variant); checked bit for bit */
         CU(cudaMemset(kv, 0, nb * PAGE));
@@ -234,19 +217,19 @@ int main(int argc, char **argv) {
         std::vector<uint8_t> h0 = prompt_hashes(n, 0);
         int64_t c, vals[3];
         /* ORDERING: the save waits for the fill queued on `compute` (no host sync here) */
-        CK(api->save(engine, inst.c_str(), 0, (int32_t) n, src.data(), h0.data(), 16, nullptr, (int64_t) compute, &c));
-        CK(api->completion_on_done(c, on_save, nullptr));
-        CK(api->wait(c, 120000, vals));
-        CK(api->completion_free(c));
+        CHECK(api->save(engine, inst.c_str(), 0, (int32_t) n, src.data(), h0.data(), 16, nullptr, (int64_t) compute, &c));
+        CHECK(api->completion_on_done(c, on_save, nullptr));
+        CHECK(api->wait(c, 120000, vals));
+        CHECK(api->completion_free(c));
         EXPECT(vals[0] == n, "saved %lld blocks, got %lld", (long long) n, (long long) vals[0]);
-        CK(api->flush(engine, 30000));
+        CHECK(api->flush(engine, 30000));
         int32_t st[3];
         uint8_t lease[PEGAFLOW_LEASE_BYTES];
-        CK(api->query_request(engine, inst.c_str(), "check", (int32_t) n, h0.data(), 16, PF_QUERY_ALL_OR_NOTHING, st, lease));
+        CHECK(api->query_request(engine, inst.c_str(), "check", (int32_t) n, h0.data(), 16, PF_QUERY_ALL_OR_NOTHING, st, lease));
         EXPECT(st[0] == PF_QUERY_READY && st[1] == n, "ready with %lld; state %d hit %d", (long long) n, st[0], st[1]);
-        CK(api->load(engine, inst.c_str(), 0, lease, (int32_t) n, dst.data(), &c));
-        CK(api->wait(c, 120000, vals));
-        CK(api->completion_free(c));
+        CHECK(api->load(engine, inst.c_str(), 0, lease, (int32_t) n, dst.data(), &c));
+        CHECK(api->wait(c, 120000, vals));
+        CHECK(api->completion_free(c));
         CU(cudaMemset(d_bad, 0, 16));
         check<<<1024, 256>>>(kv, d_dst, n, d_zero, 2, d_bad, d_bad + 1);
         unsigned long long bad[2];
@@ -265,23 +248,23 @@ int main(int argc, char **argv) {
             CU(cudaStreamSynchronize(compute));
             int before = saves_done.load();
             double t0 = now_s();
-            CK(api->save(engine, inst.c_str(), 0, (int32_t) n, src.data(), h.data(), 16, nullptr, 0, &c));
-            CK(api->completion_on_done(c, on_save, nullptr));
-            CK(api->wait(c, 120000, vals));
+            CHECK(api->save(engine, inst.c_str(), 0, (int32_t) n, src.data(), h.data(), 16, nullptr, 0, &c));
+            CHECK(api->completion_on_done(c, on_save, nullptr));
+            CHECK(api->wait(c, 120000, vals));
             while (saves_done.load() == before) std::this_thread::yield();
             double secs = save_done_at.load() - t0;
-            CK(api->completion_free(c));
+            CHECK(api->completion_free(c));
             EXPECT(vals[0] == n, "fresh save of %lld blocks", (long long) n);
             t.save_gbps.push_back(n * PAGE / secs / 1e9);
         }
         for (int r = 0; r < reps; r++) {
             double t0 = now_s();
-            CK(api->query_request(engine, inst.c_str(), "load", (int32_t) n, h0.data(), 16, 0, st, lease));
+            CHECK(api->query_request(engine, inst.c_str(), "load", (int32_t) n, h0.data(), 16, 0, st, lease));
             EXPECT(st[0] == PF_QUERY_READY && st[1] == n, "hit %d", st[1]);
-            CK(api->load(engine, inst.c_str(), 0, lease, (int32_t) n, dst.data(), &c));
-            CK(api->wait(c, 120000, vals));
+            CHECK(api->load(engine, inst.c_str(), 0, lease, (int32_t) n, dst.data(), &c));
+            CHECK(api->wait(c, 120000, vals));
             double secs = now_s() - t0;
-            CK(api->completion_free(c));
+            CHECK(api->completion_free(c));
             t.load_gbps.push_back(n * PAGE / secs / 1e9);
         }
         char part[512];
@@ -296,12 +279,12 @@ int main(int argc, char **argv) {
         printf("%s: save %.2f GB/s, load %.2f GB/s (median of %d, %lld x %lld bytes; query+load timed together)\n",
                variants[v], median(t.save_gbps), median(t.load_gbps), reps, (long long) n, (long long) PAGE);
         fflush(stdout);
-        if (v == 1) CK(api->unregister_instance(engine, inst.c_str()));
+        if (v == 1) CHECK(api->unregister_instance(engine, inst.c_str()));
         /* the shared variant stays registered: its blocks stay in the server for the vLLM connector */
     }
     json += "}";
     printf("%s\n", json.c_str());
-    CK(api->engine_close(engine));
-    CK(api->shutdown());
+    CHECK(api->engine_close(engine));
+    CHECK(api->shutdown());
     return 0;
 }

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 sim = pytest.importorskip("pegaflow.bench.sim", reason="needs vllm==0.33.0 (make setup installs it)")
 
-from pegaflow.connector import PegaConnectorMetadata, _layout, _runtime  # noqa: E402
+from pegaflow.connector import PegaConnectorMetadata, _layout  # noqa: E402
 from pegaflow.errors import InvalidArgumentError  # noqa: E402
 from pegaflow._server import free_port, start_server  # noqa: E402
 
@@ -31,21 +31,6 @@ EMBEDDED = {"mode": "embedded", "pool_size": "64mb"}
 def prompt(seed: int, n: int) -> list[int]:
     return [(seed * 7919 + i * 104729) % 997 + 3 for i in range(n)]
 
-
-@pytest.fixture
-def engines():
-    """SimEngines made by the test; closed, with this process's links, afterwards."""
-    made: list[SimEngine] = []
-
-    def make(name, extra=None, **kw):
-        e = SimEngine(name, EMBEDDED if extra is None else extra, **kw)
-        made.append(e)
-        return e
-
-    yield make
-    for e in made:
-        e.close()
-    _runtime.close_all()
 
 
 def store_stats(engine: SimEngine) -> dict:

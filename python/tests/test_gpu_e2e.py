@@ -57,18 +57,6 @@ def vllm_layout_views(num_layers: int, heads: int, head_dim: int, dtype, device)
     return buf, views
 
 
-def poll(core, finished, kind: str, req: str, timeout_s: float = 30) -> None:
-    end = time.monotonic() + timeout_s
-    while True:
-        sending, recving, _ = core.get_finished(finished)
-        finished = []
-        if req in (sending if kind == "S" else recving):
-            return
-        if time.monotonic() > end:
-            raise TimeoutError(f"{kind} {req} not reported")
-        time.sleep(0.001)
-
-
 def layer_kv(cache, layer: int):
     if hasattr(cache, "layers"):
         return cache.layers[layer].keys, cache.layers[layer].values
@@ -135,7 +123,7 @@ def round_trip(device: str) -> dict:
         t0 = time.perf_counter()
         core.submit_saves(sched.build_plan())
         assert sched.request_finished("a"), "blocks held until their saves finish"
-        poll(core, ["a"], "S", "a")
+        core.wait_reported("S", "a")
         save_s = time.perf_counter() - t0
         sched.finished(["a"], [])
         saved = {(name, i): views[name][b].contiguous().view(torch.int8).clone()
@@ -148,7 +136,7 @@ def round_trip(device: str) -> dict:
         sched.after_alloc("b", [dst + [61]], hit)
         t0 = time.perf_counter()
         core.start_loads(sched.build_plan())
-        poll(core, [], "R", "b")
+        core.wait_reported("R", "b")
         load_s = time.perf_counter() - t0
         assert core.load_errors() == set()
         for (name, i), want in saved.items():
@@ -207,7 +195,7 @@ def _rank_process(conn, rank: int, device: str, endpoint: str, heads: int, head_
             elif op in ("save", "load"):  # (inst, plan, request id)
                 core = cores[inst]
                 core.submit_saves(args[1]) if op == "save" else core.start_loads(args[1])
-                poll(core, [args[2]] if op == "save" else [], "S" if op == "save" else "R", args[2])
+                core.wait_reported("S" if op == "save" else "R", args[2])
                 conn.send(sorted(core.load_errors()))
             elif op == "read":  # (inst, block ids): per layer, the blocks' bytes on the CPU
                 conn.send([[views[inst][name][b].contiguous().view(torch.int8).cpu() for b in args[1]]

@@ -30,7 +30,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 
 from pegaflow._server import start_server  # noqa: E402
-from pegaflow.connector import _groups, _runtime  # noqa: E402
+from pegaflow.connector import _groups  # noqa: E402
 
 EMBEDDED = {"mode": "embedded", "pool_size": "64mb"}
 CHUNK = 64  # max_num_batched_tokens: a 200-token prompt is computed in steps ending at 64, 128, 192, 200
@@ -43,19 +43,15 @@ def prompt(seed: int, n: int) -> list[int]:
 
 
 @pytest.fixture
-def engines():
-    made: list = []
+def engines(engines):
+    """conftest's SimEngines, computing prompts in CHUNK-token steps and checking every byte."""
 
     def make(name, extra=None, **kw):
         kw.setdefault("max_num_batched_tokens", CHUNK)
-        e = sim.SimEngine(name, EMBEDDED if extra is None else extra, verify=True, **kw)
-        made.append(e)
-        return e
+        kw.setdefault("verify", True)
+        return engines(name, EMBEDDED if extra is None else extra, **kw)
 
-    yield make
-    for e in made:
-        e.close()
-    _runtime.close_all()
+    return make
 
 
 def baseline(hybrid: str, requests: dict[str, list[int]], max_tokens: int = 6, **kw) -> dict[str, list[int]]:

@@ -32,21 +32,6 @@ def expected(torch, logical, layer: int, device):
     return (logical[:, None] * 40503 + layer * 2531 + seg[None, :] * 977 + e[None, :] * 3 + 1) & 0xFFFF
 
 
-def poll(core, kind: str, req: str, timeout_s: float = 120) -> None:
-    """Until the worker reports ``req``'s saves (S) or load (R) done; vLLM first passes the
-    finished request to get_finished, and a save is reported only for a finished request."""
-    end = time.monotonic() + timeout_s
-    finished = [req] if kind == "S" else []
-    while True:
-        sending, recving, _ = core.get_finished(finished)
-        finished = []
-        if req in (sending if kind == "S" else recving):
-            return
-        if time.monotonic() > end:
-            raise TimeoutError(f"{kind} {req} not reported in {timeout_s} s")
-        time.sleep(0.0002)
-
-
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--endpoint", required=True)
@@ -93,7 +78,7 @@ def main() -> int:
             assert hit == n * BS, f"the connector found {hit} tokens of {n * BS} saved by the native engine"
             sched.after_alloc(req, [dst + [n + 1]], hit)
             core.start_loads(sched.build_plan())
-            poll(core, "R", req)
+            core.wait_reported("R", req, timeout_s=120)
             secs = time.perf_counter() - t0
             assert core.load_errors() == set()
             sched.request_finished(req)
@@ -124,7 +109,7 @@ def main() -> int:
             t0 = time.perf_counter()
             core.submit_saves(sched.build_plan())
             assert sched.request_finished(req)
-            poll(core, "S", req)
+            core.wait_reported("S", req, timeout_s=120)
             secs = time.perf_counter() - t0
             sched.finished([req], [])
             save_gbps.append(n * page * L / secs / 1e9)

@@ -6,6 +6,7 @@ directly on a machine that has PyTorch but no vLLM."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from ..errors import InvalidArgumentError
@@ -95,6 +96,21 @@ class WorkerCore:
         if self.brain is None:
             return set(), set(), set()
         return self.brain.get_finished(finished_req_ids)
+
+    def wait_reported(self, kind: str, req: str, timeout_s: float = 30.0) -> None:
+        """Blocks until ``get_finished`` reports ``req``'s saves (``kind`` "S") or its load ("R"),
+        for drivers without vLLM (GPU tests, benchmarks). A save is reported only once the
+        request was passed as finished, so "S" passes it first, as vLLM does."""
+        end = time.monotonic() + timeout_s
+        finished = [req] if kind == "S" else []
+        while True:
+            sending, recving, _ = self.get_finished(finished)
+            finished = []
+            if req in (sending if kind == "S" else recving):
+                return
+            if time.monotonic() > end:
+                raise TimeoutError(f"{kind} {req} not reported in {timeout_s} s")
+            time.sleep(0.0002)
 
     def load_errors(self) -> set[int]:
         return self.brain.load_errors() if self.brain is not None else set()

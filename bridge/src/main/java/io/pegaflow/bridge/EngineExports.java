@@ -353,15 +353,9 @@ final class EngineExports {
     }
 
     static List<LayerRegion> arenas(int n, MemorySegment names, MemorySegment params) {
-        Limits.checkCount("arenas", n, Limits.MAX_LAYERS_PER_WORKER, "MAX_LAYERS_PER_WORKER");
-        if (n < 1) {
-            throw new InvalidArgumentException("arena count " + n + "; expected >= 1");
-        }
-        String[] nameList = str(names, "arena_names").split("\n", -1);
-        if (nameList.length != n) {
-            throw new InvalidArgumentException("arena_names has " + nameList.length + " names; expected " + n);
-        }
-        long[] p = longs(params, n * ARENA_PARAMS, "arena_params");
+        Table t = table("register_rank", "n_arenas", n, names, "arena_names", params, "arena_params", ARENA_PARAMS);
+        String[] nameList = t.names();
+        long[] p = t.params();
         List<LayerRegion> out = new ArrayList<>(n);
         for (int i = 0; i < n; i++) {
             int at = i * ARENA_PARAMS;
@@ -507,16 +501,29 @@ final class EngineExports {
     }
 
     /** {@code register_worker}'s layer arguments (names '\n'-separated, 7 int64 per layer) as regions. */
+    /** {@code n} names ('\n'-separated) and {@code n} rows of {@code width} int64: register_worker's and register_rank's tables. */
+    private record Table(String[] names, long[] params) {}
+
+    /** Reads such a table, the count checked before anything is read or allocated. */
+    private static Table table(String call, String countArg, int n, MemorySegment names, String namesArg,
+            MemorySegment params, String paramsArg, int width) {
+        if (n < 1 || n > Limits.MAX_LAYERS_PER_WORKER) {
+            throw new InvalidArgumentException(call + ": " + countArg + " " + n + "; expected 1.." + Limits.MAX_LAYERS_PER_WORKER
+                    + " (Limits.MAX_LAYERS_PER_WORKER)");
+        }
+        String[] list = str(names, namesArg).split("\n", -1);
+        if (list.length != n) {
+            throw new InvalidArgumentException(call + ": " + countArg + " " + n + " but " + list.length + " names in "
+                    + namesArg + "; expected equal");
+        }
+        return new Table(list, longs(params, n * width, paramsArg));
+    }
+
     static List<LayerRegion> regions(int numLayers, MemorySegment layerNames, MemorySegment layerParams) {
-        if (numLayers < 1 || numLayers > 65536) {
-            throw new InvalidArgumentException("register_worker: num_layers " + numLayers + "; expected 1..65536");
-        }
-        String[] names = str(layerNames, "layer_names").split("\n", -1);
-        if (names.length != numLayers) {
-            throw new InvalidArgumentException("register_worker: num_layers " + numLayers + " but " + names.length
-                    + " names in layer_names; expected equal and >= 1");
-        }
-        long[] p = longs(layerParams, numLayers * LAYER_PARAMS, "layer_params");
+        Table t = table("register_worker", "num_layers", numLayers, layerNames, "layer_names", layerParams, "layer_params",
+                LAYER_PARAMS);
+        String[] names = t.names();
+        long[] p = t.params();
         List<LayerRegion> regions = new ArrayList<>();
         KvLayout[] layouts = KvLayout.values();
         for (int i = 0; i < numLayers; i++) {

@@ -5,7 +5,10 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.metrics.Gauge;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Random;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
@@ -119,13 +122,61 @@ class PrefixRequestsTest {
     }
 
     @Test
-    void flushWaitsForSavesStartedBeforeIt() {
+    void flushWaitsForSavesStartedBeforeItThenFlushesTheRemoteTier() {
+        // a remote tier that records how many blocks were advertised when it was asked to flush
+        List<Integer> advertisedAtFlush = new ArrayList<>();
+        AtomicInteger advertised = new AtomicInteger();
+        engine.localStore().attachRemote(new RemoteTier() {
+            @Override
+            public boolean missed(String namespace, BlockHashes h, int from) {
+                return false;
+            }
+
+            @Override
+            public void resident(String namespace, byte[] hash) {
+                advertised.incrementAndGet();
+            }
+
+            @Override
+            public void evicted(String namespace, byte[] hash) {}
+
+            @Override
+            public void flush() {
+                advertisedAtFlush.add(advertised.get());
+            }
+        }, engine.poolMemory());
         long[] ids = {0, 1, 2, 3, 4, 5};
         var f = engine.save("inst", 0, ids, BlockHashes.of(hashes));
         engine.flush(-1);
         assertThat(f).isDone();
+        assertThat(advertisedAtFlush).as("the tier flushed once, after the 6 saved blocks were advertised")
+                .containsExactly(6);
         QueryResult q = engine.query("inst", BlockHashes.of(hashes));
         assertThat(q.hitBlocks()).isEqualTo(6);
         engine.release("inst", q.lease());
+    }
+
+    @Test
+    void aRemoteTierThatDoesNotConfirmIsATimeoutNamedAsSuch() {
+        engine.localStore().attachRemote(new RemoteTier() {
+            @Override
+            public boolean missed(String namespace, BlockHashes h, int from) {
+                return false;
+            }
+
+            @Override
+            public void resident(String namespace, byte[] hash) {}
+
+            @Override
+            public void evicted(String namespace, byte[] hash) {}
+
+            @Override
+            public void flush() throws Exception {
+                throw new java.util.concurrent.TimeoutException("registry flush not done in 20 s");
+            }
+        }, engine.poolMemory());
+        assertThatThrownBy(() -> engine.flush(1000))
+                .isInstanceOfSatisfying(PegaflowException.class, e -> assertThat(e.code()).isEqualTo(ErrorCode.TIMEOUT))
+                .hasMessageContaining("the cluster registry did not confirm in time");
     }
 }
