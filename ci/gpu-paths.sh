@@ -31,9 +31,19 @@ if [ "${E2E:-0}" = 1 ]; then
   e2e=${PIPESTATUS[0]}
   echo "gpu e2e rc=$e2e" | tee -a "$out/connector-e2e.log"
 fi
+# HUGE=1: a tmpfs mounted with huge=always (2 MiB pages; root) holds the server's pool and the
+# huge-page attach settings' pools: the placement docs/gpu.md recommends for GPU hosts; removed at the end
+huge=()
+if [ "${HUGE:-0}" = 1 ]; then
+  mkdir -p /mnt/pegaflow-huge
+  if mount -t tmpfs -o huge=always,size=70g pegaflow-huge /mnt/pegaflow-huge 2>>"$out/paths.log"; then
+    huge=(--attach-huge-dir /mnt/pegaflow-huge --server-pool-dir /mnt/pegaflow-huge)
+    trap 'umount /mnt/pegaflow-huge 2>/dev/null' EXIT
+  fi
+fi
 "$site/pegaflow/_jre/bin/java" --enable-native-access=ALL-UNNAMED -XX:ErrorFile="$out/hs_err_paths.log" \
   -cp "$site/pegaflow/_jars/pegaflow.jar" io.pegaflow.bench.BenchMain paths --copy "${COPY:-cuda}" \
-  --json "$out/server-h200.json" "$@" 2>&1 | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
+  --json "$out/server-h200.json" "${huge[@]}" "$@" 2>&1 | grep -v "sun.misc.Unsafe\|terminally deprecated\|consider reporting" | tee -a "$out/paths.log"
 rc=${PIPESTATUS[0]}
 # SHMEM_ADVISE=1: huge pages on the shared pool need the kernel's shmem policy at advise (or always); where
 # this machine lets us, measure the attach settings under it too, then put the policy back.

@@ -191,12 +191,38 @@ def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session
         assert len(plan.id) == 16 and plan.id != b"\0" * 16
         h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=plan.id, ok=True), g.PERMISSION_DENIED)
         h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=plan.id, ok=False))
+        # a load planned in parts (plan_blocks, then LoadRest): the rest of its plan is the
+        # issuing instance's and worker's only, within the lease's blocks
+        own = os.urandom(64)
+        saved = h.call("ReserveSave", pb2.ReserveSaveRequest(instance_id="hostile", worker_rank=0, block_ids=[4, 5],
+                                                              hashes=own, hash_len=32))
+        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=saved.id, ok=True))
+        mine = h.call("Query", pb2.QueryRequest(instance_id="hostile", hashes=own, hash_len=32))
+        assert mine.hit_blocks == 2
+        head = h.call("BeginLoad", pb2.BeginLoadRequest(instance_id="hostile", worker_rank=0, lease=mine.lease,
+                                                        dst_block_ids=[6, 7], plan_blocks=1))
+        assert head.blocks == 2 and set(head.run_block) == {0}
+        h.refused("LoadRest", pb2.LoadRestRequest(instance_id="victim", worker_rank=0, id=head.id, from_block=1,
+                                                  to_block=2), g.PERMISSION_DENIED)
+        h.refused("LoadRest", pb2.LoadRestRequest(instance_id="hostile", worker_rank=1, id=head.id, from_block=1,
+                                                  to_block=2), g.PERMISSION_DENIED)
+        for lo, hi in ((1, 3), (-1, 1), (2, 1)):
+            h.refused("LoadRest", pb2.LoadRestRequest(instance_id="hostile", worker_rank=0, id=head.id, from_block=lo,
+                                                      to_block=hi), g.INVALID_ARGUMENT)
+        h.refused("LoadRest", pb2.LoadRestRequest(instance_id="hostile", worker_rank=0, id=saved.id, from_block=0,
+                                                  to_block=1), g.INVALID_ARGUMENT)  # ended: no longer open
+        rest = h.call("LoadRest", pb2.LoadRestRequest(instance_id="hostile", worker_rank=0, id=head.id, from_block=1,
+                                                      to_block=2))
+        assert rest.blocks == 2 and set(rest.run_block) == {1} and rest.id == head.id
+        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=head.id, ok=False))
         # guessed ids: 128 random bits each
         rnd = random.Random(7)
         for _ in range(200):
             h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=rnd.randbytes(16), ok=True),
                       g.INVALID_ARGUMENT)
             h.refused("Release", pb2.ReleaseRequest(instance_id="victim", lease=rnd.randbytes(16)), g.FAILED_PRECONDITION)
+            h.refused("LoadRest", pb2.LoadRestRequest(instance_id="victim", worker_rank=0, id=rnd.randbytes(16),
+                                                      from_block=0, to_block=1), g.INVALID_ARGUMENT)
         # the victim's registration: not this client's to drop, by unregistering or by its session
         h.refused("UnregisterInstance", pb2.UnregisterInstanceRequest(instance_id="victim"), g.PERMISSION_DENIED)
         TALLY["cases"] += 1
@@ -369,7 +395,7 @@ def test_seeded_fuzz_of_grpc_messages_and_local_socket_frames(server, pb, victim
     rnd = random.Random(seed)
     h = Hostile(server, pb, client_id="ff" * 16)
     methods = ["RegisterInstance", "RegisterWorker", "UnregisterInstance", "ReserveSave", "Query", "Release",
-               "BeginLoad", "EndCopy", "Stats"]
+               "BeginLoad", "LoadRest", "EndCopy", "Stats"]
     end = time.monotonic() + 60
     try:
         for i in range(600):

@@ -103,6 +103,14 @@ final class PathsCommand implements Callable<Integer> {
             description = "attach settings to run (all, or names: 4k_all, thp_all, background, two_at_once, prefaulted_all, prefaulted_background, prefaulted_two_at_once)")
     List<String> attachSettings;
 
+    @Option(names = "--server-pool-dir", description = "where the pegaflow-server of the run keeps its pool file (default /dev/shm;"
+            + " a huge-page mount is the placement docs/gpu.md recommends for GPU hosts)")
+    Path serverPoolDir;
+
+    @Option(names = "--attach-huge-dir", description = "a directory on a huge-page mount (tmpfs huge=always, or hugetlbfs):"
+            + " the pre-faulted attach settings are measured there too (huge_prefaulted_all, huge_prefaulted_two_at_once)")
+    Path attachHugeDir;
+
     @Option(names = "--cases", defaultValue = "all", description = "all, or attach (the attach settings alone)")
     String cases;
 
@@ -172,8 +180,9 @@ final class PathsCommand implements Callable<Integer> {
             try (PegaEngine embedded = PegaEngine.create(EngineConfig.builder().poolBytes(need).transfer(transfer).prefault(true).build())) {
                 cases("embedded", embedded, kv, false);
             }
-            try (ServerProcess server = ServerProcess.start(javaLauncher, need)) {
+            try (ServerProcess server = ServerProcess.start(javaLauncher, need, serverPoolDir)) {
                 report.put("server_start_s", server.startSeconds);
+                report.put("server_pool_pages", HostPool.Pages.of(server.poolPath).describe());
                 try (io.pegaflow.client.RemoteStore store = io.pegaflow.client.RemoteStore.connect(server.endpoint, 30_000)) {
                     controlPlane("server", store);
                 }
@@ -384,16 +393,24 @@ final class PathsCommand implements Callable<Integer> {
 
     /**
      * The cross-layer batch (one 2 MiB run per block) on the copy engine alone, through the
-     * copy engine's DMA (cuMemcpyAsync per run, the default for runs of 1 MiB and more) and
-     * through the gather kernel: which one the runs should take.
+     * copy engine's DMA (one cuMemcpyAsync per run; all of them in cuMemcpyBatchAsync calls,
+     * the default for runs of 1 MiB and more) and through the gather kernel: which one the
+     * runs should take.
      */
     private void crossLayerEngines(CudaDevice dev, Arena arena) {
         Kv one = Kv.allocateCrossLayer(dev, arena, blockBytes, cacheBlocks);
         try {
-            for (var mode : Map.of("dma", 1L << 20, "kernel", 1L << 30).entrySet()) {
+            CudaOptions base = CudaOptions.defaults().withDevice(device);
+            Map<String, CudaOptions> modes = new java.util.LinkedHashMap<>();
+            modes.put("dma", base.withDmaThreshold(1L << 20).withDmaBatch(false)); // one cuMemcpyAsync per run
+            modes.put("batch", base.withDmaThreshold(1L << 20).withDmaBatch(true)); // cuMemcpyBatchAsync
+            modes.put("kernel", base.withDmaThreshold(1L << 30));
+            for (var mode : modes.entrySet()) {
                 try (HostPool pool = HostPool.anonymous(blocks * blockBytes + (64L << 20));
-                        CudaTransferEngine engine = CudaTransferEngine.create(pool,
-                                CudaOptions.defaults().withDevice(device).withDmaThreshold(mode.getValue()))) {
+                        CudaTransferEngine engine = CudaTransferEngine.create(pool, mode.getValue())) {
+                    if (mode.getKey().equals("batch")) {
+                        report.put("engine_dma_batched", engine.dmaBatched());
+                    }
                     Ids ids = new Ids(cacheBlocks, 19);
                     double[] t = timeBatches(engine, one.batch(CopyBatch.Direction.TO_HOST, ids.take(blocks)),
                             one.batch(CopyBatch.Direction.TO_DEVICE, ids.take(blocks)));
@@ -652,14 +669,20 @@ final class PathsCommand implements Callable<Integer> {
         // prefault: the creator commits the pages first (pegaflow-server --prefault-threads);
         // same pool: this setting measures on the previous setting's pool, whose pages exist
         // background: the first chunk pinned at creation, the rest behind it (the default)
-        record Setting(String name, boolean thp, boolean background, boolean prefault, int workers, boolean samePool) {}
-        List<Setting> settings = List.of(new Setting("4k_all", false, false, false, 1, false),
-                new Setting("thp_all", true, false, false, 1, false),
-                new Setting("background", true, true, false, 1, false),
-                new Setting("two_at_once", true, true, false, 2, false),
-                new Setting("prefaulted_all", true, false, true, 1, false),
-                new Setting("prefaulted_background", true, true, false, 1, true),
-                new Setting("prefaulted_two_at_once", true, true, false, 2, true));
+        // huge: the pool on --attach-huge-dir (huge pages) instead of /dev/shm (4 KiB pages)
+        record Setting(String name, boolean thp, boolean background, boolean prefault, int workers, boolean samePool,
+                boolean huge) {}
+        List<Setting> settings = new ArrayList<>(List.of(new Setting("4k_all", false, false, false, 1, false, false),
+                new Setting("thp_all", true, false, false, 1, false, false),
+                new Setting("background", true, true, false, 1, false, false),
+                new Setting("two_at_once", true, true, false, 2, false, false),
+                new Setting("prefaulted_all", true, false, true, 1, false, false),
+                new Setting("prefaulted_background", true, true, false, 1, true, false),
+                new Setting("prefaulted_two_at_once", true, true, false, 2, true, false)));
+        if (attachHugeDir != null) {
+            settings.add(new Setting("huge_prefaulted_all", true, false, true, 1, false, true));
+            settings.add(new Setting("huge_prefaulted_two_at_once", true, false, false, 2, true, true));
+        }
         if (!attachSettings.contains("all")) {
             List<String> known = settings.stream().map(Setting::name).toList();
             for (String n : attachSettings) {
@@ -667,15 +690,20 @@ final class PathsCommand implements Callable<Integer> {
                     throw new IllegalArgumentException("--attach-settings " + n + "; expected all or some of " + known);
                 }
             }
-            settings = settings.stream().filter(st -> attachSettings.contains(st.name())).toList();
+            settings = new ArrayList<>(settings.stream().filter(st -> attachSettings.contains(st.name())
+                    || st.huge() && attachSettings.contains(st.name().substring("huge_".length()))).toList());
         }
-        Path path = Path.of(Files.isDirectory(Path.of("/dev/shm")) ? "/dev/shm" : System.getProperty("java.io.tmpdir"),
+        Path shm = Path.of(Files.isDirectory(Path.of("/dev/shm")) ? "/dev/shm" : System.getProperty("java.io.tmpdir"),
                 "pegaflow-attach-" + ProcessHandle.current().pid() + ".pool");
         HostPool pool = null;
         try {
             for (Setting st : settings) {
                 System.setProperty("pegaflow.pool.thp", Boolean.toString(st.thp()));
-                if (!st.samePool() || pool == null) {
+                Path path = st.huge() ? attachHugeDir.resolve(shm.getFileName()) : shm;
+                if (st.huge() && !st.samePool()) {
+                    report.put("attach_huge_pages", HostPool.Pages.of(path).describe());
+                }
+                if (!st.samePool() || pool == null || !pool.file().equals(path)) {
                     if (pool != null) {
                         pool.close();
                     }
@@ -713,9 +741,13 @@ final class PathsCommand implements Callable<Integer> {
         }
         // What a worker waits for against a server that pre-faulted its pool (--prefault-threads,
         // the recommended setting for GPU hosts), two workers at once included.
-        if (report.get("attach_prefaulted_all_s") instanceof Double one
-                && report.get("attach_prefaulted_two_at_once_s") instanceof Double two) {
-            report.put("attach_60gb_s", Math.max(one, two));
+        // On a huge-page mount where one was given (the recommended setting for GPU hosts).
+        for (String prefix : new String[] {"attach_prefaulted_", "attach_huge_prefaulted_"}) {
+            if (report.get(prefix + "all_s") instanceof Double one && report.get(prefix + "two_at_once_s") instanceof Double two) {
+                report.put("attach_60gb_s", Math.max(one, two));
+                report.put("attach_60gb_s_setting", prefix.contains("huge") ? "huge pages: " + report.get("attach_huge_pages")
+                        : "4 KiB pages, pre-faulted by the server");
+            }
         }
     }
 
@@ -937,15 +969,17 @@ final class PathsCommand implements Callable<Integer> {
         final String endpoint;
         final double startSeconds;
         final Path dir;
+        final Path poolPath;
 
-        private ServerProcess(Process process, String endpoint, double startSeconds, Path dir) {
+        private ServerProcess(Process process, String endpoint, double startSeconds, Path dir, Path poolPath) {
+            this.poolPath = poolPath;
             this.process = process;
             this.endpoint = endpoint;
             this.startSeconds = startSeconds;
             this.dir = dir;
         }
 
-        static ServerProcess start(String javaCmd, long poolBytes) throws IOException, InterruptedException {
+        static ServerProcess start(String javaCmd, long poolBytes, Path poolDir) throws IOException, InterruptedException {
             String javaBin = javaCmd != null ? javaCmd : ProcessHandle.current().info().command().orElse("java");
             Path dir = Files.createTempDirectory("pegaflow-paths");
             int port;
@@ -957,7 +991,7 @@ final class PathsCommand implements Callable<Integer> {
                 http = s.getLocalPort();
             }
             Path shm = Path.of("/dev/shm");
-            Path poolPath = (Files.isDirectory(shm) ? shm : dir).resolve("pegaflow-paths-" + port + ".pool");
+            Path poolPath = (poolDir != null ? poolDir : Files.isDirectory(shm) ? shm : dir).resolve("pegaflow-paths-" + port + ".pool");
             List<String> cmd = new ArrayList<>(List.of(javaBin, "--enable-native-access=ALL-UNNAMED",
                     "-cp", System.getProperty("java.class.path"), "io.pegaflow.server.ServerMain",
                     "--addr", "127.0.0.1:" + port, "--http-addr", "127.0.0.1:" + http,
@@ -979,7 +1013,7 @@ final class PathsCommand implements Callable<Integer> {
             }
             double startSeconds = (System.nanoTime() - t0) / 1e9;
             Thread.ofPlatform().daemon().start(() -> out.lines().forEach(l -> System.err.println("[server] " + l)));
-            return new ServerProcess(p, "127.0.0.1:" + port, startSeconds, dir);
+            return new ServerProcess(p, "127.0.0.1:" + port, startSeconds, dir, poolPath);
         }
 
         @Override

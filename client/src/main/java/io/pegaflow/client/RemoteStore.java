@@ -331,17 +331,44 @@ public final class RemoteStore implements BlockStore {
 
     @Override
     public CopyPlan beginLoad(String instanceId, int workerRank, Token lease, long[] dstBlockIds) {
+        return beginLoad0(instanceId, workerRank, lease, dstBlockIds, 0);
+    }
+
+    /** {@inheritDoc} A server older than LoadRest answers with the whole plan: callers check the runs they got. */
+    @Override
+    public CopyPlan beginLoad(String instanceId, int workerRank, Token lease, long[] dstBlockIds, int planBlocks) {
+        if (planBlocks < 1) {
+            throw new InvalidArgumentException("load: plan_blocks " + planBlocks + "; expected >= 1 (or 0 on the wire: all)");
+        }
+        return beginLoad0(instanceId, workerRank, lease, dstBlockIds, planBlocks);
+    }
+
+    /** BeginLoad with plan_blocks as on the wire (0: all). */
+    private CopyPlan beginLoad0(String instanceId, int workerRank, Token lease, long[] dstBlockIds, int planBlocks) {
         if (lease == null || dstBlockIds == null) {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
         }
         BeginLoadRequest.Builder b = BeginLoadRequest.newBuilder().setInstanceId(instanceId).setWorkerRank(workerRank)
-                .setLease(ByteString.copyFrom(lease.toBytes()));
+                .setLease(ByteString.copyFrom(lease.toBytes())).setPlanBlocks(planBlocks);
         for (long id : dstBlockIds) {
             b.addDstBlockIds(id);
         }
         BeginLoadRequest req = b.build();
         byte[] fast = fitsLocal(instanceId, workerRank, dstBlockIds.length) ? local.call(Wire.BEGIN_LOAD, req) : null;
         return plan(fast != null ? parse(io.pegaflow.client.proto.CopyPlan.parser(), fast) : call(s -> s.beginLoad(req)));
+    }
+
+    @Override
+    public CopyPlan planRest(String instanceId, int workerRank, Token planId, int fromBlock, int toBlock) {
+        if (planId == null) {
+            throw new InvalidArgumentException("plan rest: the copy id is null");
+        }
+        io.pegaflow.client.proto.LoadRestRequest req = io.pegaflow.client.proto.LoadRestRequest.newBuilder()
+                .setInstanceId(instanceId).setWorkerRank(workerRank).setId(ByteString.copyFrom(planId.toBytes()))
+                .setFromBlock(fromBlock).setToBlock(toBlock).build();
+        byte[] fast = fitsLocal(instanceId, workerRank, Math.max(0, toBlock - fromBlock)) ? local.call(Wire.LOAD_REST, req)
+                : null;
+        return plan(fast != null ? parse(io.pegaflow.client.proto.CopyPlan.parser(), fast) : call(s -> s.loadRest(req)));
     }
 
     /**

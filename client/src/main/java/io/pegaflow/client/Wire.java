@@ -23,6 +23,8 @@ public final class Wire {
     public static final byte BEGIN_LOAD = 5;
     /** Local-socket method: EndCopy (EndCopyRequest -> CopyResult). */
     public static final byte END_COPY = 6;
+    /** Local-socket method: LoadRest (LoadRestRequest -> CopyPlan). */
+    public static final byte LOAD_REST = 7;
     /**
      * Most bytes one run of a copy plan takes in its answer (four varints: block, region,
      * count, offset, with their tags): a client sends a ReserveSave or BeginLoad over the

@@ -26,6 +26,19 @@ public interface BlockStore extends AutoCloseable {
     CopyPlan beginLoad(String instanceId, int workerRank, Token lease, long[] dstBlockIds);
 
     /**
+     * {@link #beginLoad(String, int, Token, long[])} whose plan holds the runs of the first
+     * {@code planBlocks} leased blocks only (all of them if there are fewer); {@link #planRest}
+     * gives the others. Pins every leased block and consumes the share as the full call does.
+     */
+    CopyPlan beginLoad(String instanceId, int workerRank, Token lease, long[] dstBlockIds, int planBlocks);
+
+    /**
+     * The runs of an open load of {@code workerRank} for its leased blocks {@code fromBlock ..
+     * toBlock - 1} (the same plan id; ended once by {@link #endCopy}).
+     */
+    CopyPlan planRest(String instanceId, int workerRank, Token planId, int fromBlock, int toBlock);
+
+    /**
      * Ends an open save (its slots become filled, or are rolled back when {@code !ok}) or an
      * open load (its blocks are unpinned). {@code bytes} and {@code nanos} describe the copy.
      * Only the instance the plan was issued to may end it; one never ended is rolled back

@@ -564,6 +564,14 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public CopyPlan beginLoad(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
+        return beginLoad(instanceId, workerRank, leaseId, dstBlockIds, Integer.MAX_VALUE);
+    }
+
+    @Override
+    public CopyPlan beginLoad(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds, int planBlocks) {
+        if (planBlocks < 1) {
+            throw new InvalidArgumentException("load: plan_blocks " + planBlocks + "; expected >= 1 (or 0 on the wire: all)");
+        }
         if (leaseId == null || dstBlockIds == null) {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
         }
@@ -592,9 +600,43 @@ public final class LocalStore implements BlockStore {
             }
             count(Counter.LOAD_REQUESTS, 1);
             Token id = newCopyId();
-            OpenLoad load = new OpenLoad(inst, blocks, clock.getAsLong() + copyTtlNanos);
+            OpenLoad load = new OpenLoad(inst, worker, blocks, clock.getAsLong() + copyTtlNanos);
             open.put(id, load);
-            return load.plan(id, worker);
+            return load.plan(id, 0, Math.min(planBlocks, blocks.length));
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * The runs of an open load for its leased blocks {@code fromBlock .. toBlock - 1}: the rest
+     * of a plan that {@link #beginLoad(String, int, Token, long[], int)} handed out in part, so
+     * the copy of the first part overlaps planning the rest. Only the instance and worker the
+     * load was issued to may ask; the load is still ended once, by {@link #endCopy}.
+     */
+    @Override
+    public CopyPlan planRest(String instanceId, int workerRank, Token planId, int fromBlock, int toBlock) {
+        if (planId == null) {
+            throw new InvalidArgumentException("plan rest: the copy id is null");
+        }
+        lock.lock();
+        try {
+            checkOpen();
+            OpenCopy op = open.get(planId);
+            if (!(op instanceof OpenLoad load)) {
+                throw new InvalidArgumentException("copy " + planId + " is not an open load: already ended, rolled back,"
+                        + " expired, a save, or its instance was unregistered");
+            }
+            checkOwner(op.instance(), instanceId, "copy " + planId);
+            if (load.worker().spec.workerRank() != workerRank) {
+                throw new PermissionDeniedException("load " + planId + " was begun by worker " + load.worker().spec.workerRank()
+                        + ", not " + workerRank);
+            }
+            if (fromBlock < 0 || fromBlock > toBlock || toBlock > load.blocks().length) {
+                throw new InvalidArgumentException("plan of load " + planId + " for blocks " + fromBlock + " .. " + toBlock
+                        + "; expected 0 <= from <= to <= " + load.blocks().length);
+            }
+            return load.plan(planId, fromBlock, toBlock);
         } finally {
             lock.unlock();
         }

@@ -27,14 +27,18 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
         }
     }
 
-    /** An open load: the blocks it pinned. */
-    record OpenLoad(Instance instance, Block[] blocks, long deadlineNanos) implements OpenCopy {
-        /** Where each of {@code worker}'s slots is, as runs (lease index = index into the destination ids). */
-        CopyPlan plan(Token id, Instance.Worker worker) {
+    /** An open load: the worker it copies for and the blocks it pinned. */
+    record OpenLoad(Instance instance, Instance.Worker worker, Block[] blocks, long deadlineNanos) implements OpenCopy {
+        /**
+         * Where each of the worker's slots is for leased blocks {@code from .. to - 1}, as runs
+         * (lease index = index into the destination ids); the plan's block count is the whole
+         * load's, so a copier planning in parts knows how many remain.
+         */
+        CopyPlan plan(Token id, int from, int to) {
             int[] all = new int[worker.regions.length];
             Arrays.setAll(all, r -> r);
-            CopyPlan.Runs runs = new CopyPlan.Runs(blocks.length);
-            for (int i = 0; i < blocks.length; i++) {
+            CopyPlan.Runs runs = new CopyPlan.Runs(to - from);
+            for (int i = from; i < to; i++) {
                 runs.addBlock(i, all, blocks[i].slotOffset, worker.slots, worker.slotBytes);
             }
             return runs.plan(id, CopyPlan.Direction.LOAD, blocks.length, 0);

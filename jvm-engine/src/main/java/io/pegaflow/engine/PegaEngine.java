@@ -243,7 +243,7 @@ public final class PegaEngine implements AutoCloseable {
         if (plan.isEmpty()) {
             return CompletableFuture.completedFuture(new CopyResult(0, plan.skippedBlocks(), 0));
         }
-        return submit(instanceId, workerRank, plan, blockIds, waitStream);
+        return submit(instanceId, workerRank, plan, null, blockIds, waitStream);
     }
 
     /** See {@link LocalStore#query}. */
@@ -271,12 +271,26 @@ public final class PegaEngine implements AutoCloseable {
      * worker's layers into {@code dstBlockIds} (one per leased block, in order). The future
      * fails with a {@link TransferFailedException} naming the destination block ids if the
      * copy fails.
+     *
+     * <p>A load of 64 blocks or more is planned in two parts as a save is: the plan of a head
+     * of 16-128 blocks comes with the lease's consumption and its copy starts while the rest is
+     * planned ({@link BlockStore#planRest}); on the H200 the plan of 2,048 blocks took ~1.8 ms
+     * over the server's socket, in series with the copy (docs/gpu.md). The load ends once.
      */
     public CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
         startOp();
         try {
-            CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
-            return submit(instanceId, workerRank, plan, dstBlockIds.clone(), 0);
+            int head = dstBlockIds == null || dstBlockIds.length < 64 ? 0 : Math.max(16, Math.min(128, dstBlockIds.length / 16));
+            if (head == 0) {
+                CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
+                return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0);
+            }
+            CopyPlan first = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds, head);
+            // where the first part ends (a server without planRest plans every block at once)
+            int covered = first.runs() == 0 ? 0 : first.runBlock()[first.runs() - 1] + 1;
+            return submit(instanceId, workerRank, first, covered >= first.blocks() ? null
+                    : () -> store.planRest(instanceId, workerRank, first.id(), covered, first.blocks()),
+                    dstBlockIds.clone(), 0);
         } finally {
             endOp();
         }
@@ -284,60 +298,91 @@ public final class PegaEngine implements AutoCloseable {
 
     /**
      * Moves a plan's bytes between the worker's regions and the pool, then ends the plan with
-     * the outcome; a plan whose copy cannot even start is ended as failed (rolled back). The
-     * future fails with a {@link TransferFailedException} naming the caller's block ids
-     * involved (for a load: every destination, whose bytes are then not valid).
+     * the outcome; a plan whose copy cannot even start is ended as failed (rolled back). With
+     * {@code rest}, the plan came in parts: the rest is asked for once the first part's copy
+     * is under way and copied beside it, and the plan ends when every part started has
+     * finished. The future fails with a {@link TransferFailedException} naming the caller's
+     * block ids involved (for a load: every destination, whose bytes are then not valid).
      */
-    private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan, long[] blockIds,
-            long waitStream) {
+    private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan,
+            java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream) {
         CompletableFuture<CopyResult> result = new CompletableFuture<>();
         track(instanceId, result);
         boolean save = plan.direction() == CopyPlan.Direction.SAVE;
         String what = (save ? "save" : "load") + " copy for instance '" + instanceId + "' worker " + workerRank;
         long[] failed = save ? distinctBlocks(plan, blockIds) : blockIds;
+        long start = clock.getAsLong();
+        List<CompletableFuture<Long>> copies = new ArrayList<>(2);
+        Throwable notStarted = null;
         try {
             LayerRegion[] worker = regionsOf(instanceId, workerRank);
-            CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
-                    .waitFor(waitStream);
-            for (int j = 0; j < plan.runs(); j++) {
-                int first = plan.runRegion()[j];
-                int count = plan.runCount()[j];
-                if (first < 0 || count < 1 || first + count > worker.length) {
-                    throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
-                            + (first + count - 1) + " of a worker with " + worker.length);
-                }
-                long blockId = blockIds[plan.runBlock()[j]];
-                long host = plan.runOffset()[j];
-                for (int r = first; r < first + count; r++) {
-                    LayerRegion region = worker[r];
-                    for (int s = 0; s < region.segments(); s++) {
-                        batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
-                    }
-                    host += region.slotBytes();
-                }
+            copies.add(copy(plan, worker, blockIds, waitStream));
+            if (rest != null) {
+                copies.add(copy(rest.get(), worker, blockIds, waitStream));
             }
-            long start = clock.getAsLong();
-            transfer.submit(batch).whenComplete((ok, err) -> {
-                try {
-                    store.endCopy(instanceId, plan.id(), err == null, batch.totalBytes(), clock.getAsLong() - start);
-                    if (err != null) {
-                        result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
-                    } else {
-                        result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), batch.totalBytes()));
-                    }
-                } catch (Throwable t) {
+        } catch (Throwable t) {
+            notStarted = t;
+        }
+        Throwable startFailure = notStarted;
+        // ends once, after every part that started (a running copy still reads or writes the pinned slots)
+        CompletableFuture.allOf(copies.toArray(CompletableFuture[]::new)).whenComplete((x, copyFailure) -> {
+            Throwable err = startFailure != null ? startFailure
+                    : copyFailure instanceof java.util.concurrent.CompletionException c && c.getCause() != null
+                            ? c.getCause() : copyFailure;
+            long bytes = 0;
+            for (CompletableFuture<Long> c : copies) {
+                bytes += c.isDone() && !c.isCompletedExceptionally() ? c.join() : 0;
+            }
+            try {
+                store.endCopy(instanceId, plan.id(), err == null, err == null ? bytes : 0,
+                        err == null ? clock.getAsLong() - start : 0);
+                if (err == null) {
+                    result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), bytes));
+                } else if (startFailure != null && copies.isEmpty()) {
+                    result.completeExceptionally(new TransferFailedException(what + " could not start: " + err, failed, err));
+                } else {
+                    result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
+                }
+            } catch (Throwable t) {
+                if (err != null) {
+                    // the store rejects nothing it handed out; report the copy's failure
+                    result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
+                } else {
                     result.completeExceptionally(t);
                 }
-            });
-        } catch (Throwable t) {
-            try {
-                store.endCopy(instanceId, plan.id(), false, 0, 0);
-            } catch (RuntimeException ignored) {
-                // the store rejects nothing it handed out; report the original failure
             }
-            result.completeExceptionally(new TransferFailedException(what + " could not start: " + t, failed, t));
-        }
+        });
         return result;
+    }
+
+    /** Starts the copy of one plan (or part of one); the future holds the bytes moved. */
+    private CompletableFuture<Long> copy(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream) {
+        CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
+                .waitFor(waitStream);
+        for (int j = 0; j < plan.runs(); j++) {
+            int first = plan.runRegion()[j];
+            int count = plan.runCount()[j];
+            if (first < 0 || count < 1 || first + count > worker.length) {
+                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
+                        + (first + count - 1) + " of a worker with " + worker.length);
+            }
+            int index = plan.runBlock()[j];
+            if (index < 0 || index >= blockIds.length) {
+                throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
+                        + blockIds.length);
+            }
+            long blockId = blockIds[index];
+            long host = plan.runOffset()[j];
+            for (int r = first; r < first + count; r++) {
+                LayerRegion region = worker[r];
+                for (int s = 0; s < region.segments(); s++) {
+                    batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
+                }
+                host += region.slotBytes();
+            }
+        }
+        long bytes = batch.totalBytes();
+        return transfer.submit(batch).thenApply(v -> bytes);
     }
 
     /** The caller's block ids a save plan writes, each once, in plan order. */

@@ -366,6 +366,74 @@ public abstract class BlockStoreContract {
     }
 
     /**
+     * A load planned in parts: the first call consumes the share and pins every leased block
+     * but plans only the head; the rest comes from planRest, for the issuing instance and
+     * worker only and within the lease; the load ends once and unpins everything.
+     */
+    @Test
+    void aLoadPlannedInPartsGivesEachRangeOnceAndEndsOnce() {
+        try (BlockStore store = store(config(1 << 20).build());
+                KvWorld w = new KvWorld("parts", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            store.registerInstance(w.spec);
+            store.registerWorker("parts", w.workers.get(0));
+            store.registerInstance(new InstanceSpec("other", "ns", 1, 1));
+            byte[][] h = KvWorld.randomHashes(rnd, 6);
+            CopyPlan save = store.reserveSave("parts", 0, null, new long[] {0, 1, 2, 3, 4, 5}, BlockHashes.of(h));
+            store.endCopy("parts", save.id(), true, 0, 0);
+            QueryResult q = store.query("parts", BlockHashes.of(h));
+            CopyPlan head = store.beginLoad("parts", 0, q.lease(), new long[] {10, 11, 12, 13, 14, 15}, 2);
+            assertThat(head.blocks()).isEqualTo(6);
+            assertThat(head.runBlock()).containsExactly(0, 1);
+            CopyPlan whole = store.planRest("parts", 0, head.id(), 0, 6); // any range, as often as asked
+            assertThat(whole.runBlock()).containsExactly(0, 1, 2, 3, 4, 5);
+            CopyPlan rest = store.planRest("parts", 0, head.id(), 2, 6);
+            assertThat(rest.id()).isEqualTo(head.id());
+            assertThat(rest.runBlock()).containsExactly(2, 3, 4, 5);
+            assertThat(rest.runOffset()).containsExactly(Arrays.copyOfRange(whole.runOffset(), 2, 6));
+            assertThatThrownBy(() -> store.planRest("other", 0, head.id(), 2, 6)).isInstanceOf(PermissionDeniedException.class);
+            assertThatThrownBy(() -> store.planRest("parts", 1, head.id(), 2, 6)).isInstanceOf(PermissionDeniedException.class);
+            assertThatThrownBy(() -> store.planRest("parts", 0, head.id(), 2, 7)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("expected 0 <= from <= to <= 6");
+            assertThatThrownBy(() -> store.planRest("parts", 0, head.id(), 3, 2)).isInstanceOf(InvalidArgumentException.class);
+            assertThatThrownBy(() -> store.planRest("parts", 0, save.id(), 0, 1)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("not an open load");
+            assertThatThrownBy(() -> store.beginLoad("parts", 0, q.lease(), new long[6], 0))
+                    .isInstanceOf(InvalidArgumentException.class);
+            assertThat(openOperations()).isEqualTo(1);
+            store.endCopy("parts", head.id(), true, 0, 0);
+            assertThat(openOperations()).isZero();
+            assertThatThrownBy(() -> store.planRest("parts", 0, head.id(), 2, 6)).isInstanceOf(InvalidArgumentException.class);
+            verifyInvariants();
+        }
+    }
+
+    /**
+     * Loads of 64 blocks or more are planned in two parts (a head, then the rest while the head
+     * copies): the bytes land in every destination block and the load ends once.
+     */
+    @Test
+    void aLoadInTwoPartsMovesEveryBlockAndEndsOnce() {
+        engine = engine(config(256 * 1024L).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 256, 256, 0); // 1 KiB blocks
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 100);
+        saveAll(h, 0);
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
+        assertThat(q.hitBlocks()).isEqualTo(100);
+        long[] dst = new long[100];
+        Arrays.setAll(dst, i -> 120 + i);
+        CopyResult r = engine.load("inst", 0, q.lease(), dst).join();
+        assertThat(r.blocks()).isEqualTo(100);
+        assertThat(r.bytes()).isEqualTo(100 * 1024L);
+        for (int i = 0; i < 100; i++) {
+            assertThat(world.holdsPattern(dst[i], h[i])).as("block %d", i).isTrue();
+        }
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("ended once: nothing left pinned").isZero();
+        assertThat(engine.stats().get(Counter.LOAD_BLOCKS)).isEqualTo(100);
+        verifyInvariants();
+    }
+
+    /**
      * What the server relies on when a client dies: unregistering an instance rolls back the
      * saves it reserved and ends the loads it began, so nothing stays pinned or allocated.
      */

@@ -26,6 +26,7 @@ import io.pegaflow.client.proto.CopyPlan;
 import io.pegaflow.client.proto.CopyResult;
 import io.pegaflow.client.proto.Empty;
 import io.pegaflow.client.proto.EndCopyRequest;
+import io.pegaflow.client.proto.LoadRestRequest;
 import io.pegaflow.client.proto.FlushRequest;
 import io.pegaflow.client.proto.EngineGrpc;
 import io.pegaflow.client.proto.HealthRequest;
@@ -196,9 +197,23 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     /** BeginLoad on {@code store}: the gRPC method and the local socket's. */
     static CopyPlan beginLoad(LocalStore store, BeginLoadRequest r) {
+        if (r.getPlanBlocks() < 0) {
+            throw new InvalidArgumentException("plan_blocks " + r.getPlanBlocks() + "; expected >= 0 (0: all)");
+        }
         return plan(store.beginLoad(instanceId(r.getInstanceId()), r.getWorkerRank(),
                 Token.fromBytes(r.getLease().toByteArray()), blockIds("destination block ids of one load",
-                        r.getDstBlockIdsList())));
+                        r.getDstBlockIdsList()), r.getPlanBlocks() == 0 ? Integer.MAX_VALUE : r.getPlanBlocks()));
+    }
+
+    @Override
+    public void loadRest(LoadRestRequest r, StreamObserver<CopyPlan> out) {
+        answer(out, () -> loadRest(store, r));
+    }
+
+    /** LoadRest on {@code store}: the gRPC method and the local socket's. */
+    static CopyPlan loadRest(LocalStore store, LoadRestRequest r) {
+        return plan(store.planRest(instanceId(r.getInstanceId()), r.getWorkerRank(),
+                Token.fromBytes(r.getId().toByteArray(), "copy id"), r.getFromBlock(), r.getToBlock()));
     }
 
     private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {

@@ -294,6 +294,7 @@ final class LocalSocketServer implements AutoCloseable {
             case RELEASE -> "Release";
             case Wire.RESERVE_SAVE -> "ReserveSave";
             case Wire.BEGIN_LOAD -> "BeginLoad";
+            case Wire.LOAD_REST -> "LoadRest";
             case Wire.END_COPY -> "EndCopy";
             default -> "Unknown";
         };
@@ -310,8 +311,10 @@ final class LocalSocketServer implements AutoCloseable {
             case Wire.RESERVE_SAVE -> EngineService.reserveSave(store, ReserveSaveRequest.parseFrom(payload)).toByteArray();
             case Wire.BEGIN_LOAD -> EngineService.beginLoad(store, BeginLoadRequest.parseFrom(payload)).toByteArray();
             case Wire.END_COPY -> EngineService.endCopy(store, EndCopyRequest.parseFrom(payload)).toByteArray();
+            case Wire.LOAD_REST -> EngineService.loadRest(store,
+                    io.pegaflow.client.proto.LoadRestRequest.parseFrom(payload)).toByteArray();
             default -> throw new InvalidArgumentException("local socket method " + method
-                    + "; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load) or 6 (end copy)");
+                    + "; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load), 6 (end copy) or 7 (load rest)");
         };
     }
 

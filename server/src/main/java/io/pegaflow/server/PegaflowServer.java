@@ -135,6 +135,15 @@ public final class PegaflowServer implements AutoCloseable {
         io.pegaflow.server.cluster.ClusterConfig.Cluster clusterStarted = null;
         try {
             this.pool = created = files.createPool(config.poolBytes());
+            HostPool.Pages pages = HostPool.Pages.of(pool.file());
+            // CUDA workers pin the pool per page: a 60 GiB pool took 7.6 s on 4 KiB pages and 1.6 s
+            // on huge pages on the H200 (docs/gpu.md, "Pool attach"), so say which ones it got.
+            System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.INFO, "pool: "
+                    + io.pegaflow.engine.Sizes.format(pool.size()) + " on " + pages.describe()
+                    + (pages.hugeBytes() == 0 && pool.size() >= (16L << 30)
+                            ? "; GPU workers pin it at ~0.12 s per GiB, a pool on a huge-page mount (tmpfs huge=always or"
+                                    + " hugetlbfs) at ~0.03 s per GiB (docs/gpu.md)"
+                            : ""));
             if (config.prefaultThreads() > 0) {
                 // Commits the shared pool's pages once, here, on several threads: a worker's
                 // pinning then only locks pages that exist (docs/gpu.md, pool attach).

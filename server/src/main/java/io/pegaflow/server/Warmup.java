@@ -14,22 +14,35 @@ import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.WorkerSpec;
+import io.pegaflow.client.Wire;
+import java.io.IOException;
+import java.net.StandardProtocolFamily;
+import java.net.UnixDomainSocketAddress;
+import java.nio.ByteBuffer;
+import java.nio.channels.SocketChannel;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Random;
 
 /**
- * Runs the server's per-operation paths (the request messages, save planning, commit, query,
- * load planning, end, release) on a scratch store of its own before the server serves, so
- * the JIT has compiled them when the first worker's operation arrives: without it the first
- * few operations of a fresh server ran at a fraction of steady speed (6 GB/s instead of ~40
- * on the H200, steady after about 9). The scratch store only keeps books, no pool memory; the
- * real store, its metrics and its pool are untouched.
+ * Runs the server's per-operation paths (the local socket's frames, the request messages, save
+ * planning, commit, query, load planning, end, release) on a scratch store of its own before
+ * the server serves, so the JIT has compiled them when the first worker's operation arrives:
+ * without it the first few operations of a fresh server ran at a fraction of steady speed (6
+ * GB/s instead of ~40 on the H200, steady after about 9). The operations go through a
+ * {@link LocalSocketServer} on a private socket of the scratch store, as a worker's do, for
+ * {@link #ROUNDS} rounds or {@link #BUDGET_NANOS}, whichever ends first: on the 2-core CI
+ * machine 40 rounds left a 256-block reserve at 2-4x its steady cost. The scratch store only
+ * keeps books, no pool memory; the real store, its metrics and its pool are untouched.
  */
 final class Warmup {
     private static final int LAYERS = 32;
-    private static final int BLOCKS = 512;
-    private static final int ROUNDS = 40;
+    private static final int BLOCKS = 2048;
+    private static final int ROUNDS = 600;
+    private static final long BUDGET_NANOS = 4_000_000_000L;
 
     private Warmup() {}
 
@@ -37,6 +50,7 @@ final class Warmup {
     static long run() {
         long start = System.nanoTime();
         long slot = 2L * 32 * 1024;
+        Path dir = null;
         try (LocalStore store = new LocalStore(EngineConfig.builder().poolBytes(4L * BLOCKS * LAYERS * slot).build(),
                 4L * BLOCKS * LAYERS * slot)) {
             String instance = "warm-up";
@@ -49,40 +63,93 @@ final class Warmup {
                         32 * 1024, 32 * 1024, (long) BLOCKS * 32 * 1024));
             }
             store.registerWorker(instance, new WorkerSpec(0, 0, 0, layers));
-            Random rnd = new Random(1);
-            for (int round = 0; round < ROUNDS; round++) {
-                int n = round % 2 == 0 ? BLOCKS / 2 : BLOCKS / 8;
-                byte[] hashes = new byte[n * 32];
-                rnd.nextBytes(hashes);
-                ReserveSaveRequest.Builder save = ReserveSaveRequest.newBuilder().setInstanceId(instance).setWorkerRank(0)
-                        .setHashes(ByteString.copyFrom(hashes)).setHashLen(32);
-                BeginLoadRequest.Builder load = BeginLoadRequest.newBuilder().setInstanceId(instance).setWorkerRank(0);
-                for (int i = 0; i < n; i++) {
-                    save.addBlockIds(i);
-                    load.addDstBlockIds(BLOCKS - 1 - i);
-                }
-                CopyPlan saved = CopyPlan.parseFrom(EngineService.reserveSave(store, ReserveSaveRequest.parseFrom(
-                        save.build().toByteArray())).toByteArray());
-                EngineService.endCopy(store, EndCopyRequest.newBuilder().setInstanceId(instance).setId(saved.getId())
-                        .setOk(true).build());
-                QueryResponse q = EngineService.query(store, QueryRequest.newBuilder().setInstanceId(instance)
-                        .setHashes(ByteString.copyFrom(hashes)).setHashLen(32).build());
-                CopyPlan loaded = CopyPlan.parseFrom(EngineService.beginLoad(store, load.setLease(q.getLease()).build())
-                        .toByteArray());
-                EngineService.endCopy(store, EndCopyRequest.newBuilder().setInstanceId(instance).setId(loaded.getId())
-                        .setOk(true).build());
-                if (round % 3 == 0) {
-                    // a lease released unconsumed, as a scheduler does when it drops a request
-                    QueryResponse again = EngineService.query(store, QueryRequest.newBuilder().setInstanceId(instance)
-                            .setHashes(ByteString.copyFrom(hashes)).setHashLen(32).build());
-                    EngineService.release(store, ReleaseRequest.newBuilder().setInstanceId(instance)
-                            .setLease(again.getLease()).build());
+            dir = Files.createTempDirectory("pegaflow-warm-up-"); // 0700: nobody else connects
+            Path socket = dir.resolve("s");
+            try (LocalSocketServer server = LocalSocketServer.start(socket, store, null, null, 2, Duration.ofSeconds(10));
+                    Frames client = new Frames(socket)) {
+                Random rnd = new Random(1);
+                for (int round = 0; round < ROUNDS && System.nanoTime() - start < BUDGET_NANOS; round++) {
+                    // mostly the sizes a scheduler step moves, now and then a long prefix
+                    int n = round % 10 == 9 ? BLOCKS : round % 2 == 0 ? 256 : 16;
+                    byte[] hashes = new byte[n * 32];
+                    rnd.nextBytes(hashes);
+                    ReserveSaveRequest.Builder save = ReserveSaveRequest.newBuilder().setInstanceId(instance).setWorkerRank(0)
+                            .setHashes(ByteString.copyFrom(hashes)).setHashLen(32);
+                    BeginLoadRequest.Builder load = BeginLoadRequest.newBuilder().setInstanceId(instance).setWorkerRank(0);
+                    for (int i = 0; i < n; i++) {
+                        save.addBlockIds(i);
+                        load.addDstBlockIds(BLOCKS - 1 - i);
+                    }
+                    CopyPlan saved = CopyPlan.parseFrom(client.call(Wire.RESERVE_SAVE, save.build()));
+                    client.call(Wire.END_COPY, EndCopyRequest.newBuilder().setInstanceId(instance).setId(saved.getId())
+                            .setOk(true).build());
+                    QueryRequest query = QueryRequest.newBuilder().setInstanceId(instance)
+                            .setHashes(ByteString.copyFrom(hashes)).setHashLen(32).build();
+                    QueryResponse q = QueryResponse.parseFrom(client.call(Wire.QUERY, query));
+                    CopyPlan loaded = CopyPlan.parseFrom(client.call(Wire.BEGIN_LOAD, load.setLease(q.getLease()).build()));
+                    client.call(Wire.END_COPY, EndCopyRequest.newBuilder().setInstanceId(instance).setId(loaded.getId())
+                            .setOk(true).build());
+                    if (round % 3 == 0) {
+                        // a lease released unconsumed, as a scheduler does when it drops a request
+                        QueryResponse again = QueryResponse.parseFrom(client.call(Wire.QUERY, query));
+                        client.call(Wire.RELEASE, ReleaseRequest.newBuilder().setInstanceId(instance)
+                                .setLease(again.getLease()).build());
+                    }
                 }
             }
             store.unregisterInstance(instance);
-        } catch (com.google.protobuf.InvalidProtocolBufferException e) {
-            throw new IllegalStateException("warm-up: a message of ours did not parse", e);
+        } catch (IOException e) {
+            throw new IllegalStateException("warm-up: " + e, e);
+        } finally {
+            if (dir != null) {
+                try {
+                    Files.deleteIfExists(dir.resolve("s"));
+                    Files.deleteIfExists(dir);
+                } catch (IOException ignored) {
+                    // a temporary directory left behind
+                }
+            }
         }
         return System.nanoTime() - start;
+    }
+
+    /** The client half of the local socket's frames (Wire), blocking: one request, one answer. */
+    private static final class Frames implements AutoCloseable {
+        private final SocketChannel ch;
+
+        Frames(Path socket) throws IOException {
+            ch = SocketChannel.open(StandardProtocolFamily.UNIX);
+            ch.connect(UnixDomainSocketAddress.of(socket));
+        }
+
+        byte[] call(byte method, com.google.protobuf.MessageLite request) throws IOException {
+            byte[] body = request.toByteArray();
+            ByteBuffer out = ByteBuffer.allocate(5 + body.length).putInt(1 + body.length).put(method).put(body).flip();
+            while (out.hasRemaining()) {
+                ch.write(out);
+            }
+            ByteBuffer head = ByteBuffer.allocate(5);
+            fill(head);
+            ByteBuffer answer = ByteBuffer.allocate(head.getInt(0) - 1);
+            fill(answer);
+            if (head.get(4) != 0) {
+                throw new IOException("warm-up request " + method + " refused: "
+                        + new String(answer.array(), java.nio.charset.StandardCharsets.UTF_8));
+            }
+            return answer.array();
+        }
+
+        private void fill(ByteBuffer b) throws IOException {
+            while (b.hasRemaining()) {
+                if (ch.read(b) < 0) {
+                    throw new IOException("the warm-up socket closed");
+                }
+            }
+        }
+
+        @Override
+        public void close() throws IOException {
+            ch.close();
+        }
     }
 }

@@ -118,6 +118,14 @@ class LocalSocketTest {
             assertThat(load.runOffset()).containsExactly(save.runOffset());
             client.endCopy("w", load.id(), true, 9 * seg, 1);
             assertThat(client.localCalls() - before).isEqualTo(5); // reserve, end, query, begin, end
+            // a load planned in parts: the head with the lease, the rest over the same socket
+            CopyPlan head = client.beginLoad("w", 0, client.query("w", BlockHashes.of(h)).lease(), new long[] {0, 1, 2}, 1);
+            assertThat(head.runBlock()).containsExactly(0);
+            CopyPlan rest = client.planRest("w", 0, head.id(), 1, 3);
+            assertThat(rest.runBlock()).containsExactly(1, 2);
+            assertThat(rest.runOffset()).containsExactly(save.runOffset()[1], save.runOffset()[2]);
+            client.endCopy("w", head.id(), true, 9 * seg, 1);
+            assertThat(client.localCalls() - before).isEqualTo(9); // + query, begin, rest, end
             assertThatThrownBy(() -> client.endCopy("w", load.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
                     .hasMessageContaining("unknown");
         }
@@ -135,7 +143,7 @@ class LocalSocketTest {
             byte[] body = new byte[header.getInt(0) - 1];
             readFully(c, ByteBuffer.wrap(body));
             assertThat(header.get(4)).isEqualTo((byte) io.pegaflow.engine.ErrorCode.INVALID_ARGUMENT.value());
-            assertThat(new String(body, StandardCharsets.UTF_8)).contains("method 9; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load) or 6 (end copy)");
+            assertThat(new String(body, StandardCharsets.UTF_8)).contains("method 9; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load), 6 (end copy) or 7 (load rest)");
             byte[] query = io.pegaflow.client.proto.QueryRequest.newBuilder().setInstanceId("inst")
                     .setHashes(com.google.protobuf.ByteString.copyFrom(hashes[0])).setHashLen(32).build().toByteArray();
             c.write(ByteBuffer.allocate(5 + query.length).putInt(1 + query.length).put(LocalSocketServer.QUERY).put(query).flip());

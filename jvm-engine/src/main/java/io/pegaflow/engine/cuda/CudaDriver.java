@@ -192,6 +192,73 @@ public final class CudaDriver {
         static final MethodHandle cuIpcCloseMemHandle = H.bindRaw("cuIpcCloseMemHandle", JAVA_LONG);
     }
 
+    /**
+     * {@code cuMemcpyBatchAsync} (CUDA 12.8+) at the ABI of the driver present: CUDA 13 dropped
+     * the {@code failIdx} argument, so the entry point is asked for through
+     * {@code cuGetProcAddress} at the version this driver implements, and called with the
+     * arguments of that version. Null where the driver predates it.
+     */
+    private static final class Batch {
+        static final boolean FAIL_IDX;
+        static final MethodHandle FN;
+
+        static {
+            MethodHandle fn = null;
+            boolean failIdx = false;
+            try (Arena a = Arena.ofConfined()) {
+                int version = driverVersion();
+                Optional<MemorySegment> gpa = lookup.find("cuGetProcAddress_v2");
+                if (version >= 12080 && gpa.isPresent()) {
+                    MethodHandle get = H.LINKER.downcallHandle(gpa.get(),
+                            FunctionDescriptor.of(JAVA_INT, ADDRESS, ADDRESS, JAVA_INT, JAVA_LONG, ADDRESS));
+                    failIdx = version < 13000;
+                    MemorySegment pfn = a.allocate(ADDRESS);
+                    int rc = H.call(get, "cuGetProcAddress", a.allocateFrom("cuMemcpyBatchAsync"), pfn,
+                            failIdx ? 12080 : 13000, 0L, a.allocate(JAVA_INT));
+                    MemorySegment f = pfn.get(ADDRESS, 0);
+                    if (rc == 0 && !f.equals(MemorySegment.NULL)) {
+                        fn = failIdx
+                                ? H.LINKER.downcallHandle(f, FunctionDescriptor.of(JAVA_INT, JAVA_LONG, JAVA_LONG, JAVA_LONG,
+                                        JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG))
+                                : H.LINKER.downcallHandle(f, FunctionDescriptor.of(JAVA_INT, JAVA_LONG, JAVA_LONG, JAVA_LONG,
+                                        JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG));
+                    }
+                }
+            } catch (RuntimeException e) {
+                fn = null;
+            }
+            FN = fn;
+            FAIL_IDX = failIdx;
+        }
+    }
+
+    /** {@code CUmemcpyAttributes}: srcAccessOrder, srcLocHint {type, id}, dstLocHint {type, id}, flags. */
+    public static final long MEMCPY_ATTRIBUTES_BYTES = 24;
+    public static final int CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1;
+
+    /** True when the driver has {@code cuMemcpyBatchAsync} (CUDA 12.8 and later). */
+    public static boolean hasMemcpyBatch() {
+        ensureLoaded();
+        return Batch.FN != null;
+    }
+
+    /**
+     * One {@code cuMemcpyBatchAsync} of {@code count} copies whose destinations, sources and
+     * sizes are the host arrays at {@code dsts}, {@code srcs} and {@code sizes} (u64 each, read
+     * during the call), every copy under the one attribute at {@code attrs}.
+     */
+    public static void memcpyBatchAsync(long dsts, long srcs, long sizes, long count, long attrs, long attrIdx,
+            long failIdx, long stream) {
+        ensureLoaded();
+        if (Batch.FN == null) {
+            throw new CudaException("cuMemcpyBatchAsync is not in this CUDA driver (" + driverVersion() + "; needs 12.8)", -1);
+        }
+        int rc = Batch.FAIL_IDX
+                ? invoke(Batch.FN, "cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attrIdx, 1L, failIdx, stream)
+                : invoke(Batch.FN, "cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attrIdx, 1L, stream);
+        check(rc, "cuMemcpyBatchAsync(count=" + count + ")");
+    }
+
     private static void check(int rc, String call) {
         if (rc != 0) {
             throw new CudaException(call + " failed: " + errorText(rc), rc);

@@ -25,9 +25,12 @@ import java.util.List;
  *                            staging buffer (default) instead of a device copy uploaded
  *                            before each launch; on the H200 this was 0.1-0.2 GB/s faster
  *                            in both directions (docs/benchmarks/h200-ab/)
+ * @param dmaBatch            a batch's long runs go to the copy engine in one
+ *                            {@code cuMemcpyBatchAsync} per group (CUDA 12.8+; where the driver
+ *                            lacks it, one {@code cuMemcpyAsync} per run as with {@code false})
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
-        Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground) {
+        Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch) {
 
     public CudaOptions {
         if (device < 0) {
@@ -56,31 +59,36 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/lib64"));
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
-        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false);
+        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false, true);
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
     }
 
     public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, background);
+                hostDescriptors, background, dmaBatch);
+    }
+
+    public CudaOptions withDmaBatch(boolean batch) {
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
+                hostDescriptors, pinInBackground, batch);
     }
 }

@@ -64,6 +64,9 @@ public final class CudaTransferEngine implements TransferEngine {
      */
     private static final int FIRST_CHUNK = 256;
     private static final int MAX_CHUNK = 8192;
+    /** Long runs per cuMemcpyBatchAsync, ramping the same way: 16 (32 MiB of 2 MiB runs) to 1024. */
+    private static final int FIRST_RUNS = 16;
+    private static final int MAX_RUNS = 1024;
 
     private final CudaDevice device;
     private final HostPool pool;
@@ -85,6 +88,8 @@ public final class CudaTransferEngine implements TransferEngine {
     private final BlockingQueue<Lane> loadLanes;
     private final List<Lane> allLanes = new ArrayList<>();
     private volatile boolean closed;
+    /** Long runs go to the copy engine batched ({@link CudaOptions#dmaBatch()}), checked at creation. */
+    private boolean dmaBatch;
 
     private CudaTransferEngine(HostPool pool, CudaOptions options) {
         this.pool = pool;
@@ -125,6 +130,7 @@ public final class CudaTransferEngine implements TransferEngine {
                 loadLanes.add(l);
             }
             warmUp();
+            dmaBatch = options.dmaBatch() && CudaDriver.hasMemcpyBatch() && batchSelfTest();
             ok = true;
         } finally {
             if (!ok) {
@@ -167,6 +173,52 @@ public final class CudaTransferEngine implements TransferEngine {
         } finally {
             CudaDriver.memFree(scratch);
         }
+    }
+
+    /**
+     * Runs {@code cuMemcpyBatchAsync} both ways through a lane on buffers of its own (never the
+     * pool) and compares the bytes; false, logged, when the driver's batch copy does not work
+     * here, and each run then takes its own {@code cuMemcpyAsync}.
+     */
+    private boolean batchSelfTest() {
+        long half = 64 << 10;
+        long host = CudaDriver.memAllocHost(2 * half);
+        long dev = CudaDriver.memAlloc(half);
+        Lane lane = allLanes.get(0);
+        try {
+            MemorySegment h = MemorySegment.ofAddress(host).reinterpret(2 * half);
+            for (long o = 0; o < half; o += 8) {
+                h.set(JAVA_LONG, o, o * 0x9E3779B97F4A7C15L + 1);
+                h.set(JAVA_LONG, half + o, 0);
+            }
+            // two runs each way, swapped halves: the order of the runs is checked too
+            lane.runs.add(host, dev + half / 2, half / 2);
+            lane.runs.add(host + half / 2, dev, half / 2);
+            lane.runs.flush(lane.stream);
+            lane.runs.add(dev + half / 2, host + half, half / 2);
+            lane.runs.add(dev, host + half + half / 2, half / 2);
+            lane.runs.flush(lane.stream);
+            CudaDriver.streamSynchronize(lane.stream);
+            boolean same = h.asSlice(0, half).mismatch(h.asSlice(half, half)) < 0;
+            if (!same) {
+                LOG.log(System.Logger.Level.WARNING, "cuMemcpyBatchAsync moved the wrong bytes on " + device
+                        + "; long runs take one cuMemcpyAsync each");
+            }
+            return same;
+        } catch (CudaException e) {
+            LOG.log(System.Logger.Level.WARNING, "cuMemcpyBatchAsync failed on " + device + " (" + e.getMessage()
+                    + "); long runs take one cuMemcpyAsync each");
+            return false;
+        } finally {
+            lane.runs.clear();
+            CudaDriver.memFree(dev);
+            CudaDriver.memFreeHost(host);
+        }
+    }
+
+    /** Whether long runs go through {@code cuMemcpyBatchAsync} (the option, the driver and the check at creation). */
+    public boolean dmaBatched() {
+        return dmaBatch;
     }
 
     /**
@@ -416,6 +468,54 @@ public final class CudaTransferEngine implements TransferEngine {
         }
     }
 
+    /** Copies listed for one {@code cuMemcpyBatchAsync}: destinations, sources, sizes (host arrays, read during the call). */
+    private final class RunList {
+        private MemorySegment dst = arena.allocate(JAVA_LONG, 64);
+        private MemorySegment src = arena.allocate(JAVA_LONG, 64);
+        private MemorySegment len = arena.allocate(JAVA_LONG, 64);
+        private final MemorySegment attr = arena.allocate(CudaDriver.MEMCPY_ATTRIBUTES_BYTES, 8);
+        private final MemorySegment attrIdx = arena.allocate(JAVA_LONG);
+        private final MemorySegment failIdx = arena.allocate(JAVA_LONG);
+        int count;
+
+        RunList() {
+            attr.set(JAVA_INT, 0, CudaDriver.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM); // location hints: none; flags: 0
+        }
+
+        void add(long from, long to, long bytes) {
+            if (count == len.byteSize() / 8) { // bounded: a list is flushed at MAX_RUNS
+                dst = grow(dst);
+                src = grow(src);
+                len = grow(len);
+            }
+            dst.setAtIndex(JAVA_LONG, count, to);
+            src.setAtIndex(JAVA_LONG, count, from);
+            len.setAtIndex(JAVA_LONG, count, bytes);
+            count++;
+        }
+
+        private MemorySegment grow(MemorySegment old) {
+            MemorySegment m = arena.allocate(JAVA_LONG, 2L * count);
+            m.copyFrom(old);
+            return m;
+        }
+
+        /** Queues the listed copies on {@code stream} in one call. */
+        void flush(long stream) {
+            if (count == 0) {
+                return;
+            }
+            int n = count;
+            count = 0;
+            CudaDriver.memcpyBatchAsync(dst.address(), src.address(), len.address(), n, attr.address(), attrIdx.address(),
+                    failIdx.address(), stream);
+        }
+
+        void clear() {
+            count = 0;
+        }
+    }
+
     /** A stream with its events and descriptor buffers; owned by one batch at a time. */
     private final class Lane {
         final String name;
@@ -431,6 +531,8 @@ public final class CudaTransferEngine implements TransferEngine {
         final MemorySegment params = arena.allocate(ADDRESS, 2);
         final MemorySegment argDesc = arena.allocate(JAVA_LONG);
         final MemorySegment argCount = arena.allocate(JAVA_INT);
+        /** Long runs waiting for one cuMemcpyBatchAsync on {@link #stream}. */
+        final RunList runs = new RunList();
         final BlockingQueue<CudaFuture> pending = new LinkedBlockingQueue<>();
         final Thread completer;
 
@@ -465,6 +567,7 @@ public final class CudaTransferEngine implements TransferEngine {
             // thread writes chunk k+1 (the host-side work overlaps instead of adding up).
             int n = 0;
             int chunk = FIRST_CHUNK;
+            int runChunk = FIRST_RUNS;
             for (int g = 0; g < groups; g++) {
                 int chunkStart = n;
                 int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
@@ -482,6 +585,10 @@ public final class CudaTransferEngine implements TransferEngine {
                     long dst = toHost ? host : dev;
                     if (len >= options.dmaThresholdBytes()) {
                         copyRun(src, dst, len, toHost, stream);
+                        if (runs.count >= runChunk) { // the copy engine starts on the first runs while the rest are listed
+                            runs.flush(stream);
+                            runChunk = Math.min(runChunk * 2, MAX_RUNS);
+                        }
                     } else {
                         long at = n * DESC_BYTES;
                         desc.set(JAVA_LONG, at, src);
@@ -497,6 +604,7 @@ public final class CudaTransferEngine implements TransferEngine {
                     i = j;
                 }
                 launch(chunkStart, n);
+                runs.flush(stream);
                 if (groups > 1) {
                     CudaDriver.eventRecord(groupEvents[g], stream);
                 }
@@ -513,7 +621,9 @@ public final class CudaTransferEngine implements TransferEngine {
             while (len > 0) {
                 long host = toHost ? dst : src;
                 long part = Math.min(len, bytesToChunkEnd(host));
-                if (toHost) {
+                if (dmaBatch) {
+                    runs.add(src, dst, part);
+                } else if (toHost) {
                     CudaDriver.memcpyDtoHAsync(dst, src, part, stream);
                 } else {
                     CudaDriver.memcpyHtoDAsync(dst, src, part, stream);
@@ -623,6 +733,7 @@ public final class CudaTransferEngine implements TransferEngine {
             CudaDriver.eventDestroy(doneEvent);
             CudaDriver.eventDestroy(callerEvent);
             CudaDriver.streamDestroy(stream);
+
             if (staging != 0) {
                 CudaDriver.memFreeHost(staging);
             }

@@ -6,7 +6,6 @@ import io.pegaflow.engine.Sizes;
 import java.io.IOException;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
-import java.nio.ByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
@@ -15,6 +14,7 @@ import java.nio.file.Path;
 import java.nio.file.StandardOpenOption;
 import java.nio.file.attribute.GroupPrincipal;
 import java.nio.file.attribute.PosixFilePermissions;
+import java.util.List;
 import java.util.Set;
 
 /**
@@ -58,7 +58,7 @@ public final class HostPool implements AutoCloseable {
         if (create) {
             return createShared(path, bytes, null);
         }
-        long size = alignedSize(bytes);
+        long size = Pages.of(path).round(alignedSize(bytes));
         Arena arena = Arena.ofShared();
         try (FileChannel ch = FileChannel.open(path, StandardOpenOption.READ, StandardOpenOption.WRITE)) {
             if (ch.size() < size) {
@@ -85,14 +85,14 @@ public final class HostPool implements AutoCloseable {
      * set after creation so the umask does not matter. Sparse: pages are committed as written.
      */
     public static HostPool createShared(Path path, long bytes, GroupPrincipal group) {
-        long size = alignedSize(bytes);
+        long size = Pages.of(path).round(alignedSize(bytes));
         Arena arena = Arena.ofShared();
         boolean created = false;
         try (FileChannel ch = FileChannel.open(path, Set.of(StandardOpenOption.CREATE_NEW, StandardOpenOption.READ,
                 StandardOpenOption.WRITE, LinkOption.NOFOLLOW_LINKS), PosixFilePermissions.asFileAttribute(PoolFiles.OWNER_RW))) {
             created = true;
             PoolFiles.setMode(path, group, LinkOption.NOFOLLOW_LINKS);
-            ch.write(ByteBuffer.wrap(new byte[1]), size - 1);
+            // the mapping sizes the file (ftruncate): hugetlbfs takes no write()
             MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
             adviseHugePages(seg);
             return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, true);
@@ -126,6 +126,91 @@ public final class HostPool implements AutoCloseable {
     private static void adviseHugePages(MemorySegment seg) {
         if (!"false".equals(System.getProperty("pegaflow.pool.thp"))) {
             LibC.madvise(seg.address(), seg.byteSize(), LibC.MADV_HUGEPAGE);
+        }
+    }
+
+    /**
+     * The pages a shared pool file at a path gets, from the mount that holds it: 4 KiB on a
+     * plain tmpfs such as {@code /dev/shm} (the default), 2 MiB (or the mount's size) on
+     * hugetlbfs, and transparent huge pages on a tmpfs mounted with {@code huge=always} or
+     * {@code within_size} ({@code advise}: through {@link #adviseHugePages}). Pinning a pool for
+     * CUDA pays per page: on the H200 a worker pinned a 60 GiB pool in 7.6 s on 4 KiB pages and in
+     * 1.6 s on huge pages of either kind (docs/gpu.md, "Pool attach").
+     *
+     * @param fs        the file system type ({@code tmpfs}, {@code hugetlbfs}, ...; "unknown" when not found)
+     * @param mount     its mount point
+     * @param hugeBytes the huge page size the pool's pages come in, 0 for base pages
+     */
+    public record Pages(String fs, String mount, long hugeBytes) {
+        /** Rounds a pool size up to whole pages of the mount (hugetlbfs maps only whole huge pages). */
+        public long round(long bytes) {
+            return hugeBytes == 0 ? bytes : (bytes + hugeBytes - 1) / hugeBytes * hugeBytes;
+        }
+
+        /** e.g. {@code hugetlbfs at /mnt/huge, 2 MiB pages} or {@code tmpfs at /dev/shm, 4 KiB pages}. */
+        public String describe() {
+            return fs + " at " + mount + ", " + (hugeBytes == 0 ? "4 KiB pages" : Sizes.format(hugeBytes) + " pages");
+        }
+
+        /** The mount that holds {@code path} (an existing file or a file to be made in an existing directory). */
+        public static Pages of(Path path) {
+            String real;
+            try {
+                Path p = path.toAbsolutePath();
+                real = p.getParent().toRealPath().resolve(p.getFileName()).toString();
+            } catch (IOException | RuntimeException e) {
+                real = path.toAbsolutePath().toString();
+            }
+            try {
+                return fromMounts(real, Files.readAllLines(Path.of("/proc/self/mounts")));
+            } catch (IOException | RuntimeException e) {
+                return new Pages("unknown", "?", 0);
+            }
+        }
+
+        /** {@link #of} on the lines of a mount table ({@code /proc/self/mounts}) for an absolute, resolved path. */
+        static Pages fromMounts(String real, List<String> mounts) {
+            String best = null;
+            String[] bestFields = null;
+            for (String line : mounts) {
+                String[] f = line.split(" ");
+                if (f.length < 4) {
+                    continue;
+                }
+                String mount = f[1].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\");
+                boolean under = real.equals(mount) || real.startsWith(mount.endsWith("/") ? mount : mount + "/");
+                if (under && (best == null || mount.length() >= best.length())) {
+                    best = mount;
+                    bestFields = f;
+                }
+            }
+            if (bestFields == null) {
+                return new Pages("unknown", "?", 0);
+            }
+            String fs = bestFields[2];
+            String options = "," + bestFields[3] + ",";
+            if (fs.equals("hugetlbfs")) {
+                java.util.regex.Matcher m = java.util.regex.Pattern.compile(",pagesize=([0-9]+[kKmMgG]?)").matcher(options);
+                return new Pages(fs, best, m.find() ? Sizes.parse(m.group(1)) : defaultHugePage());
+            }
+            if (fs.equals("tmpfs") && (options.contains(",huge=always,") || options.contains(",huge=within_size,")
+                    || (options.contains(",huge=advise,") && !"false".equals(System.getProperty("pegaflow.pool.thp"))))) {
+                return new Pages(fs, best, 2L << 20);
+            }
+            return new Pages(fs, best, 0);
+        }
+
+        private static long defaultHugePage() {
+            try {
+                for (String line : Files.readAllLines(Path.of("/proc/meminfo"))) {
+                    if (line.startsWith("Hugepagesize:")) {
+                        return Long.parseLong(line.replaceAll("[^0-9]", "")) * 1024;
+                    }
+                }
+            } catch (IOException | RuntimeException e) {
+                // fall through
+            }
+            return 2L << 20;
         }
     }
 
