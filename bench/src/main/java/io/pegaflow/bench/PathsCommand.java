@@ -187,7 +187,9 @@ final class PathsCommand implements Callable<Integer> {
                     controlPlane("server", store);
                 }
                 long t0 = System.nanoTime();
-                try (PegaEngine attached = EngineClient.connect(server.endpoint, transfer, 30_000)) {
+                // the worker's copy engine, its batches' submit and completion times recorded for the timelines below
+                Function<HostPool, TransferEngine> timed = p -> new TimedTransfer(transfer.apply(p), timeline);
+                try (PegaEngine attached = attachTimed(server.endpoint, timed)) {
                     report.put("server_attach_s", (System.nanoTime() - t0) / 1e9);
                     cases("server", attached, kv, true);
                     crossLayer(attached, dev, arena);
@@ -235,21 +237,27 @@ final class PathsCommand implements Callable<Integer> {
             String suffix = n == blocks ? "" : "_" + n;
             double[] save = new double[repeat];
             double[] load = new double[repeat];
+            String[] saveLines = new String[repeat];
+            String[] loadLines = new String[repeat];
             for (int r = 0; r < repeat; r++) {
                 long[] src = ids.take(n);
                 long[] dst = ids.take(n);
                 BlockHashes h = hashes(n, name.hashCode() * 1000L + r * 7L + n);
                 kv.fill(src, r);
+                timeline.clear();
                 long t0 = System.nanoTime();
                 CopyResult saved = engine.save(instance, 0, src, h).join();
                 save[r] = (System.nanoTime() - t0) / 1e9;
+                saveLines[r] = timeline.since(t0, System.nanoTime());
                 ok &= saved.blocks() == n;
                 kv.clear(dst);
                 // the worker path: its share of a lease the scheduler took (the restore below times both)
                 QueryResult q = engine.query(instance, h);
+                timeline.clear();
                 t0 = System.nanoTime();
                 engine.load(instance, 0, q.lease(), dst).join();
                 load[r] = (System.nanoTime() - t0) / 1e9;
+                loadLines[r] = timeline.since(t0, System.nanoTime());
                 ok &= q.hitBlocks() == n && kv.check(dst, r);
             }
             if (recordFirst && n == blocks) {
@@ -259,6 +267,12 @@ final class PathsCommand implements Callable<Integer> {
                 each.put(name + "_load", load);
                 report.put(name + "_save_s_each", round(save));
                 report.put(name + "_load_s_each", round(load));
+            }
+            if (name.equals("server")) {
+                // where the time of the median operation went: each batch's submit and copy end, then the caller's
+                // return, in µs from the call (submit@, done@ per batch; end@)
+                report.put("server_timeline_save_us" + suffix, saveLines[medianIndex(save)]);
+                report.put("server_timeline_load_us" + suffix, loadLines[medianIndex(load)]);
             }
             report.put(name + "_save_gbps" + suffix, n * blockBytes / median(save) / 1e9);
             report.put(name + "_load_gbps" + suffix, n * blockBytes / median(load) / 1e9);
@@ -381,6 +395,13 @@ final class PathsCommand implements Callable<Integer> {
             report.put("engine_load_gbps", bytes / t[1] / 1e9);
             report.put("engine_save_ms", t[0] * 1e3);
             report.put("engine_load_ms", t[1] * 1e3);
+            long smallBytes = smallBlocks * blockBytes;
+            double[] small = timeBatches(engine, kv.batch(CopyBatch.Direction.TO_HOST, ids.take(smallBlocks)),
+                    kv.batch(CopyBatch.Direction.TO_DEVICE, ids.take(smallBlocks)));
+            report.put("engine_save_gbps_" + smallBlocks, smallBytes / small[0] / 1e9);
+            report.put("engine_load_gbps_" + smallBlocks, smallBytes / small[1] / 1e9);
+            report.put("engine_save_ms_" + smallBlocks, small[0] * 1e3);
+            report.put("engine_load_ms_" + smallBlocks, small[1] * 1e3);
             if (engine instanceof CudaTransferEngine c) {
                 long lineBytes = Math.min(2L << 30, pool.size());
                 double[] line = lineSeconds(c, pool, lineBytes, repeat);
@@ -824,6 +845,122 @@ final class PathsCommand implements Callable<Integer> {
     }
 
     /** Scattered block ids of the cache, handed out in a shuffled cycle. */
+    private final Timeline timeline = new Timeline();
+
+    /**
+     * {@link EngineClient#connect} with the worker's calls to the server timed into the
+     * timeline too (each store call's start and return, by name).
+     */
+    private PegaEngine attachTimed(String endpoint, Function<HostPool, TransferEngine> transfer) {
+        io.pegaflow.client.RemoteStore store = io.pegaflow.client.RemoteStore.connect(endpoint, 30_000);
+        var health = store.health();
+        HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
+        io.pegaflow.engine.BlockStore timed = (io.pegaflow.engine.BlockStore) java.lang.reflect.Proxy.newProxyInstance(
+                io.pegaflow.engine.BlockStore.class.getClassLoader(), new Class<?>[] {io.pegaflow.engine.BlockStore.class},
+                (proxy, method, args) -> {
+                    boolean copyCall = switch (method.getName()) {
+                        case "reserveSave", "beginLoad", "planRest", "endCopy" -> true;
+                        default -> false;
+                    };
+                    if (copyCall) {
+                        timeline.add(2, 0, method.getName());
+                    }
+                    try {
+                        return method.invoke(store, args);
+                    } catch (java.lang.reflect.InvocationTargetException e) {
+                        throw e.getCause();
+                    } finally {
+                        if (copyCall) {
+                            timeline.add(3, 0, method.getName());
+                        }
+                    }
+                });
+        PegaEngine engine = PegaEngine.attach(timed, pool, transfer);
+        store.warmLocal();
+        return engine;
+    }
+
+    private static int medianIndex(double[] x) {
+        Integer[] order = new Integer[x.length];
+        for (int i = 0; i < x.length; i++) {
+            order[i] = i;
+        }
+        java.util.Arrays.sort(order, (a, b) -> Double.compare(x[a], x[b]));
+        return order[x.length / 2];
+    }
+
+    /** Submit and completion times of the worker's batches (recorded only while a timed operation runs). */
+    static final class Timeline {
+        private final java.util.concurrent.ConcurrentLinkedQueue<long[]> events = new java.util.concurrent.ConcurrentLinkedQueue<>();
+
+        void clear() {
+            events.clear();
+        }
+
+        private final Map<Long, String> names = new java.util.concurrent.ConcurrentHashMap<>();
+
+        void add(int kind, long batchBytes) {
+            events.add(new long[] {System.nanoTime(), kind, batchBytes});
+        }
+
+        /** kind 2: a store call starts, 3: it returned. */
+        void add(int kind, long batchBytes, String call) {
+            long[] e = {System.nanoTime(), kind, batchBytes, names.size() + 1L};
+            names.putIfAbsent(e[3], call);
+            events.add(e);
+        }
+
+        /** e.g. {@code submit 180 (32 MiB), submit 640 (480 MiB), done 1010, done 10990, end 11120} in µs from t0. */
+        String since(long t0, long end) {
+            StringBuilder b = new StringBuilder();
+            events.stream().sorted(java.util.Comparator.comparingLong(e -> e[0])).forEach(e -> {
+                String what = switch ((int) e[1]) {
+                    case 0 -> "submit";
+                    case 1 -> "done";
+                    case 2 -> names.get(e[3]);
+                    default -> "/" + names.get(e[3]);
+                };
+                b.append(what).append(' ').append((e[0] - t0) / 1000).append(e[1] == 0 ? " (" + (e[2] >> 20) + " MiB)" : "")
+                        .append(", ");
+            });
+            return b.append("end ").append((end - t0) / 1000).toString();
+        }
+    }
+
+    /** A copy engine that records when each batch is submitted and when its copy completes. */
+    record TimedTransfer(TransferEngine delegate, Timeline timeline) implements TransferEngine {
+        @Override
+        public io.pegaflow.engine.transfer.TransferFuture submit(CopyBatch batch) {
+            timeline.add(0, batch.totalBytes());
+            // recorded before anything that waits on the copy runs (the store's end, the caller)
+            io.pegaflow.engine.transfer.TransferFuture out = new io.pegaflow.engine.transfer.TransferFuture();
+            delegate.submit(batch).whenComplete((v, e) -> {
+                timeline.add(1, 0);
+                if (e != null) {
+                    out.completeExceptionally(e);
+                } else {
+                    out.complete(null);
+                }
+            });
+            return out;
+        }
+
+        @Override
+        public void checkRegion(LayerRegion region) {
+            delegate.checkRegion(region);
+        }
+
+        @Override
+        public String name() {
+            return delegate.name();
+        }
+
+        @Override
+        public void close() {
+            delegate.close();
+        }
+    }
+
     static final class Ids {
         private final List<Long> order = new ArrayList<>();
         private int next;
