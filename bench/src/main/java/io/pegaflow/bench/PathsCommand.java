@@ -933,16 +933,7 @@ final class PathsCommand implements Callable<Integer> {
         public io.pegaflow.engine.transfer.TransferFuture submit(CopyBatch batch) {
             timeline.add(0, batch.totalBytes());
             // recorded before anything that waits on the copy runs (the store's end, the caller)
-            io.pegaflow.engine.transfer.TransferFuture out = new io.pegaflow.engine.transfer.TransferFuture();
-            delegate.submit(batch).whenComplete((v, e) -> {
-                timeline.add(1, 0);
-                if (e != null) {
-                    out.completeExceptionally(e);
-                } else {
-                    out.complete(null);
-                }
-            });
-            return out;
+            return io.pegaflow.engine.transfer.TransferFuture.following(delegate.submit(batch), () -> timeline.add(1, 0));
         }
 
         @Override

@@ -595,16 +595,7 @@ public abstract class BlockStoreContract {
     private record GatedTransfer(HostTransferEngine delegate, CompletableFuture<Void> gate) implements TransferEngine {
         @Override
         public TransferFuture submit(CopyBatch batch) {
-            TransferFuture copied = delegate.submit(batch);
-            TransferFuture out = new TransferFuture();
-            CompletableFuture.allOf(copied, gate).whenComplete((r, e) -> {
-                if (e != null) {
-                    out.completeExceptionally(e);
-                } else {
-                    out.complete(null);
-                }
-            });
-            return out;
+            return TransferFuture.following(CompletableFuture.allOf(delegate.submit(batch), gate), () -> { });
         }
 
         @Override

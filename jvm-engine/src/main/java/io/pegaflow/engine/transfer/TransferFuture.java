@@ -18,6 +18,27 @@ public class TransferFuture extends CompletableFuture<Void> {
         join();
     }
 
+    /**
+     * A batch's completion that follows {@code source} (normally or exceptionally) once
+     * {@code first} has run: for copy engines that wrap another one and do something of their
+     * own when its copy ends, before anyone waiting on the batch wakes.
+     */
+    public static TransferFuture following(CompletableFuture<?> source, Runnable first) {
+        TransferFuture out = new TransferFuture();
+        source.whenComplete((r, e) -> {
+            try {
+                first.run();
+            } finally {
+                if (e != null) {
+                    out.completeExceptionally(e);
+                } else {
+                    out.complete(null);
+                }
+            }
+        });
+        return out;
+    }
+
     @Override
     public <U> CompletableFuture<U> newIncompleteFuture() {
         return new CompletableFuture<>();
