@@ -107,6 +107,10 @@ final class PathsCommand implements Callable<Integer> {
             + " a huge-page mount is the placement docs/gpu.md recommends for GPU hosts)")
     Path serverPoolDir;
 
+    @Option(names = "--server-busy-poll-us", defaultValue = "0",
+            description = "pegaflow-server --busy-poll-us for the run's server (default ${DEFAULT-VALUE}: off)")
+    long serverBusyPollUs;
+
     @Option(names = "--attach-huge-dir", description = "a directory on a huge-page mount (tmpfs huge=always, or hugetlbfs):"
             + " the pre-faulted attach settings are measured there too (huge_prefaulted_all, huge_prefaulted_two_at_once)")
     Path attachHugeDir;
@@ -180,8 +184,9 @@ final class PathsCommand implements Callable<Integer> {
             try (PegaEngine embedded = PegaEngine.create(EngineConfig.builder().poolBytes(need).transfer(transfer).prefault(true).build())) {
                 cases("embedded", embedded, kv, false);
             }
-            try (ServerProcess server = ServerProcess.start(javaLauncher, need, serverPoolDir)) {
+            try (ServerProcess server = ServerProcess.start(javaLauncher, need, serverPoolDir, serverBusyPollUs)) {
                 report.put("server_start_s", server.startSeconds);
+                report.put("server_busy_poll_us", serverBusyPollUs);
                 report.put("server_pool_pages", HostPool.Pages.of(server.poolPath).describe());
                 try (io.pegaflow.client.RemoteStore store = io.pegaflow.client.RemoteStore.connect(server.endpoint, 30_000)) {
                     controlPlane("server", store);
@@ -1107,7 +1112,8 @@ final class PathsCommand implements Callable<Integer> {
             this.dir = dir;
         }
 
-        static ServerProcess start(String javaCmd, long poolBytes, Path poolDir) throws IOException, InterruptedException {
+        static ServerProcess start(String javaCmd, long poolBytes, Path poolDir, long busyPollUs)
+                throws IOException, InterruptedException {
             String javaBin = javaCmd != null ? javaCmd : ProcessHandle.current().info().command().orElse("java");
             Path dir = Files.createTempDirectory("pegaflow-paths");
             int port;
@@ -1124,6 +1130,7 @@ final class PathsCommand implements Callable<Integer> {
                     "-cp", System.getProperty("java.class.path"), "io.pegaflow.server.ServerMain",
                     "--addr", "127.0.0.1:" + port, "--http-addr", "127.0.0.1:" + http,
                     "--pool-size", Long.toString(poolBytes), "--pool-path", poolPath.toString(),
+                    "--busy-poll-us", Long.toString(busyPollUs),
                     "--owner-pid", Long.toString(ProcessHandle.current().pid())));
             long t0 = System.nanoTime();
             Process p = new ProcessBuilder(cmd).redirectErrorStream(true).start();

@@ -101,13 +101,21 @@ final class LocalSocketClient implements AutoCloseable {
 
     private static final class DeadlineExceeded extends IOException {}
 
-    private static void read(Conn c, ByteBuffer buf, long deadline) throws IOException {
+    /** How long to spin for an answer before sleeping: up to 1 ms when the server busy-polls (Health), else 0. */
+    private volatile long spinNanos;
+
+    private void read(Conn c, ByteBuffer buf, long deadline) throws IOException {
+        long until = spinNanos > 0 ? System.nanoTime() + spinNanos : 0;
         while (buf.hasRemaining()) {
             int n = c.channel.read(buf);
             if (n < 0) {
                 throw new IOException("the server closed the local socket");
             }
             if (n == 0) {
+                if (until != 0 && System.nanoTime() < until) {
+                    Thread.onSpinWait();
+                    continue;
+                }
                 await(c, SelectionKey.OP_READ, deadline);
             }
         }
@@ -184,8 +192,10 @@ final class LocalSocketClient implements AutoCloseable {
         }
         nextDiscovery = System.nanoTime() + 1_000_000_000L;
         try {
-            String s = store.health().getLocalSocket();
+            var health = store.health();
+            String s = health.getLocalSocket();
             if (!s.isEmpty() && Files.exists(Path.of(s))) {
+                spinNanos = Math.min(health.getBusyPollUs(), 1000) * 1000;
                 path = Path.of(s);
             }
         } catch (RuntimeException e) {

@@ -83,6 +83,8 @@ final class LocalSocketServer implements AutoCloseable {
     private volatile Credentials credentials;
     private final int maxConnections;
     private final long frameTimeoutNanos;
+    /** How long a connection's thread spins for the next frame before it sleeps (0: at once). */
+    private volatile long busyPollNanos;
     private final Semaphore slots;
     private final ExecutorService threads = Executors.newCachedThreadPool(
             Thread.ofPlatform().daemon().name("pegaflow-local-conn-", 0).factory());
@@ -155,6 +157,18 @@ final class LocalSocketServer implements AutoCloseable {
 
     Path path() {
         return path;
+    }
+
+    /** Sets how long connection threads spin for a next frame before sleeping (0: sleep at once). */
+    void busyPoll(long micros) {
+        if (micros < 0 || micros > 1_000_000) {
+            throw new InvalidArgumentException("--busy-poll-us " + micros + "; expected 0 (off) .. 1000000");
+        }
+        busyPollNanos = micros * 1000;
+    }
+
+    long busyPollMicros() {
+        return busyPollNanos / 1000;
     }
 
     /** Connections refused because {@code maxConnections} were open. */
@@ -338,6 +352,11 @@ final class LocalSocketServer implements AutoCloseable {
      * frame and reads what is there into {@code header}; false at end of stream.
      */
     private boolean awaitFirstByte(Conn c, ByteBuffer header) throws IOException {
+        // --busy-poll-us: the next frame of a worker's operation (its copy's end, the next
+        // plan) usually comes within milliseconds; a thread that slept meanwhile takes ~0.3-0.5
+        // ms to answer it on the H200 host instead of ~0.1 (docs/gpu.md)
+        long spin = busyPollNanos;
+        long until = spin > 0 ? System.nanoTime() + spin : 0;
         while (true) {
             int n = c.channel.read(header);
             if (n < 0) {
@@ -345,6 +364,10 @@ final class LocalSocketServer implements AutoCloseable {
             }
             if (n > 0) {
                 return true;
+            }
+            if (until != 0 && System.nanoTime() < until && open) {
+                Thread.onSpinWait();
+                continue;
             }
             c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
             c.selector.select();

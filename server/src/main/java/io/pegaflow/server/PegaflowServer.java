@@ -221,10 +221,22 @@ public final class PegaflowServer implements AutoCloseable {
 
     /** As {@link #start(Config)}; {@code localSocket} false leaves the Unix socket off. */
     public static PegaflowServer start(Config config, boolean localSocket) throws IOException {
+        return start(config, localSocket, 0);
+    }
+
+    /**
+     * As {@link #start(Config, boolean)}, the local socket's threads spinning up to
+     * {@code busyPollMicros} for a client's next frame before they sleep (0: off).
+     */
+    public static PegaflowServer start(Config config, boolean localSocket, long busyPollMicros) throws IOException {
+        if (busyPollMicros < 0 || busyPollMicros > 1_000_000) {
+            throw new InvalidArgumentException("--busy-poll-us " + busyPollMicros + "; expected 0 (off) .. 1000000");
+        }
         PegaflowServer s = startTcp(config);
         if (localSocket) {
             try {
                 s.local = LocalSocketServer.start(s.files, s.store, s.rpcMetrics, s.credentials);
+                s.local.busyPoll(busyPollMicros);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,
                         "no local socket at " + s.files.socket() + " (" + e + "); clients use gRPC for every call");
@@ -254,7 +266,8 @@ public final class PegaflowServer implements AutoCloseable {
         LocalSocketServer l = local;
         return HealthResponse.newBuilder().setServerVersion(Version.VERSION).setPoolPath(pool.file().toString())
                 .setPoolBytes(pool.size()).setServerId(serverId).setInstances(store.instanceIds().size())
-                .setLocalSocket(l == null ? "" : l.path().toString()).setTokenPath(credentials.tokenFile().toString()).build();
+                .setLocalSocket(l == null ? "" : l.path().toString()).setTokenPath(credentials.tokenFile().toString())
+                .setBusyPollUs(l == null ? 0 : l.busyPollMicros()).build();
     }
 
     private String healthJson() {

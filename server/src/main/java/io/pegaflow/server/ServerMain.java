@@ -62,6 +62,12 @@ public final class ServerMain implements Callable<Integer> {
             description = "stop when process PID exits (a private server started by a vLLM instance for itself)")
     Long ownerPid;
 
+    @Option(names = "--busy-poll-us", defaultValue = "0", paramLabel = "US",
+            description = "local-socket threads spin up to US microseconds for a client's next frame before sleeping,"
+                    + " a core each while workers are active, for the lowest latency on hosts with cores to spare"
+                    + " (0: off; default ${DEFAULT-VALUE})")
+    long busyPollUs;
+
     @Option(names = "--prefault-threads", defaultValue = "0", paramLabel = "N",
             description = "commit the pool's pages at start on N threads (0: as written; default ${DEFAULT-VALUE})")
     int prefaultThreads;
@@ -180,7 +186,7 @@ public final class ServerMain implements Callable<Integer> {
             owner = ProcessHandle.of(ownerPid).orElseThrow(() -> new IllegalArgumentException("--owner-pid " + ownerPid
                     + " is not a running process; expected the pid of the process that owns this server"));
         }
-        PegaflowServer server = PegaflowServer.start(config, localSocket);
+        PegaflowServer server = PegaflowServer.start(config, localSocket, busyPollUs);
         if (owner != null) {
             long pid = ownerPid;
             owner.onExit().thenRun(() -> {

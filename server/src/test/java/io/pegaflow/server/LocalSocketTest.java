@@ -76,6 +76,35 @@ class LocalSocketTest {
         arena.close();
     }
 
+    /**
+     * --busy-poll-us: Health announces it, the local socket keeps answering (a thread spinning
+     * for a next frame still serves it, and still notices its client leaving), a bad value is
+     * refused with its name.
+     */
+    @Test
+    void aBusyPollingServerAnswersOverTheLocalSocketAndSaysSoInHealth() throws Exception {
+        server.close();
+        server = PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 4L << 20, dir.resolve("pool"),
+                Duration.ofSeconds(600), Duration.ofMillis(100), true), true, 5000);
+        server.store().registerInstance(new InstanceSpec("inst", "ns", 1, 1));
+        server.store().registerWorker("inst", new WorkerSpec(0, 0, 0,
+                List.of(new LayerRegion("l", KvLayout.MLA, arena.allocate(8 * 4096, 4096).address(), 8 * 4096, 8, 4096, 4096, 0))));
+        try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 2000)) {
+            assertThat(client.health().getBusyPollUs()).isEqualTo(5000);
+            for (int i = 0; i < 20; i++) {
+                QueryResult q = client.query("inst", BlockHashes.of(hashes));
+                assertThat(q.hitBlocks()).isZero(); // a new store: nothing saved
+                if (i % 5 == 0) {
+                    Thread.sleep(8); // past the spin: the thread sleeps, and the next frame wakes it
+                }
+            }
+            assertThat(client.localCalls()).isEqualTo(20);
+        }
+        assertThatThrownBy(() -> PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 4L << 20,
+                dir.resolve("other"), Duration.ofSeconds(600), Duration.ofMillis(100), true), true, -1))
+                .isInstanceOf(io.pegaflow.engine.InvalidArgumentException.class).hasMessageContaining("--busy-poll-us -1");
+    }
+
     @Test
     void queryAndReleaseGoOverTheLocalSocket() {
         assertThat(Files.exists(Path.of(dir.resolve("pool") + ".sock"))).isTrue();
