@@ -132,6 +132,13 @@ public final class RedisBlockRegistry implements BlockRegistry {
     private boolean resyncWanted;
     private long flushRequested;
     private long flushDone;
+    /**
+     * Advertisements dropped so far (Redis unreachable, or the queue full), as an epoch, and
+     * the epoch a full re-advertisement last covered: while the first is ahead, a flush cannot
+     * say that every save before it is visible to other hosts. Guarded by queueLock.
+     */
+    private long dropEpoch;
+    private long resyncedEpoch;
     private volatile boolean closed;
 
     private volatile Link pipe; // the flusher's, flushed by hand
@@ -281,6 +288,8 @@ public final class RedisBlockRegistry implements BlockRegistry {
         synchronized (queueLock) {
             if (queued.size() >= settings.queueDepth() && !queued.containsKey(k)) {
                 dropped.incrementAndGet();
+                dropEpoch++;
+                resyncWanted = true; // the full re-advertisement is what repairs a lost one
                 return;
             }
             queued.put(k, holds);
@@ -304,6 +313,11 @@ public final class RedisBlockRegistry implements BlockRegistry {
                 }
                 queueLock.wait(Math.max(1, left / 1_000_000));
             }
+            if (dropEpoch > resyncedEpoch) {
+                throw new java.io.IOException("registry: advertisements were dropped (Redis at " + redacted(settings.url())
+                        + " unreachable, or the queue of " + settings.queueDepth() + " full); this host's blocks are"
+                        + " advertised again once Redis answers, and other hosts do not see them until then");
+            }
         }
     }
 
@@ -313,6 +327,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
             LinkedHashMap<ByteBuffer, Integer> forget;
             boolean resync;
             long ticket;
+            long epochAtStart;
             synchronized (queueLock) {
                 while (!closed && queued.isEmpty() && forgets.isEmpty() && !resyncWanted && flushDone == flushRequested) {
                     try {
@@ -330,11 +345,14 @@ public final class RedisBlockRegistry implements BlockRegistry {
                     resyncWanted = false;
                 }
                 ticket = flushRequested;
+                epochAtStart = dropEpoch;
             }
+            boolean sent = false;
+            boolean resynced = false;
             try {
-                send(batch, forget);
+                sent = send(batch, forget);
                 if (resync) {
-                    resyncAll();
+                    resynced = resyncAll();
                 }
             } catch (Exception e) {
                 failed("sending " + batch.size() + " registry updates", e);
@@ -345,21 +363,28 @@ public final class RedisBlockRegistry implements BlockRegistry {
                 }
             }
             synchronized (queueLock) {
+                if (!sent) {
+                    dropEpoch++;
+                }
+                if (resynced) {
+                    resyncedEpoch = Math.max(resyncedEpoch, epochAtStart); // what was dropped before it began
+                }
                 flushDone = Math.max(flushDone, ticket);
                 queueLock.notifyAll();
             }
         }
     }
 
-    private void send(Map<ByteBuffer, Boolean> batch, Map<ByteBuffer, Integer> forget) throws Exception {
+    /** Sends the updates; false when they were dropped instead (no healthy connection). */
+    private boolean send(Map<ByteBuffer, Boolean> batch, Map<ByteBuffer, Integer> forget) throws Exception {
         if (batch.isEmpty() && forget.isEmpty()) {
-            return;
+            return true;
         }
         Link c = pipe;
         int me = index;
         if (c == null || me < 0 || !healthy) {
             dropped.addAndGet(batch.size() + forget.size()); // the resync after reconnecting re-advertises
-            return;
+            return false;
         }
         List<RedisFuture<?>> pending = new ArrayList<>(Math.min(batch.size() + forget.size(), FLUSH_BATCH));
         long adv = 0;
@@ -399,6 +424,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
         drain(c, pending);
         advertised.addAndGet(adv);
         withdrawn.addAndGet(wd);
+        return true;
     }
 
     private void drain(Link c, List<RedisFuture<?>> pending) throws Exception {
@@ -414,10 +440,12 @@ public final class RedisBlockRegistry implements BlockRegistry {
     }
 
     /** Advertises every resident block again (Redis restarted empty, or answered again after an outage). */
-    private void resyncAll() throws Exception {
+    /** True when every chunk was sent (none dropped for want of a healthy connection). */
+    private boolean resyncAll() throws Exception {
         resyncs.incrementAndGet();
         LinkedHashMap<ByteBuffer, Boolean> chunk = new LinkedHashMap<>();
         Exception[] failure = new Exception[1];
+        boolean[] all = {true};
         resident.accept((ns, hash) -> {
             if (failure[0] != null) {
                 return;
@@ -425,7 +453,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
             chunk.put(ByteBuffer.wrap(key(ns, hash, 0, hash.length)), true);
             if (chunk.size() >= FLUSH_BATCH) {
                 try {
-                    send(chunk, Map.of());
+                    all[0] &= send(chunk, Map.of());
                 } catch (Exception e) {
                     failure[0] = e;
                 }
@@ -435,8 +463,11 @@ public final class RedisBlockRegistry implements BlockRegistry {
         if (failure[0] != null) {
             throw failure[0];
         }
-        send(chunk, Map.of());
-        LOG.log(System.Logger.Level.INFO, "registry: resident blocks advertised again (node " + index + ")");
+        all[0] &= send(chunk, Map.of());
+        if (all[0]) {
+            LOG.log(System.Logger.Level.INFO, "registry: resident blocks advertised again (node " + index + ")");
+        }
+        return all[0];
     }
 
     // ------------------------------------------------------------ lookup
