@@ -854,35 +854,30 @@ final class PathsCommand implements Callable<Integer> {
 
     /**
      * {@link EngineClient#connect} with the worker's calls to the server timed into the
-     * timeline too (each store call's start and return, by name).
+     * timeline too (each copy-plan call's start and return, by name).
      */
     private PegaEngine attachTimed(String endpoint, Function<HostPool, TransferEngine> transfer) {
-        io.pegaflow.client.RemoteStore store = io.pegaflow.client.RemoteStore.connect(endpoint, 30_000);
-        var health = store.health();
-        HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
-        io.pegaflow.engine.BlockStore timed = (io.pegaflow.engine.BlockStore) java.lang.reflect.Proxy.newProxyInstance(
-                io.pegaflow.engine.BlockStore.class.getClassLoader(), new Class<?>[] {io.pegaflow.engine.BlockStore.class},
-                (proxy, method, args) -> {
-                    boolean copyCall = switch (method.getName()) {
-                        case "reserveSave", "beginLoad", "planRest", "endCopy" -> true;
-                        default -> false;
-                    };
-                    if (copyCall) {
-                        timeline.add(2, 0, method.getName());
-                    }
-                    try {
-                        return method.invoke(store, args);
-                    } catch (java.lang.reflect.InvocationTargetException e) {
-                        throw e.getCause();
-                    } finally {
-                        if (copyCall) {
-                            timeline.add(3, 0, method.getName());
-                        }
-                    }
-                });
-        PegaEngine engine = PegaEngine.attach(timed, pool, transfer);
-        store.warmLocal();
-        return engine;
+        return EngineClient.open(io.pegaflow.client.RemoteStore.connect(endpoint, 30_000), transfer,
+                store -> (io.pegaflow.engine.BlockStore) java.lang.reflect.Proxy.newProxyInstance(
+                        io.pegaflow.engine.BlockStore.class.getClassLoader(), new Class<?>[] {io.pegaflow.engine.BlockStore.class},
+                        (proxy, method, args) -> {
+                            boolean copyCall = switch (method.getName()) {
+                                case "reserveSave", "beginLoad", "planRest", "endCopy" -> true;
+                                default -> false;
+                            };
+                            if (copyCall) {
+                                timeline.add(method.getName(), 0);
+                            }
+                            try {
+                                return method.invoke(store, args);
+                            } catch (java.lang.reflect.InvocationTargetException e) {
+                                throw e.getCause();
+                            } finally {
+                                if (copyCall) {
+                                    timeline.add("/" + method.getName(), 0);
+                                }
+                            }
+                        })).engine();
     }
 
     private static int medianIndex(double[] x) {
@@ -894,40 +889,27 @@ final class PathsCommand implements Callable<Integer> {
         return order[x.length / 2];
     }
 
-    /** Submit and completion times of the worker's batches (recorded only while a timed operation runs). */
+    /** Submit and completion times of the worker's batches and its calls to the store (recorded while a timed operation runs). */
     static final class Timeline {
-        private final java.util.concurrent.ConcurrentLinkedQueue<long[]> events = new java.util.concurrent.ConcurrentLinkedQueue<>();
+        private record Event(long nanos, String what, long batchBytes) {}
+
+        private final java.util.concurrent.ConcurrentLinkedQueue<Event> events = new java.util.concurrent.ConcurrentLinkedQueue<>();
 
         void clear() {
             events.clear();
         }
 
-        private final Map<Long, String> names = new java.util.concurrent.ConcurrentHashMap<>();
-
-        void add(int kind, long batchBytes) {
-            events.add(new long[] {System.nanoTime(), kind, batchBytes});
+        /** {@code what}: "submit" (a batch of {@code batchBytes}), "done", or a store call's name ("/" before it: returned). */
+        void add(String what, long batchBytes) {
+            events.add(new Event(System.nanoTime(), what, batchBytes));
         }
 
-        /** kind 2: a store call starts, 3: it returned. */
-        void add(int kind, long batchBytes, String call) {
-            long[] e = {System.nanoTime(), kind, batchBytes, names.size() + 1L};
-            names.putIfAbsent(e[3], call);
-            events.add(e);
-        }
-
-        /** e.g. {@code submit 180 (32 MiB), submit 640 (480 MiB), done 1010, done 10990, end 11120} in µs from t0. */
+        /** e.g. {@code reserveSave 41, /reserveSave 627, submit 697 (32 MiB), done 1587, ..., end 12096} in µs from t0. */
         String since(long t0, long end) {
             StringBuilder b = new StringBuilder();
-            events.stream().sorted(java.util.Comparator.comparingLong(e -> e[0])).forEach(e -> {
-                String what = switch ((int) e[1]) {
-                    case 0 -> "submit";
-                    case 1 -> "done";
-                    case 2 -> names.get(e[3]);
-                    default -> "/" + names.get(e[3]);
-                };
-                b.append(what).append(' ').append((e[0] - t0) / 1000).append(e[1] == 0 ? " (" + (e[2] >> 20) + " MiB)" : "")
-                        .append(", ");
-            });
+            events.stream().sorted(java.util.Comparator.comparingLong(Event::nanos)).forEach(e -> b.append(e.what()).append(' ')
+                    .append((e.nanos() - t0) / 1000).append(e.what().equals("submit") ? " (" + (e.batchBytes() >> 20) + " MiB)" : "")
+                    .append(", "));
             return b.append("end ").append((end - t0) / 1000).toString();
         }
     }
@@ -936,9 +918,9 @@ final class PathsCommand implements Callable<Integer> {
     record TimedTransfer(TransferEngine delegate, Timeline timeline) implements TransferEngine {
         @Override
         public io.pegaflow.engine.transfer.TransferFuture submit(CopyBatch batch) {
-            timeline.add(0, batch.totalBytes());
+            timeline.add("submit", batch.totalBytes());
             // recorded before anything that waits on the copy runs (the store's end, the caller)
-            return io.pegaflow.engine.transfer.TransferFuture.following(delegate.submit(batch), () -> timeline.add(1, 0));
+            return io.pegaflow.engine.transfer.TransferFuture.following(delegate.submit(batch), () -> timeline.add("done", 0));
         }
 
         @Override

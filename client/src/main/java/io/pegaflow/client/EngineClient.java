@@ -37,10 +37,19 @@ public final class EngineClient {
 
     /** Like {@link #open(String, Function, long)} over a client the caller made (in-process transport in tests); takes ownership of it. */
     public static Connection open(RemoteStore store, Function<HostPool, TransferEngine> transfer) {
+        return open(store, transfer, s -> s);
+    }
+
+    /**
+     * Like {@link #open(RemoteStore, Function)}, the engine calling the server through
+     * {@code decorate}'s view of the client (benchmarks timing each call); takes ownership of it.
+     */
+    public static Connection open(RemoteStore store, Function<HostPool, TransferEngine> transfer,
+            java.util.function.UnaryOperator<io.pegaflow.engine.BlockStore> decorate) {
         try {
             HealthResponse health = store.health();
             HostPool pool = HostPool.shared(Path.of(health.getPoolPath()), health.getPoolBytes(), false);
-            PegaEngine engine = PegaEngine.attach(store, pool, transfer);
+            PegaEngine engine = PegaEngine.attach(decorate.apply(store), pool, transfer);
             store.warmLocal(); // the first save or load then finds its connection open
             return new Connection(engine, health.getServerId());
         } catch (RuntimeException e) {

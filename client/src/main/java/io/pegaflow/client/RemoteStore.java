@@ -142,7 +142,7 @@ public final class RemoteStore implements BlockStore {
     }
 
     /** Opens a local-socket connection ahead of the first call, when the server has a socket on this host. */
-    public boolean warmLocal() {
+    boolean warmLocal() {
         return local.warm();
     }
 

@@ -194,7 +194,8 @@ public final class PegaEngine implements AutoCloseable {
             long[] blockIds, BlockHashes hashes, long waitStream) {
         startOp();
         try {
-            int head = headBlocks(blockIds, hashes);
+            boolean oneCall = blockIds == null || hashes == null || blockIds.length != hashes.count();
+            int head = oneCall ? 0 : headBlocks(blockIds.length); // refused by the store as one call, with its message
             if (head == 0) {
                 return savePart(instanceId, workerRank, layerNames, blockIds, hashes, waitStream);
             }
@@ -227,14 +228,11 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
-     * How many blocks of a save go first on their own (0: the save is one part): about a
-     * sixteenth, 16 to 128 blocks, for saves of 64 blocks or more.
+     * How many blocks of a save or load of {@code blocks} go first on their own (0: it is one
+     * part): about a sixteenth, 16 to 128 blocks, for 64 blocks or more.
      */
-    static int headBlocks(long[] blockIds, BlockHashes hashes) {
-        if (blockIds == null || hashes == null || blockIds.length != hashes.count() || blockIds.length < 64) {
-            return 0; // small, or refused by the store as one call with its message
-        }
-        return Math.max(16, Math.min(128, blockIds.length / 16));
+    static int headBlocks(int blocks) {
+        return blocks < 64 ? 0 : Math.max(16, Math.min(128, blocks / 16));
     }
 
     private CompletableFuture<CopyResult> savePart(String instanceId, int workerRank, List<String> layerNames,
@@ -280,7 +278,7 @@ public final class PegaEngine implements AutoCloseable {
     public CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
         startOp();
         try {
-            int head = dstBlockIds == null || dstBlockIds.length < 64 ? 0 : Math.max(16, Math.min(128, dstBlockIds.length / 16));
+            int head = dstBlockIds == null ? 0 : headBlocks(dstBlockIds.length);
             if (head == 0) {
                 CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
                 return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0);

@@ -408,12 +408,34 @@ public abstract class BlockStoreContract {
     }
 
     /**
-     * Loads of 64 blocks or more are planned in two parts (a head, then the rest while the head
-     * copies): the bytes land in every destination block and the load ends once.
+     * Loads of 64 blocks or more are planned in two parts: the head's batch (16 of 100 blocks)
+     * is submitted, and the rest planned and submitted while the head still copies; the bytes
+     * land in every destination block and the load ends once, after both.
      */
     @Test
     void aLoadInTwoPartsMovesEveryBlockAndEndsOnce() {
-        engine = engine(config(256 * 1024L).build());
+        List<Long> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
+        java.util.concurrent.atomic.AtomicReference<CompletableFuture<Void>> gate =
+                new java.util.concurrent.atomic.AtomicReference<>(CompletableFuture.completedFuture(null));
+        engine = engine(config(256 * 1024L).transfer(pool -> new TransferEngine() {
+            private final HostTransferEngine delegate = new HostTransferEngine(pool, 1);
+
+            @Override
+            public TransferFuture submit(CopyBatch batch) {
+                batches.add(batch.totalBytes());
+                return TransferFuture.following(CompletableFuture.allOf(delegate.submit(batch), gate.get()), () -> { });
+            }
+
+            @Override
+            public String name() {
+                return "recorded";
+            }
+
+            @Override
+            public void close() {
+                delegate.close();
+            }
+        }).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 256, 256, 0); // 1 KiB blocks
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 100);
@@ -422,7 +444,18 @@ public abstract class BlockStoreContract {
         assertThat(q.hitBlocks()).isEqualTo(100);
         long[] dst = new long[100];
         Arrays.setAll(dst, i -> 120 + i);
-        CopyResult r = engine.load("inst", 0, q.lease(), dst).join();
+        batches.clear();
+        gate.set(new CompletableFuture<>()); // the copies do not complete until the gate opens
+        CompletableFuture<CopyResult> f = engine.load("inst", 0, q.lease(), dst);
+        try {
+            assertThat(batches).as("head, then the rest submitted while the head still copies")
+                    .containsExactly(16 * 1024L, 84 * 1024L);
+            assertThat(f).isNotDone();
+            assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("every leased block pinned until the load ends").isEqualTo(100);
+        } finally {
+            gate.get().complete(null); // a failed assertion must not leave the copies (and the engine's close) waiting
+        }
+        CopyResult r = f.join();
         assertThat(r.blocks()).isEqualTo(100);
         assertThat(r.bytes()).isEqualTo(100 * 1024L);
         for (int i = 0; i < 100; i++) {
@@ -582,7 +615,7 @@ public abstract class BlockStoreContract {
             world.fillPattern(i, h[i]);
         }
         CompletableFuture<CopyResult> f = engine.save("inst", 0, ids, BlockHashes.of(h));
-        assertThat(PegaEngine.headBlocks(ids, BlockHashes.of(h))).isEqualTo(16);
+        assertThat(PegaEngine.headBlocks(ids.length)).isEqualTo(16);
         assertThat(f).as("the head (16 blocks) is still copying").isNotDone();
         gate.complete(null);
         assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
