@@ -198,7 +198,7 @@ flip, rate, target = {flip!r}, {rate!r}, {target!r}
 ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(({HOSTS['c']!r}, {port})); ls.listen(8); print('ready', flush=True)
 def pump(src, dst, down):
-    marker, seen, countdown = b'PFBLK1', b'', -1
+    marker, seen, pos, head, flips = b'PFBAT2', b'', -1, b'', set()
     try:
         while True:
             data = src.recv(65536 if not rate else 16384)
@@ -206,11 +206,20 @@ def pump(src, dst, down):
             if down and flip:
                 data = bytearray(data)
                 for k in range(len(data)):
-                    if countdown > 0:
-                        countdown -= 1
-                        if countdown == 0: data[k] ^= 0x5A
+                    if pos >= 0:  # inside a batch: u16 blocks, u64 length, 8 bytes per block, payloads
+                        if pos < 10:
+                            head += bytes([data[k]])
+                            if pos == 9:
+                                m, n = int.from_bytes(head[:2], 'big'), int.from_bytes(head[2:], 'big')
+                                flips = {{10 + 8 * m + j * n + 100 for j in range(m)}}
+                        elif pos in flips:
+                            data[k] ^= 0x5A
+                            flips.discard(pos)
+                            if not flips: pos = -2
+                        pos += 1
+                        continue
                     seen = (seen + bytes([data[k]]))[-6:]
-                    if seen == marker: countdown = 12 + 100
+                    if seen == marker: pos, head, seen = 0, b'', b''
                 data = bytes(data)
             dst.sendall(data)
             if down and rate: time.sleep(len(data) / rate)

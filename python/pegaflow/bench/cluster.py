@@ -35,12 +35,13 @@ def _bench(ns: str, *args: str, capture: bool = True) -> subprocess.Popen | str:
     return out.stdout
 
 
-def _agent(ns: str, server, *args: str) -> dict:
+def _agent(ns: str, server, *args: str) -> list[dict]:
+    """Runs the host's vLLM-side agent; its JSON lines (one per round)."""
     out = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-m", "pegaflow.bench.cluster_agent", *args,
                           "--endpoint", server.endpoint], capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stdout + out.stderr)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
 def main(argv: list[str]) -> int:
@@ -56,7 +57,10 @@ def main(argv: list[str]) -> int:
         return 2
     block_bytes = LAYERS * 2 * SEG
     report: dict = {"blocks": a.blocks, "block_bytes": block_bytes, "rounds": a.rounds, "warmup_rounds": a.warmup}
-    tmp = Path(tempfile.mkdtemp(prefix="pegaflow-cluster-bench-"))
+    # the pools live where pegaflow-server puts them by default (/dev/shm, tmpfs): a pool file on a
+    # disk file system would have the fetch's writes flushed to disk behind it
+    shm = Path("/dev/shm")
+    tmp = Path(tempfile.mkdtemp(prefix="pegaflow-cluster-bench-", dir=shm if shm.is_dir() else None))
     secret = tmp / "secret"
     secret.write_text(os.urandom(24).hex())
     with netns.hosts(ADDRS, prefix=f"pfb{os.getpid() % 10000}") as ns:
@@ -90,16 +94,17 @@ def main(argv: list[str]) -> int:
             sb = start_server(tmp / "b.pool", pool_size=pool_b, netns=ns["b"],
                               extra=[*flags, f"--peer-addr={ADDRS['b']}:7301", "--prefault-threads=2"])
             servers.append(sb)
-            for r in range(total):
-                _agent(ns["a"], sa, "save", "--instance", f"save{r}", "--seed", f"bench{r}", "--blocks", str(a.blocks))
+            _agent(ns["a"], sa, "save", "--instance", "save", "--seed", "bench", "--rounds", str(total), "--blocks", str(a.blocks))
             deadline = time.time() + 30
             while sa.metric("pegaflow_registry_advertised_blocks_total") < total * a.blocks:
                 assert time.time() < deadline, "A did not advertise its blocks"
                 time.sleep(0.05)
+            # one long-lived vLLM-side process for every round, as a scheduler is: a fresh process per
+            # round would time its own JIT warm-up beside the fetch
+            rounds = _agent(ns["b"], sb, "fetch", "--instance", "fetch", "--seed", "bench", "--rounds", str(total),
+                            "--blocks", str(a.blocks), "--no-load", "--timeout", "60")
             ms = []
-            for r in range(total):
-                got = _agent(ns["b"], sb, "fetch", "--instance", f"fetch{r}", "--seed", f"bench{r}", "--blocks", str(a.blocks),
-                             "--no-load", "--timeout", "60")
+            for r, got in enumerate(rounds):
                 if got["hit"] != a.blocks:
                     raise RuntimeError(f"round {r}: fetched {got['hit']} of {a.blocks} blocks")
                 took = got["seconds"] * 1e3

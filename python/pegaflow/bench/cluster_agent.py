@@ -9,6 +9,7 @@ import argparse
 import ctypes
 import hashlib
 import json
+import os
 import sys
 import time
 
@@ -16,7 +17,7 @@ from pegaflow import EngineClient, LayerRegion
 
 SEG = 16384
 BLOCKS = 64
-LAYERS = 2
+LAYERS = int(os.environ.get("PF_LAYERS", "2"))  # 8: 256 KiB blocks (docs/cluster.md)
 
 
 def block_hashes(seed: str, n: int) -> list[bytes]:
@@ -46,6 +47,28 @@ class Cache:
                    for li, b in enumerate(self.buffers) for s in range(2))
 
 
+def _fetch(c: EngineClient, cache: Cache, a, instance: str, hashes: list[bytes]) -> dict:
+    start = time.perf_counter()
+    not_yet = 0
+    q = c.query(instance, hashes)
+    while q.pending_blocks:
+        not_yet += 1
+        if time.perf_counter() - start > a.timeout:
+            return {"error": f"still 'not yet' after {a.timeout} s"}
+        time.sleep(0.005)
+        q = c.query(instance, hashes)
+    seconds = time.perf_counter() - start
+    ok = True
+    if q.hit_blocks and a.no_load:
+        c.release(instance, q.lease)
+    elif q.hit_blocks:
+        assert q.hit_blocks <= BLOCKS // 2, "load at most 32 blocks; use --no-load for longer prefixes"
+        dst = list(range(BLOCKS // 2, BLOCKS // 2 + q.hit_blocks))
+        assert c.load(instance, 0, q.lease, dst).wait().blocks == q.hit_blocks
+        ok = all(cache.holds(d, hashes[k]) for k, d in enumerate(dst))
+    return {"hit": q.hit_blocks, "not_yet": not_yet, "identical": ok, "seconds": round(seconds, 4)}
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("op", choices=["save", "fetch"])
@@ -57,43 +80,35 @@ def main() -> int:
     p.add_argument("--timeout", type=float, default=20.0)
     p.add_argument("--flush", action="store_true", help="save: end with the flush barrier (visible to other hosts)")
     p.add_argument("--no-load", action="store_true", help="fetch: release the lease instead of loading (prefixes > 32 blocks)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="more than 1: one prefix per round, seeded SEED0, SEED1, ... (one JSON line each), from this one "
+                        "process: a vLLM scheduler is long-lived, and a fresh process per round would time its JIT warm-up")
+    p.add_argument("--pause", type=float, default=0.5, help="fetch rounds: seconds between rounds (each starts on a quiet host)")
     a = p.parse_args()
-    hashes = block_hashes(a.seed, a.blocks)
+    seeds = [a.seed] if a.rounds == 1 else [f"{a.seed}{r}" for r in range(a.rounds)]
     cache = Cache()
     with EngineClient(a.endpoint) as c:
         c.register_instance(a.instance, a.ns, 1, 1)
         c.register_worker(a.instance, 0, 0, cache.regions())
-        if a.op == "save":
-            saved = 0
-            for at in range(0, a.blocks, BLOCKS):  # the device cache holds BLOCKS at a time
-                batch = hashes[at:at + BLOCKS]
-                for i, h in enumerate(batch):
-                    cache.write(i, h)
-                saved += c.save(a.instance, 0, list(range(len(batch))), batch).wait().blocks
-            if a.flush:
-                c.flush()
-            print(json.dumps({"saved": saved}))
-            return 0
-        start = time.perf_counter()
-        not_yet = 0
-        q = c.query(a.instance, hashes)
-        while q.pending_blocks:
-            not_yet += 1
-            if time.perf_counter() - start > a.timeout:
-                print(json.dumps({"error": f"still 'not yet' after {a.timeout} s"}))
+        for r, seed in enumerate(seeds):
+            hashes = block_hashes(seed, a.blocks)
+            if a.op == "save":
+                saved = 0
+                for at in range(0, a.blocks, BLOCKS):  # the device cache holds BLOCKS at a time
+                    batch = hashes[at:at + BLOCKS]
+                    for i, h in enumerate(batch):
+                        cache.write(i, h)
+                    saved += c.save(a.instance, 0, list(range(len(batch))), batch).wait().blocks
+                if a.flush:
+                    c.flush()
+                print(json.dumps({"saved": saved}), flush=True)
+                continue
+            if r:
+                time.sleep(a.pause)
+            got = _fetch(c, cache, a, a.instance, hashes)
+            print(json.dumps(got), flush=True)
+            if "error" in got:
                 return 1
-            time.sleep(0.005)
-            q = c.query(a.instance, hashes)
-        seconds = time.perf_counter() - start
-        ok = True
-        if q.hit_blocks and a.no_load:
-            c.release(a.instance, q.lease)
-        elif q.hit_blocks:
-            assert q.hit_blocks <= BLOCKS // 2, "load at most 32 blocks; use --no-load for longer prefixes"
-            dst = list(range(BLOCKS // 2, BLOCKS // 2 + q.hit_blocks))
-            assert c.load(a.instance, 0, q.lease, dst).wait().blocks == q.hit_blocks
-            ok = all(cache.holds(d, hashes[k]) for k, d in enumerate(dst))
-        print(json.dumps({"hit": q.hit_blocks, "not_yet": not_yet, "identical": ok, "seconds": round(seconds, 3)}))
         return 0
 
 

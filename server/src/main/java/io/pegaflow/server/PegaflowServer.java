@@ -162,7 +162,7 @@ public final class PegaflowServer implements AutoCloseable {
                 // The server maps the pool too: the tier writes sealed blocks from it and reads them back into it.
                 store.attachSsd(config.ssd(), pool.segment());
             }
-            this.cluster = clusterStarted = config.cluster() == null ? null : config.cluster().start(store, pool.segment());
+            this.cluster = clusterStarted = config.cluster() == null ? null : config.cluster().start(store, pool.segment(), pool.file());
             if (cluster != null) {
                 ClusterMetrics.register(registry, cluster.tier(), cluster.server());
             }

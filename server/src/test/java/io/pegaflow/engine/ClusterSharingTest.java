@@ -225,7 +225,7 @@ class ClusterSharingTest {
         a.engine().verifyInvariants();
     }
 
-    /** Relays one connection at a time to {@code target}, flipping the 100th payload byte after each "PFBLK1" header. */
+    /** Relays one connection at a time to {@code target}, flipping the 100th byte of every block payload in each "PFBAT2" batch. */
     static final class Corrupter implements AutoCloseable {
         private final ServerSocket listen = new ServerSocket(0, 16, java.net.InetAddress.getLoopbackAddress());
         volatile InetSocketAddress target;
@@ -254,24 +254,42 @@ class ClusterSharingTest {
         }
 
         private void pump(Socket from, Socket to, boolean corrupt) {
-            byte[] marker = "PFBLK1".getBytes(StandardCharsets.US_ASCII);
+            byte[] marker = "PFBAT2".getBytes(StandardCharsets.US_ASCII);
             int matched = 0;
-            long countdown = -1;
+            long pos = -1; // bytes since the last marker, while inside a batch
+            java.nio.ByteBuffer head = java.nio.ByteBuffer.allocate(10); // u16 blocks, u64 block length
+            long payloadAt = 0;
+            long blockLen = 0;
+            int blocks = 0;
             try (InputStream i = from.getInputStream(); OutputStream o = to.getOutputStream()) {
                 byte[] buf = new byte[65536];
                 int n;
                 while ((n = i.read(buf)) > 0) {
                     if (corrupt) {
                         for (int k = 0; k < n; k++) {
-                            if (countdown > 0 && --countdown == 0) {
-                                buf[k] ^= 0x5A;
-                                flipped++;
-                                countdown = -1;
+                            if (pos >= 0) {
+                                if (pos < 10) {
+                                    head.put(buf[k]);
+                                    if (pos == 9) {
+                                        blocks = Short.toUnsignedInt(head.getShort(0));
+                                        blockLen = head.getLong(2);
+                                        payloadAt = 10 + 8L * blocks;
+                                    }
+                                } else if (pos >= payloadAt && (pos - payloadAt) % blockLen == 100) {
+                                    buf[k] ^= 0x5A;
+                                    flipped++;
+                                    if ((pos - payloadAt) / blockLen == blocks - 1) {
+                                        pos = -2; // the batch's last block: wait for the next marker
+                                    }
+                                }
+                                pos++;
+                                continue;
                             }
                             if (buf[k] == marker[matched]) {
                                 if (++matched == marker.length) {
                                     matched = 0;
-                                    countdown = 12 + 100; // index and length, then 100 payload bytes
+                                    pos = 0;
+                                    head.clear();
                                 }
                             } else {
                                 matched = buf[k] == marker[0] ? 1 : 0;

@@ -49,13 +49,21 @@ public record ClusterConfig(RedisBlockRegistry.Settings registry, String peerAdd
 
     /** The peer channel, the registry and the tier, started and attached to {@code store}. */
     public Cluster start(LocalStore store, MemorySegment pool) throws IOException {
+        return start(store, pool, null);
+    }
+
+    /**
+     * The same, {@code poolFile} being the file {@code pool} maps (null: none): over plaintext
+     * the peer channel sends payloads from it with sendfile.
+     */
+    public Cluster start(LocalStore store, MemorySegment pool, java.nio.file.Path poolFile) throws IOException {
         byte[] secret = io.pegaflow.server.Secrets.read(secretFile, "cluster secret file");
         PeerTls tlsContext = tls() ? PeerTls.load(tlsCert, tlsKey, tlsCa) : null;
         if (!tls() && allowRemote) {
             System.getLogger(ClusterConfig.class.getName()).log(System.Logger.Level.WARNING,
                     "peer channel on " + peerAddr + " without TLS: KV bytes cross the network in the clear");
         }
-        PeerServer server = new PeerServer(Wire.hostPort(peerAddr, "--peer-addr"), store, pool, secret, tlsContext);
+        PeerServer server = new PeerServer(Wire.hostPort(peerAddr, "--peer-addr"), store, pool, poolFile, secret, tlsContext);
         try {
             String reachable = advertiseAddr != null ? advertiseAddr
                     : server.address().getHostString() + ":" + server.address().getPort();

@@ -39,6 +39,11 @@ abstract class PeerLink implements AutoCloseable {
 
     abstract String remote();
 
+    /** The plaintext socket (null over TLS): an owner sends payloads to it with sendfile. */
+    java.nio.channels.SocketChannel channel() {
+        return null;
+    }
+
     @Override
     public abstract void close();
 
@@ -121,6 +126,11 @@ abstract class PeerLink implements AutoCloseable {
 
         @Override
         void flush() {
+        }
+
+        @Override
+        SocketChannel channel() {
+            return ch;
         }
 
         @Override

@@ -44,19 +44,31 @@ public final class PeerServer implements AutoCloseable {
 
     private final LocalStore store;
     private final MemorySegment pool;
+    private final java.nio.channels.FileChannel poolFile;
     private final byte[] secret;
     private final ServerSocketChannel plain;
     private final SSLServerSocket tls;
     private final Thread acceptor;
     private final Set<PeerLink> links = ConcurrentHashMap.newKeySet();
+    private final Checksummer checksummer = new Checksummer("pegaflow-peer-crc-", 2);
     private volatile boolean closed;
     final AtomicLong blocksServed = new AtomicLong();
     final AtomicLong refused = new AtomicLong();
 
     public PeerServer(InetSocketAddress bind, LocalStore store, MemorySegment pool, byte[] secret, PeerTls tlsConfig)
             throws IOException {
+        this(bind, store, pool, null, secret, tlsConfig);
+    }
+
+    /**
+     * {@code poolFile}: the file {@code pool} maps from offset 0 (null: none), read to send
+     * payloads without copying them through this process.
+     */
+    public PeerServer(InetSocketAddress bind, LocalStore store, MemorySegment pool, java.nio.file.Path poolFile, byte[] secret,
+            PeerTls tlsConfig) throws IOException {
         this.store = store;
         this.pool = pool;
+        this.poolFile = poolFile == null || tlsConfig != null ? null : openQuietly(poolFile);
         this.secret = secret.clone();
         if (tlsConfig == null) {
             this.plain = ServerSocketChannel.open();
@@ -70,6 +82,16 @@ public final class PeerServer implements AutoCloseable {
             this.tls = s;
         }
         this.acceptor = Thread.ofPlatform().daemon().name("pegaflow-peer-accept").start(this::acceptLoop);
+    }
+
+    private static java.nio.channels.FileChannel openQuietly(java.nio.file.Path file) {
+        try {
+            return java.nio.channels.FileChannel.open(file, java.nio.file.StandardOpenOption.READ);
+        } catch (IOException | UnsupportedOperationException e) {
+            LOG.log(System.Logger.Level.INFO, "peer channel: pool file " + file + " not readable (" + e.getMessage()
+                    + "); blocks are sent through this process");
+            return null;
+        }
     }
 
     public InetSocketAddress address() {
@@ -254,38 +276,121 @@ public final class PeerServer implements AutoCloseable {
             return;
         }
         status0(link, PeerWire.OK);
-        long blockBytes = p.blockBytes();
-        CRC32C crc = new CRC32C();
-        int slots = p.slotBytes().length;
-        // Blocks go out BATCH at a time in one gathering write (header, slots straight from the
-        // pool, checksum per block): per-block system calls cost more than the bytes here.
-        java.util.List<ByteBuffer> frames = new java.util.ArrayList<>(PeerWire.BATCH * (slots + 2));
-        int inBatch = 0;
-        for (int i = 0; i < count; i++) {
-            if (want.get(i) == 0) {
-                continue;
-            }
-            long[] offsets = p.slotOffsets().get(i);
-            ByteBuffer head = ByteBuffer.allocate(PeerWire.BLOCK.length + 4 + 8);
-            frames.add(head.put(PeerWire.BLOCK).putInt(i).putLong(blockBytes).flip());
-            crc.reset();
-            for (int s = 0; s < offsets.length; s++) {
-                ByteBuffer slot = pool.asSlice(offsets[s], p.slotBytes()[s]).asByteBuffer();
-                crc.update(slot);
-                frames.add(slot.rewind());
-            }
-            frames.add(ByteBuffer.allocate(4).putInt((int) crc.getValue()).flip());
-            blocksServed.incrementAndGet();
-            if (++inBatch == PeerWire.BATCH) {
-                link.write(frames.toArray(ByteBuffer[]::new));
-                frames.clear();
-                inBatch = 0;
-            }
-        }
-        if (!frames.isEmpty()) {
-            link.write(frames.toArray(ByteBuffer[]::new));
-        }
+        new BatchWriter(p).send(link, want, count);
         link.flush();
+    }
+
+    /**
+     * Sends pinned blocks BATCH at a time: the batch's header with every block's checksum, then
+     * the payloads. Over plaintext with the pool's file at hand the payloads go from the file to
+     * the socket in the kernel ({@code sendfile}: no copy through this process, contiguous slots
+     * and blocks in one call); otherwise header and slots go in one gathering write. The next
+     * batch's checksums are summed on a helper thread while this one is sent. A batch is one
+     * method call so the JIT compiles it after a few fetches, not only once a long fetch loop
+     * has been replaced on the stack.
+     */
+    private final class BatchWriter {
+        private final TransferPin pin;
+        private final long blockBytes;
+        private final int slots;
+        private final ByteBuffer head;
+        private final ByteBuffer[] frames;
+
+        BatchWriter(TransferPin pin) {
+            this.pin = pin;
+            this.blockBytes = pin.blockBytes();
+            this.slots = pin.slotBytes().length;
+            this.frames = new ByteBuffer[1 + PeerWire.BATCH * slots];
+            // direct: a heap buffer is first copied into a temporary direct one by every write
+            this.head = ByteBuffer.allocateDirect(PeerWire.BATCH_HEAD_BYTES + PeerWire.BATCH * PeerWire.ENTRY_BYTES);
+        }
+
+        void send(PeerLink link, ByteBuffer want, int count) throws IOException {
+            int[] sent = new int[count];
+            int n = 0;
+            for (int i = 0; i < count; i++) {
+                if (want.get(i) != 0) {
+                    sent[n++] = i;
+                }
+            }
+            int total = n;
+            java.util.concurrent.Future<int[]> next = n == 0 ? null
+                    : checksummer.submit(() -> sums(sent, 0, Math.min(total, PeerWire.BATCH)));
+            for (int from = 0; from < n; from += PeerWire.BATCH) {
+                int to = Math.min(n, from + PeerWire.BATCH);
+                int[] sums = Checksummer.await(next);
+                if (to < n) {
+                    int nextTo = Math.min(n, to + PeerWire.BATCH);
+                    next = checksummer.submit(() -> sums(sent, to, nextTo));
+                }
+                sendBatch(link, sent, from, to, sums);
+            }
+        }
+
+        /** CRC32C of blocks {@code sent[from..to)}, slots in order (on a helper thread). */
+        private int[] sums(int[] sent, int from, int to) {
+            CRC32C crc = new CRC32C();
+            int[] out = new int[to - from];
+            for (int k = from; k < to; k++) {
+                long[] offsets = pin.slotOffsets().get(sent[k]);
+                crc.reset();
+                for (int s = 0; s < slots; s++) {
+                    crc.update(pool.asSlice(offsets[s], pin.slotBytes()[s]).asByteBuffer());
+                }
+                out[k - from] = (int) crc.getValue();
+            }
+            return out;
+        }
+
+        private void sendBatch(PeerLink link, int[] sent, int from, int to, int[] sums) throws IOException {
+            int m = to - from;
+            head.clear().put(PeerWire.BATCH_MARK).putShort((short) m).putLong(blockBytes);
+            for (int k = 0; k < m; k++) {
+                head.putInt(sent[from + k]).putInt(sums[k]);
+            }
+            head.flip();
+            java.nio.channels.SocketChannel ch = poolFile == null ? null : link.channel();
+            if (ch != null) {
+                link.write(head);
+                long runAt = -1;
+                long runBytes = 0;
+                for (int k = 0; k < m; k++) {
+                    long[] offsets = pin.slotOffsets().get(sent[from + k]);
+                    for (int s = 0; s < slots; s++) {
+                        if (runAt >= 0 && runAt + runBytes == offsets[s]) {
+                            runBytes += pin.slotBytes()[s]; // adjacent in the pool: one call
+                            continue;
+                        }
+                        transfer(ch, runAt, runBytes);
+                        runAt = offsets[s];
+                        runBytes = pin.slotBytes()[s];
+                    }
+                }
+                transfer(ch, runAt, runBytes);
+            } else {
+                int f = 0;
+                frames[f++] = head;
+                for (int k = 0; k < m; k++) {
+                    long[] offsets = pin.slotOffsets().get(sent[from + k]);
+                    for (int s = 0; s < slots; s++) {
+                        frames[f++] = pool.asSlice(offsets[s], pin.slotBytes()[s]).asByteBuffer();
+                    }
+                }
+                link.write(f == frames.length ? frames : java.util.Arrays.copyOf(frames, f));
+            }
+            blocksServed.addAndGet(m);
+        }
+
+        private void transfer(java.nio.channels.SocketChannel ch, long at, long bytes) throws IOException {
+            long end = at + bytes;
+            while (at < end) {
+                long n = poolFile.transferTo(at, end - at, ch);
+                if (n <= 0 && !ch.isOpen()) {
+                    throw new java.nio.channels.ClosedChannelException();
+                }
+                at += n;
+            }
+        }
     }
 
     private static Token readId(PeerLink link) throws IOException {
@@ -314,6 +419,14 @@ public final class PeerServer implements AutoCloseable {
     @Override
     public void close() {
         closed = true;
+        checksummer.close();
+        if (poolFile != null) {
+            try {
+                poolFile.close();
+            } catch (IOException ignored) {
+                // closing
+            }
+        }
         try {
             if (plain != null) {
                 plain.close();

@@ -12,13 +12,14 @@ import java.nio.charset.StandardCharsets;
  * PIN     u8 1, u16 ns length, ns, u8 hash length, u32 count, hashes, u32 deadline ms
  *      -> u8 status; OK: 16-byte pin id, u32 blocks, u32 slots, slots x u64 slot bytes
  * READ    u8 2, pin id, u32 count, count x u8 (1: send block i)
- *      -> u8 status; OK: for each block sent: "PFBLK1", u32 index, u64 length, payload, u32 CRC32C
+ *      -> u8 status; OK: the blocks asked for, in order, BATCH at a time:
+ *         "PFBAT2", u16 m, u64 block length, m x (u32 index, u32 CRC32C), the m payloads back to back
  * RELEASE u8 3, pin id -> u8 status
  * </pre>
  */
 final class PeerWire {
-    static final byte[] MAGIC = "PFPEER01".getBytes(StandardCharsets.US_ASCII);
-    static final byte[] BLOCK = "PFBLK1".getBytes(StandardCharsets.US_ASCII);
+    static final byte[] MAGIC = "PFPEER02".getBytes(StandardCharsets.US_ASCII);
+    static final byte[] BATCH_MARK = "PFBAT2".getBytes(StandardCharsets.US_ASCII);
     static final byte PIN = 1;
     static final byte READ = 2;
     static final byte RELEASE = 3;
@@ -28,7 +29,14 @@ final class PeerWire {
     static final byte BAD_REQUEST = 3;
     static final byte UNKNOWN_PIN = 4;
     static final int ID_BYTES = 16;
-    /** Blocks per gathering write or scattering read (16 x 64 KiB: 1 MiB a system call). */
+    /**
+     * A batch's header before its entries. The checksums lead the payloads so that an owner can
+     * hand the payloads to the kernel straight from its pool file (sendfile) after one header write.
+     */
+    static final int BATCH_HEAD_BYTES = 6 + 2 + 8;
+    /** One block's entry in a batch header: u32 index, u32 CRC32C. */
+    static final int ENTRY_BYTES = 8;
+    /** Blocks per batch: one header write and one scattering read (16 x 64 KiB: 1 MiB a system call). */
     static final int BATCH = 16;
     /** Hashes one pin may ask for (a 2,048-block prefix is the design point; 32x that is plenty). */
     static final int MAX_PIN_HASHES = 65_536;

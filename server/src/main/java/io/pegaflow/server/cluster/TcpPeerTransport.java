@@ -32,6 +32,7 @@ public final class TcpPeerTransport implements PeerTransport {
     private final int connectTimeoutMillis;
     private final Map<String, ConcurrentLinkedDeque<PeerLink>> idle = new ConcurrentHashMap<>();
     private final ScheduledExecutorService watchdog;
+    private final Checksummer checksummer = new Checksummer("pegaflow-peer-check-", 2);
     private final java.util.concurrent.atomic.AtomicLong checksumFailures = new java.util.concurrent.atomic.AtomicLong();
 
     public TcpPeerTransport(byte[] secret, PeerTls tls, Duration connectTimeout) {
@@ -133,7 +134,6 @@ public final class TcpPeerTransport implements PeerTransport {
             int n = into.length();
             ByteBuffer req = ByteBuffer.allocate(1 + PeerWire.ID_BYTES + 4 + n);
             req.put(PeerWire.READ).put(pin.id).putInt(n);
-            long blockBytes = pin.blockBytes();
             for (int i = 0; i < n; i++) {
                 req.put((byte) (into.dst(i) == null ? 0 : 1));
             }
@@ -143,62 +143,116 @@ public final class TcpPeerTransport implements PeerTransport {
             if (status != PeerWire.OK) {
                 throw new IOException("peer " + pin.addr + " refused the read (status " + status + ")");
             }
-            // Blocks come in BATCH at a time, each frame scattered straight to its place: header,
-            // payload into the pool, checksum. Checked per block once its batch is in.
-            CRC32C crc = new CRC32C();
-            byte[] magic = new byte[PeerWire.BLOCK.length];
-            int[] batch = new int[PeerWire.BATCH];
-            ByteBuffer[] heads = new ByteBuffer[PeerWire.BATCH];
-            ByteBuffer[] tails = new ByteBuffer[PeerWire.BATCH];
-            for (int k = 0; k < PeerWire.BATCH; k++) {
-                heads[k] = ByteBuffer.allocate(PeerWire.BLOCK.length + 12);
-                tails[k] = ByteBuffer.allocate(4);
-            }
-            int i = 0;
-            while (i < n) {
-                int m = 0;
-                for (; i < n && m < PeerWire.BATCH; i++) {
-                    if (into.dst(i) != null) {
-                        if (into.dst(i).byteSize() != blockBytes) {
-                            throw new IOException("reserved " + into.dst(i).byteSize() + " bytes for block " + i + " of "
-                                    + blockBytes + " from " + pin.addr);
-                        }
-                        batch[m++] = i;
-                    }
-                }
-                if (m == 0) {
-                    break;
-                }
-                ByteBuffer[] frame = new ByteBuffer[3 * m];
-                for (int k = 0; k < m; k++) {
-                    frame[3 * k] = heads[k].clear();
-                    frame[3 * k + 1] = into.dst(batch[k]).asByteBuffer();
-                    frame[3 * k + 2] = tails[k].clear();
-                }
-                link.readFully(frame);
-                for (int k = 0; k < m; k++) {
-                    int b = batch[k];
-                    ByteBuffer head = heads[k].flip();
-                    head.get(magic);
-                    int index = head.getInt();
-                    long len = head.getLong();
-                    if (!Arrays.equals(magic, PeerWire.BLOCK) || index != b || len != blockBytes) {
-                        throw new IOException("peer " + pin.addr + " sent block " + index + " of " + len + " bytes; expected block "
-                                + b + " of " + blockBytes); // the stream is out of step: nothing after is trusted
-                    }
-                    crc.reset();
-                    crc.update(into.dst(b).asByteBuffer());
-                    ok[b] = (int) crc.getValue() == tails[k].getInt(0); // a mismatch: that block is a miss, never served
-                    if (!ok[b]) {
-                        checksumFailures.incrementAndGet();
-                    }
-                }
-            }
+            new BatchReader(pin, into, ok).receive(link);
         } catch (IOException | RuntimeException e) {
             pin.broken = true;
             throw e instanceof IOException io ? io : new IOException(e);
         } finally {
             guard.cancel(false);
+        }
+    }
+
+    /**
+     * Receives the blocks of one read BATCH at a time: one scattering read takes the batch's
+     * header and puts each payload straight into its place in the pool; the header is checked at
+     * once (a stream out of step trusts nothing after it). Each batch's checksums are checked on
+     * a helper thread while the next batch arrives (two header buffers in turn), so one stream
+     * costs the slower of the copy and the check, not their sum. A batch is one method call so
+     * the JIT compiles it after a few fetches.
+     */
+    private final class BatchReader {
+        private final Pin pin;
+        private final FetchReservation into;
+        private final boolean[] ok;
+        private final long blockBytes;
+        private final byte[] mark = new byte[PeerWire.BATCH_MARK.length];
+        // direct: a heap buffer in a scattering read is filled through a temporary direct one
+        private final ByteBuffer[] heads = {
+                ByteBuffer.allocateDirect(PeerWire.BATCH_HEAD_BYTES + PeerWire.BATCH * PeerWire.ENTRY_BYTES),
+                ByteBuffer.allocateDirect(PeerWire.BATCH_HEAD_BYTES + PeerWire.BATCH * PeerWire.ENTRY_BYTES)};
+        private final java.util.concurrent.Future<?>[] checking = new java.util.concurrent.Future<?>[2];
+        private final ByteBuffer[] frames = new ByteBuffer[1 + PeerWire.BATCH];
+
+        BatchReader(Pin pin, FetchReservation into, boolean[] ok) {
+            this.pin = pin;
+            this.into = into;
+            this.ok = ok;
+            this.blockBytes = pin.blockBytes();
+        }
+
+        void receive(PeerLink link) throws IOException {
+            int n = into.length();
+            int[] wanted = new int[n];
+            int count = 0;
+            for (int i = 0; i < n; i++) {
+                MemorySegment dst = into.dst(i);
+                if (dst != null) {
+                    if (dst.byteSize() != blockBytes) {
+                        throw new IOException("reserved " + dst.byteSize() + " bytes for block " + i + " of " + blockBytes
+                                + " from " + pin.addr);
+                    }
+                    wanted[count++] = i;
+                }
+            }
+            try {
+                for (int from = 0, b = 0; from < count; from += PeerWire.BATCH, b++) {
+                    int set = b & 1;
+                    if (checking[set] != null) {
+                        Checksummer.await(checking[set]); // its header buffer is about to be reused
+                        checking[set] = null;
+                    }
+                    int to = Math.min(count, from + PeerWire.BATCH);
+                    ByteBuffer head = receiveBatch(link, heads[set], wanted, from, to);
+                    int f = from;
+                    checking[set] = checksummer.submit(() -> check(head, wanted, f, to));
+                }
+            } finally {
+                // every check ends before the caller completes the fetch (and the blocks' space may be reused)
+                for (java.util.concurrent.Future<?> c : checking) {
+                    if (c != null) {
+                        Checksummer.await(c);
+                    }
+                }
+            }
+        }
+
+        /** Reads one batch; returns its header positioned at the first entry. */
+        private ByteBuffer receiveBatch(PeerLink link, ByteBuffer head, int[] wanted, int from, int to) throws IOException {
+            int m = to - from;
+            frames[0] = head.clear().limit(PeerWire.BATCH_HEAD_BYTES + m * PeerWire.ENTRY_BYTES);
+            for (int k = 0; k < m; k++) {
+                frames[1 + k] = into.dst(wanted[from + k]).asByteBuffer();
+            }
+            link.readFully(m == PeerWire.BATCH ? frames : Arrays.copyOf(frames, 1 + m));
+            head.flip().get(mark);
+            int got = Short.toUnsignedInt(head.getShort());
+            long len = head.getLong();
+            if (!Arrays.equals(mark, PeerWire.BATCH_MARK) || got != m || len != blockBytes) {
+                throw new IOException("peer " + pin.addr + " sent a batch of " + got + " blocks of " + len + " bytes; expected "
+                        + m + " of " + blockBytes); // the stream is out of step: nothing after is trusted
+            }
+            for (int k = 0; k < m; k++) {
+                int index = head.getInt(PeerWire.BATCH_HEAD_BYTES + k * PeerWire.ENTRY_BYTES);
+                if (index != wanted[from + k]) {
+                    throw new IOException("peer " + pin.addr + " sent block " + index + "; expected block " + wanted[from + k]);
+                }
+            }
+            return head;
+        }
+
+        /** On a helper thread: each block's checksum against the one its batch header carried. */
+        private Void check(ByteBuffer head, int[] wanted, int from, int to) {
+            CRC32C crc = new CRC32C();
+            for (int k = 0; k < to - from; k++) {
+                int b = wanted[from + k];
+                crc.reset();
+                crc.update(into.dst(b).asByteBuffer());
+                ok[b] = (int) crc.getValue() == head.getInt(PeerWire.BATCH_HEAD_BYTES + k * PeerWire.ENTRY_BYTES + 4);
+                if (!ok[b]) {
+                    checksumFailures.incrementAndGet(); // a mismatch: that block is a miss, never served
+                }
+            }
+            return null;
         }
     }
 
@@ -287,5 +341,6 @@ public final class TcpPeerTransport implements PeerTransport {
         idle.values().forEach(q -> q.forEach(PeerLink::close));
         idle.clear();
         watchdog.shutdownNow();
+        checksummer.close();
     }
 }
