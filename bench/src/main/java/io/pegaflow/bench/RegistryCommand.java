@@ -41,6 +41,10 @@ public final class RegistryCommand implements Callable<Integer> {
 
     @Override
     public Integer call() throws Exception {
+        if (prefix < 1 || blocks < prefix) {
+            throw new IllegalArgumentException("--blocks " + blocks + ", --prefix " + prefix
+                    + "; expected 1 <= prefix <= blocks (a lookup asks for the first prefix of the advertised blocks)");
+        }
         var settings = new RedisBlockRegistry.Settings(url, 256, Duration.ofMillis(200), Duration.ofSeconds(3), blocks + 1,
                 Duration.ofSeconds(5), null);
         SplittableRandom rnd = new SplittableRandom(42);

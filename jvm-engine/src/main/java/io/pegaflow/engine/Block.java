@@ -38,6 +38,12 @@ final class Block {
     /** Fetched from a peer and not yet served (tier attribution). */
     boolean fromPeer;
     long touchedNanos;
+    /**
+     * {@link BlockChecksum} of the sealed block's bytes once known (summed in the background,
+     * or checked on arrival from a peer); {@link BlockChecksum#UNKNOWN} before. Written under
+     * the store's lock; read by peer pins under it.
+     */
+    long crc = BlockChecksum.UNKNOWN;
 
     Block lruPrev;
     Block lruNext;

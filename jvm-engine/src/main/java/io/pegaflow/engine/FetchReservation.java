@@ -12,12 +12,27 @@ public final class FetchReservation {
     final Block[] blocks;
     final long[] handles;
     private final MemorySegment[] dst;
+    private final long[] checksums;
     boolean completed;
 
     FetchReservation(Block[] blocks, long[] handles, MemorySegment[] dst) {
         this.blocks = blocks;
         this.handles = handles;
         this.dst = dst;
+        this.checksums = new long[dst.length];
+        java.util.Arrays.fill(checksums, BlockChecksum.UNKNOWN);
+    }
+
+    /**
+     * Records block {@code i}'s {@link BlockChecksum}, which its bytes matched on arrival: kept
+     * with the block once sealed, so serving it on to another host does not sum it again.
+     */
+    public void verified(int i, int checksum) {
+        checksums[i] = Integer.toUnsignedLong(checksum);
+    }
+
+    long checksum(int i) {
+        return checksums[i];
     }
 
     public int length() {

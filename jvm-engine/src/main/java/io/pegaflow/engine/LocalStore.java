@@ -75,6 +75,8 @@ public final class LocalStore implements BlockStore {
     private volatile MemorySegment poolMemory;
     /** Other hosts' pools (cross-node sharing); set once, before use. */
     private volatile RemoteTier remote;
+    /** Sums sealed blocks ahead of peers' reads; set with {@link #remote}. */
+    private volatile BlockChecksums checksums;
 
     private record PinnedForPeer(Block[] blocks, long deadlineNanos) {}
 
@@ -150,6 +152,7 @@ public final class LocalStore implements BlockStore {
                 throw new InvalidArgumentException("remote tier pool memory differs from the SSD tier's");
             }
             poolMemory = pool;
+            checksums = new BlockChecksums(this::sumAhead);
             remote = tier;
         } finally {
             lock.unlock();
@@ -861,11 +864,46 @@ public final class LocalStore implements BlockStore {
 
     // ---------------------------------------------------------------- other hosts (cross-node sharing)
 
-    /** Under lock: reports a block that just became resident to the remote tier. */
+    /**
+     * Under lock: reports a block that just became resident to the remote tier, and queues it to
+     * be summed ahead of peers' reads unless its checksum is known (checked on arrival).
+     */
     private void advertise(Block b) {
         RemoteTier r = remote;
         if (r != null) {
             r.resident(b.ns.namespace, b.key.bytes());
+            if (b.crc == BlockChecksum.UNKNOWN && !checksums.offer(b)) {
+                count(Counter.BLOCK_CHECKSUMS_DEFERRED, 1);
+            }
+        }
+    }
+
+    /**
+     * On the background thread of {@link BlockChecksums}: sums a sealed block's slots outside
+     * the lock and keeps the sum with it, unless it left the pool meanwhile (evicted: its space
+     * may hold other bytes by now; a sealed block's bytes never change while it stays).
+     */
+    private void sumAhead(Block b) {
+        long[] offsets;
+        long[] sizes;
+        lock.lock();
+        try {
+            if (closed || b.removed || !b.sealed || b.crc != BlockChecksum.UNKNOWN) {
+                return;
+            }
+            offsets = b.slotOffset.clone();
+            sizes = b.ns.slotBytes;
+        } finally {
+            lock.unlock();
+        }
+        int crc = BlockChecksum.of(poolMemory, offsets, sizes);
+        lock.lock();
+        try {
+            if (!closed && !b.removed && b.sealed && Arrays.equals(offsets, b.slotOffset)) {
+                b.crc = Integer.toUnsignedLong(crc);
+            }
+        } finally {
+            lock.unlock();
         }
     }
 
@@ -893,16 +931,19 @@ public final class LocalStore implements BlockStore {
             }
             Block[] pinned = Arrays.copyOf(found, hit);
             List<long[]> offsets = new ArrayList<>(hit);
-            for (Block b : pinned) {
+            long[] sums = new long[hit];
+            for (int i = 0; i < hit; i++) {
+                Block b = pinned[i];
                 lru.pin(b);
                 offsets.add(b.slotOffset.clone());
+                sums[i] = b.crc;
             }
             Token id;
             do {
                 id = Token.random(ids);
             } while (transfers.containsKey(id) || open.containsKey(id));
             transfers.put(id, new PinnedForPeer(pinned, clock.getAsLong() + ttl.toNanos()));
-            return new TransferPin(id, ns.slotBytes.clone(), offsets);
+            return new TransferPin(id, ns.slotBytes.clone(), offsets, sums);
         } finally {
             lock.unlock();
         }
@@ -1031,6 +1072,9 @@ public final class LocalStore implements BlockStore {
                     continue;
                 }
                 b.fromPeer = ok[i];
+                if (ok[i]) {
+                    b.crc = r.checksum(i); // checked on arrival: not summed again
+                }
                 endRead(b, r.handles[i], ok[i], now);
             }
         } finally {
@@ -1243,6 +1287,10 @@ public final class LocalStore implements BlockStore {
         SsdTier tier = ssd;
         if (tier != null) {
             tier.close(); // first, unlocked: its threads finish their copies (they take this lock)
+        }
+        BlockChecksums sums = checksums;
+        if (sums != null) {
+            sums.close(); // likewise: its thread reads the pool and takes this lock
         }
         lock.lock();
         try {

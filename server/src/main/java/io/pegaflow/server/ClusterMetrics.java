@@ -25,7 +25,7 @@ final class ClusterMetrics {
         counter(registry, "pegaflow_peer_fetch_blocks", "blocks fetched from other hosts and checked", s.fetchedBlocks());
         counter(registry, "pegaflow_peer_fetch_bytes", "bytes fetched from other hosts", s.fetchedBytes());
         counter(registry, "pegaflow_peer_fetch_failures", "fetches that failed (peer gone, link broken, deadline): misses", s.fetchFailures());
-        counter(registry, "pegaflow_peer_checksum_failures", "fetched blocks whose CRC32C did not match: misses, never served",
+        counter(registry, "pegaflow_peer_checksum_failures", "fetched blocks whose CRC32 did not match: misses, never served",
                 s.checksumFailures());
         counter(registry, "pegaflow_peer_fetch_rejected", "lookups not started: the fetch queue was full", s.rejected());
         counter(registry, "pegaflow_peer_served_blocks", "blocks this host served to other hosts", server::blocksServed);

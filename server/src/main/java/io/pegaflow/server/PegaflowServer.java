@@ -172,6 +172,9 @@ public final class PegaflowServer implements AutoCloseable {
             this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
+            // the JVM's own: heap, threads, GC, and the JIT's compile time (a fresh server compiles
+            // beside its first operations; docs/cluster.md)
+            io.prometheus.metrics.instrumentation.jvm.JvmMetrics.builder().register(registry);
             // The largest request the engine's caps allow; a larger one is refused with
             // RESOURCE_EXHAUSTED before it is parsed, and only that call fails. Credentials
             // run first: a refused call is counted nowhere and touches nothing.

@@ -174,6 +174,51 @@ class ClusterSharingTest {
         b.engine().verifyInvariants();
     }
 
+    /** Pins {@code h} on {@code host}, reads what {@code read} takes from the pin, releases it. */
+    private static long[] pinned(Host host, byte[][] h, java.util.function.Function<TransferPin, long[]> read) {
+        LocalStore store = host.engine().localStore();
+        TransferPin pin = store.pinForTransfer("ns", BlockHashes.of(h), Duration.ofSeconds(5));
+        try {
+            assertThat(pin.blocks()).isEqualTo(h.length);
+            return read.apply(pin);
+        } finally {
+            store.releaseTransfer(pin.id());
+        }
+    }
+
+    /** Each block's kept checksum (-1: not summed yet). */
+    private static long[] keptSums(Host host, byte[][] h) {
+        return pinned(host, h, pin -> pin.checksums().clone());
+    }
+
+    /** What each block's bytes in the host's pool sum to now. */
+    private static long[] sumsOfBytes(Host host, byte[][] h) {
+        return pinned(host, h, pin -> java.util.stream.IntStream.range(0, pin.blocks()).mapToLong(i -> Integer.toUnsignedLong(
+                BlockChecksum.of(host.engine().poolMemory(), pin.slotOffsets().get(i), pin.slotBytes()))).toArray());
+    }
+
+    @Test
+    void sealedBlocksAreSummedAheadAndAFetchedBlockKeepsTheSumItWasCheckedAgainst() throws Exception {
+        Path secret = secret("a-cluster-secret-of-enough-length");
+        Host a = host("a", secret);
+        Host b = host("b", secret);
+        waitFor(() -> b.cluster().tier().registry().liveNodes().size() == 1, "B sees A");
+        byte[][] h = hashes(6, 5);
+        save(a, h);
+        // the owner sums each sealed block once, in the background, not when a peer reads it
+        waitFor(() -> Arrays.stream(keptSums(a, h)).allMatch(c -> c >= 0), "A summed its blocks ahead");
+        assertThat(keptSums(a, h)).containsExactly(sumsOfBytes(a, h));
+        a.cluster().tier().registry().flush();
+        QueryResult q = settle(b, h, new int[1]);
+        assertThat(q.hitBlocks()).isEqualTo(6);
+        loadAndCheck(b, q, h);
+        // the fetching host keeps the sum each block was checked against on arrival: known at once
+        assertThat(keptSums(b, h)).containsExactly(sumsOfBytes(b, h)).containsExactly(sumsOfBytes(a, h));
+        assertThat(b.engine().stats().get(io.pegaflow.engine.metrics.Counter.BLOCK_CHECKSUMS_DEFERRED)).isZero();
+        a.engine().verifyInvariants();
+        b.engine().verifyInvariants();
+    }
+
     @Test
     void aCorruptedByteOnTheWireIsAMissNeverWrongBytes() throws Exception {
         Path secret = secret("a-cluster-secret-of-enough-length");

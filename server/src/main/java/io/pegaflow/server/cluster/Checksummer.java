@@ -9,10 +9,10 @@ import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 
 /**
- * Helper threads for the peer channel's CRC32C: the owner sums the next batch while the socket
- * takes this one, the reader checks a batch while the next one arrives. One stream then costs
- * the slower of the copy and the checksum instead of their sum (docs/cluster.md, "Where a fetch's
- * time goes").
+ * Helper threads for an owner's block checksums: the blocks of the next batch that were not
+ * summed ahead ({@code BlockChecksums}) are summed while the socket takes this one, so a stream
+ * costs the slower of the two instead of their sum (docs/cluster.md, "Where a fetch's time goes").
+ * The reader sums each piece as it lands, on its own thread ({@code TcpPeerTransport}).
  */
 final class Checksummer implements AutoCloseable {
     private final ExecutorService threads;

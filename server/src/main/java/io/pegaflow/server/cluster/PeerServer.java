@@ -1,5 +1,6 @@
 package io.pegaflow.server.cluster;
 
+import io.pegaflow.engine.BlockChecksum;
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.Token;
@@ -20,7 +21,6 @@ import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.atomic.AtomicLong;
-import java.util.zip.CRC32C;
 import javax.net.ssl.SSLServerSocket;
 import javax.net.ssl.SSLSocket;
 
@@ -327,17 +327,16 @@ public final class PeerServer implements AutoCloseable {
             }
         }
 
-        /** CRC32C of blocks {@code sent[from..to)}, slots in order (on a helper thread). */
+        /**
+         * Checksums of blocks {@code sent[from..to)} (on a helper thread): the one kept with the
+         * block where the store summed it ahead, else summed now.
+         */
         private int[] sums(int[] sent, int from, int to) {
-            CRC32C crc = new CRC32C();
             int[] out = new int[to - from];
             for (int k = from; k < to; k++) {
-                long[] offsets = pin.slotOffsets().get(sent[k]);
-                crc.reset();
-                for (int s = 0; s < slots; s++) {
-                    crc.update(pool.asSlice(offsets[s], pin.slotBytes()[s]).asByteBuffer());
-                }
-                out[k - from] = (int) crc.getValue();
+                long kept = pin.checksums()[sent[k]];
+                out[k - from] = kept >= 0 ? (int) kept
+                        : BlockChecksum.of(pool, pin.slotOffsets().get(sent[k]), pin.slotBytes());
             }
             return out;
         }

@@ -13,12 +13,12 @@ import java.nio.charset.StandardCharsets;
  *      -> u8 status; OK: 16-byte pin id, u32 blocks, u32 slots, slots x u64 slot bytes
  * READ    u8 2, pin id, u32 count, count x u8 (1: send block i)
  *      -> u8 status; OK: the blocks asked for, in order, BATCH at a time:
- *         "PFBAT2", u16 m, u64 block length, m x (u32 index, u32 CRC32C), the m payloads back to back
+ *         "PFBAT2", u16 m, u64 block length, m x (u32 index, u32 CRC32), the m payloads back to back
  * RELEASE u8 3, pin id -> u8 status
  * </pre>
  */
 final class PeerWire {
-    static final byte[] MAGIC = "PFPEER02".getBytes(StandardCharsets.US_ASCII);
+    static final byte[] MAGIC = "PFPEER03".getBytes(StandardCharsets.US_ASCII);
     static final byte[] BATCH_MARK = "PFBAT2".getBytes(StandardCharsets.US_ASCII);
     static final byte PIN = 1;
     static final byte READ = 2;
@@ -34,7 +34,7 @@ final class PeerWire {
      * hand the payloads to the kernel straight from its pool file (sendfile) after one header write.
      */
     static final int BATCH_HEAD_BYTES = 6 + 2 + 8;
-    /** One block's entry in a batch header: u32 index, u32 CRC32C. */
+    /** One block's entry in a batch header: u32 index, u32 {@link io.pegaflow.engine.BlockChecksum} (CRC32). */
     static final int ENTRY_BYTES = 8;
     /** Blocks per batch: one header write and one scattering read (16 x 64 KiB: 1 MiB a system call). */
     static final int BATCH = 16;
