@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import statistics
 import subprocess
@@ -75,14 +76,23 @@ def _fetch_rounds(ns: str, server, servers, plan, a) -> tuple[list[float], dict]
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def fetch(seed: str, blocks: int) -> float:
+        fetched = server.metric("pegaflow_peer_fetch_blocks_total")
         agent.stdin.write(f"{seed} {blocks}\n")
         agent.stdin.flush()
-        line = agent.stdout.readline()
+        ready, _, _ = select.select([agent.stdout], [], [], 120)
+        line = agent.stdout.readline() if ready else ""
         if not line:
-            raise RuntimeError(f"the fetch agent ended (rc {agent.wait(10)})")
+            raise RuntimeError(f"the fetch agent ended or hung (rc {agent.poll()})")
         got = json.loads(line)
         if got.get("hit") != blocks:
             raise RuntimeError(f"prefix {seed}: fetched {got.get('hit')} of {blocks} blocks ({got})")
+        # every round is a fetch from host A, never a local hit on B (its pool holds 4 prefixes)
+        # (counted just after the blocks are sealed: a moment after the agent may see them)
+        deadline = time.time() + 5
+        while server.metric("pegaflow_peer_fetch_blocks_total") - fetched < blocks:
+            if time.time() > deadline:
+                raise RuntimeError(f"prefix {seed}: host B did not fetch all {blocks} blocks from host A this round")
+            time.sleep(0.01)
         return got["seconds"] * 1e3
 
     try:
@@ -109,8 +119,12 @@ def _fetch_rounds(ns: str, server, servers, plan, a) -> tuple[list[float], dict]
             print(f"round {r}: {n}-block prefix from host A ready on host B in {ms[-1]:.1f} ms", file=sys.stderr)
         counted_compile_ms = round((_compile_seconds(servers) - before) * 1e3, 1)
     finally:
-        agent.stdin.close()
-        agent.wait(60)
+        try:
+            agent.stdin.close()
+            agent.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            agent.kill()
+            agent.wait(10)
     return ms, {"warmup_rounds": len(compile_ms), "warmup_jit_quiet": quiet, "warmup_compile_ms": compile_ms,
                 "warmup_ms": warm_ms,
                 "counted_rounds_compile_ms": counted_compile_ms}
@@ -121,8 +135,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--blocks", type=int, default=2048, help="prefix length fetched (default 2048)")
     p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--warmup", type=int, default=3,
-                   help="fetch rounds run first and not counted, at least (the peer channel is warmed at start; the "
-                        "registry client's advertising of fetched blocks is compiled over the first rounds)")
+                   help="fetch rounds run first and not counted, at least (the JIT of both servers compiles the fetch and "
+                        "the registry client's advertising of fetched blocks over the first rounds)")
     p.add_argument("--max-warmup", type=int, default=30, help="warm-up rounds at most (default 30)")
     p.add_argument("--prefixes", type=int, default=6,
                    help="distinct prefixes host A holds, fetched in turn (default 6; host B's pool holds 4)")
@@ -134,6 +148,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--registry-blocks", type=int, default=1_000_000)
     p.add_argument("--json", default="out/cluster.json")
     a = p.parse_args(argv)
+    if a.prefixes < 5:
+        p.error(f"--prefixes {a.prefixes}: expected at least 5 (host B's pool holds 4: fewer would be local hits)")
     if os.geteuid() != 0:
         print("pegaflow-bench cluster: needs root (it makes network namespaces)", file=sys.stderr)
         return 2

@@ -30,13 +30,22 @@ final class BlockChecksums implements AutoCloseable {
                 }
             } catch (InterruptedException e) {
                 // closed
+            } catch (Throwable t) {
+                // a fault reading the pool, out of memory: blocks are summed when sent from now on
+                System.getLogger(BlockChecksums.class.getName()).log(System.Logger.Level.WARNING,
+                        "summing sealed blocks ahead stopped; peers' reads sum them when sent", t);
+            } finally {
+                queue.clear();
             }
         });
     }
 
-    /** Queues {@code b} (under the store's lock: never waits); false when the queue is full. */
+    /**
+     * Queues {@code b} (under the store's lock: never waits); false when the queue is full or the
+     * thread has stopped (the block is then summed when first sent).
+     */
     boolean offer(Block b) {
-        return queue.offer(b);
+        return thread.isAlive() && queue.offer(b);
     }
 
     /** Stops the thread and waits for the block it is summing (called before the pool goes away). */
@@ -44,9 +53,15 @@ final class BlockChecksums implements AutoCloseable {
     public void close() {
         queue.clear();
         thread.interrupt();
-        try {
-            thread.join(5_000);
-        } catch (InterruptedException e) {
+        boolean interrupted = false;
+        while (thread.isAlive()) { // a block's sum takes milliseconds; the pool must outlive it
+            try {
+                thread.join();
+            } catch (InterruptedException e) {
+                interrupted = true;
+            }
+        }
+        if (interrupted) {
             Thread.currentThread().interrupt();
         }
     }

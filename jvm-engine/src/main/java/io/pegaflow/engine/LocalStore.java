@@ -970,6 +970,21 @@ public final class LocalStore implements BlockStore {
         }
     }
 
+    /**
+     * Whether pin {@code id} still holds its blocks, before its deadline. An owner asks before
+     * each batch it sends: a pin that expired mid-read (its blocks may be evicted and their space
+     * reused) ends the read instead of sending what the space holds by then.
+     */
+    public boolean transferLive(Token id) {
+        lock.lock();
+        try {
+            PinnedForPeer p = closed || id == null ? null : transfers.get(id);
+            return p != null && p.deadlineNanos() - clock.getAsLong() > 0;
+        } finally {
+            lock.unlock();
+        }
+    }
+
     /** Pins held for peers' reads now. */
     public int transferPins() {
         lock.lock();

@@ -24,6 +24,8 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
+import org.junit.jupiter.params.ParameterizedTest;
+import org.junit.jupiter.params.provider.ValueSource;
 
 /**
  * Two embedded engines sharing blocks through a real redis-server (Debian's package, installed
@@ -31,8 +33,8 @@ import org.junit.jupiter.api.io.TempDir;
  * byte-identical; a corrupted wire, a wrong secret, and a missing peer are misses.
  */
 class ClusterSharingTest {
-    private static final long SEGMENT = 2048;
-    private static final long BLOCK = 4 * SEGMENT;
+    /** Bytes per K or V of a layer: blocks of 4 segments (8 KiB unless a test sets it first). */
+    private long segment = 2048;
 
     @TempDir
     Path dir;
@@ -80,9 +82,9 @@ class ClusterSharingTest {
     }
 
     private Host host(String id, Path secret, String advertise) throws Exception {
-        PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolBytes(64 * BLOCK).build());
+        PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolBytes(64 * 4 * segment).build());
         open.add(engine);
-        KvWorld world = new KvWorld(id, "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 64, SEGMENT, 0);
+        KvWorld world = new KvWorld(id, "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 64, segment, 0);
         open.add(world);
         world.register(engine);
         var registry = new RedisBlockRegistry.Settings("redis://127.0.0.1:" + redisPort, 16, Duration.ofMillis(100),
@@ -147,8 +149,14 @@ class ClusterSharingTest {
         }
     }
 
-    @Test
-    void aPrefixSavedOnOneHostIsServedToAnotherByteIdenticalAndAdvertisedFromThere() throws Exception {
+    /**
+     * Block sizes the reader takes differently: 8 KiB (16 to a scattering read), 96 KiB (2 to a
+     * read), 300 KiB (read and summed in 256 KiB pieces, the last one shorter).
+     */
+    @ParameterizedTest(name = "segment {0}")
+    @ValueSource(longs = {2048, 24576, 76800})
+    void aPrefixSavedOnOneHostIsServedToAnotherByteIdenticalAndAdvertisedFromThere(long segmentBytes) throws Exception {
+        segment = segmentBytes;
         Path secret = secret("a-cluster-secret-of-enough-length");
         Host a = host("a", secret);
         Host b = host("b", secret);
@@ -219,8 +227,10 @@ class ClusterSharingTest {
         b.engine().verifyInvariants();
     }
 
-    @Test
-    void aCorruptedByteOnTheWireIsAMissNeverWrongBytes() throws Exception {
+    @ParameterizedTest(name = "segment {0}")
+    @ValueSource(longs = {2048, 24576, 76800})
+    void aCorruptedByteOnTheWireIsAMissNeverWrongBytes(long segmentBytes) throws Exception {
+        segment = segmentBytes;
         Path secret = secret("a-cluster-secret-of-enough-length");
         // A advertises a proxy that flips one payload byte of every block it relays
         try (Corrupter proxy = new Corrupter()) {
@@ -263,7 +273,10 @@ class ClusterSharingTest {
         TransferPin pin = store.pinForTransfer("ns", BlockHashes.of(h), Duration.ofMillis(200));
         assertThat(pin.blocks()).isEqualTo(3);
         assertThat(store.transferPins()).isEqualTo(1);
+        assertThat(store.transferLive(pin.id())).isTrue();
         Thread.sleep(300);
+        // past its deadline an owner sends no more of it, swept or not (its blocks may go)
+        assertThat(store.transferLive(pin.id())).isFalse();
         store.sweep();
         assertThat(store.transferPins()).isZero();
         assertThat(store.releaseTransfer(pin.id())).isFalse();

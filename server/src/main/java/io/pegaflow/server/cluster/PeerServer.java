@@ -342,6 +342,10 @@ public final class PeerServer implements AutoCloseable {
         }
 
         private void sendBatch(PeerLink link, int[] sent, int from, int to, int[] sums) throws IOException {
+            if (!store.transferLive(pin.id())) {
+                // expired mid-read: its blocks may be evicted by now; the reader's read fails (misses)
+                throw new IOException("pin expired while its blocks were being sent");
+            }
             int m = to - from;
             head.clear().put(PeerWire.BATCH_MARK).putShort((short) m).putLong(blockBytes);
             for (int k = 0; k < m; k++) {
