@@ -9,8 +9,9 @@ import java.util.zip.CRC32;
  * the background, when other hosts may read it; the peer channel sums at send time only the
  * blocks not yet summed, and checks every block it receives. CRC32 rather than CRC32C: the JDK
  * folds CRC32 with carry-less multiplies (PCLMULQDQ, VPCLMULQDQ where there is AVX-512), and on
- * the 2-core build machine it ran at 11.9 GB/s on cached data against CRC32C's 7.2 (7.5 against
- * 4.3 from memory), which halved the checks' share of a peer fetch's CPU (docs/cluster.md).
+ * the 2-core build machine it ran at 11.92 GB/s on cached data against CRC32C's 7.20 (8.46
+ * against 4.63 from memory; bench/probe/ChecksumProbe.java), which halved the checks' share of a
+ * peer fetch's CPU (docs/cluster.md).
  * Either detects every burst of up to 32 flipped bits and any odd number of flips.
  */
 public final class BlockChecksum {
@@ -21,7 +22,7 @@ public final class BlockChecksum {
 
     /** The checksum of {@code slotBytes[s]} bytes at {@code slotOffsets[s]} of {@code pool}, s in order. */
     public static int of(MemorySegment pool, long[] slotOffsets, long[] slotBytes) {
-        CRC32 crc = new CRC32();
+        java.util.zip.Checksum crc = running();
         for (int s = 0; s < slotOffsets.length; s++) {
             crc.update(pool.asSlice(slotOffsets[s], slotBytes[s]).asByteBuffer());
         }
@@ -34,12 +35,5 @@ public final class BlockChecksum {
      */
     public static java.util.zip.Checksum running() {
         return new CRC32();
-    }
-
-    /** The checksum of one contiguous block (its slots back to back). */
-    public static int of(MemorySegment block) {
-        CRC32 crc = new CRC32();
-        crc.update(block.asByteBuffer());
-        return (int) crc.getValue();
     }
 }

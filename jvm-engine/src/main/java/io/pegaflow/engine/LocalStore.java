@@ -881,26 +881,24 @@ public final class LocalStore implements BlockStore {
     /**
      * On the background thread of {@link BlockChecksums}: sums a sealed block's slots outside
      * the lock and keeps the sum with it, unless it left the pool meanwhile (evicted: its space
-     * may hold other bytes by now; a sealed block's bytes never change while it stays).
+     * may hold other bytes by now). A sealed block's slots and bytes never change while it stays,
+     * and a Block is never reused once removed, so "still there" is the whole check.
      */
     private void sumAhead(Block b) {
-        long[] offsets;
-        long[] sizes;
         lock.lock();
         try {
             if (closed || b.removed || !b.sealed || b.crc != BlockChecksum.UNKNOWN) {
                 return;
             }
-            offsets = b.slotOffset.clone();
-            sizes = b.ns.slotBytes;
         } finally {
             lock.unlock();
         }
-        int crc = BlockChecksum.of(poolMemory, offsets, sizes);
+        int crc = BlockChecksum.of(poolMemory, b.slotOffset, b.ns.slotBytes);
         lock.lock();
         try {
-            if (!closed && !b.removed && b.sealed && Arrays.equals(offsets, b.slotOffset)) {
+            if (!closed && !b.removed) {
                 b.crc = Integer.toUnsignedLong(crc);
+                count(Counter.BLOCK_CHECKSUMS_AHEAD, 1);
             }
         } finally {
             lock.unlock();

@@ -97,6 +97,15 @@ class ClusterSharingTest {
         return new Host(engine, world, cluster);
     }
 
+    /** Hosts A and B on one secret, once B sees A. */
+    private Host[] aAndB() throws Exception {
+        Path secret = secret("a-cluster-secret-of-enough-length");
+        Host a = host("a", secret);
+        Host b = host("b", secret);
+        waitFor(() -> b.cluster().tier().registry().liveNodes().size() == 1, "B sees A");
+        return new Host[] {a, b};
+    }
+
     private static void waitFor(java.util.function.BooleanSupplier ok, String what) throws InterruptedException {
         long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
         while (!ok.getAsBoolean()) {
@@ -157,10 +166,9 @@ class ClusterSharingTest {
     @ValueSource(longs = {2048, 24576, 76800})
     void aPrefixSavedOnOneHostIsServedToAnotherByteIdenticalAndAdvertisedFromThere(long segmentBytes) throws Exception {
         segment = segmentBytes;
-        Path secret = secret("a-cluster-secret-of-enough-length");
-        Host a = host("a", secret);
-        Host b = host("b", secret);
-        waitFor(() -> b.cluster().tier().registry().liveNodes().size() == 1, "B sees A");
+        Host[] ab = aAndB();
+        Host a = ab[0];
+        Host b = ab[1];
         byte[][] h = hashes(12, 1);
         save(a, h);
         a.cluster().tier().registry().flush();
@@ -173,7 +181,7 @@ class ClusterSharingTest {
         waitFor(() -> a.engine().localStore().transferPins() == 0, "A released its transfer pin");
         b.cluster().tier().registry().flush();
         // B advertises what it fetched: a third host may now get it from either
-        Host c = host("c", secret);
+        Host c = host("c", secret("a-cluster-secret-of-enough-length"));
         waitFor(() -> c.cluster().tier().registry().liveNodes().size() == 2, "C sees A and B");
         QueryResult qc = settle(c, h, new int[1]);
         assertThat(qc.hitBlocks()).isEqualTo(12);
@@ -207,10 +215,9 @@ class ClusterSharingTest {
 
     @Test
     void sealedBlocksAreSummedAheadAndAFetchedBlockKeepsTheSumItWasCheckedAgainst() throws Exception {
-        Path secret = secret("a-cluster-secret-of-enough-length");
-        Host a = host("a", secret);
-        Host b = host("b", secret);
-        waitFor(() -> b.cluster().tier().registry().liveNodes().size() == 1, "B sees A");
+        Host[] ab = aAndB();
+        Host a = ab[0];
+        Host b = ab[1];
         byte[][] h = hashes(6, 5);
         save(a, h);
         // the owner sums each sealed block once, in the background, not when a peer reads it
@@ -222,6 +229,9 @@ class ClusterSharingTest {
         loadAndCheck(b, q, h);
         // the fetching host keeps the sum each block was checked against on arrival: known at once
         assertThat(keptSums(b, h)).containsExactly(sumsOfBytes(b, h)).containsExactly(sumsOfBytes(a, h));
+        assertThat(a.engine().stats().get(io.pegaflow.engine.metrics.Counter.BLOCK_CHECKSUMS_AHEAD)).isEqualTo(6);
+        // ... and never sums them itself: each kept the sum it was checked against
+        assertThat(b.engine().stats().get(io.pegaflow.engine.metrics.Counter.BLOCK_CHECKSUMS_AHEAD)).isZero();
         assertThat(b.engine().stats().get(io.pegaflow.engine.metrics.Counter.BLOCK_CHECKSUMS_DEFERRED)).isZero();
         a.engine().verifyInvariants();
         b.engine().verifyInvariants();

@@ -27,6 +27,7 @@ public enum Counter {
     TIER_DRAM_BLOCKS("pegaflow_cache_tier_dram_blocks_total", "blocks of answered queries served from the host pool"),
     TIER_SSD_BLOCKS("pegaflow_cache_tier_ssd_blocks_total", "blocks of answered queries served after a read back from SSD"),
     TIER_PEER_BLOCKS("pegaflow_cache_tier_peer_blocks_total", "blocks of answered queries served after a fetch from another host's pool"),
+    BLOCK_CHECKSUMS_AHEAD("pegaflow_block_checksums_ahead_total", "sealed blocks summed in the background for peers' reads (blocks fetched from a peer keep the sum checked on arrival)"),
     BLOCK_CHECKSUMS_DEFERRED("pegaflow_block_checksums_deferred_total", "sealed blocks not summed ahead for peers (the background queue was full): summed when first sent"),
     PEER_FETCH_GEOMETRY_MISMATCH("pegaflow_peer_fetch_geometry_mismatch_total", "peer fetches refused: the peer's slot sizes differ from this namespace's"),
     TRANSFER_PINS_EXPIRED("pegaflow_transfer_pins_expired_total", "blocks pinned for a peer's read released by their deadline (the reader never released them)"),

@@ -313,23 +313,33 @@ public final class PeerServer implements AutoCloseable {
                     sent[n++] = i;
                 }
             }
-            int total = n;
-            java.util.concurrent.Future<int[]> next = n == 0 ? null
-                    : checksummer.submit(() -> sums(sent, 0, Math.min(total, PeerWire.BATCH)));
+            java.util.concurrent.Future<int[]> next = n == 0 ? null : sumsOf(sent, 0, Math.min(n, PeerWire.BATCH));
             for (int from = 0; from < n; from += PeerWire.BATCH) {
                 int to = Math.min(n, from + PeerWire.BATCH);
                 int[] sums = Checksummer.await(next);
                 if (to < n) {
-                    int nextTo = Math.min(n, to + PeerWire.BATCH);
-                    next = checksummer.submit(() -> sums(sent, to, nextTo));
+                    next = sumsOf(sent, to, Math.min(n, to + PeerWire.BATCH));
                 }
                 sendBatch(link, sent, from, to, sums);
             }
         }
 
         /**
-         * Checksums of blocks {@code sent[from..to)} (on a helper thread): the one kept with the
-         * block where the store summed it ahead, else summed now.
+         * The checksums of blocks {@code sent[from..to)}: at once when the store kept every one
+         * (summed ahead, the usual case), else on a helper thread while the current batch is sent.
+         */
+        private java.util.concurrent.Future<int[]> sumsOf(int[] sent, int from, int to) {
+            for (int k = from; k < to; k++) {
+                if (pin.checksums()[sent[k]] < 0) {
+                    return checksummer.submit(() -> sums(sent, from, to));
+                }
+            }
+            return java.util.concurrent.CompletableFuture.completedFuture(sums(sent, from, to));
+        }
+
+        /**
+         * Checksums of blocks {@code sent[from..to)}: the one kept with the block where the store
+         * summed it ahead, else summed now.
          */
         private int[] sums(int[] sent, int from, int to) {
             int[] out = new int[to - from];
