@@ -30,9 +30,14 @@ import java.util.function.LongSupplier;
  * </ul>
  *
  * <p>Threading: every method may be called from any thread. {@link #save} and {@link #load}
- * return once the copy is submitted; the future completes after the control plane has been
- * told the outcome. {@link #close()} and {@link #unregisterInstance} wait for copies in
- * flight, so the caller may free its regions afterwards.
+ * return once the copy is submitted; the future completes when the bytes have landed (or
+ * failed: a failed copy is rolled back first), and the plan's end is told to the control
+ * plane beside it, as the original PegaFlow inserts a save into its cache after answering.
+ * This engine's own {@link #query}, {@link #stats} and {@link #flush} wait for those ends,
+ * so they see every save whose future completed; another process sees it a round trip
+ * later (or after this engine's {@link #flush}, the visibility barrier). {@link #close()}
+ * and {@link #unregisterInstance} wait for copies in flight and their ends, so the caller
+ * may free its regions afterwards.
  */
 public final class PegaEngine implements AutoCloseable {
     private final BlockStore store;
@@ -42,7 +47,13 @@ public final class PegaEngine implements AutoCloseable {
     private final LongSupplier clock;
     private final long prefaultNanos;
     private final Map<String, Map<Integer, LayerRegion[]>> regions = new ConcurrentHashMap<>();
+    private static final System.Logger LOG = System.getLogger(PegaEngine.class.getName());
     private final Map<String, Set<CompletableFuture<?>>> pending = new ConcurrentHashMap<>();
+    /** Ends of copies that landed, still being told to the control plane. */
+    private final Set<CompletableFuture<Void>> ending = ConcurrentHashMap.newKeySet();
+    /** Tells the control plane those ends, off the copy engine's completer threads. */
+    private final java.util.concurrent.ExecutorService enders = java.util.concurrent.Executors.newCachedThreadPool(
+            Thread.ofPlatform().daemon().name("pegaflow-end-", 0).factory());
     /** Operations hold the read lock while they start; close takes the write lock to stop new ones. */
     private final ReentrantReadWriteLock gate = new ReentrantReadWriteLock();
     private boolean closed;
@@ -97,8 +108,12 @@ public final class PegaEngine implements AutoCloseable {
         return new PegaEngine(store, null, pool, transfer, System::nanoTime, false, 1);
     }
 
-    /** The control plane of an embedded engine, or null (attached: the server owns it). */
+    /**
+     * The control plane of an embedded engine, or null (attached: the server owns it); it has
+     * been told the end of every copy whose future completed before the call.
+     */
     public LocalStore localStore() {
+        awaitEnds();
         return local;
     }
 
@@ -107,8 +122,12 @@ public final class PegaEngine implements AutoCloseable {
         return pool.segment();
     }
 
-    /** The SSD tier of an embedded engine, or null (none, or attached: the server owns it). */
+    /**
+     * The SSD tier of an embedded engine, or null (none, or attached: the server owns it);
+     * every save whose future completed before the call has been offered to it.
+     */
     public io.pegaflow.engine.ssd.SsdTier ssd() {
+        awaitEnds();
         return local == null ? null : local.ssd();
     }
 
@@ -248,6 +267,7 @@ public final class PegaEngine implements AutoCloseable {
     public QueryResult query(String instanceId, BlockHashes hashes) {
         startOp();
         try {
+            awaitEnds();
             return store.query(instanceId, hashes);
         } finally {
             endOp();
@@ -305,7 +325,9 @@ public final class PegaEngine implements AutoCloseable {
     private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan,
             java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream) {
         CompletableFuture<CopyResult> result = new CompletableFuture<>();
-        track(instanceId, result);
+        // what flush, close and unregisterInstance wait for: the copy and then its end
+        CompletableFuture<Void> settled = new CompletableFuture<>();
+        track(instanceId, settled);
         boolean save = plan.direction() == CopyPlan.Direction.SAVE;
         String what = (save ? "save" : "load") + " copy for instance '" + instanceId + "' worker " + workerRank;
         long[] failed = save ? distinctBlocks(plan, blockIds) : blockIds;
@@ -331,23 +353,47 @@ public final class PegaEngine implements AutoCloseable {
             for (CompletableFuture<Long> c : copies) {
                 bytes += c.isDone() && !c.isCompletedExceptionally() ? c.join() : 0;
             }
+            if (err == null) {
+                // The caller hears of a copy that landed at once and the plan ends beside it:
+                // the GPU blocks are free to reuse, and the end (a save's seal, a load's
+                // unpin) is a control-plane round trip that cost 0.5-0.8 ms in series on the
+                // H200 (docs/gpu.md). This engine's own reads wait for it (awaitEnds).
+                long moved = bytes;
+                long nanos = clock.getAsLong() - start;
+                CompletableFuture<Void> end = new CompletableFuture<>();
+                ending.add(end);
+                end.whenComplete((v, e) -> {
+                    ending.remove(end);
+                    settled.complete(null);
+                });
+                enders.execute(() -> {
+                    try {
+                        store.endCopy(instanceId, plan.id(), true, moved, nanos);
+                    } catch (Throwable t) {
+                        // the bytes moved; the store's outcome is a save not made visible or
+                        // pins left to the lease sweep, both recomputed or reclaimed later
+                        LOG.log(System.Logger.Level.WARNING, "ending the " + what + " (plan " + plan.id()
+                                + ") after its copy landed failed; its blocks are not made visible: " + t);
+                    } finally {
+                        end.complete(null);
+                    }
+                });
+                result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), moved));
+                return;
+            }
             try {
-                store.endCopy(instanceId, plan.id(), err == null, err == null ? bytes : 0,
-                        err == null ? clock.getAsLong() - start : 0);
-                if (err == null) {
-                    result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), bytes));
-                } else if (startFailure != null && copies.isEmpty()) {
+                // a failed copy is rolled back before the caller hears of it
+                store.endCopy(instanceId, plan.id(), false, 0, 0);
+                if (startFailure != null && copies.isEmpty()) {
                     result.completeExceptionally(new TransferFailedException(what + " could not start: " + err, failed, err));
                 } else {
                     result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
                 }
             } catch (Throwable t) {
-                if (err != null) {
-                    // the store rejects nothing it handed out; report the copy's failure
-                    result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
-                } else {
-                    result.completeExceptionally(t);
-                }
+                // the store rejects nothing it handed out; report the copy's failure
+                result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
+            } finally {
+                settled.complete(null);
             }
         });
         return result;
@@ -454,6 +500,7 @@ public final class PegaEngine implements AutoCloseable {
     public EngineStats stats() {
         startOp();
         try {
+            awaitEnds();
             return store.stats();
         } finally {
             endOp();
@@ -475,6 +522,7 @@ public final class PegaEngine implements AutoCloseable {
         if (local == null) {
             throw new UnsupportedOperationException("invariants are checked where the control plane runs (the server)");
         }
+        awaitEnds();
         local.verifyInvariants();
     }
 
@@ -493,6 +541,7 @@ public final class PegaEngine implements AutoCloseable {
         List<CompletableFuture<?>> all = new ArrayList<>();
         pending.values().forEach(all::addAll);
         awaitQuietly(all);
+        enders.shutdown();
         try {
             store.close();
         } finally {
@@ -530,6 +579,16 @@ public final class PegaEngine implements AutoCloseable {
         Set<CompletableFuture<?>> set = pending.computeIfAbsent(instanceId, k -> ConcurrentHashMap.newKeySet());
         set.add(f);
         f.whenComplete((r, e) -> set.remove(f));
+    }
+
+    /**
+     * Waits until every copy whose future has completed has also been ended with the control
+     * plane (ends never fail: a failed end is logged), so this engine reads its own saves.
+     */
+    private void awaitEnds() {
+        for (Object end : ending.toArray()) {
+            ((CompletableFuture<?>) end).join();
+        }
     }
 
     private static void awaitQuietly(List<CompletableFuture<?>> futures) {

@@ -171,7 +171,7 @@ class ClusterSharingTest {
         Host b = ab[1];
         byte[][] h = hashes(12, 1);
         save(a, h);
-        a.cluster().tier().registry().flush();
+        a.engine().flush(10_000); // the visibility barrier: ended and advertised
         int[] notYet = {0};
         QueryResult q = settle(b, h, notYet);
         assertThat(notYet[0]).as("'not yet' while fetching").isPositive();
@@ -179,7 +179,7 @@ class ClusterSharingTest {
         loadAndCheck(b, q, h);
         assertThat(b.engine().stats().get(io.pegaflow.engine.metrics.Counter.TIER_PEER_BLOCKS)).isEqualTo(12);
         waitFor(() -> a.engine().localStore().transferPins() == 0, "A released its transfer pin");
-        b.cluster().tier().registry().flush();
+        b.engine().flush(10_000); // the visibility barrier: ended and advertised
         // B advertises what it fetched: a third host may now get it from either
         Host c = host("c", secret("a-cluster-secret-of-enough-length"));
         waitFor(() -> c.cluster().tier().registry().liveNodes().size() == 2, "C sees A and B");
@@ -223,7 +223,7 @@ class ClusterSharingTest {
         // the owner sums each sealed block once, in the background, not when a peer reads it
         waitFor(() -> Arrays.stream(keptSums(a, h)).allMatch(c -> c >= 0), "A summed its blocks ahead");
         assertThat(keptSums(a, h)).containsExactly(sumsOfBytes(a, h));
-        a.cluster().tier().registry().flush();
+        a.engine().flush(10_000); // the visibility barrier: ended and advertised
         QueryResult q = settle(b, h, new int[1]);
         assertThat(q.hitBlocks()).isEqualTo(6);
         loadAndCheck(b, q, h);
@@ -250,7 +250,7 @@ class ClusterSharingTest {
             waitFor(() -> b.cluster().tier().registry().liveNodes().size() == 1, "B sees A");
             byte[][] h = hashes(4, 2);
             save(a, h);
-            a.cluster().tier().registry().flush();
+            a.engine().flush(10_000); // the visibility barrier: ended and advertised
             QueryResult q = settle(b, h, new int[1]);
             assertThat(q.hitBlocks()).as("every block arrived corrupted: all misses").isZero();
             assertThat(proxy.flipped).isEqualTo(4);
@@ -267,7 +267,7 @@ class ClusterSharingTest {
         waitFor(() -> b.cluster().tier().registry().liveNodes().size() == 1, "B sees A");
         byte[][] h = hashes(4, 3);
         save(a, h);
-        a.cluster().tier().registry().flush();
+        a.engine().flush(10_000); // the visibility barrier: ended and advertised
         QueryResult q = settle(b, h, new int[1]);
         assertThat(q.hitBlocks()).isZero();
         assertThat(a.cluster().server().refusedConnections()).isPositive();

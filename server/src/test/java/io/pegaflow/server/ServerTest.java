@@ -141,12 +141,14 @@ class ServerTest {
             byte[][] h = hashes(3);
             CopyResult saved = a.save("vllm-a", 0, new long[] {0, 1, 2}, BlockHashes.of(h)).join();
             assertThat(saved.blocks()).isEqualTo(3);
+            a.flush(10_000); // the visibility barrier: b is another client of the server
             QueryResult q = b.query("vllm-b", BlockHashes.of(h));
             assertThat(q.hitBlocks()).isEqualTo(3);
             b.load("vllm-b", 0, q.lease(), new long[] {7, 9, 11}).join();
             for (int i = 0; i < 3; i++) {
                 assertThat(block(rb, new long[] {7, 9, 11}[i])).isEqualTo(block(ra, i));
             }
+            b.flush(10_000); // b's load has ended with the server too
             EngineStats stats = server.store().stats();
             assertThat(stats.get(Gauge.RESIDENT_BLOCKS)).isEqualTo(3);
             assertThat(stats.get(Gauge.ACTIVE_LEASES)).isZero();

@@ -146,6 +146,7 @@ class StoreLinkTest {
         rnd.nextBytes(packed);
         BlockHashes h = new BlockHashes(packed, 32);
         link.binding().engine().save(INSTANCE.instanceId(), 0, new long[] {0, 1}, h).join();
+        link.binding().engine().flush(10_000); // the scheduler is another client: visible after the barrier
         return h;
     }
 
