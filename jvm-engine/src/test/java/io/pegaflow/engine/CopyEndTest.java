@@ -1,0 +1,179 @@
+package io.pegaflow.engine;
+
+import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
+
+import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.engine.transfer.TransferEngine;
+import io.pegaflow.engine.transfer.TransferFuture;
+import java.lang.reflect.InvocationTargetException;
+import java.lang.reflect.Proxy;
+import java.time.Duration;
+import java.util.List;
+import java.util.Random;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Function;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * A copy's future completes when its bytes have landed and the plan's end goes to the control
+ * plane beside it (PegaEngine's javadoc): the caller never waits for that round trip, this
+ * engine's own reads still see every save whose future completed, a failed end loses no
+ * bytes and no accounting, and a failed copy is rolled back before its caller hears of it.
+ * The control plane here is a real {@link LocalStore} whose {@code endCopy} the test holds.
+ */
+class CopyEndTest {
+    private static final int BLOCK = 2 * 2 * 256; // 2 layers, K and V of 256 bytes
+
+    private final Random rnd = new Random(7);
+    /** The control plane's clock: it moves only when the test says (the copy TTL below). */
+    private final java.util.concurrent.atomic.AtomicLong now = new java.util.concurrent.atomic.AtomicLong();
+    private final LocalStore local = new LocalStore(EngineConfig.builder().poolSize("64kb").sweepInterval(Duration.ZERO)
+            .copyTtl(Duration.ofSeconds(60)).nanoClock(now::get).build(), 64 * 1024);
+    /** Each endCopy's outcome argument, in call order. */
+    private final List<Boolean> ends = new CopyOnWriteArrayList<>();
+    private volatile CountDownLatch endGate = new CountDownLatch(0);
+    private volatile boolean failEnds;
+    private PegaEngine engine;
+    private KvWorld world;
+
+    @AfterEach
+    void close() {
+        endGate.countDown();
+        if (world != null) {
+            world.close();
+        }
+        if (engine != null) {
+            engine.close();
+        }
+    }
+
+    /** The engine over the local store, each endCopy waiting for {@link #endGate} first. */
+    private PegaEngine engine(Function<HostPool, TransferEngine> transfer) {
+        BlockStore gated = (BlockStore) Proxy.newProxyInstance(BlockStore.class.getClassLoader(),
+                new Class<?>[] {BlockStore.class}, (proxy, method, args) -> {
+                    if (method.getName().equals("endCopy")) {
+                        assertThat(endGate.await(10, TimeUnit.SECONDS)).as("the test opened the end gate").isTrue();
+                        ends.add((Boolean) args[2]);
+                        if (failEnds) {
+                            throw new PegaflowException(ErrorCode.UNAVAILABLE, "the server went away");
+                        }
+                    }
+                    try {
+                        return method.invoke(local, args);
+                    } catch (InvocationTargetException e) {
+                        throw e.getCause();
+                    }
+                });
+        engine = PegaEngine.attach(gated, HostPool.anonymous(64 * 1024), transfer);
+        world = new KvWorld("i", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0);
+        world.register(engine);
+        return engine;
+    }
+
+    private byte[][] fill(int n) {
+        byte[][] h = KvWorld.randomHashes(rnd, n);
+        for (int k = 0; k < n; k++) {
+            world.fillPattern(k, h[k]);
+        }
+        return h;
+    }
+
+    @Test
+    void aSaveCompletesBeforeItsEndAndThisEnginesQueryWaitsForTheEnd() throws Exception {
+        engine(pool -> new HostTransferEngine(pool, 1));
+        byte[][] h = fill(3);
+        endGate = new CountDownLatch(1);
+        CopyResult saved = engine.save("i", 0, new long[] {0, 1, 2}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        assertThat(saved.blocks()).as("completed with its end still held").isEqualTo(3);
+        assertThat(saved.bytes()).isEqualTo(3L * BLOCK);
+        assertThat(ends).isEmpty();
+        assertThat(local.openOperations()).as("the plan is still open in the control plane").isEqualTo(1);
+        assertThat(local.query("i", BlockHashes.of(h)).hitBlocks()).as("another client: not visible yet").isZero();
+
+        CompletableFuture<QueryResult> own = CompletableFuture.supplyAsync(() -> engine.query("i", BlockHashes.of(h)));
+        assertThatThrownBy(() -> own.get(200, TimeUnit.MILLISECONDS)).as("this engine's query waits for the end")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
+        endGate.countDown();
+        QueryResult q = own.get(10, TimeUnit.SECONDS);
+        assertThat(q.hitBlocks()).as("sees its own save").isEqualTo(3);
+        assertThat(ends).containsExactly(true);
+
+        // a load likewise: done when the bytes are in, unpinned by its end beside it
+        endGate = new CountDownLatch(1);
+        engine.load("i", 0, q.lease(), new long[] {10, 11, 12}).get(10, TimeUnit.SECONDS);
+        for (int k = 0; k < 3; k++) {
+            assertThat(world.holdsPattern(10 + k, h[k])).as("block %d loaded before its end", k).isTrue();
+        }
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("pinned until the end lands").isEqualTo(3);
+        endGate.countDown();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("this engine's stats wait for the end").isZero();
+        assertThat(local.openOperations()).isZero();
+        local.verifyInvariants();
+    }
+
+    @Test
+    void flushWaitsForEndsAndAFailedEndLosesNothing() throws Exception {
+        engine(pool -> new HostTransferEngine(pool, 1));
+        byte[][] h = fill(2);
+        failEnds = true;
+        endGate = new CountDownLatch(1);
+        CopyResult saved = engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        assertThat(saved.blocks()).isEqualTo(2);
+        CompletableFuture<Void> flush = CompletableFuture.runAsync(() -> engine.flush(10_000));
+        assertThatThrownBy(() -> flush.get(200, TimeUnit.MILLISECONDS)).as("the barrier waits for the end")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
+        endGate.countDown();
+        flush.get(10, TimeUnit.SECONDS);
+        assertThat(ends).containsExactly(true);
+        // The end never reached the store: the save is not visible, its reservation open
+        // until the copy TTL rolls it back; nothing is lost or double-counted.
+        assertThat(engine.query("i", BlockHashes.of(h)).hitBlocks()).isZero();
+        now.addAndGet(Duration.ofSeconds(61).toNanos());
+        local.sweep();
+        assertThat(local.openOperations()).isZero();
+        assertThat(local.stats().get(Gauge.POOL_USED_BYTES)).isZero();
+        local.verifyInvariants();
+
+        failEnds = false;
+        assertThat(engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS).blocks())
+                .as("saved again once the store answers").isEqualTo(2);
+        assertThat(engine.query("i", BlockHashes.of(h)).hitBlocks()).isEqualTo(2);
+    }
+
+    @Test
+    void aFailedCopyIsRolledBackBeforeItsCallerHears() throws Exception {
+        engine(pool -> new TransferEngine() {
+            @Override
+            public TransferFuture submit(CopyBatch batch) {
+                return TransferFuture.following(CompletableFuture.failedFuture(new IllegalStateException("DMA fault")), () -> { });
+            }
+
+            @Override
+            public String name() {
+                return "failing";
+            }
+
+            @Override
+            public void close() {
+            }
+        });
+        byte[][] h = fill(2);
+        CompletableFuture<CopyResult> f = engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h));
+        CompletableFuture<Integer> openWhenHeard = f.handle((r, e) -> local.openOperations());
+        assertThatThrownBy(() -> f.get(10, TimeUnit.SECONDS)).isInstanceOf(ExecutionException.class)
+                .hasCauseInstanceOf(TransferFailedException.class).hasMessageContaining("DMA fault");
+        assertThat(openWhenHeard.get(10, TimeUnit.SECONDS)).as("rolled back before the caller heard").isZero();
+        assertThat(ends).containsExactly(false);
+        assertThat(local.stats().get(Gauge.POOL_USED_BYTES)).isZero();
+        local.verifyInvariants();
+    }
+}
