@@ -46,7 +46,7 @@ help:
 $(VENV)/.installed: python/pyproject.toml
 	@UV=$$(ci/ensure-uv.sh) && \
 	  $$UV venv --quiet --allow-existing --python python3 $(VENV) && \
-	  $$UV pip install --quiet --python $(VENV)/bin/python -e 'python[test,vllm]' --reinstall-package pegaflow-jvm
+	  $$UV pip install --quiet --compile-bytecode --python $(VENV)/bin/python -e 'python[test,vllm]' --reinstall-package pegaflow-jvm
 	@touch $@
 
 setup: $(VENV)/.installed

