@@ -202,8 +202,8 @@ public final class PegaEngine implements AutoCloseable {
      * (evicting if needed) and a block becomes visible when its last slot lands. The copy is
      * ordered after the work queued so far on CUDA stream {@code waitStream} (0: none).
      *
-     * <p>A save of 64 blocks or more is planned in two parts, a head of 16-128 blocks and the
-     * rest, so the head's copy overlaps the planning of the rest; when the rest cannot be
+     * <p>A save of 64 blocks or more is planned in two parts, a head of 32-256 blocks and the
+     * rest, so the head's copy overlaps the planning of the rest ({@link #saveHeadBlocks}); when the rest cannot be
      * planned (pool exhausted) the head is still saved and the future fails with the reason.
      *
      * @throws PoolExhaustedException when the pool cannot hold the new slots (of the head, for
@@ -214,7 +214,7 @@ public final class PegaEngine implements AutoCloseable {
         startOp();
         try {
             boolean oneCall = blockIds == null || hashes == null || blockIds.length != hashes.count();
-            int head = oneCall ? 0 : headBlocks(blockIds.length); // refused by the store as one call, with its message
+            int head = oneCall ? 0 : saveHeadBlocks(blockIds.length); // refused by the store as one call, with its message
             if (head == 0) {
                 return savePart(instanceId, workerRank, layerNames, blockIds, hashes, waitStream);
             }
@@ -252,6 +252,18 @@ public final class PegaEngine implements AutoCloseable {
      */
     static int headBlocks(int blocks) {
         return blocks < 64 ? 0 : Math.max(16, Math.min(128, blocks / 16));
+    }
+
+    /**
+     * How many blocks of a save of {@code blocks} go first (0: one part): about an eighth, 32
+     * to 256 blocks, for 64 blocks or more. A save's rest is slower to plan than a load's
+     * (slots allocated, hashes claimed) and its batch is then built: on the H200 that took
+     * 0.5-1.3 ms for 240 blocks and 4.3-6.5 ms for 1,920 depending on the host, longer on some
+     * hosts than a sixteenth's copy (0.9 ms, 5-7 ms), which left the copy engine idle up to
+     * 1 ms (docs/gpu.md); the larger head costs the first plan a few dozen µs.
+     */
+    static int saveHeadBlocks(int blocks) {
+        return blocks < 64 ? 0 : Math.max(32, Math.min(256, blocks / 8));
     }
 
     private CompletableFuture<CopyResult> savePart(String instanceId, int workerRank, List<String> layerNames,

@@ -605,8 +605,8 @@ public abstract class BlockStoreContract {
     @Test
     void aSaveInTwoPartsCompletesOnlyAfterBothEvenWhenTheRestIsRefused() {
         CompletableFuture<Void> gate = new CompletableFuture<>();
-        engine = engine(config(20 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), gate)).build());
-        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 128, 256, 0); // 1 KiB blocks, 20 fit
+        engine = engine(config(40 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), gate)).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 128, 256, 0); // 1 KiB blocks, 40 fit
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 64);
         long[] ids = new long[64];
@@ -615,12 +615,12 @@ public abstract class BlockStoreContract {
             world.fillPattern(i, h[i]);
         }
         CompletableFuture<CopyResult> f = engine.save("inst", 0, ids, BlockHashes.of(h));
-        assertThat(PegaEngine.headBlocks(ids.length)).isEqualTo(16);
-        assertThat(f).as("the head (16 blocks) is still copying").isNotDone();
+        assertThat(PegaEngine.saveHeadBlocks(ids.length)).isEqualTo(32);
+        assertThat(f).as("the head (32 blocks) is still copying").isNotDone();
         gate.complete(null);
         assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
                 .isInstanceOf(PoolExhaustedException.class);
-        assertThat(hits(java.util.Arrays.copyOf(h, 16))).isEqualTo(16);
+        assertThat(hits(java.util.Arrays.copyOf(h, 32))).isEqualTo(32);
         verifyInvariants();
     }
 
