@@ -89,6 +89,7 @@ def test_two_vllm_instances_share_one_server(server):
         saved = [a_cache.fill(i) for i in range(3)]
         h = hashes(3)
         assert a.save("vllm-a", 0, [0, 1, 2], h).wait().blocks == 3
+        a.flush()  # the visibility barrier: b is another client of the server
         q = b.query("vllm-b", h)
         assert q.hit_blocks == 3
         b.load("vllm-b", 0, q.lease, [5, 9, 13]).wait()

@@ -30,12 +30,14 @@ import java.util.function.LongSupplier;
  * </ul>
  *
  * <p>Threading: every method may be called from any thread. {@link #save} and {@link #load}
- * return once the copy is submitted; the future completes when the bytes have landed (or
- * failed: a failed copy is rolled back first), and the plan's end is told to the control
- * plane beside it, as the original PegaFlow inserts a save into its cache after answering.
- * This engine's own {@link #query}, {@link #stats} and {@link #flush} wait for those ends,
- * so they see every save whose future completed; another process sees it a round trip
- * later (or after this engine's {@link #flush}, the visibility barrier). {@link #close()}
+ * return once the copy is submitted. A save's future completes when its bytes have landed
+ * and its seal is told to the control plane beside it, as the original PegaFlow inserts a
+ * save into its cache after answering; a load's future, and a failed copy's, after the
+ * control plane has been told (a load's end succeeding proves its slots stayed pinned; a
+ * failed copy is rolled back first). This engine's own {@link #query}, {@link #stats} and
+ * {@link #flush} wait for those seals, so they see every save whose future completed;
+ * another process sees it a round trip later (or after this engine's {@link #flush}, the
+ * visibility barrier). {@link #close()}
  * and {@link #unregisterInstance} wait for copies in flight and their ends, so the caller
  * may free its regions afterwards.
  */
@@ -179,10 +181,15 @@ public final class PegaEngine implements AutoCloseable {
     public void unregisterInstance(String instanceId) {
         startOp();
         try {
-            awaitQuietly(new ArrayList<>(pending.getOrDefault(instanceId, Set.of())));
+            Set<CompletableFuture<?>> running = pending.get(instanceId);
+            List<CompletableFuture<?>> waited = running == null ? List.of() : new ArrayList<>(running);
+            awaitQuietly(waited);
             store.unregisterInstance(instanceId);
             regions.remove(instanceId);
-            pending.remove(instanceId);
+            if (running != null) {
+                running.removeAll(waited); // a copy started meanwhile stays tracked for close() and flush()
+                pending.remove(instanceId, Set.of());
+            }
         } finally {
             endOp();
         }
@@ -232,7 +239,7 @@ public final class PegaEngine implements AutoCloseable {
             // Completes only when both parts have: a part still copying reads GPU blocks that
             // vLLM may reuse once the save is reported done, failed or not.
             CompletableFuture<CopyResult> tail = rest;
-            return CompletableFuture.allOf(first, tail).handle((x, e) -> {
+            CompletableFuture<CopyResult> both = CompletableFuture.allOf(first, tail).handle((x, e) -> {
                 if (e != null) {
                     throw e instanceof java.util.concurrent.CompletionException c ? c
                             : new java.util.concurrent.CompletionException(e);
@@ -241,6 +248,8 @@ public final class PegaEngine implements AutoCloseable {
                 CopyResult b = tail.join();
                 return new CopyResult(a.blocks() + b.blocks(), a.skippedBlocks() + b.skippedBlocks(), a.bytes() + b.bytes());
             });
+            track(instanceId, both); // flush returns only once the caller's future is done too
+            return both;
         } finally {
             endOp();
         }
@@ -268,7 +277,17 @@ public final class PegaEngine implements AutoCloseable {
 
     private CompletableFuture<CopyResult> savePart(String instanceId, int workerRank, List<String> layerNames,
             long[] blockIds, BlockHashes hashes, long waitStream) {
-        CopyPlan plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
+        CopyPlan plan;
+        try {
+            plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
+        } catch (PoolExhaustedException e) {
+            if (ending.isEmpty()) {
+                throw e;
+            }
+            // blocks of saves still being sealed beside their futures are not evictable yet
+            awaitEnds();
+            plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
+        }
         if (plan.isEmpty()) {
             return CompletableFuture.completedFuture(new CopyResult(0, plan.skippedBlocks(), 0));
         }
@@ -337,8 +356,11 @@ public final class PegaEngine implements AutoCloseable {
     private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan,
             java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream) {
         CompletableFuture<CopyResult> result = new CompletableFuture<>();
-        // what flush, close and unregisterInstance wait for: the copy and then its end
+        // What flush, close and unregisterInstance wait for: the caller's future, and the
+        // plan's end (a save's seal lands after the future; neither waits for the other, so a
+        // callback of the future may flush).
         CompletableFuture<Void> settled = new CompletableFuture<>();
+        track(instanceId, result);
         track(instanceId, settled);
         boolean save = plan.direction() == CopyPlan.Direction.SAVE;
         String what = (save ? "save" : "load") + " copy for instance '" + instanceId + "' worker " + workerRank;
@@ -365,11 +387,14 @@ public final class PegaEngine implements AutoCloseable {
             for (CompletableFuture<Long> c : copies) {
                 bytes += c.isDone() && !c.isCompletedExceptionally() ? c.join() : 0;
             }
-            if (err == null) {
-                // The caller hears of a copy that landed at once and the plan ends beside it:
-                // the GPU blocks are free to reuse, and the end (a save's seal, a load's
-                // unpin) is a control-plane round trip that cost 0.5-0.8 ms in series on the
-                // H200 (docs/gpu.md). This engine's own reads wait for it (awaitEnds).
+            if (err == null && save) {
+                // The caller hears of a save that landed at once and the plan ends beside it:
+                // the GPU blocks are free to reuse, and the end (the seal) is a control-plane
+                // round trip that cost 0.5 ms in series on the H200 (docs/gpu.md). This
+                // engine's own reads wait for it (awaitEnds). A load still ends first: its
+                // end succeeding is what proves its slots stayed pinned through the copy
+                // (a plan rolled back meanwhile, its instance unregistered by the server or
+                // its copy TTL passed, may have had its slots reused: the load must fail).
                 long moved = bytes;
                 long nanos = clock.getAsLong() - start;
                 CompletableFuture<Void> end = new CompletableFuture<>();
@@ -378,34 +403,49 @@ public final class PegaEngine implements AutoCloseable {
                     ending.remove(end);
                     settled.complete(null);
                 });
-                enders.execute(() -> {
+                Runnable seal = () -> {
                     try {
                         store.endCopy(instanceId, plan.id(), true, moved, nanos);
                     } catch (Throwable t) {
-                        // the bytes moved; the store's outcome is a save not made visible or
-                        // pins left to the lease sweep, both recomputed or reclaimed later
-                        LOG.log(System.Logger.Level.WARNING, "ending the " + what + " (plan " + plan.id()
-                                + ") after its copy landed failed; its blocks are not made visible: " + t);
+                        // the bytes moved; the store's outcome is a save not made visible, its
+                        // reservation rolled back by the copy TTL: recomputed later
+                        LOG.log(System.Logger.Level.WARNING, "sealing the " + what + " (plan " + plan.id()
+                                + ") after its copy landed failed; its blocks are not made visible", t);
                     } finally {
                         end.complete(null);
                     }
-                });
+                };
+                try {
+                    enders.execute(seal);
+                } catch (Throwable t) {
+                    seal.run(); // no thread for it (closing, or none could start): seal here
+                }
                 result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), moved));
                 return;
             }
             try {
+                if (err == null) {
+                    store.endCopy(instanceId, plan.id(), true, bytes, clock.getAsLong() - start);
+                    settled.complete(null);
+                    result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), bytes));
+                    return;
+                }
                 // a failed copy is rolled back before the caller hears of it
                 store.endCopy(instanceId, plan.id(), false, 0, 0);
+                settled.complete(null); // before the caller's callbacks, which may flush or close
                 if (startFailure != null && copies.isEmpty()) {
                     result.completeExceptionally(new TransferFailedException(what + " could not start: " + err, failed, err));
                 } else {
                     result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
                 }
             } catch (Throwable t) {
-                // the store rejects nothing it handed out; report the copy's failure
-                result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
-            } finally {
                 settled.complete(null);
+                if (err != null) {
+                    // the store rejects nothing it handed out; report the copy's failure
+                    result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
+                } else {
+                    result.completeExceptionally(t); // a load whose plan the store no longer holds
+                }
             }
         });
         return result;

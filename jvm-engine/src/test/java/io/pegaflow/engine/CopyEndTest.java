@@ -24,10 +24,11 @@ import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
 
 /**
- * A copy's future completes when its bytes have landed and the plan's end goes to the control
+ * A save's future completes when its bytes have landed and its seal goes to the control
  * plane beside it (PegaEngine's javadoc): the caller never waits for that round trip, this
- * engine's own reads still see every save whose future completed, a failed end loses no
- * bytes and no accounting, and a failed copy is rolled back before its caller hears of it.
+ * engine's own reads still see every save whose future completed, and a failed seal loses
+ * no bytes and no accounting. A load ends before it is done (a refused end fails it), and a
+ * failed copy is rolled back before its caller hears of it.
  * The control plane here is a real {@link LocalStore} whose {@code endCopy} the test holds.
  */
 class CopyEndTest {
@@ -88,7 +89,7 @@ class CopyEndTest {
     }
 
     @Test
-    void aSaveCompletesBeforeItsEndAndThisEnginesQueryWaitsForTheEnd() throws Exception {
+    void aSaveCompletesBeforeItsSealAndThisEnginesQueryWaitsForIt() throws Exception {
         engine(pool -> new HostTransferEngine(pool, 1));
         byte[][] h = fill(3);
         endGate = new CountDownLatch(1);
@@ -107,17 +108,38 @@ class CopyEndTest {
         assertThat(q.hitBlocks()).as("sees its own save").isEqualTo(3);
         assertThat(ends).containsExactly(true);
 
-        // a load likewise: done when the bytes are in, unpinned by its end beside it
+        // a load is done only once its end succeeded: that proves its slots stayed pinned
         endGate = new CountDownLatch(1);
-        engine.load("i", 0, q.lease(), new long[] {10, 11, 12}).get(10, TimeUnit.SECONDS);
-        for (int k = 0; k < 3; k++) {
-            assertThat(world.holdsPattern(10 + k, h[k])).as("block %d loaded before its end", k).isTrue();
-        }
-        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("pinned until the end lands").isEqualTo(3);
+        // (on its own thread: a host copy may land before load() returns, then it ends right there)
+        CompletableFuture<CopyResult> load = CompletableFuture.supplyAsync(
+                () -> engine.load("i", 0, q.lease(), new long[] {10, 11, 12}).join());
+        assertThatThrownBy(() -> load.get(200, TimeUnit.MILLISECONDS)).as("a load waits for its end")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
         endGate.countDown();
-        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("this engine's stats wait for the end").isZero();
+        assertThat(load.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(3);
+        for (int k = 0; k < 3; k++) {
+            assertThat(world.holdsPattern(10 + k, h[k])).as("block %d loaded back", k).isTrue();
+        }
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("unpinned before the load reported done").isZero();
         assertThat(local.openOperations()).isZero();
         local.verifyInvariants();
+    }
+
+    /**
+     * A load whose plan the control plane no longer holds when its copy ends (its instance
+     * unregistered by the server, or its copy TTL passed: its slots may have been reused)
+     * fails, so vLLM recomputes instead of using the bytes.
+     */
+    @Test
+    void aLoadWhoseEndIsRefusedFails() throws Exception {
+        engine(pool -> new HostTransferEngine(pool, 1));
+        byte[][] h = fill(2);
+        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        QueryResult q = engine.query("i", BlockHashes.of(h));
+        assertThat(q.hitBlocks()).isEqualTo(2);
+        failEnds = true;
+        assertThatThrownBy(() -> engine.load("i", 0, q.lease(), new long[] {20, 21}).get(10, TimeUnit.SECONDS))
+                .isInstanceOf(ExecutionException.class).hasMessageContaining("the server went away");
     }
 
     @Test
@@ -151,10 +173,11 @@ class CopyEndTest {
 
     @Test
     void aFailedCopyIsRolledBackBeforeItsCallerHears() throws Exception {
+        CompletableFuture<Void> dma = new CompletableFuture<>(); // fails once the test's observer is attached
         engine(pool -> new TransferEngine() {
             @Override
             public TransferFuture submit(CopyBatch batch) {
-                return TransferFuture.following(CompletableFuture.failedFuture(new IllegalStateException("DMA fault")), () -> { });
+                return TransferFuture.following(dma, () -> { });
             }
 
             @Override
@@ -169,6 +192,7 @@ class CopyEndTest {
         byte[][] h = fill(2);
         CompletableFuture<CopyResult> f = engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h));
         CompletableFuture<Integer> openWhenHeard = f.handle((r, e) -> local.openOperations());
+        dma.completeExceptionally(new IllegalStateException("DMA fault"));
         assertThatThrownBy(() -> f.get(10, TimeUnit.SECONDS)).isInstanceOf(ExecutionException.class)
                 .hasCauseInstanceOf(TransferFailedException.class).hasMessageContaining("DMA fault");
         assertThat(openWhenHeard.get(10, TimeUnit.SECONDS)).as("rolled back before the caller heard").isZero();
