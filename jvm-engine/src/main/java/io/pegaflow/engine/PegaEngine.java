@@ -51,7 +51,7 @@ public final class PegaEngine implements AutoCloseable {
     private final Map<String, Map<Integer, LayerRegion[]>> regions = new ConcurrentHashMap<>();
     private static final System.Logger LOG = System.getLogger(PegaEngine.class.getName());
     private final Map<String, Set<CompletableFuture<?>>> pending = new ConcurrentHashMap<>();
-    /** Seals of saves that landed, still being told to the control plane. */
+    /** Saves that landed whose seal is still being told to the control plane (their settled futures). */
     private final Set<CompletableFuture<Void>> ending = ConcurrentHashMap.newKeySet();
     /** Tells the control plane those seals, off the copy engine's completer threads. */
     private final java.util.concurrent.ExecutorService enders = java.util.concurrent.Executors.newCachedThreadPool(
@@ -266,10 +266,10 @@ public final class PegaEngine implements AutoCloseable {
     /**
      * How many blocks of a save of {@code blocks} go first (0: one part): about an eighth, 32
      * to 256 blocks, for 64 blocks or more. A save's rest is slower to plan than a load's
-     * (slots allocated, hashes claimed) and its batch is then built: on the H200 that took
-     * 0.5-1.3 ms for 240 blocks and 4.3-6.5 ms for 1,920 depending on the host, longer on some
-     * hosts than a sixteenth's copy (0.9 ms, 5-7 ms), which left the copy engine idle up to
-     * 1 ms (docs/gpu.md); the larger head made the first plan ~0.3 ms longer at 2,048 blocks.
+     * (slots allocated, hashes claimed) and its batch is then built: on two H200 hosts that
+     * took 1.0-1.6 ms for 240 blocks and 6.0-6.7 ms for 1,920, longer than a sixteenth's copy
+     * (0.9 ms, 5-7 ms), which left the copy engine idle 0.35-1.0 ms (docs/gpu.md); the larger
+     * head made the first plan ~0.3 ms longer at 2,048 blocks.
      */
     static int saveHeadBlocks(int blocks) {
         return blocks < 64 ? 0 : Math.max(32, Math.min(256, blocks / 8));
@@ -397,12 +397,8 @@ public final class PegaEngine implements AutoCloseable {
                 // its copy TTL passed, may have had its slots reused: the load must fail).
                 long moved = bytes;
                 long nanos = clock.getAsLong() - start;
-                CompletableFuture<Void> end = new CompletableFuture<>();
-                ending.add(end);
-                end.whenComplete((v, e) -> {
-                    ending.remove(end);
-                    settled.complete(null);
-                });
+                ending.add(settled);
+                settled.whenComplete((v, e) -> ending.remove(settled));
                 Runnable seal = () -> {
                     try {
                         store.endCopy(instanceId, plan.id(), true, moved, nanos);
@@ -412,7 +408,7 @@ public final class PegaEngine implements AutoCloseable {
                         LOG.log(System.Logger.Level.WARNING, "sealing the " + what + " (plan " + plan.id()
                                 + ") after its copy landed failed; its blocks are not made visible", t);
                     } finally {
-                        end.complete(null);
+                        settled.complete(null);
                     }
                 };
                 try {

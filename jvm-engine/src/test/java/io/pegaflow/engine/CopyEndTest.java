@@ -75,7 +75,7 @@ class CopyEndTest {
                     }
                 });
         engine = PegaEngine.attach(gated, HostPool.anonymous(64 * 1024), transfer);
-        world = new KvWorld("i", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0);
+        world = new KvWorld("i", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 64, 256, 0);
         world.register(engine);
         return engine;
     }
@@ -169,6 +169,28 @@ class CopyEndTest {
         assertThat(engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS).blocks())
                 .as("saved again once the store answers").isEqualTo(2);
         assertThat(engine.query("i", BlockHashes.of(h)).hitBlocks()).isEqualTo(2);
+    }
+
+    /**
+     * The pool (64 blocks) is full with a save's 40 blocks still being sealed (not evictable
+     * yet): the next save of 40 waits for those seals and then evicts, instead of failing.
+     */
+    @Test
+    void aSaveRefusedForSpaceWhileSealsAreInFlightWaitsForThemAndRetries() throws Exception {
+        engine(pool -> new HostTransferEngine(pool, 1));
+        long[] ids = java.util.stream.LongStream.range(0, 40).toArray();
+        byte[][] first = fill(40);
+        endGate = new CountDownLatch(1);
+        assertThat(engine.save("i", 0, ids, BlockHashes.of(first)).get(10, TimeUnit.SECONDS).blocks()).isEqualTo(40);
+        byte[][] second = fill(40); // the first copy landed: vLLM may reuse its device blocks
+        CompletableFuture<CopyResult> next = CompletableFuture.supplyAsync(
+                () -> engine.save("i", 0, ids, BlockHashes.of(second)).join());
+        assertThatThrownBy(() -> next.get(200, TimeUnit.MILLISECONDS)).as("waits for the seals, is not refused")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
+        endGate.countDown();
+        assertThat(next.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(40);
+        assertThat(engine.query("i", BlockHashes.of(second)).hitBlocks()).isEqualTo(40);
+        local.verifyInvariants();
     }
 
     @Test
