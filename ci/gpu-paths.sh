@@ -5,7 +5,8 @@
 # server mode (a pegaflow-server process), cross-layer, restore, first operation, pool attach
 # settings and, with two GPUs, two TP ranks in two processes. Writes $1/server-h200.json and
 # $1/paths.log. COPY=host runs the same flow on a machine without a GPU (the check before
-# spending GPU time). E2E=1 first runs the GPU end-to-end tests on the wheel's runtime.
+# spending GPU time). E2E=1 first runs the GPU end-to-end tests on the wheel's runtime;
+# JUNIT=1 before them the GPU JUnit tier (ci/gpu-junit-bundle.sh, carry [".gpu-tests"]).
 # Extra arguments go to `paths`.
 set -uo pipefail
 out=${1:-out}
@@ -21,6 +22,17 @@ site=$(ci/unpack-wheel.sh) || exit 1
   lscpu | grep -i "numa\|model name"
   command -v nvidia-smi >/dev/null && nvidia-smi topo -m
 } 2>&1 | tee "$out/paths.log"
+if [ "${JUNIT:-0}" = 1 ]; then
+  # the GPU test tier (JUnit tag gpu) on the wheel's runtime and jar: test classes from
+  # ci/gpu-junit-bundle.sh (carry [".gpu-tests"])
+  "$site/pegaflow/_jre/bin/java" -XX:ErrorFile="$out/hs_err_tests.log" --enable-native-access=ALL-UNNAMED \
+    -jar .gpu-tests/lib/junit-platform-console-standalone-*.jar execute \
+    --class-path "$site/pegaflow/_jars/pegaflow.jar:.gpu-tests/test-classes:$(ls .gpu-tests/lib/assertj-core-*.jar)" \
+    --scan-classpath .gpu-tests/test-classes --include-tag gpu --disable-banner --disable-ansi-colors --details=tree \
+    2>&1 | tee "$out/gpu-tests.log" | grep -v "✔" | tail -60
+  junit=${PIPESTATUS[0]}
+  echo "gpu junit rc=$junit" | tee -a "$out/gpu-tests.log"
+fi
 if [ "${E2E:-0}" = 1 ]; then
   # the GPU end-to-end tests (python/tests/test_gpu_e2e.py: one GPU, and TP = 2 on two GPUs
   # sharing one pegaflow-server) on the wheel's runtime and jar
@@ -59,4 +71,4 @@ if [ "${COPY:-cuda}" = cuda ] && [ "${SHMEM_ADVISE:-0}" = 1 ] && [ -w "$thp" ]; 
   fi
 fi
 rm -rf "$site"
-exit $(( rc != 0 || ${e2e:-0} != 0 ))
+exit $(( rc != 0 || ${e2e:-0} != 0 || ${junit:-0} != 0 ))

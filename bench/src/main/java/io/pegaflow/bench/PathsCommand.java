@@ -115,6 +115,10 @@ final class PathsCommand implements Callable<Integer> {
             + " the pre-faulted attach settings are measured there too (huge_prefaulted_all, huge_prefaulted_two_at_once)")
     Path attachHugeDir;
 
+    @Option(names = "--bounce-mib", split = ",", description = "bounce buffers (MiB per lane, or MiB x slots, e.g. 64x4) to "
+            + "measure the copy engine alone with besides the default and 0 (off): engine_bounce_<MiB>mib[_<slots>slots]_* keys")
+    List<String> bounceMib = new ArrayList<>();
+
     @Option(names = "--cases", defaultValue = "all", description = "all, or attach (the attach settings alone)")
     String cases;
 
@@ -173,8 +177,22 @@ final class PathsCommand implements Callable<Integer> {
             Function<HostPool, TransferEngine> transfer = cuda
                     ? p -> CudaTransferEngine.create(p, CudaOptions.defaults().withDevice(device))
                     : p -> new HostTransferEngine(p, 2);
-            engineAlone(kv, need, transfer);
+            engineAlone(kv, need, transfer, "engine");
             if (cuda) {
+                report.put("engine_bounce_bytes", CudaOptions.defaults().bounceBytes());
+                report.put("engine_bounce_slots", CudaOptions.defaults().bounceSlots());
+                // the same without the bounce path: the kernel reads and writes the pool over PCIe itself
+                engineAlone(kv, need, p -> CudaTransferEngine.create(p, CudaOptions.defaults().withDevice(device).withBounce(0)),
+                        "engine_direct");
+                for (String b : bounceMib) {
+                    String[] parts = b.split("x");
+                    long mib = Long.parseLong(parts[0]);
+                    CudaOptions o = CudaOptions.defaults().withDevice(device);
+                    o = parts.length > 1 ? o.withBounce(mib << 20, Integer.parseInt(parts[1])) : o.withBounce(mib << 20);
+                    CudaOptions chosen = o;
+                    engineAlone(kv, need, p -> CudaTransferEngine.create(p, chosen),
+                            "engine_bounce_" + mib + "mib" + (parts.length > 1 ? "_" + parts[1] + "slots" : ""));
+                }
                 crossLayerEngines(dev, arena);
             }
             try (io.pegaflow.engine.LocalStore store = new io.pegaflow.engine.LocalStore(
@@ -383,8 +401,8 @@ final class PathsCommand implements Callable<Integer> {
         one.free();
     }
 
-    /** The copy engine on a prepared batch of the same pieces (no control plane), and the line. */
-    private void engineAlone(Kv kv, long poolBytes, Function<HostPool, TransferEngine> transfer) {
+    /** The copy engine alone on prepared batches, its figures under {@code key}{@code _save_gbps} etc.; the line with the first. */
+    private void engineAlone(Kv kv, long poolBytes, Function<HostPool, TransferEngine> transfer, String key) {
         long bytes = blocks * blockBytes;
         try (HostPool pool = HostPool.anonymous(Math.max(bytes, poolBytes / 4) + (64L << 20));
                 TransferEngine engine = transfer.apply(pool)) {
@@ -396,18 +414,18 @@ final class PathsCommand implements Callable<Integer> {
             }
             double[] t = timeBatches(engine, kv.batch(CopyBatch.Direction.TO_HOST, src),
                     kv.batch(CopyBatch.Direction.TO_DEVICE, dst));
-            report.put("engine_save_gbps", bytes / t[0] / 1e9);
-            report.put("engine_load_gbps", bytes / t[1] / 1e9);
-            report.put("engine_save_ms", t[0] * 1e3);
-            report.put("engine_load_ms", t[1] * 1e3);
+            report.put(key + "_save_gbps", bytes / t[0] / 1e9);
+            report.put(key + "_load_gbps", bytes / t[1] / 1e9);
+            report.put(key + "_save_ms", t[0] * 1e3);
+            report.put(key + "_load_ms", t[1] * 1e3);
             long smallBytes = smallBlocks * blockBytes;
             double[] small = timeBatches(engine, kv.batch(CopyBatch.Direction.TO_HOST, ids.take(smallBlocks)),
                     kv.batch(CopyBatch.Direction.TO_DEVICE, ids.take(smallBlocks)));
-            report.put("engine_save_gbps_" + smallBlocks, smallBytes / small[0] / 1e9);
-            report.put("engine_load_gbps_" + smallBlocks, smallBytes / small[1] / 1e9);
-            report.put("engine_save_ms_" + smallBlocks, small[0] * 1e3);
-            report.put("engine_load_ms_" + smallBlocks, small[1] * 1e3);
-            if (engine instanceof CudaTransferEngine c) {
+            report.put(key + "_save_gbps_" + smallBlocks, smallBytes / small[0] / 1e9);
+            report.put(key + "_load_gbps_" + smallBlocks, smallBytes / small[1] / 1e9);
+            report.put(key + "_save_ms_" + smallBlocks, small[0] * 1e3);
+            report.put(key + "_load_ms_" + smallBlocks, small[1] * 1e3);
+            if (engine instanceof CudaTransferEngine c && key.equals("engine")) {
                 long lineBytes = Math.min(2L << 30, pool.size());
                 double[] line = lineSeconds(c, pool, lineBytes, repeat);
                 report.put("line_bytes", lineBytes);
@@ -430,7 +448,7 @@ final class PathsCommand implements Callable<Integer> {
             Map<String, CudaOptions> modes = new java.util.LinkedHashMap<>();
             modes.put("dma", base.withDmaThreshold(1L << 20).withDmaBatch(false)); // one cuMemcpyAsync per run
             modes.put("batch", base.withDmaThreshold(1L << 20).withDmaBatch(true)); // cuMemcpyBatchAsync
-            modes.put("kernel", base.withDmaThreshold(1L << 30));
+            modes.put("kernel", base.withDmaThreshold(1L << 30).withBounce(0)); // the kernel over PCIe
             for (var mode : modes.entrySet()) {
                 try (HostPool pool = HostPool.anonymous(blocks * blockBytes + (64L << 20));
                         CudaTransferEngine engine = CudaTransferEngine.create(pool, mode.getValue())) {

@@ -209,45 +209,56 @@ public final class PegaEngine implements AutoCloseable {
      * (evicting if needed) and a block becomes visible when its last slot lands. The copy is
      * ordered after the work queued so far on CUDA stream {@code waitStream} (0: none).
      *
-     * <p>A save of 64 blocks or more is planned in two parts, a head of 32-256 blocks and the
-     * rest, so the head's copy overlaps the planning of the rest ({@link #saveHeadBlocks}); when the rest cannot be
-     * planned (pool exhausted) the head is still saved and the future fails with the reason.
+     * <p>A save of 64 blocks or more is planned in parts, a head of 32-256 blocks and parts
+     * growing from it, so each part's copy overlaps the planning of the next ({@link #saveParts});
+     * when a later part cannot be planned (pool exhausted) the parts before it are still saved,
+     * those after it are not tried, and the future fails with the reason.
      *
      * @throws PoolExhaustedException when the pool cannot hold the new slots (of the head, for
-     *     a save in two parts) even after evicting every unreferenced block; nothing was allocated
+     *     a save in parts) even after evicting every unreferenced block; nothing was allocated
      */
     public CompletableFuture<CopyResult> save(String instanceId, int workerRank, List<String> layerNames,
             long[] blockIds, BlockHashes hashes, long waitStream) {
         startOp();
         try {
             boolean oneCall = blockIds == null || hashes == null || blockIds.length != hashes.count();
-            int head = oneCall ? 0 : saveHeadBlocks(blockIds.length); // refused by the store as one call, with its message
-            if (head == 0) {
+            int[] cuts = oneCall ? new int[0] : saveParts(blockIds.length); // refused by the store as one call, with its message
+            if (cuts.length <= 2) {
                 return savePart(instanceId, workerRank, layerNames, blockIds, hashes, waitStream);
             }
-            // The head's copy starts while the rest is planned: planning 2,048 blocks took
-            // ~8 ms of a 90 ms save on the H200, in series with the copy (docs/gpu.md).
-            CompletableFuture<CopyResult> first = savePart(instanceId, workerRank, layerNames,
-                    Arrays.copyOfRange(blockIds, 0, head), hashes.slice(0, head), waitStream);
-            CompletableFuture<CopyResult> rest;
-            try {
-                rest = savePart(instanceId, workerRank, layerNames, Arrays.copyOfRange(blockIds, head, blockIds.length),
-                        hashes.slice(head, hashes.count()), waitStream);
-            } catch (PegaflowException e) {
-                rest = CompletableFuture.failedFuture(e);
-            }
-            // Completes only when both parts have: a part still copying reads GPU blocks that
-            // vLLM may reuse once the save is reported done, failed or not.
-            CompletableFuture<CopyResult> tail = rest;
-            CompletableFuture<CopyResult> both = CompletableFuture.allOf(first, tail).handle((x, e) -> {
-                if (e != null) {
-                    throw e instanceof java.util.concurrent.CompletionException c ? c
-                            : new java.util.concurrent.CompletionException(e);
+            // Each part's copy starts while the next is planned: planning 2,048 blocks took
+            // 6-9 ms of an 84 ms save on the H200, in series with the copy (docs/gpu.md).
+            List<CompletableFuture<CopyResult>> parts = new ArrayList<>();
+            parts.add(savePart(instanceId, workerRank, layerNames, Arrays.copyOfRange(blockIds, 0, cuts[1]),
+                    hashes.slice(0, cuts[1]), waitStream));
+            for (int k = 1; k < cuts.length - 1; k++) {
+                try {
+                    parts.add(savePart(instanceId, workerRank, layerNames, Arrays.copyOfRange(blockIds, cuts[k], cuts[k + 1]),
+                            hashes.slice(cuts[k], cuts[k + 1]), waitStream));
+                } catch (PegaflowException e) {
+                    parts.add(CompletableFuture.failedFuture(e)); // the parts after it are not planned
+                    break;
                 }
-                CopyResult a = first.join();
-                CopyResult b = tail.join();
-                return new CopyResult(a.blocks() + b.blocks(), a.skippedBlocks() + b.skippedBlocks(), a.bytes() + b.bytes());
-            });
+            }
+            // Completes only when every part has: a part still copying reads GPU blocks that
+            // vLLM may reuse once the save is reported done, failed or not.
+            CompletableFuture<CopyResult> both = CompletableFuture.allOf(parts.toArray(CompletableFuture[]::new))
+                    .handle((x, e) -> {
+                        if (e != null) {
+                            throw e instanceof java.util.concurrent.CompletionException c ? c
+                                    : new java.util.concurrent.CompletionException(e);
+                        }
+                        int blocks = 0;
+                        int skipped = 0;
+                        long bytes = 0;
+                        for (CompletableFuture<CopyResult> part : parts) {
+                            CopyResult r = part.join();
+                            blocks += r.blocks();
+                            skipped += r.skippedBlocks();
+                            bytes += r.bytes();
+                        }
+                        return new CopyResult(blocks, skipped, bytes);
+                    });
             track(instanceId, both); // flush returns only once the caller's future is done too
             return both;
         } finally {
@@ -264,15 +275,28 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
-     * How many blocks of a save of {@code blocks} go first (0: one part): about an eighth, 32
-     * to 256 blocks, for 64 blocks or more. A save's rest is slower to plan than a load's
-     * (slots allocated, hashes claimed) and its batch is then built: on two H200 hosts that
-     * took 1.0-1.6 ms for 240 blocks and 6.0-6.7 ms for 1,920, longer than a sixteenth's copy
-     * (0.9 ms, 5-7 ms), which left the copy engine idle 0.35-1.0 ms (docs/gpu.md); the larger
-     * head made the first plan ~0.3 ms longer at 2,048 blocks.
+     * Where a save of {@code blocks} is cut into parts, as boundaries from 0 to {@code blocks}
+     * ({@code {0, blocks}}: one part). From 64 blocks a head of about an eighth (32 to 256
+     * blocks), then parts of up to three times what is planned before them: 2,048 blocks go
+     * as 256, 768 and 1,024. A save's plan is slower than a load's (slots allocated, hashes
+     * claimed) and its batch is then built. In two parts (an eighth, then the rest), planning
+     * the rest of 2,048 took 2.8-9.7 ms on H200 hosts against the head's 10 ms copy and, on
+     * the slower host, left the copy engine idle 1.7 ms (docs/gpu.md). A part of three times
+     * the blocks before it plans in well under their copy time (~4 us against ~39 us a block
+     * there).
      */
-    static int saveHeadBlocks(int blocks) {
-        return blocks < 64 ? 0 : Math.max(32, Math.min(256, blocks / 8));
+    static int[] saveParts(int blocks) {
+        if (blocks < 64) {
+            return new int[] {0, blocks};
+        }
+        List<Integer> cuts = new ArrayList<>(List.of(0));
+        int planned = Math.max(32, Math.min(256, blocks / 8));
+        cuts.add(planned);
+        while (planned < blocks) {
+            planned += Math.min(blocks - planned, 3 * planned);
+            cuts.add(planned);
+        }
+        return cuts.stream().mapToInt(Integer::intValue).toArray();
     }
 
     private CompletableFuture<CopyResult> savePart(String instanceId, int workerRank, List<String> layerNames,

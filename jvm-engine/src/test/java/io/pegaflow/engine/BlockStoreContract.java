@@ -615,12 +615,42 @@ public abstract class BlockStoreContract {
             world.fillPattern(i, h[i]);
         }
         CompletableFuture<CopyResult> f = engine.save("inst", 0, ids, BlockHashes.of(h));
-        assertThat(PegaEngine.saveHeadBlocks(ids.length)).isEqualTo(32);
+        assertThat(PegaEngine.saveParts(ids.length)).containsExactly(0, 32, 64);
         assertThat(f).as("the head (32 blocks) is still copying").isNotDone();
         gate.complete(null);
         assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
                 .isInstanceOf(PoolExhaustedException.class);
         assertThat(hits(java.util.Arrays.copyOf(h, 32))).isEqualTo(32);
+        verifyInvariants();
+    }
+
+    /**
+     * 256 blocks go in three parts (32, 96, 128); a pool of 130 blocks holds the first two:
+     * the third is refused, the future fails only after the first two have copied, and their
+     * 128 blocks are saved.
+     */
+    @Test
+    void aSaveInThreePartsKeepsThePartsBeforeARefusedOne() {
+        assertThat(PegaEngine.saveParts(2048)).containsExactly(0, 256, 1024, 2048);
+        assertThat(PegaEngine.saveParts(63)).containsExactly(0, 63);
+        assertThat(PegaEngine.saveParts(256)).containsExactly(0, 32, 128, 256);
+        CompletableFuture<Void> gate = new CompletableFuture<>();
+        engine = engine(config(130 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), gate)).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 256, 256, 0); // 1 KiB blocks, 130 fit
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 256);
+        long[] ids = new long[256];
+        for (int i = 0; i < 256; i++) {
+            ids[i] = i;
+            world.fillPattern(i, h[i]);
+        }
+        CompletableFuture<CopyResult> f = engine.save("inst", 0, ids, BlockHashes.of(h));
+        assertThat(f).as("the first two parts are still copying").isNotDone();
+        gate.complete(null);
+        assertThatThrownBy(f::join).isInstanceOf(CompletionException.class).cause()
+                .isInstanceOf(PoolExhaustedException.class);
+        assertThat(hits(java.util.Arrays.copyOf(h, 128))).isEqualTo(128);
+        assertThat(hits(java.util.Arrays.copyOfRange(h, 128, 256))).isZero();
         verifyInvariants();
     }
 

@@ -28,9 +28,27 @@ import java.util.List;
  * @param dmaBatch            a batch's long runs go to the copy engine in one
  *                            {@code cuMemcpyBatchAsync} per group (CUDA 12.8+; where the driver
  *                            lacks it, one {@code cuMemcpyAsync} per run as with {@code false})
+ * @param bounceBytes         device memory per lane for the bounce path (0: off): a group of
+ *                            scattered pieces that lie back to back in the pool (a block's
+ *                            layers) moves pool side through the copy engine into this buffer
+ *                            and is scattered there by the kernel on the GPU (a save gathers,
+ *                            then copies out), in {@code bounceSlots} slots so the two
+ *                            overlap. The kernel reading or writing the pool over PCIe itself
+ *                            reached 48.7 / 51.9 GB/s on the H200 where the copy engine moved
+ *                            2 MiB runs at 54.9 (docs/gpu.md). Default 16 MiB
+ *                            ({@code PEGAFLOW_CUDA_BOUNCE_MIB}) in 2 slots; the engine's
+ *                            lanes hold {@code 2 * lanesPerDirection} of them (128 MiB)
+ * @param bounceSlots         slots of the bounce buffer, 2 to 8: one copy engine call per slot,
+ *                            so small slots leave gaps between calls: on the H200, 2 MiB
+ *                            slots moved 52.6 / 50.9 GB/s, 8 MiB and larger 53.5-54.3
+ *                            whether 2 or 4 of them (docs/gpu.md)
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
-        Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch) {
+        Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch,
+        long bounceBytes, int bounceSlots) {
+
+    /** The environment variable giving {@link #bounceBytes} in MiB for {@link #defaults()}. */
+    public static final String BOUNCE_ENV = "PEGAFLOW_CUDA_BOUNCE_MIB";
 
     public CudaOptions {
         if (device < 0) {
@@ -46,7 +64,33 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
             throw new InvalidArgumentException("registerChunkBytes " + registerChunkBytes
                     + "; expected a multiple of 4096 of at least 1 MiB");
         }
+        if (bounceSlots < 2 || bounceSlots > 8) {
+            throw new InvalidArgumentException("bounceSlots " + bounceSlots + "; expected 2..8");
+        }
+        if (bounceBytes != 0 && (bounceBytes < bounceSlots * (1L << 20) || bounceBytes > (1L << 30)
+                || bounceBytes % (bounceSlots * 4096L) != 0)) {
+            throw new InvalidArgumentException("bounceBytes " + bounceBytes + "; expected 0 (off) or a multiple of "
+                    + bounceSlots * 4096 + " (" + bounceSlots + " slots of whole pages) from " + bounceSlots
+                    + " MiB to 1 GiB");
+        }
         nvrtcDirs = List.copyOf(nvrtcDirs);
+    }
+
+    /** {@link #bounceBytes} from {@link #BOUNCE_ENV} (MiB), or 16 MiB when unset. */
+    static long bounceFromEnvironment(String value) {
+        if (value == null || value.isBlank()) {
+            return 16L << 20;
+        }
+        try {
+            long mib = Long.parseLong(value.strip());
+            if (mib >= 0 && mib <= 1024) {
+                return mib << 20;
+            }
+        } catch (NumberFormatException e) {
+            // named below
+        }
+        throw new InvalidArgumentException(BOUNCE_ENV + "=" + value + "; expected MiB of device memory per copy lane, "
+                + "0 (off) to 1024");
     }
 
     public static CudaOptions defaults() {
@@ -59,36 +103,46 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/lib64"));
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
-        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false, true);
+        return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false, true,
+                bounceFromEnvironment(System.getenv(BOUNCE_ENV)), 2);
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
     }
 
     public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, background, dmaBatch);
+                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots);
     }
 
     public CudaOptions withDmaBatch(boolean batch) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, batch);
+                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots);
+    }
+
+    public CudaOptions withBounce(long bytes) {
+        return withBounce(bytes, bounceSlots);
+    }
+
+    public CudaOptions withBounce(long bytes, int slots) {
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
+                hostDescriptors, pinInBackground, dmaBatch, bytes, slots);
     }
 }

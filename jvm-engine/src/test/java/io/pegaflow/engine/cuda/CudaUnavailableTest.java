@@ -37,5 +37,20 @@ class CudaUnavailableTest {
     void badOptionsAreRefusedByName() {
         assertThatThrownBy(() -> CudaOptions.defaults().withLanes(0)).hasMessageContaining("lanesPerDirection 0");
         assertThatThrownBy(() -> CudaOptions.defaults().withDmaThreshold(100)).hasMessageContaining("dmaThresholdBytes 100");
+        assertThatThrownBy(() -> CudaOptions.defaults().withBounce(1L << 20)).hasMessageContaining("bounceBytes 1048576");
+        assertThatThrownBy(() -> CudaOptions.defaults().withBounce((8L << 20) + 4096)).hasMessageContaining("multiple of 8192");
+        assertThatThrownBy(() -> CudaOptions.defaults().withBounce(8L << 20, 9)).hasMessageContaining("bounceSlots 9");
+        assertThat(CudaOptions.defaults().withBounce(0).bounceBytes()).isZero();
+    }
+
+    @Test
+    void theBounceBufferComesFromTheEnvironmentInMib() {
+        assertThat(CudaOptions.bounceFromEnvironment(null)).isEqualTo(16L << 20);
+        assertThat(CudaOptions.defaults().bounceSlots()).isEqualTo(2);
+        assertThat(CudaOptions.bounceFromEnvironment(" 8 ")).isEqualTo(8L << 20);
+        assertThat(CudaOptions.bounceFromEnvironment("0")).isZero();
+        assertThatThrownBy(() -> CudaOptions.bounceFromEnvironment("lots"))
+                .hasMessageContaining("PEGAFLOW_CUDA_BOUNCE_MIB=lots").hasMessageContaining("0 (off) to 1024");
+        assertThatThrownBy(() -> CudaOptions.bounceFromEnvironment("4096")).hasMessageContaining("=4096");
     }
 }
