@@ -408,7 +408,7 @@ public final class RemoteStore implements BlockStore {
         CopyPlan.Direction direction = p.getDirection() == CopyDirection.LOAD ? CopyPlan.Direction.LOAD
                 : CopyPlan.Direction.SAVE;
         return new CopyPlan(Token.fromBytes(p.getId().toByteArray(), "copy id"), direction, p.getBlocks(),
-                p.getSkippedBlocks(), block, region, count, offset);
+                p.getSkippedBlocks(), block, region, count, offset, Math.max(0, p.getHoldNanos()));
     }
 
     @Override

@@ -17,9 +17,16 @@ import java.util.Arrays;
  * {@link BlockStore#endCopy} (128 random bits, bound to the instance it was issued to);
  * {@link Token#NONE} means nothing to copy (every block skipped). Until it ends, the blocks
  * involved stay pinned.
+ *
+ * <p>{@code holdNanos}: the store keeps the plan's slots as they are (a load's blocks pinned,
+ * a save's slots claimed) for at least this long from when it issued the plan, whatever
+ * becomes of the instance's session, unless the copier itself ends the plan; 0 when it makes
+ * no such promise (an older server). A copier that finished within it (by its own clock, from
+ * before it asked) knows the slots held through its copy without asking the store
+ * (docs/gpu.md).
  */
 public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlocks, int[] runBlock, int[] runRegion,
-        int[] runCount, long[] runOffset) {
+        int[] runCount, long[] runOffset, long holdNanos) {
     /** Which way the bytes go. */
     public enum Direction {
         /** GPU (or host) KV regions to the pool. */
@@ -33,6 +40,10 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
     }
 
     public CopyPlan {
+        if (holdNanos < 0) {
+            throw new PegaflowException(ErrorCode.INTERNAL, "copy plan " + id + " held for " + holdNanos
+                    + " ns; expected >= 0");
+        }
         int n = runBlock.length;
         if (runRegion.length != n || runCount.length != n || runOffset.length != n) {
             throw new PegaflowException(ErrorCode.INTERNAL, "copy plan " + id + " with " + n + " run blocks, "
@@ -43,7 +54,7 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
 
     /** A save with nothing to copy. */
     static CopyPlan nothing(int skippedBlocks) {
-        return new CopyPlan(Token.NONE, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new int[0], new long[0]);
+        return new CopyPlan(Token.NONE, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new int[0], new long[0], 0);
     }
 
     /** Whether there is nothing to copy (and nothing to end). */
@@ -118,9 +129,9 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
             n++;
         }
 
-        public CopyPlan plan(Token id, Direction direction, int blocks, int skipped) {
+        public CopyPlan plan(Token id, Direction direction, int blocks, int skipped, long holdNanos) {
             return new CopyPlan(id, direction, blocks, skipped, Arrays.copyOf(block, n), Arrays.copyOf(region, n),
-                    Arrays.copyOf(count, n), Arrays.copyOf(offset, n));
+                    Arrays.copyOf(count, n), Arrays.copyOf(offset, n), holdNanos);
         }
     }
 }

@@ -47,6 +47,14 @@ public final class LocalStore implements BlockStore {
     private final LongSupplier clock;
     private final long inflightTtlNanos;
     private final long copyTtlNanos;
+    /**
+     * What a plan promises ({@link CopyPlan#holdNanos}): its slots stay as they are this long
+     * from its issue even if its instance is unregistered. 10 s, or the copy TTL if shorter: a
+     * copy takes milliseconds to a second, and the pins of a client that really died are
+     * released soon after its session.
+     */
+    static final long HOLD_NANOS = TimeUnit.SECONDS.toNanos(10);
+    private final long holdNanos;
     private final ScheduledExecutorService sweeper;
 
     private final ReentrantLock lock = new ReentrantLock();
@@ -60,6 +68,8 @@ public final class LocalStore implements BlockStore {
     private boolean closed;
     /** Saves and loads between their plan and endCopy, by plan id. */
     private final Map<Token, OpenCopy> open = new HashMap<>();
+    /** Open copies of unregistered instances: no longer endable, held until their deadline ({@link #unregisterInstance}). */
+    private final List<OpenCopy> orphans = new ArrayList<>();
     private final SecureRandom ids = new SecureRandom();
     /** Blocks being read back from SSD, over every request. */
     private int prefetchInFlight;
@@ -89,6 +99,7 @@ public final class LocalStore implements BlockStore {
         this.leases = new LeaseTable(config.leaseTtl().toNanos(), this::pinAll, this::unpinAll);
         this.inflightTtlNanos = config.inflightTtl().toNanos();
         this.copyTtlNanos = config.copyTtl().toNanos();
+        this.holdNanos = Math.min(HOLD_NANOS, copyTtlNanos);
         this.extraSink = config.metrics();
         this.allocator = new OffsetAllocator(capacityBytes);
         if (extraSink != null) {
@@ -218,8 +229,12 @@ public final class LocalStore implements BlockStore {
 
     /**
      * Removes an instance: its leases are released, and saves and loads it began but did not
-     * finish are rolled back (what the server does when a client dies). Cached blocks stay
-     * for other instances of the namespace. Callers must have stopped the instance's copies.
+     * end can no longer be ended (what the server does when a client's session is lost).
+     * Their slots stay as they are until their plan's hold ends ({@link CopyPlan#holdNanos}:
+     * 10 s from issue, or the copy TTL if shorter), then they are rolled back: a copier whose
+     * session was lost may still be moving bytes, so no other save reuses a slot under a copy
+     * in flight, and a load that finished within the hold read what it was promised. Cached
+     * blocks stay for other instances of the namespace.
      */
     @Override
     public void unregisterInstance(String instanceId) {
@@ -228,16 +243,71 @@ public final class LocalStore implements BlockStore {
             checkOpen();
             Instance inst = registry.remove(instanceId);
             leases.removeAll(inst);
+            long first = Long.MAX_VALUE;
             for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
                 OpenCopy op = it.next();
                 if (op.instance() == inst) {
                     it.remove();
-                    abort(op);
+                    orphans.add(op);
+                    first = Math.min(first, heldUntil(op) - clock.getAsLong());
+                }
+            }
+            if (first != Long.MAX_VALUE && sweeper != null) {
+                // released when their hold ends, not at the next periodic sweep (up to 30 s later)
+                try {
+                    sweeper.schedule(this::releaseOrphansQuietly, Math.max(0, first) + 1, TimeUnit.NANOSECONDS);
+                } catch (java.util.concurrent.RejectedExecutionException e) {
+                    // closing: close() drops them
                 }
             }
         } finally {
             lock.unlock();
         }
+    }
+
+    /** When an open copy's hold ends: its issue plus {@link #holdNanos}. */
+    private long heldUntil(OpenCopy op) {
+        return op.deadlineNanos() - copyTtlNanos + holdNanos;
+    }
+
+    /** The scheduled release: rolls back what is due, and comes back for the next one. */
+    private void releaseOrphansQuietly() {
+        lock.lock();
+        try {
+            if (closed) {
+                return;
+            }
+            long next = releaseOrphans(clock.getAsLong());
+            if (next != Long.MAX_VALUE && sweeper != null) {
+                sweeper.schedule(this::releaseOrphansQuietly, next + 1, TimeUnit.NANOSECONDS);
+            }
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            // closing: close() drops them
+        } catch (RuntimeException e) {
+            System.getLogger(LocalStore.class.getName()).log(System.Logger.Level.WARNING,
+                    "releasing the open copies of unregistered instances failed", e);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /**
+     * Rolls back the open copies of unregistered instances whose hold has ended; the
+     * nanoseconds until the next one's ends ({@code Long.MAX_VALUE}: none left).
+     */
+    private long releaseOrphans(long now) {
+        long next = Long.MAX_VALUE;
+        for (Iterator<OpenCopy> it = orphans.iterator(); it.hasNext(); ) {
+            OpenCopy op = it.next();
+            long left = heldUntil(op) - now;
+            if (left <= 0) {
+                it.remove();
+                abort(op);
+            } else {
+                next = Math.min(next, left);
+            }
+        }
+        return next;
     }
 
     // ---------------------------------------------------------------- save
@@ -281,7 +351,7 @@ public final class LocalStore implements BlockStore {
             Token id = newCopyId();
             Reservation reservation = new Reservation(inst, worker, planned, clock.getAsLong() + copyTtlNanos);
             open.put(id, reservation);
-            return reservation.plan(id, skipped);
+            return reservation.plan(id, skipped, holdNanos);
         } finally {
             lock.unlock();
         }
@@ -605,7 +675,7 @@ public final class LocalStore implements BlockStore {
             Token id = newCopyId();
             OpenLoad load = new OpenLoad(inst, worker, blocks, clock.getAsLong() + copyTtlNanos);
             open.put(id, load);
-            return load.plan(id, 0, Math.min(planBlocks, blocks.length));
+            return load.plan(id, 0, Math.min(planBlocks, blocks.length), holdNanos);
         } finally {
             lock.unlock();
         }
@@ -639,7 +709,7 @@ public final class LocalStore implements BlockStore {
                 throw new InvalidArgumentException("plan of load " + planId + " for blocks " + fromBlock + " .. " + toBlock
                         + "; expected 0 <= from <= to <= " + load.blocks().length);
             }
-            return load.plan(planId, fromBlock, toBlock);
+            return load.plan(planId, fromBlock, toBlock, Math.max(0, heldUntil(load) - clock.getAsLong()));
         } finally {
             lock.unlock();
         }
@@ -1316,6 +1386,7 @@ public final class LocalStore implements BlockStore {
             }
             leases.clear();
             open.clear();
+            orphans.clear();
             transfers.clear();
             fetchQueue.clear();
             for (NamespaceIndex ns : registry.namespaces()) {
@@ -1372,6 +1443,7 @@ public final class LocalStore implements BlockStore {
                 count(Counter.COPIES_EXPIRED, 1);
             }
         }
+        releaseOrphans(now);
     }
 
     /** Undoes an open save or load that will never end normally. */

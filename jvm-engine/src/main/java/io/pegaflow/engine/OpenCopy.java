@@ -11,19 +11,23 @@ import java.util.List;
 sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     Instance instance();
 
-    /** When the store gives up on it and rolls it back (its copier is presumed dead). */
+    /**
+     * When the store gives up on it and rolls it back (its copier is presumed dead); until
+     * then its slots stay as they are even when its instance is unregistered (the plan's
+     * {@link CopyPlan#holdNanos}).
+     */
     long deadlineNanos();
 
     /** An open save: the instance, the worker and the blocks it claimed. */
     record Reservation(Instance instance, Instance.Worker worker, List<PlannedBlock> blocks, long deadlineNanos)
             implements OpenCopy {
         /** Where each claimed slot goes, as runs of slots back to back in the pool (one per block, usually). */
-        CopyPlan plan(Token id, int skipped) {
+        CopyPlan plan(Token id, int skipped, long holdNanos) {
             CopyPlan.Runs runs = new CopyPlan.Runs(blocks.size());
             for (PlannedBlock p : blocks) {
                 runs.addBlock(p.requestIndex, p.regions, p.block.slotOffset, worker.slots, worker.slotBytes);
             }
-            return runs.plan(id, CopyPlan.Direction.SAVE, blocks.size(), skipped);
+            return runs.plan(id, CopyPlan.Direction.SAVE, blocks.size(), skipped, holdNanos);
         }
     }
 
@@ -34,14 +38,14 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
          * (lease index = index into the destination ids); the plan's block count is the whole
          * load's, so a copier planning in parts knows how many remain.
          */
-        CopyPlan plan(Token id, int from, int to) {
+        CopyPlan plan(Token id, int from, int to, long holdNanos) {
             int[] all = new int[worker.regions.length];
             Arrays.setAll(all, r -> r);
             CopyPlan.Runs runs = new CopyPlan.Runs(to - from);
             for (int i = from; i < to; i++) {
                 runs.addBlock(i, all, blocks[i].slotOffset, worker.slots, worker.slotBytes);
             }
-            return runs.plan(id, CopyPlan.Direction.LOAD, blocks.length, 0);
+            return runs.plan(id, CopyPlan.Direction.LOAD, blocks.length, 0, holdNanos);
         }
     }
 

@@ -315,7 +315,7 @@ public final class PegaEngine implements AutoCloseable {
         if (plan.isEmpty()) {
             return CompletableFuture.completedFuture(new CopyResult(0, plan.skippedBlocks(), 0));
         }
-        return submit(instanceId, workerRank, plan, null, blockIds, waitStream);
+        return submit(instanceId, workerRank, plan, null, blockIds, waitStream, 0);
     }
 
     /** See {@link LocalStore#query}. */
@@ -354,16 +354,17 @@ public final class PegaEngine implements AutoCloseable {
         startOp();
         try {
             int head = dstBlockIds == null ? 0 : headBlocks(dstBlockIds.length);
+            long asked = clock.getAsLong(); // before the store issued the plan: its hold runs from later
             if (head == 0) {
                 CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
-                return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0);
+                return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0, asked);
             }
             CopyPlan first = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds, head);
             // where the first part ends (a server without planRest plans every block at once)
             int covered = first.runs() == 0 ? 0 : first.runBlock()[first.runs() - 1] + 1;
             return submit(instanceId, workerRank, first, covered >= first.blocks() ? null
                     : () -> store.planRest(instanceId, workerRank, first.id(), covered, first.blocks()),
-                    dstBlockIds.clone(), 0);
+                    dstBlockIds.clone(), 0, asked);
         } finally {
             endOp();
         }
@@ -376,9 +377,10 @@ public final class PegaEngine implements AutoCloseable {
      * is under way and copied beside it, and the plan ends when every part started has
      * finished. The future fails with a {@link TransferFailedException} naming the caller's
      * block ids involved (for a load: every destination, whose bytes are then not valid).
+     * {@code asked}: this engine's clock before the plan was asked for (a load's hold, below).
      */
     private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan,
-            java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream) {
+            java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream, long asked) {
         CompletableFuture<CopyResult> result = new CompletableFuture<>();
         // What flush, close and unregisterInstance wait for: the caller's future, and the
         // plan's end (a save's seal lands after the future; neither waits for the other, so a
@@ -411,14 +413,18 @@ public final class PegaEngine implements AutoCloseable {
             for (CompletableFuture<Long> c : copies) {
                 bytes += c.isDone() && !c.isCompletedExceptionally() ? c.join() : 0;
             }
-            if (err == null && save) {
-                // The caller hears of a save that landed at once and the plan ends beside it:
-                // the GPU blocks are free to reuse, and the end (the seal) is a control-plane
-                // round trip that cost 0.5 ms in series on the H200 (docs/gpu.md). This
-                // engine's own reads wait for it (awaitEnds). A load still ends first: its
-                // end succeeding is what proves its slots stayed pinned through the copy
-                // (a plan rolled back meanwhile, its instance unregistered by the server or
-                // its copy TTL passed, may have had its slots reused: the load must fail).
+            // A load may end beside its future only when the store promised to hold its pins
+            // for longer than the copy took, counted from before the plan was asked for (half
+            // the hold: margin for the two clocks; the hold is minutes, a copy milliseconds).
+            // Otherwise it ends first: its end succeeding is then what proves its slots stayed
+            // pinned through the copy (a plan rolled back meanwhile may have had its slots
+            // reused by another save, and the load must fail so that vLLM recomputes).
+            boolean held = !save && plan.holdNanos() > 0 && clock.getAsLong() - asked < plan.holdNanos() / 2;
+            if (err == null && (save || held)) {
+                // The caller hears of a copy that landed at once and the plan ends beside it:
+                // the GPU blocks are free to reuse (a save) or hold what the pool held (a
+                // load), and the end is a control-plane round trip that cost 0.5-0.9 ms in
+                // series on the H200 (docs/gpu.md). This engine's own reads wait for it (awaitEnds).
                 long moved = bytes;
                 long nanos = clock.getAsLong() - start;
                 ending.add(settled);
@@ -428,9 +434,11 @@ public final class PegaEngine implements AutoCloseable {
                         store.endCopy(instanceId, plan.id(), true, moved, nanos);
                     } catch (Throwable t) {
                         // the bytes moved; the store's outcome is a save not made visible, its
-                        // reservation rolled back by the copy TTL: recomputed later
-                        LOG.log(System.Logger.Level.WARNING, "sealing the " + what + " (plan " + plan.id()
-                                + ") after its copy landed failed; its blocks are not made visible", t);
+                        // reservation rolled back by the copy TTL (recomputed later), or a load's
+                        // pins released by the copy TTL
+                        LOG.log(System.Logger.Level.WARNING, "ending the " + what + " (plan " + plan.id()
+                                + ") after its copy landed failed; " + (save ? "its blocks are not made visible"
+                                : "its pins stay until the copy TTL"), t);
                     } finally {
                         settled.complete(null);
                     }

@@ -467,11 +467,13 @@ public abstract class BlockStoreContract {
     }
 
     /**
-     * What the server relies on when a client dies: unregistering an instance rolls back the
-     * saves it reserved and ends the loads it began, so nothing stays pinned or allocated.
+     * What the server does when a client's session is lost: unregistering an instance makes
+     * the saves it reserved and the loads it began unendable, holds their slots until the
+     * plan's hold ends (the copier may still be moving bytes; a plan promises its slots that
+     * long), then rolls them back, so nothing stays pinned or allocated.
      */
     @Test
-    void unregisterRollsBackOpenReservationsAndLoads() {
+    void unregisterHoldsOpenCopiesUntilTheirHoldThenRollsThemBack() {
         try (BlockStore store = store(config(1 << 20).build());
                 KvWorld w = new KvWorld("dead", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
             store.registerInstance(w.spec);
@@ -484,16 +486,30 @@ public abstract class BlockStoreContract {
             assertThat(reserved.slots()).isEqualTo(2);
             assertThat(openOperations()).isEqualTo(2);
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
+            assertThat(open.holdNanos()).as("the plan promises its pins for a while").isPositive();
             store.unregisterInstance("dead");
-            assertThat(openOperations()).isZero();
-            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
-            assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
-            assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).as("saved blocks stay").isEqualTo(2);
+            assertThat(openOperations()).as("no longer endable").isZero();
             assertThatThrownBy(() -> store.endCopy("dead", open.id(), true, 0, 0)).isInstanceOf(InvalidArgumentException.class)
                     .hasMessageContaining("copy " + open.id() + " is unknown");
             assertThatThrownBy(() -> store.endCopy("dead", reserved.id(), true, 0, 0))
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("copy " + reserved.id() + " is unknown");
+            // a copier whose session was lost may still be moving bytes: its slots stay as they are
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).as("the load's pins are held").isEqualTo(2);
+            assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).as("the save's slot is still claimed").isEqualTo(1);
+            assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).as("saved blocks stay").isEqualTo(2);
             verifyInvariants();
+            if (followsTheConfiguredClock()) {
+                assertThat(open.holdNanos()).as("10 s: shorter than the copy TTL").isEqualTo(Duration.ofSeconds(10).toNanos());
+                clock.advance(Duration.ofSeconds(9));
+                sweep();
+                assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).as("still held").isEqualTo(2);
+                clock.advance(Duration.ofSeconds(1).plusNanos(1));
+                sweep();
+                assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).as("released when the hold ends").isZero();
+                assertThat(store.stats().get(Gauge.INFLIGHT_BLOCKS)).isZero();
+                assertThat(store.stats().get(Gauge.RESIDENT_BLOCKS)).isEqualTo(2);
+                verifyInvariants();
+            }
         }
     }
 

@@ -43,6 +43,8 @@ class CopyEndTest {
     private final List<Boolean> ends = new CopyOnWriteArrayList<>();
     private volatile CountDownLatch endGate = new CountDownLatch(0);
     private volatile boolean failEnds;
+    /** Plans of loads come without a hold, as an older server's do. */
+    private volatile boolean dropHolds;
     private PegaEngine engine;
     private KvWorld world;
 
@@ -68,11 +70,17 @@ class CopyEndTest {
                             throw new PegaflowException(ErrorCode.UNAVAILABLE, "the server went away");
                         }
                     }
+                    Object out;
                     try {
-                        return method.invoke(local, args);
+                        out = method.invoke(local, args);
                     } catch (InvocationTargetException e) {
                         throw e.getCause();
                     }
+                    if (dropHolds && out instanceof CopyPlan p && p.direction() == CopyPlan.Direction.LOAD) {
+                        return new CopyPlan(p.id(), p.direction(), p.blocks(), p.skippedBlocks(), p.runBlock(), p.runRegion(),
+                                p.runCount(), p.runOffset(), 0);
+                    }
+                    return out;
                 });
         engine = PegaEngine.attach(gated, HostPool.anonymous(64 * 1024), transfer);
         world = new KvWorld("i", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 64, 256, 0);
@@ -108,38 +116,76 @@ class CopyEndTest {
         assertThat(q.hitBlocks()).as("sees its own save").isEqualTo(3);
         assertThat(ends).containsExactly(true);
 
-        // a load is done only once its end succeeded: that proves its slots stayed pinned
+        // a load whose plan holds its pins for the copy TTL is done when its bytes are; it ends beside
         endGate = new CountDownLatch(1);
-        // (on its own thread: a host copy may land before load() returns, then it ends right there)
-        CompletableFuture<CopyResult> load = CompletableFuture.supplyAsync(
-                () -> engine.load("i", 0, q.lease(), new long[] {10, 11, 12}).join());
-        assertThatThrownBy(() -> load.get(200, TimeUnit.MILLISECONDS)).as("a load waits for its end")
-                .isInstanceOf(java.util.concurrent.TimeoutException.class);
-        endGate.countDown();
-        assertThat(load.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(3);
+        CopyResult loaded = engine.load("i", 0, q.lease(), new long[] {10, 11, 12}).get(10, TimeUnit.SECONDS);
+        assertThat(loaded.blocks()).as("completed with its end still held").isEqualTo(3);
         for (int k = 0; k < 3; k++) {
             assertThat(world.holdsPattern(10 + k, h[k])).as("block %d loaded back", k).isTrue();
         }
-        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("unpinned before the load reported done").isZero();
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("still pinned: its end is held").isEqualTo(3);
+        CompletableFuture<Void> flushed = CompletableFuture.runAsync(() -> engine.flush(10_000));
+        assertThatThrownBy(() -> flushed.get(200, TimeUnit.MILLISECONDS)).as("flush waits for the load's end")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
+        endGate.countDown();
+        flushed.get(10, TimeUnit.SECONDS);
+        assertThat(ends).containsExactly(true, true);
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("unpinned by its end").isZero();
         assertThat(local.openOperations()).isZero();
         local.verifyInvariants();
     }
 
     /**
-     * A load whose plan the control plane no longer holds when its copy ends (its instance
+     * A plan with no hold (an older server's) proves its pins only by its end: such a load is
+     * done only once its end succeeded, and one whose end is refused (its instance
      * unregistered by the server, or its copy TTL passed: its slots may have been reused)
      * fails, so vLLM recomputes instead of using the bytes.
      */
     @Test
-    void aLoadWhoseEndIsRefusedFails() throws Exception {
+    void aLoadWithoutAHoldEndsFirstAndFailsWhenItsEndIsRefused() throws Exception {
+        engine(pool -> new HostTransferEngine(pool, 1));
+        byte[][] h = fill(2);
+        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        engine.flush(10_000);
+        dropHolds = true;
+        QueryResult q = engine.query("i", BlockHashes.of(h));
+        endGate = new CountDownLatch(1);
+        // (on its own thread: a host copy may land before load() returns, then it ends right there)
+        CompletableFuture<CopyResult> load = CompletableFuture.supplyAsync(
+                () -> engine.load("i", 0, q.lease(), new long[] {10, 11}).join());
+        assertThatThrownBy(() -> load.get(200, TimeUnit.MILLISECONDS)).as("a load without a hold waits for its end")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
+        endGate.countDown();
+        assertThat(load.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(2);
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("unpinned before the load reported done").isZero();
+
+        QueryResult again = engine.query("i", BlockHashes.of(h));
+        failEnds = true;
+        assertThatThrownBy(() -> engine.load("i", 0, again.lease(), new long[] {20, 21}).get(10, TimeUnit.SECONDS))
+                .isInstanceOf(ExecutionException.class).hasMessageContaining("the server went away");
+    }
+
+    /**
+     * A held load whose end is refused (the store lost it, say) still completes: it finished
+     * well within the hold, so its bytes are the pool's. Its pins are released by the copy
+     * TTL, and nothing is lost or double-counted.
+     */
+    @Test
+    void aHeldLoadWhoseEndIsRefusedCompletesAndItsPinsExpire() throws Exception {
         engine(pool -> new HostTransferEngine(pool, 1));
         byte[][] h = fill(2);
         engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
         QueryResult q = engine.query("i", BlockHashes.of(h));
-        assertThat(q.hitBlocks()).isEqualTo(2);
         failEnds = true;
-        assertThatThrownBy(() -> engine.load("i", 0, q.lease(), new long[] {20, 21}).get(10, TimeUnit.SECONDS))
-                .isInstanceOf(ExecutionException.class).hasMessageContaining("the server went away");
+        assertThat(engine.load("i", 0, q.lease(), new long[] {20, 21}).get(10, TimeUnit.SECONDS).blocks()).isEqualTo(2);
+        assertThat(world.holdsPattern(20, h[0])).isTrue();
+        engine.flush(10_000);
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("the refused end left them pinned").isEqualTo(2);
+        now.addAndGet(Duration.ofSeconds(61).toNanos());
+        local.sweep();
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThat(local.openOperations()).isZero();
+        local.verifyInvariants();
     }
 
     @Test

@@ -219,7 +219,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     private static CopyPlan plan(io.pegaflow.engine.CopyPlan p) {
         CopyPlan.Builder b = CopyPlan.newBuilder().setId(ByteString.copyFrom(p.id().toBytes())).setBlocks(p.blocks()).setSkippedBlocks(p.skippedBlocks())
                 .setDirection(p.direction() == io.pegaflow.engine.CopyPlan.Direction.LOAD ? CopyDirection.LOAD
-                        : CopyDirection.SAVE);
+                        : CopyDirection.SAVE).setHoldNanos(p.holdNanos());
         for (int j = 0; j < p.runs(); j++) {
             b.addRunBlock(p.runBlock()[j]).addRunRegion(p.runRegion()[j]).addRunCount(p.runCount()[j])
                     .addRunOffset(p.runOffset()[j]);
