@@ -296,6 +296,9 @@ final class PathsCommand implements Callable<Integer> {
                 // return, in µs from the call (submit@, done@ per batch; end@)
                 report.put("server_timeline_save_us" + suffix, saveLines[medianIndex(save)]);
                 report.put("server_timeline_load_us" + suffix, loadLines[medianIndex(load)]);
+                // and of the first (first_op_ratio)
+                report.put("server_timeline_first_save_us" + suffix, saveLines[0]);
+                report.put("server_timeline_first_load_us" + suffix, loadLines[0]);
             }
             report.put(name + "_save_gbps" + suffix, n * blockBytes / median(save) / 1e9);
             report.put(name + "_load_gbps" + suffix, n * blockBytes / median(load) / 1e9);

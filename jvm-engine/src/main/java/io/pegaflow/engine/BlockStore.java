@@ -42,7 +42,8 @@ public interface BlockStore extends AutoCloseable {
      * Ends an open save (its slots become filled, or are rolled back when {@code !ok}) or an
      * open load (its blocks are unpinned). {@code bytes} and {@code nanos} describe the copy.
      * Only the instance the plan was issued to may end it; one never ended is rolled back
-     * after the copy TTL.
+     * after the copy TTL, or when its plan's hold ends if its instance is unregistered
+     * ({@link CopyPlan#holdNanos}).
      */
     CopyResult endCopy(String instanceId, Token planId, boolean ok, long bytes, long nanos);
 

@@ -70,6 +70,8 @@ public final class LocalStore implements BlockStore {
     private final Map<Token, OpenCopy> open = new HashMap<>();
     /** Open copies of unregistered instances: no longer endable, held until their deadline ({@link #unregisterInstance}). */
     private final List<OpenCopy> orphans = new ArrayList<>();
+    /** The store clock's time of the next scheduled orphan release (Long.MAX_VALUE: none). */
+    private long orphanWakeAt = Long.MAX_VALUE;
     private final SecureRandom ids = new SecureRandom();
     /** Blocks being read back from SSD, over every request. */
     private int prefetchInFlight;
@@ -233,8 +235,9 @@ public final class LocalStore implements BlockStore {
      * Their slots stay as they are until their plan's hold ends ({@link CopyPlan#holdNanos}:
      * 10 s from issue, or the copy TTL if shorter), then they are rolled back: a copier whose
      * session was lost may still be moving bytes, so no other save reuses a slot under a copy
-     * in flight, and a load that finished within the hold read what it was promised. Cached
-     * blocks stay for other instances of the namespace.
+     * that ends within the hold, and a load that finished within it read what it was promised
+     * (a save still copying after it may write into reused slots, as it could before holds at
+     * once). Cached blocks stay for other instances of the namespace.
      */
     @Override
     public void unregisterInstance(String instanceId) {
@@ -252,13 +255,8 @@ public final class LocalStore implements BlockStore {
                     first = Math.min(first, heldUntil(op) - clock.getAsLong());
                 }
             }
-            if (first != Long.MAX_VALUE && sweeper != null) {
-                // released when their hold ends, not at the next periodic sweep (up to 30 s later)
-                try {
-                    sweeper.schedule(this::releaseOrphansQuietly, Math.max(0, first) + 1, TimeUnit.NANOSECONDS);
-                } catch (java.util.concurrent.RejectedExecutionException e) {
-                    // closing: close() drops them
-                }
+            if (first != Long.MAX_VALUE) {
+                wakeForOrphans(first); // released when their hold ends, not at the next periodic sweep (up to 30 s later)
             }
         } finally {
             lock.unlock();
@@ -270,6 +268,23 @@ public final class LocalStore implements BlockStore {
         return op.deadlineNanos() - copyTtlNanos + holdNanos;
     }
 
+    /**
+     * Under lock: has the sweeper thread release orphans in {@code delay} ns, unless a wake-up
+     * at that time or earlier is already due (one chain of wake-ups, whatever the unregisters).
+     */
+    private void wakeForOrphans(long delay) {
+        long at = clock.getAsLong() + Math.max(0, delay);
+        if (sweeper == null || (orphanWakeAt != Long.MAX_VALUE && orphanWakeAt - at <= 0)) {
+            return; // no sweeper thread (sweep() releases them), or woken in time already
+        }
+        orphanWakeAt = at;
+        try {
+            sweeper.schedule(this::releaseOrphansQuietly, Math.max(0, delay) + 1, TimeUnit.NANOSECONDS);
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+            // closing: close() drops them
+        }
+    }
+
     /** The scheduled release: rolls back what is due, and comes back for the next one. */
     private void releaseOrphansQuietly() {
         lock.lock();
@@ -277,12 +292,11 @@ public final class LocalStore implements BlockStore {
             if (closed) {
                 return;
             }
+            orphanWakeAt = Long.MAX_VALUE;
             long next = releaseOrphans(clock.getAsLong());
-            if (next != Long.MAX_VALUE && sweeper != null) {
-                sweeper.schedule(this::releaseOrphansQuietly, next + 1, TimeUnit.NANOSECONDS);
+            if (next != Long.MAX_VALUE) {
+                wakeForOrphans(next);
             }
-        } catch (java.util.concurrent.RejectedExecutionException e) {
-            // closing: close() drops them
         } catch (RuntimeException e) {
             System.getLogger(LocalStore.class.getName()).log(System.Logger.Level.WARNING,
                     "releasing the open copies of unregistered instances failed", e);
@@ -1234,8 +1248,8 @@ public final class LocalStore implements BlockStore {
 
     /**
      * Expires leases past their TTL, rolls back saves and loads open longer than the copy TTL
-     * (their copier died without a session to say so), and drops partially saved blocks past
-     * the in-flight TTL.
+     * (their copier died without a session to say so) and those of unregistered instances
+     * whose hold ended, and drops partially saved blocks past the in-flight TTL.
      */
     public void sweep() {
         lock.lock();

@@ -12,9 +12,9 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
     Instance instance();
 
     /**
-     * When the store gives up on it and rolls it back (its copier is presumed dead); until
-     * then its slots stay as they are even when its instance is unregistered (the plan's
-     * {@link CopyPlan#holdNanos}).
+     * When the store gives up on it and rolls it back (its copier is presumed dead). Its
+     * instance unregistered, it is rolled back when its plan's hold ends instead (issue plus
+     * {@link CopyPlan#holdNanos}, never later than this).
      */
     long deadlineNanos();
 

@@ -32,9 +32,10 @@ import java.util.function.LongSupplier;
  * <p>Threading: every method may be called from any thread. {@link #save} and {@link #load}
  * return once the copy is submitted. A save's future completes when its bytes have landed
  * and its seal is told to the control plane beside it, as the original PegaFlow inserts a
- * save into its cache after answering; a load's future, and a failed copy's, after the
- * control plane has been told (a load's end succeeding proves its slots stayed pinned; a
- * failed copy is rolled back first). This engine's own {@link #query}, {@link #stats} and
+ * save into its cache after answering; a load's the same way when its plan promised to hold
+ * its pins for longer than the copy took ({@link CopyPlan#holdNanos}), otherwise after the
+ * control plane has been told (its end succeeding then proves its slots stayed pinned); a
+ * failed copy's after it is rolled back. This engine's own {@link #query}, {@link #stats} and
  * {@link #flush} wait for those seals, so they see every save whose future completed;
  * another process sees it a round trip later (or after this engine's {@link #flush}, the
  * visibility barrier). {@link #close()}
@@ -53,7 +54,9 @@ public final class PegaEngine implements AutoCloseable {
     private final Map<String, Set<CompletableFuture<?>>> pending = new ConcurrentHashMap<>();
     /** Saves that landed whose seal is still being told to the control plane (their settled futures). */
     private final Set<CompletableFuture<Void>> ending = ConcurrentHashMap.newKeySet();
-    /** Tells the control plane those seals, off the copy engine's completer threads. */
+    /** Held loads that landed whose end (the unpin) is still being told (their settled futures). */
+    private final Set<CompletableFuture<Void>> unpinning = ConcurrentHashMap.newKeySet();
+    /** Tells the control plane those ends, off the copy engine's completer threads. */
     private final java.util.concurrent.ExecutorService enders = java.util.concurrent.Executors.newCachedThreadPool(
             Thread.ofPlatform().daemon().name("pegaflow-end-", 0).factory());
     /** Operations hold the read lock while they start; close takes the write lock to stop new ones. */
@@ -115,7 +118,7 @@ public final class PegaEngine implements AutoCloseable {
      * been told the end of every copy whose future completed before the call.
      */
     public LocalStore localStore() {
-        awaitEnds();
+        awaitEnds(true);
         return local;
     }
 
@@ -129,7 +132,7 @@ public final class PegaEngine implements AutoCloseable {
      * every save whose future completed before the call has been offered to it.
      */
     public io.pegaflow.engine.ssd.SsdTier ssd() {
-        awaitEnds();
+        awaitEnds(false);
         return local == null ? null : local.ssd();
     }
 
@@ -235,8 +238,9 @@ public final class PegaEngine implements AutoCloseable {
                 try {
                     parts.add(savePart(instanceId, workerRank, layerNames, Arrays.copyOfRange(blockIds, cuts[k], cuts[k + 1]),
                             hashes.slice(cuts[k], cuts[k + 1]), waitStream));
-                } catch (PegaflowException e) {
-                    parts.add(CompletableFuture.failedFuture(e)); // the parts after it are not planned
+                } catch (RuntimeException e) {
+                    // the parts before it are copying (the future waits for them); those after are not planned
+                    parts.add(CompletableFuture.failedFuture(e));
                     break;
                 }
             }
@@ -305,11 +309,12 @@ public final class PegaEngine implements AutoCloseable {
         try {
             plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
         } catch (PoolExhaustedException e) {
-            if (ending.isEmpty()) {
+            if (ending.isEmpty() && unpinning.isEmpty()) {
                 throw e;
             }
-            // blocks of saves still being sealed beside their futures are not evictable yet
-            awaitEnds();
+            // blocks of saves still being sealed, and of loads still being unpinned, beside
+            // their futures are not evictable yet
+            awaitEnds(true);
             plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
         }
         if (plan.isEmpty()) {
@@ -322,7 +327,7 @@ public final class PegaEngine implements AutoCloseable {
     public QueryResult query(String instanceId, BlockHashes hashes) {
         startOp();
         try {
-            awaitEnds();
+            awaitEnds(false); // its own saves; a held load's unpin does not change what it finds
             return store.query(instanceId, hashes);
         } finally {
             endOp();
@@ -415,7 +420,8 @@ public final class PegaEngine implements AutoCloseable {
             }
             // A load may end beside its future only when the store promised to hold its pins
             // for longer than the copy took, counted from before the plan was asked for (half
-            // the hold: margin for the two clocks; the hold is minutes, a copy milliseconds).
+            // the hold: margin for the two clocks; the hold is 10 s, a copy milliseconds). The
+            // rest of a two-part load belongs to the same open load and hold, issued later.
             // Otherwise it ends first: its end succeeding is then what proves its slots stayed
             // pinned through the copy (a plan rolled back meanwhile may have had its slots
             // reused by another save, and the load must fail so that vLLM recomputes).
@@ -427,18 +433,20 @@ public final class PegaEngine implements AutoCloseable {
                 // series on the H200 (docs/gpu.md). This engine's own reads wait for it (awaitEnds).
                 long moved = bytes;
                 long nanos = clock.getAsLong() - start;
-                ending.add(settled);
-                settled.whenComplete((v, e) -> ending.remove(settled));
+                Set<CompletableFuture<Void>> ends = save ? ending : unpinning;
+                ends.add(settled);
+                settled.whenComplete((v, e) -> ends.remove(settled));
                 Runnable seal = () -> {
                     try {
                         store.endCopy(instanceId, plan.id(), true, moved, nanos);
                     } catch (Throwable t) {
                         // the bytes moved; the store's outcome is a save not made visible, its
-                        // reservation rolled back by the copy TTL (recomputed later), or a load's
-                        // pins released by the copy TTL
+                        // reservation rolled back later (recomputed), or a load's pins released
+                        // later: at the end of the plan's hold (its instance unregistered) or at
+                        // the copy TTL
                         LOG.log(System.Logger.Level.WARNING, "ending the " + what + " (plan " + plan.id()
                                 + ") after its copy landed failed; " + (save ? "its blocks are not made visible"
-                                : "its pins stay until the copy TTL"), t);
+                                : "the store releases its pins later"), t);
                     } finally {
                         settled.complete(null);
                     }
@@ -580,7 +588,7 @@ public final class PegaEngine implements AutoCloseable {
     public EngineStats stats() {
         startOp();
         try {
-            awaitEnds();
+            awaitEnds(true);
             return store.stats();
         } finally {
             endOp();
@@ -602,7 +610,7 @@ public final class PegaEngine implements AutoCloseable {
         if (local == null) {
             throw new UnsupportedOperationException("invariants are checked where the control plane runs (the server)");
         }
-        awaitEnds();
+        awaitEnds(true);
         local.verifyInvariants();
     }
 
@@ -662,12 +670,18 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
-     * Waits until every copy whose future has completed has also been ended with the control
-     * plane (ends never fail: a failed end is logged), so this engine reads its own saves.
+     * Waits until every save whose future has completed has also been sealed with the control
+     * plane (ends never fail: a failed end is logged), so this engine reads its own saves; with
+     * {@code loads}, every held load's end too (its pins: stats, space for a save).
      */
-    private void awaitEnds() {
+    private void awaitEnds(boolean loads) {
         for (Object end : ending.toArray()) {
             ((CompletableFuture<?>) end).join();
+        }
+        if (loads) {
+            for (Object end : unpinning.toArray()) {
+                ((CompletableFuture<?>) end).join();
+            }
         }
     }
 

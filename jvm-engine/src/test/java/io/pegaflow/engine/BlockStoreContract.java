@@ -114,6 +114,9 @@ public abstract class BlockStoreContract {
         for (WorkerSpec w : world.workers) {
             engine.save("inst", w.workerRank(), ids, BlockHashes.of(hashes)).join();
         }
+        // seals land beside the futures, on their own threads: wait, so that blocks become
+        // recent in the order saved (the eviction tests depend on it)
+        engine.flush(10_000);
     }
 
     private int hits(byte[]... hashes) {

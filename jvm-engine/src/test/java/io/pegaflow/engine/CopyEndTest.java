@@ -116,7 +116,7 @@ class CopyEndTest {
         assertThat(q.hitBlocks()).as("sees its own save").isEqualTo(3);
         assertThat(ends).containsExactly(true);
 
-        // a load whose plan holds its pins for the copy TTL is done when its bytes are; it ends beside
+        // a load whose plan holds its pins (10 s) is done when its bytes are; it ends beside
         endGate = new CountDownLatch(1);
         CopyResult loaded = engine.load("i", 0, q.lease(), new long[] {10, 11, 12}).get(10, TimeUnit.SECONDS);
         assertThat(loaded.blocks()).as("completed with its end still held").isEqualTo(3);

@@ -14,7 +14,8 @@ import java.util.concurrent.atomic.AtomicLong;
  * Liveness of clients: each instance's newest Session stream holds a token. When a stream
  * ends without the client unregistering (its process died: the TCP connection closed), the
  * instance is unregistered after {@code grace}, which releases its leases and rolls back its
- * open saves and loads, unless a newer session for the same instance started meanwhile.
+ * open saves and loads when their plans' hold ends (the client may still be copying), unless
+ * a newer session for the same instance started meanwhile.
  */
 final class Sessions implements AutoCloseable {
     private final LocalStore store;

@@ -481,6 +481,16 @@ public final class CudaTransferEngine implements TransferEngine {
             lane.enqueue(batch, future);
             lane.pending.add(future);
         } catch (RuntimeException | Error e) {
+            // what was queued before the failure still runs: let it finish before the caller
+            // rolls the plan back (freeing the slots) and before the lane's buffers are reused
+            try {
+                CudaDriver.streamSynchronize(lane.stream);
+                if (lane.aux != 0) {
+                    CudaDriver.streamSynchronize(lane.aux);
+                }
+            } catch (RuntimeException drained) {
+                e.addSuppressed(drained);
+            }
             lanes.add(lane);
             future.completeExceptionally(e);
         }
