@@ -274,7 +274,7 @@ public final class PegaEngine implements AutoCloseable {
      * How many blocks of a save or load of {@code blocks} go first on their own (0: it is one
      * part): about a sixteenth, 16 to 128 blocks, for 64 blocks or more.
      */
-    static int headBlocks(int blocks) {
+    public static int headBlocks(int blocks) {
         return blocks < 64 ? 0 : Math.max(16, Math.min(128, blocks / 16));
     }
 
