@@ -27,8 +27,9 @@ import org.junit.jupiter.api.Test;
  * A save's future completes when its bytes have landed and its seal goes to the control
  * plane beside it (PegaEngine's javadoc): the caller never waits for that round trip, this
  * engine's own reads still see every save whose future completed, and a failed seal loses
- * no bytes and no accounting. A load ends before it is done (a refused end fails it), and a
- * failed copy is rolled back before its caller hears of it.
+ * no bytes and no accounting. A load whose plan holds its pins long enough ends the same way;
+ * one without a hold, or slower than half of it, ends before it is done (a refused end fails
+ * it). A failed copy is rolled back before its caller hears of it.
  * The control plane here is a real {@link LocalStore} whose {@code endCopy} the test holds.
  */
 class CopyEndTest {
@@ -37,8 +38,9 @@ class CopyEndTest {
     private final Random rnd = new Random(7);
     /** The control plane's clock: it moves only when the test says (the copy TTL below). */
     private final java.util.concurrent.atomic.AtomicLong now = new java.util.concurrent.atomic.AtomicLong();
-    private final LocalStore local = new LocalStore(EngineConfig.builder().poolSize("64kb").sweepInterval(Duration.ZERO)
-            .copyTtl(Duration.ofSeconds(60)).nanoClock(now::get).build(), 64 * 1024);
+    private LocalStore local = store(Duration.ofSeconds(60));
+    /** Copies complete once this has (and the copy has); the tests hold it to keep a copy running. */
+    private volatile CompletableFuture<Void> copyGate = CompletableFuture.completedFuture(null);
     /** Each endCopy's outcome argument, in call order. */
     private final List<Boolean> ends = new CopyOnWriteArrayList<>();
     private volatile CountDownLatch endGate = new CountDownLatch(0);
@@ -51,12 +53,40 @@ class CopyEndTest {
     @AfterEach
     void close() {
         endGate.countDown();
+        copyGate.complete(null); // a test that failed mid-copy leaves none running for close() to wait on
         if (world != null) {
             world.close();
         }
         if (engine != null) {
             engine.close();
         }
+    }
+
+    /** A control plane on the test's clock with copy TTL {@code ttl} (its plans' hold: 10 s, or the TTL if shorter). */
+    private LocalStore store(Duration ttl) {
+        return new LocalStore(EngineConfig.builder().poolSize("64kb").sweepInterval(Duration.ZERO).copyTtl(ttl)
+                .nanoClock(now::get).build(), 64 * 1024);
+    }
+
+    /** Host copies that complete once {@link #copyGate} has. */
+    private TransferEngine gated(HostPool pool) {
+        HostTransferEngine host = new HostTransferEngine(pool, 1);
+        return new TransferEngine() {
+            @Override
+            public TransferFuture submit(CopyBatch batch) {
+                return TransferFuture.following(CompletableFuture.allOf(host.submit(batch), copyGate), () -> { });
+            }
+
+            @Override
+            public String name() {
+                return "gated";
+            }
+
+            @Override
+            public void close() {
+                host.close();
+            }
+        };
     }
 
     /** The engine over the local store, each endCopy waiting for {@link #endGate} first. */
@@ -236,6 +266,62 @@ class CopyEndTest {
         endGate.countDown();
         assertThat(next.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(40);
         assertThat(engine.query("i", BlockHashes.of(second)).hitBlocks()).isEqualTo(40);
+        local.verifyInvariants();
+    }
+
+    /**
+     * A load whose copy took longer than half its plan's hold (100 ms here: the copy TTL) no
+     * longer knows its pins held by the clock alone: it waits for its end, as a load without a
+     * hold does.
+     */
+    @Test
+    void aLoadSlowerThanHalfItsHoldWaitsForItsEnd() throws Exception {
+        local = store(Duration.ofMillis(100));
+        engine(this::gated);
+        byte[][] h = fill(2);
+        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        engine.flush(10_000);
+        QueryResult q = engine.query("i", BlockHashes.of(h));
+        copyGate = new CompletableFuture<>();
+        endGate = new CountDownLatch(1);
+        CompletableFuture<CopyResult> load = CompletableFuture.supplyAsync(
+                () -> engine.load("i", 0, q.lease(), new long[] {10, 11}).join());
+        Thread.sleep(150); // the copy outlasts half the hold
+        CompletableFuture<Void> gate = copyGate;
+        CompletableFuture.runAsync(() -> gate.complete(null)); // its end runs on the completing thread
+        assertThatThrownBy(() -> load.get(200, TimeUnit.MILLISECONDS)).as("it waits for its end")
+                .isInstanceOf(java.util.concurrent.TimeoutException.class);
+        endGate.countDown();
+        assertThat(load.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(2);
+        assertThat(world.holdsPattern(10, h[0])).isTrue();
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("unpinned before it was reported done").isZero();
+    }
+
+    /**
+     * The server unregisters the instance (its session lost) while a held load is copying:
+     * the load's pins stay for its hold, so the copy read what it was promised and the load
+     * succeeds; its end is refused (the plan can no longer be ended) and the pins go when the
+     * hold ends.
+     */
+    @Test
+    void aHeldLoadSucceedsWhenItsInstanceIsUnregisteredMidCopy() throws Exception {
+        engine(this::gated);
+        byte[][] h = fill(2);
+        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        engine.flush(10_000);
+        QueryResult q = engine.query("i", BlockHashes.of(h));
+        copyGate = new CompletableFuture<>();
+        CompletableFuture<CopyResult> load = engine.load("i", 0, q.lease(), new long[] {10, 11});
+        local.unregisterInstance("i"); // what the server does after a lost session's grace
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("held for the copy in flight").isEqualTo(2);
+        copyGate.complete(null);
+        assertThat(load.get(10, TimeUnit.SECONDS).blocks()).isEqualTo(2);
+        assertThat(world.holdsPattern(10, h[0]) && world.holdsPattern(11, h[1])).isTrue();
+        engine.flush(10_000); // its end, refused, was logged
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).as("until the hold ends").isEqualTo(2);
+        now.addAndGet(Duration.ofSeconds(10).toNanos() + 1);
+        local.sweep();
+        assertThat(local.stats().get(Gauge.PINNED_BLOCKS)).isZero();
         local.verifyInvariants();
     }
 
