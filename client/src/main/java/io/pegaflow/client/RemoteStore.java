@@ -92,14 +92,20 @@ public final class RemoteStore implements BlockStore {
             }
         });
         this.deadlineMs = deadlineMs;
-        warmCodecs();
+        if (CODECS_WARMED.compareAndSet(false, true)) {
+            warmCodecs(); // the JIT's work is the process's: once, whatever the number of clients
+        }
     }
+
+    private static final java.util.concurrent.atomic.AtomicBoolean CODECS_WARMED = new java.util.concurrent.atomic.AtomicBoolean();
 
     /**
      * Runs this client's message code (requests of 2,048 block ids built and written, plans of
      * 2,048 runs parsed and read) a few hundred times before the first call, so the JIT has
      * compiled it when the first real save or load comes: on the H200 the first 2,048-block
-     * load's plans took 3.6 and 7 ms against 1.0 and 1.1 for later ones (docs/gpu.md). ~20 ms.
+     * load's plans took 3.6 and 7 ms against 1.0 and 1.1 for later ones (docs/gpu.md). Once
+     * per process, on the first client's creation: 323-338 ms on the 2-core build VM in two
+     * runs (78-152 ms for a second or third call; {@code bench/probe/CodecWarmUp.java}).
      */
     private static void warmCodecs() {
         int n = 2048;

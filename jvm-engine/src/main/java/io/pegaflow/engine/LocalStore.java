@@ -68,7 +68,7 @@ public final class LocalStore implements BlockStore {
     private boolean closed;
     /** Saves and loads between their plan and endCopy, by plan id. */
     private final Map<Token, OpenCopy> open = new HashMap<>();
-    /** Open copies of unregistered instances: no longer endable, held until their deadline ({@link #unregisterInstance}). */
+    /** Open copies of unregistered instances: no longer endable, held until their hold ends ({@link #unregisterInstance}). */
     private final List<OpenCopy> orphans = new ArrayList<>();
     /** The store clock's time of the next scheduled orphan release (Long.MAX_VALUE: none). */
     private long orphanWakeAt = Long.MAX_VALUE;

@@ -624,7 +624,7 @@ public abstract class BlockStoreContract {
     @Test
     void aSaveInTwoPartsCompletesOnlyAfterBothEvenWhenTheRestIsRefused() {
         CompletableFuture<Void> gate = new CompletableFuture<>();
-        engine = engine(config(40 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), gate)).build());
+        engine = engine(config(40 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), () -> gate)).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 128, 256, 0); // 1 KiB blocks, 40 fit
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 64);
@@ -654,7 +654,7 @@ public abstract class BlockStoreContract {
         assertThat(PegaEngine.saveParts(63)).containsExactly(0, 63);
         assertThat(PegaEngine.saveParts(256)).containsExactly(0, 32, 128, 256);
         CompletableFuture<Void> gate = new CompletableFuture<>();
-        engine = engine(config(130 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), gate)).build());
+        engine = engine(config(130 * 1024L).transfer(pool -> new GatedTransfer(new HostTransferEngine(pool, 1), () -> gate)).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 256, 256, 0); // 1 KiB blocks, 130 fit
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 256);
@@ -671,24 +671,6 @@ public abstract class BlockStoreContract {
         assertThat(hits(java.util.Arrays.copyOf(h, 128))).isEqualTo(128);
         assertThat(hits(java.util.Arrays.copyOfRange(h, 128, 256))).isZero();
         verifyInvariants();
-    }
-
-    /** A copy engine whose batches complete once {@code gate} has (and the copy has). */
-    private record GatedTransfer(HostTransferEngine delegate, CompletableFuture<Void> gate) implements TransferEngine {
-        @Override
-        public TransferFuture submit(CopyBatch batch) {
-            return TransferFuture.following(CompletableFuture.allOf(delegate.submit(batch), gate), () -> { });
-        }
-
-        @Override
-        public String name() {
-            return "gated";
-        }
-
-        @Override
-        public void close() {
-            delegate.close();
-        }
     }
 
     /** A copy engine that fails every batch while {@code fail} is set. */

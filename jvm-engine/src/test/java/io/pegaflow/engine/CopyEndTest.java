@@ -68,25 +68,9 @@ class CopyEndTest {
                 .nanoClock(now::get).build(), 64 * 1024);
     }
 
-    /** Host copies that complete once {@link #copyGate} has. */
+    /** Host copies that complete once {@link #copyGate} (as it is at submit) has. */
     private TransferEngine gated(HostPool pool) {
-        HostTransferEngine host = new HostTransferEngine(pool, 1);
-        return new TransferEngine() {
-            @Override
-            public TransferFuture submit(CopyBatch batch) {
-                return TransferFuture.following(CompletableFuture.allOf(host.submit(batch), copyGate), () -> { });
-            }
-
-            @Override
-            public String name() {
-                return "gated";
-            }
-
-            @Override
-            public void close() {
-                host.close();
-            }
-        };
+        return new GatedTransfer(new HostTransferEngine(pool, 1), () -> copyGate);
     }
 
     /** The engine over the local store, each endCopy waiting for {@link #endGate} first. */
@@ -116,6 +100,13 @@ class CopyEndTest {
         world = new KvWorld("i", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 64, 256, 0);
         world.register(engine);
         return engine;
+    }
+
+    /** Saves blocks 0 and 1 under {@code h}, waits for the seals, and queries them: the lease to load with. */
+    private QueryResult saveAndQuery(byte[][] h) throws Exception {
+        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
+        engine.flush(10_000);
+        return engine.query("i", BlockHashes.of(h));
     }
 
     private byte[][] fill(int n) {
@@ -175,10 +166,8 @@ class CopyEndTest {
     void aLoadWithoutAHoldEndsFirstAndFailsWhenItsEndIsRefused() throws Exception {
         engine(pool -> new HostTransferEngine(pool, 1));
         byte[][] h = fill(2);
-        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
-        engine.flush(10_000);
-        dropHolds = true;
-        QueryResult q = engine.query("i", BlockHashes.of(h));
+        dropHolds = true; // load plans only: the save and the query are as before
+        QueryResult q = saveAndQuery(h);
         endGate = new CountDownLatch(1);
         // (on its own thread: a host copy may land before load() returns, then it ends right there)
         CompletableFuture<CopyResult> load = CompletableFuture.supplyAsync(
@@ -204,8 +193,7 @@ class CopyEndTest {
     void aHeldLoadWhoseEndIsRefusedCompletesAndItsPinsExpire() throws Exception {
         engine(pool -> new HostTransferEngine(pool, 1));
         byte[][] h = fill(2);
-        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
-        QueryResult q = engine.query("i", BlockHashes.of(h));
+        QueryResult q = saveAndQuery(h);
         failEnds = true;
         assertThat(engine.load("i", 0, q.lease(), new long[] {20, 21}).get(10, TimeUnit.SECONDS).blocks()).isEqualTo(2);
         assertThat(world.holdsPattern(20, h[0])).isTrue();
@@ -279,9 +267,7 @@ class CopyEndTest {
         local = store(Duration.ofMillis(100));
         engine(this::gated);
         byte[][] h = fill(2);
-        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
-        engine.flush(10_000);
-        QueryResult q = engine.query("i", BlockHashes.of(h));
+        QueryResult q = saveAndQuery(h);
         copyGate = new CompletableFuture<>();
         endGate = new CountDownLatch(1);
         CompletableFuture<CopyResult> load = CompletableFuture.supplyAsync(
@@ -307,9 +293,7 @@ class CopyEndTest {
     void aHeldLoadSucceedsWhenItsInstanceIsUnregisteredMidCopy() throws Exception {
         engine(this::gated);
         byte[][] h = fill(2);
-        engine.save("i", 0, new long[] {0, 1}, BlockHashes.of(h)).get(10, TimeUnit.SECONDS);
-        engine.flush(10_000);
-        QueryResult q = engine.query("i", BlockHashes.of(h));
+        QueryResult q = saveAndQuery(h);
         copyGate = new CompletableFuture<>();
         CompletableFuture<CopyResult> load = engine.load("i", 0, q.lease(), new long[] {10, 11});
         local.unregisterInstance("i"); // what the server does after a lost session's grace

@@ -40,7 +40,7 @@ import java.util.List;
  *                            lanes hold {@code 2 * lanesPerDirection} of them (128 MiB)
  * @param bounceSlots         slots of the bounce buffer, 2 to 8: one copy engine call per slot,
  *                            so small slots leave gaps between calls: on the H200, 2 MiB
- *                            slots moved 52.6 / 50.9 GB/s, 8 MiB and larger 53.5-54.3
+ *                            slots moved 52.6 / 50.9 GB/s, 8 MiB and larger 53.2-54.3
  *                            whether 2 or 4 of them (docs/gpu.md)
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,

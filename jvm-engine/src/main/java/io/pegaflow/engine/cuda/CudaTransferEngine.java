@@ -96,6 +96,7 @@ public final class CudaTransferEngine implements TransferEngine {
     private long module;
     private long function;
     private final Arena arena = Arena.ofShared();
+    private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
     private final BlockingQueue<Lane> saveLanes;
     private final BlockingQueue<Lane> loadLanes;
     private final List<Lane> allLanes = new ArrayList<>();
@@ -264,6 +265,11 @@ public final class CudaTransferEngine implements TransferEngine {
             CudaDriver.memFree(dev);
             CudaDriver.memFreeHost(host);
         }
+    }
+
+    /** Bytes moved through the lanes' bounce buffers since creation, warm-up included (the bounce path's own count). */
+    public long bouncedBytes() {
+        return bouncedBytes.get();
     }
 
     /** Whether long runs go through {@code cuMemcpyBatchAsync} (the option, the driver and the check at creation). */
@@ -692,12 +698,8 @@ public final class CudaTransferEngine implements TransferEngine {
             while (i < end) {
                 long dev = batch.deviceAddress(i);
                 long host = poolBase + batch.hostOffset(i);
-                long len = batch.length(i);
-                int j = i + 1;
-                while (j < end && batch.continuesPrevious(j)) {
-                    len += batch.length(j);
-                    j++;
-                }
+                int j = batch.runEnd(i, end);
+                long len = batch.runBytes(i, j);
                 long src = toHost ? dev : host;
                 long dst = toHost ? host : dev;
                 if (len >= options.dmaThresholdBytes()) {
@@ -772,12 +774,8 @@ public final class CudaTransferEngine implements TransferEngine {
             while (i < end) {
                 long dev = batch.deviceAddress(i);
                 long host = poolBase + batch.hostOffset(i);
-                long len = batch.length(i);
-                int j = i + 1;
-                while (j < end && batch.continuesPrevious(j)) {
-                    len += batch.length(j);
-                    j++;
-                }
+                int j = batch.runEnd(i, end);
+                long len = batch.runBytes(i, j);
                 if (len >= options.dmaThresholdBytes()) {
                     longRun(toHost ? dev : host, toHost ? host : dev, len, toHost);
                 } else if (len > slotBytes) {
@@ -844,6 +842,7 @@ public final class CudaTransferEngine implements TransferEngine {
                 launch(slotDescStart, n, aux);
                 CudaDriver.eventRecord(freed[s], aux);
             }
+            bouncedBytes.addAndGet(slotFill);
             slotUsed[s] = true;
             slot = (s + 1) % slots;
             slotFill = 0;

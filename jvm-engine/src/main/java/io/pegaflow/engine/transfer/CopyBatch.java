@@ -137,6 +137,25 @@ public final class CopyBatch {
         return ranges;
     }
 
+    /**
+     * One past the last piece of the run starting at piece {@code i}: the pieces from {@code i}
+     * that each continue the previous one on both sides ({@link #continuesPrevious}), stopping
+     * before {@code end}. A copy engine moves {@code [i, runEnd)} as one range of
+     * {@link #runBytes} bytes.
+     */
+    public int runEnd(int i, int end) {
+        int j = i + 1;
+        while (j < end && continuesPrevious(j)) {
+            j++;
+        }
+        return j;
+    }
+
+    /** Bytes of pieces {@code [i, j)} of one run ({@link #runEnd}): back to back, so first start to last end. */
+    public long runBytes(int i, int j) {
+        return hostOffset[j - 1] + length[j - 1] - hostOffset[i];
+    }
+
     /** True when piece {@code i} starts where piece {@code i-1} ends, on both sides. */
     public boolean continuesPrevious(int i) {
         return i > 0

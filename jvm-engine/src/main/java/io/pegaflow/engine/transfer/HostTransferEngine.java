@@ -75,12 +75,8 @@ public final class HostTransferEngine implements TransferEngine {
         while (i < n) {
             long dev = batch.deviceAddress(i);
             long off = batch.hostOffset(i);
-            long len = batch.length(i);
-            int j = i + 1;
-            while (j < n && batch.continuesPrevious(j)) {
-                len += batch.length(j);
-                j++;
-            }
+            int j = batch.runEnd(i, n);
+            long len = batch.runBytes(i, j);
             if (toHost) {
                 MemorySegment.copy(EVERYTHING, dev, host, off, len);
             } else {

@@ -21,7 +21,8 @@ import org.junit.jupiter.api.TestInstance;
  * The bounce path ({@link CudaOptions#bounceBytes()}): pieces back to back in the pool and
  * scattered on the GPU go through the copy engine and a device slot. Small slots (1 MiB) and
  * pinned chunks (1 MiB) so a batch reuses every slot many times and its stretches cross
- * chunks; every byte is compared. GPU machine only.
+ * chunks; every byte is compared, and the engine's own count says which bytes went through the
+ * slots (with the bounce path off, or taken by no group, the tests fail). GPU machine only.
  */
 @Tag("gpu")
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
@@ -141,13 +142,16 @@ class CudaBounceTest {
         for (int i = 0; i < n; i++) {
             dst[i] = free.get(i);
         }
+        long through = bounced.bouncedBytes();
         bounced.submit(batch(CopyBatch.Direction.TO_HOST, src, slots, 0)).join();
+        assertThat(bounced.bouncedBytes() - through).as("every piece went through a slot").isEqualTo(n * BLOCK);
         MemorySegment pooled = pool.segment();
         for (int i = 0; i < n; i++) {
             byte[] inPool = pooled.asSlice(slots[i] * BLOCK, BLOCK).toArray(ValueLayout.JAVA_BYTE);
             assertThat(inPool).as("pool slot %d (block %d)", slots[i], src[i]).isEqualTo(blockOf(before, src[i]));
         }
         bounced.submit(batch(CopyBatch.Direction.TO_DEVICE, dst, slots, 0)).join();
+        assertThat(bounced.bouncedBytes() - through).as("and back").isEqualTo(2 * n * BLOCK);
         byte[] after = deviceBytes();
         for (int i = 0; i < n; i++) {
             assertThat(blockOf(after, dst[i])).as("block %d loaded from slot %d", dst[i], slots[i])
@@ -178,6 +182,7 @@ class CudaBounceTest {
         List<int[]> srcs = new ArrayList<>();
         List<long[]> slotSets = new ArrayList<>();
         List<TransferFuture> saves = new ArrayList<>();
+        long through = bounced.bouncedBytes();
         for (int k = 0; k < 3; k++) {
             int[] src = new int[n];
             long[] slots = new long[n];
@@ -203,6 +208,8 @@ class CudaBounceTest {
             }
             CudaDriver.streamSynchronize(stream);
             load.join();
+            assertThat(bounced.bouncedBytes() - through).as("each group went through the slots")
+                    .isEqualTo(4L * n * BLOCK);
             byte[] after = deviceBytes();
             for (int i = 0; i < n; i++) {
                 assertThat(blockOf(after, dst[i])).as("block %d from batch 1's block %d", dst[i], srcs.get(1)[i])
@@ -250,10 +257,15 @@ class CudaBounceTest {
                 }
                 // the 2 MiB piece is not merged with the run before it: a gap on the device side
                 pieces.get(1)[0] += 16;
+                long odd = 0;
                 for (long[] p : pieces) {
                     save.add(gpu + p[0], p[1], p[2]);
+                    odd += p[2];
                 }
+                odd -= pieces.get(0)[2] + pieces.get(1)[2]; // the long run and the oversized piece do not bounce
+                long through = engine.bouncedBytes();
                 engine.submit(save).join();
+                assertThat(engine.bouncedBytes() - through).as("only the small pieces went through a slot").isEqualTo(odd);
                 MemorySegment pooled = small.segment();
                 for (long[] p : pieces) {
                     assertThat(pooled.asSlice(p[1], p[2]).toArray(ValueLayout.JAVA_BYTE))
@@ -265,6 +277,7 @@ class CudaBounceTest {
                     load.add(gpu + total + p[0], p[1], p[2]);
                 }
                 engine.submit(load).join();
+                assertThat(engine.bouncedBytes() - through).isEqualTo(2 * odd);
                 MemorySegment back = arena.allocate(total, 4096);
                 CudaDriver.memcpyDtoH(back.address(), gpu + total, total);
                 for (long[] p : pieces) {
