@@ -2,7 +2,6 @@ package io.pegaflow.server.cluster;
 
 import io.lettuce.core.ClientOptions;
 import io.lettuce.core.KeyValue;
-import io.lettuce.core.LettuceFutures;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisFuture;
 import io.lettuce.core.RedisURI;
@@ -33,6 +32,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledThreadPoolExecutor;
 import java.util.concurrent.TimeUnit;
@@ -299,24 +299,39 @@ public final class RedisBlockRegistry implements BlockRegistry {
         }
     }
 
+    /**
+     * The visibility barrier: returns once every update queued before it is in Redis. An
+     * advertisement dropped on the way (Redis unreachable for a moment, this host's index taken
+     * over after missed heartbeats, the queue full) is repaired by advertising every resident
+     * block again; the barrier waits for that repair while its deadline (4 timeouts) allows, and
+     * fails naming Redis when it has not happened by then, rather than return as if the saves
+     * were visible.
+     */
     @Override
     public void flush() throws Exception {
-        long ticket;
+        flush(true);
+    }
+
+    private void flush(boolean awaitRepair) throws Exception {
         synchronized (queueLock) {
-            ticket = ++flushRequested;
+            long ticket = ++flushRequested;
             queueLock.notifyAll();
             long deadline = System.nanoTime() + settings.timeout().toNanos() * 4;
-            while (flushDone < ticket && !closed) {
+            while (!closed && (flushDone < ticket || (awaitRepair && dropEpoch > resyncedEpoch))) {
                 long left = deadline - System.nanoTime();
                 if (left <= 0) {
-                    throw new java.util.concurrent.TimeoutException("registry flush not done in " + settings.timeout().multipliedBy(4));
+                    break;
                 }
                 queueLock.wait(Math.max(1, left / 1_000_000));
             }
             if (dropEpoch > resyncedEpoch) {
                 throw new java.io.IOException("registry: advertisements were dropped (Redis at " + redacted(settings.url())
-                        + " unreachable, or the queue of " + settings.queueDepth() + " full); this host's blocks are"
-                        + " advertised again once Redis answers, and other hosts do not see them until then");
+                        + " unreachable, or the queue of " + settings.queueDepth() + " full) and not advertised again within "
+                        + settings.timeout().multipliedBy(4) + "; this host's blocks are advertised again once Redis answers,"
+                        + " and other hosts do not see them until then");
+            }
+            if (flushDone < ticket && !closed) {
+                throw new java.util.concurrent.TimeoutException("registry flush not done in " + settings.timeout().multipliedBy(4));
             }
         }
     }
@@ -329,7 +344,9 @@ public final class RedisBlockRegistry implements BlockRegistry {
             long ticket;
             long epochAtStart;
             synchronized (queueLock) {
-                while (!closed && queued.isEmpty() && forgets.isEmpty() && !resyncWanted && flushDone == flushRequested) {
+                // a wanted re-advertisement waits for Redis to answer (the heartbeat wakes this thread)
+                while (!closed && queued.isEmpty() && forgets.isEmpty() && !(resyncWanted && index >= 0 && healthy)
+                        && flushDone == flushRequested) {
                     try {
                         queueLock.wait(100);
                     } catch (InterruptedException e) {
@@ -365,6 +382,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
             synchronized (queueLock) {
                 if (!sent) {
                     dropEpoch++;
+                    resyncWanted = true; // runs once Redis answers: the heartbeat that sees it notifies
                 }
                 if (resynced) {
                     resyncedEpoch = Math.max(resyncedEpoch, epochAtStart); // what was dropped before it began
@@ -431,11 +449,31 @@ public final class RedisBlockRegistry implements BlockRegistry {
         if (pending.isEmpty()) {
             return;
         }
-        c.conn().flushCommands();
-        RedisFuture<?>[] all = pending.toArray(RedisFuture[]::new);
+        CompletableFuture<?>[] each = pending.stream().map(f -> f.toCompletableFuture()).toArray(CompletableFuture[]::new);
+        CompletableFuture<Void> all = CompletableFuture.allOf(each);
         pending.clear();
-        if (!LettuceFutures.awaitAll(settings.timeout().multipliedBy(4), all)) {
-            throw new java.util.concurrent.TimeoutException(all.length + " registry updates not answered in time");
+        long deadline = System.nanoTime() + settings.timeout().toNanos() * 4;
+        long slice = TimeUnit.MILLISECONDS.toNanos(5);
+        while (true) {
+            // Flushed again while waiting: on a Redis Cluster, commands routed to a shard whose
+            // connection was still opening when flushCommands ran can stay in that connection's
+            // buffer (redis/lettuce#2420); a later flush sends them once it is open.
+            c.conn().flushCommands();
+            try {
+                all.get(Math.min(slice, Math.max(1, deadline - System.nanoTime())), TimeUnit.NANOSECONDS);
+                return;
+            } catch (java.util.concurrent.ExecutionException e) {
+                throw e.getCause() instanceof Exception x ? x : e;
+            } catch (java.util.concurrent.TimeoutException e) {
+                if (System.nanoTime() - deadline >= 0) {
+                    for (CompletableFuture<?> f : each) {
+                        f.cancel(true); // an answer arriving later is discarded
+                    }
+                    throw new java.util.concurrent.TimeoutException(each.length + " registry updates not answered in "
+                            + settings.timeout().multipliedBy(4));
+                }
+                slice = Math.min(slice * 2, TimeUnit.MILLISECONDS.toNanos(200));
+            }
         }
     }
 
@@ -609,6 +647,11 @@ public final class RedisBlockRegistry implements BlockRegistry {
         }
         refreshLive(cmd, ms);
         healthy = true;
+        if (!wasHealthy) {
+            synchronized (queueLock) {
+                queueLock.notifyAll(); // the re-advertisement wanted above can run now
+            }
+        }
         if (downLogged) {
             downLogged = false;
             LOG.log(System.Logger.Level.INFO, "registry: Redis answers again at " + redacted(settings.url()) + "; node index " + index);
@@ -722,7 +765,7 @@ public final class RedisBlockRegistry implements BlockRegistry {
             return;
         }
         try {
-            flush(); // withdrawals of a clean stop reach Redis
+            flush(false); // withdrawals of a clean stop reach Redis; a repair is not waited for
         } catch (Exception ignored) {
             // Redis is down: the key expiring says this host left
         }

@@ -6,12 +6,15 @@ import io.pegaflow.engine.BlockHashes;
 import java.io.IOException;
 import java.net.ServerSocket;
 import java.net.Socket;
+import java.nio.ByteBuffer;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
@@ -98,11 +101,16 @@ class RedisClusterRegistryTest {
         }
     }
 
-    private RedisBlockRegistry registry(String addr) {
+    /**
+     * A registry whose resident blocks (what a full re-advertisement sends, as the server's store
+     * would) are {@code resident}'s. Node keys live 3 s: a heartbeat late on a loaded 2-core CI
+     * machine does not lose this host its index mid-test.
+     */
+    private RedisBlockRegistry registry(String addr, Set<ByteBuffer> resident) {
         String url = "redis://127.0.0.1:" + ports.get(0) + ",127.0.0.1:" + ports.get(1);
-        var settings = new RedisBlockRegistry.Settings(url, 16, Duration.ofMillis(100), Duration.ofMillis(600), 100_000,
+        var settings = new RedisBlockRegistry.Settings(url, 16, Duration.ofMillis(100), Duration.ofSeconds(3), 100_000,
                 Duration.ofSeconds(2), null, true);
-        return new RedisBlockRegistry(settings, addr, each -> {});
+        return new RedisBlockRegistry(settings, addr, each -> resident.forEach(h -> each.accept("ns", h.array())));
     }
 
     private static void waitFor(java.util.function.BooleanSupplier ok, String what) throws InterruptedException {
@@ -126,11 +134,14 @@ class RedisClusterRegistryTest {
         byte[] packed = new byte[2048 * 32];
         new Random(5).nextBytes(packed);
         BlockHashes prefix = new BlockHashes(packed, 32);
-        RedisBlockRegistry owner = registry("10.0.0.1:1");
-        try (RedisBlockRegistry asker = registry("10.0.0.2:1"); RedisBlockRegistry third = registry("10.0.0.3:1")) {
+        Set<ByteBuffer> resident = ConcurrentHashMap.newKeySet();
+        RedisBlockRegistry owner = registry("10.0.0.1:1", resident);
+        try (RedisBlockRegistry asker = registry("10.0.0.2:1", Set.of()); RedisBlockRegistry third = registry("10.0.0.3:1", Set.of())) {
             waitFor(() -> owner.connected() && asker.connected() && asker.liveNodes().size() == 2, "three hosts registered");
             for (int i = 0; i < 2048; i++) {
-                owner.advertise("ns", Arrays.copyOfRange(packed, i * 32, (i + 1) * 32));
+                byte[] h = Arrays.copyOfRange(packed, i * 32, (i + 1) * 32);
+                resident.add(ByteBuffer.wrap(h));
+                owner.advertise("ns", h);
             }
             owner.flush();
             assertThat(owner.stats().advertised()).isEqualTo(2048);
@@ -141,7 +152,9 @@ class RedisClusterRegistryTest {
             assertThat(o.blocks()).isEqualTo(2048);
             assertThat(o.node().peerAddr()).isEqualTo("10.0.0.1:1");
             // the owner drops block 1023: the lookup's probes (0, 1, 3, ..., 1023, 2047) bound the run there
-            owner.withdraw("ns", Arrays.copyOfRange(packed, 1023 * 32, 1024 * 32));
+            byte[] dropped = Arrays.copyOfRange(packed, 1023 * 32, 1024 * 32);
+            resident.remove(ByteBuffer.wrap(dropped));
+            owner.withdraw("ns", dropped);
             owner.flush();
             assertThat(asker.lookup("ns", prefix, List.of()).blocks()).isEqualTo(1023);
             assertThat(asker.lookup("ns", prefix, List.of(o.node().id())).blocks()).as("the owner excluded").isZero();

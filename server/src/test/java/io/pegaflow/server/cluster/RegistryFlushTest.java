@@ -12,6 +12,7 @@ import java.time.Duration;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.TimeUnit;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
@@ -54,14 +55,33 @@ class RegistryFlushTest {
         }
     }
 
-    private static RedisBlockRegistry registry(int port, String addr, int queueDepth, byte[] resident) {
+    /** A registry whose resident blocks (what a full re-advertisement sends) are {@code resident}'s, read at each walk. */
+    private static RedisBlockRegistry registry(int port, String addr, int queueDepth, List<byte[]> resident) {
         var settings = new RedisBlockRegistry.Settings("redis://127.0.0.1:" + port, 16, Duration.ofMillis(100),
                 Duration.ofMillis(600), queueDepth, Duration.ofSeconds(1), null);
-        return new RedisBlockRegistry(settings, addr, each -> {
-            for (int i = 0; i < resident.length / 32; i++) {
-                each.accept("ns", Arrays.copyOfRange(resident, i * 32, (i + 1) * 32));
-            }
-        });
+        return new RedisBlockRegistry(settings, addr, each -> resident.forEach(h -> each.accept("ns", h)));
+    }
+
+    private static List<byte[]> hashes(int n, long seed) {
+        byte[] packed = new byte[n * 32];
+        new Random(seed).nextBytes(packed);
+        List<byte[]> out = new CopyOnWriteArrayList<>();
+        for (int i = 0; i < n; i++) {
+            out.add(Arrays.copyOfRange(packed, i * 32, (i + 1) * 32));
+        }
+        return out;
+    }
+
+    private static BlockHashes packed(List<byte[]> hashes) {
+        byte[] out = new byte[hashes.size() * 32];
+        for (int i = 0; i < hashes.size(); i++) {
+            System.arraycopy(hashes.get(i), 0, out, i * 32, 32);
+        }
+        return new BlockHashes(out, 32);
+    }
+
+    private static void signal(Process p, String sig) throws Exception {
+        assertThat(new ProcessBuilder("kill", "-" + sig, Long.toString(p.pid())).start().waitFor()).as("kill -%s", sig).isZero();
     }
 
     private static void waitFor(java.util.function.BooleanSupplier ok, String what) throws InterruptedException {
@@ -75,26 +95,76 @@ class RegistryFlushTest {
     @Test
     void aFlushConfirmsWhatWasSentRepairsAnOverflowAndFailsWhileRedisIsDown() throws Exception {
         int port = startRedis();
-        byte[] packed = new byte[50 * 32];
-        new Random(9).nextBytes(packed);
+        List<byte[]> resident = hashes(50, 9);
         // a queue of 4: most of the 50 advertisements below overflow it
-        try (RedisBlockRegistry owner = registry(port, "10.0.0.1:1", 4, packed);
-                RedisBlockRegistry asker = registry(port, "10.0.0.2:1", 4, new byte[0])) {
+        try (RedisBlockRegistry owner = registry(port, "10.0.0.1:1", 4, resident);
+                RedisBlockRegistry asker = registry(port, "10.0.0.2:1", 4, List.of())) {
             waitFor(() -> owner.connected() && asker.connected() && asker.liveNodes().size() == 1, "both hosts registered");
-            for (int i = 0; i < 50; i++) {
-                owner.advertise("ns", Arrays.copyOfRange(packed, i * 32, (i + 1) * 32));
+            for (byte[] h : resident) {
+                owner.advertise("ns", h);
             }
             assertThat(owner.stats().dropped()).as("the queue overflowed").isPositive();
             owner.flush(); // the overflow is repaired by advertising every resident block again
-            assertThat(asker.lookup("ns", new BlockHashes(packed, 32), List.of()).blocks()).isEqualTo(50);
+            assertThat(asker.lookup("ns", packed(resident), List.of()).blocks()).isEqualTo(50);
 
             redis.destroy();
             redis.waitFor(5, TimeUnit.SECONDS);
             redis = null;
             waitFor(() -> !owner.connected(), "the owner noticed Redis went away");
             owner.advertise("ns", new byte[32]);
+            long t0 = System.nanoTime();
             assertThatThrownBy(owner::flush).isInstanceOf(IOException.class)
                     .hasMessageContaining("advertisements were dropped").hasMessageContaining("127.0.0.1:" + port);
+            assertThat(Duration.ofNanos(System.nanoTime() - t0)).as("the flush waited its 4 timeouts, no longer")
+                    .isBetween(Duration.ofMillis(3900), Duration.ofSeconds(8));
+        }
+    }
+
+    /**
+     * Redis stops answering for a moment (SIGSTOP, then SIGCONT): the advertisement sent meanwhile
+     * is dropped, and a flush waits for the re-advertisement that repairs it instead of failing.
+     */
+    @Test
+    void aFlushWaitsForTheRepairOfAnAdvertisementDroppedInABlip() throws Exception {
+        int port = startRedis();
+        List<byte[]> resident = hashes(20, 11);
+        try (RedisBlockRegistry owner = registry(port, "10.0.0.1:1", 1024, resident);
+                RedisBlockRegistry asker = registry(port, "10.0.0.2:1", 1024, List.of())) {
+            waitFor(() -> owner.connected() && asker.connected() && asker.liveNodes().size() == 1, "both hosts registered");
+            for (byte[] h : resident) {
+                owner.advertise("ns", h);
+            }
+            owner.flush();
+            long droppedBefore = owner.stats().dropped();
+
+            signal(redis, "STOP");
+            Thread resume = null;
+            try {
+                waitFor(() -> !owner.connected(), "the owner's heartbeat timed out");
+                List<byte[]> more = hashes(21, 12);
+                byte[] late = more.get(20);
+                resident.add(late);
+                owner.advertise("ns", late);
+                waitFor(() -> owner.stats().dropped() > droppedBefore, "the advertisement dropped");
+                resume = Thread.ofPlatform().start(() -> {
+                    try {
+                        Thread.sleep(500);
+                        signal(redis, "CONT");
+                    } catch (Exception e) {
+                        throw new IllegalStateException(e);
+                    }
+                });
+                owner.flush(); // returns once Redis answers again and every resident block is advertised again
+            } finally {
+                if (resume != null) {
+                    resume.join();
+                } else {
+                    signal(redis, "CONT");
+                }
+            }
+            assertThat(owner.stats().resyncs()).as("repaired by a re-advertisement").isGreaterThan(1);
+            waitFor(() -> asker.connected() && asker.liveNodes().size() == 1, "the asker sees the owner again");
+            assertThat(asker.lookup("ns", packed(resident), List.of()).blocks()).as("the late block visible").isEqualTo(21);
         }
     }
 }
