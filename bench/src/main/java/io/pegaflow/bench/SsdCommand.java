@@ -33,6 +33,7 @@ import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
+import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
 import picocli.CommandLine.Command;
@@ -200,19 +201,32 @@ final class SsdCommand implements Callable<Integer> {
         }
     }
 
-    /** A restarted tier (index rebuilt) reading every block back, checked: GB/s of payload. */
+    /**
+     * A restarted tier (index rebuilt) reading every block back, checked: GB/s of payload.
+     * Block i lands in ring slot i % ring, and a slot takes its next read only once the last
+     * one completed (the tier's contract: a read's destination is the caller's alone until it
+     * completes). That keeps {@code ring} reads queued for the reader threads, as many as the
+     * ring has slots: more than the threads, so the readers never wait for the benchmark.
+     */
     private static double tierRead(SsdConfig config, int blocks, long blockBytes, long[] slotBytes, byte[][] hashes,
             MemorySegment src, MemorySegment dst, int ring, Map<String, Object> report, long r0) throws InterruptedException {
         try (SsdTier tier = SsdTier.open(config, null)) {
             report.put("rebuild_ms", round((System.nanoTime() - r0) / 1e6));
             CountDownLatch done = new CountDownLatch(blocks);
             AtomicInteger bad = new AtomicInteger();
+            Semaphore[] free = new Semaphore[ring];
+            for (int k = 0; k < ring; k++) {
+                free[k] = new Semaphore(1);
+            }
             long s0 = System.nanoTime();
             for (int i = 0; i < blocks; i++) {
+                Semaphore slot = free[i % ring];
+                slot.acquire(); // block i - ring, read into this slot, has completed
                 tier.read(NS, hashes[i], slotBytes, dst.asSlice((i % ring) * blockBytes, blockBytes), o -> {
                     if (o != SsdTier.ReadOutcome.OK) {
                         bad.incrementAndGet();
                     }
+                    slot.release();
                     done.countDown();
                 });
             }
@@ -224,10 +238,18 @@ final class SsdCommand implements Callable<Integer> {
             // Every read is checked against its CRC; this checks the bytes landed where asked, too.
             int first = Math.max(0, blocks - ring);
             CountDownLatch check = new CountDownLatch(blocks - first);
-            for (int i = first; i < blocks; i++) {
-                tier.read(NS, hashes[i], slotBytes, dst.asSlice((i % ring) * blockBytes, blockBytes), o -> check.countDown());
+            for (int i = first; i < blocks; i++) { // the last ring blocks: one slot each
+                tier.read(NS, hashes[i], slotBytes, dst.asSlice((i % ring) * blockBytes, blockBytes), o -> {
+                    if (o != SsdTier.ReadOutcome.OK) {
+                        bad.incrementAndGet();
+                    }
+                    check.countDown();
+                });
             }
             check.await();
+            if (bad.get() > 0) {
+                throw new IllegalStateException(bad.get() + " blocks failed their second read back");
+            }
             for (int i = first; i < blocks; i++) {
                 MemorySegment got = dst.asSlice((i % ring) * blockBytes, blockBytes);
                 stamp(got, -1 - i); // undoes the block's stamp (xor), leaving the ring's bytes

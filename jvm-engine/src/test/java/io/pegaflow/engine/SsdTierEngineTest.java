@@ -166,6 +166,7 @@ class SsdTierEngineTest {
             QueryResult q = settle(engine, hashes, new int[1]);
             assertThat(q.hitBlocks()).as("the damaged first block is a miss, so nothing hits").isZero();
             assertThat(engine.stats().get(Counter.SSD_CHECKSUM_FAILURES)).isEqualTo(1);
+            assertThat(engine.stats().get(Counter.SSD_READ_RETRIES)).as("damaged on disk: the staged read fails too").isZero();
             assertThat(engine.ssd().blocks()).as("the damaged record left the index").isEqualTo(3);
             engine.verifyInvariants();
         }

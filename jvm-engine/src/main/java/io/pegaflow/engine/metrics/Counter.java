@@ -47,6 +47,7 @@ public enum Counter {
     SSD_READ_BYTES("pegaflow_ssd_read_bytes_total", "payload bytes read back from SSD"),
     SSD_READ_ERRORS("pegaflow_ssd_read_errors_total", "SSD reads that failed (truncated or unreadable file): misses"),
     SSD_CHECKSUM_FAILURES("pegaflow_ssd_checksum_failures_total", "SSD records whose header or CRC32C did not match: misses"),
+    SSD_READ_RETRIES("pegaflow_ssd_read_retries_total", "SSD reads whose CRC32C failed in the destination and passed when read again through staging (the destination was written during the read): served, the record kept"),
     SSD_GEOMETRY_MISMATCH("pegaflow_ssd_geometry_mismatch_total", "SSD records whose slot geometry differs from the namespace's");
 
     private final String metricName;

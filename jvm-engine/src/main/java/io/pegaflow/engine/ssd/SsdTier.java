@@ -13,6 +13,7 @@ import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 import java.util.concurrent.ArrayBlockingQueue;
 import java.util.concurrent.BlockingQueue;
 import java.util.concurrent.ConcurrentHashMap;
@@ -54,6 +55,9 @@ public final class SsdTier implements AutoCloseable {
 
     private record Job(SsdKey key, int slots, long[] runs, long payloadBytes, Source source) {}
 
+    /** The destination of a read in flight: {@code [start, end)} of native memory, for the key being read. */
+    private record InFlight(long end, SsdKey key) {}
+
     private final SsdConfig config;
     private final BiConsumer<Counter, Long> counter;
     private final List<SsdShard> shards = new ArrayList<>();
@@ -69,6 +73,16 @@ public final class SsdTier implements AutoCloseable {
     private final AtomicLong storedBytes = new AtomicLong();
     private final AtomicLong seq = new AtomicLong();
     private final AtomicInteger busyWriters = new AtomicInteger();
+    /**
+     * Destinations of the reads queued or running, by start address (disjoint ranges, guarded
+     * by itself). A read costs one uncontended lock and an O(log n) floor lookup, n the reads in
+     * flight (the store keeps at most its prefetch budget): negligible next to reading a page or
+     * more from disk, so the whole range is checked, not only the start address (an O(1) map of
+     * starts would miss a destination sliced at another offset).
+     */
+    private final TreeMap<Long, InFlight> inFlight = new TreeMap<>();
+    /** Tests only: runs on the reader thread between a straight read into the destination and its checksum. */
+    volatile Consumer<MemorySegment> afterStraightRead;
     private volatile boolean closed;
 
     private SsdTier(SsdConfig config, BiConsumer<Counter, Long> counter) {
@@ -291,9 +305,19 @@ public final class SsdTier implements AutoCloseable {
      * {@code done}. {@code dst} holds the block only when the outcome is {@link ReadOutcome#OK}:
      * the record matched {@code slotBytes} and its checksum. Otherwise {@code dst} may hold
      * anything, and a record that failed leaves the index (so it is not read again).
+     *
+     * <p>The caller owns {@code dst} exclusively from this call until {@code done} runs: nothing
+     * else may write it, another read of this tier included (the disk's bytes land there before
+     * they are checked, so a write meanwhile would make a good record look damaged). A read whose
+     * destination overlaps one still in flight is refused. Once {@code done} is called the tier
+     * no longer touches {@code dst}, so the caller may give its memory to the next read.
+     *
+     * @throws InvalidArgumentException when {@code dst} (native memory) overlaps the destination
+     *     of a read still in flight; {@code done} is not called then
      */
     public void read(String namespace, byte[] hash, long[] slotBytes, MemorySegment dst, Consumer<ReadOutcome> done) {
         SsdKey key = new SsdKey(namespace, hash.clone());
+        long claimed = claim(key, dst);
         try {
             readers.execute(() -> {
                 ReadOutcome outcome;
@@ -305,12 +329,52 @@ public final class SsdTier implements AutoCloseable {
                             + " failed: " + e + "; served as a miss");
                     count(Counter.SSD_READ_ERRORS, 1);
                     outcome = ReadOutcome.IO_ERROR;
+                } finally {
+                    unclaim(claimed); // before done: it may hand the same memory to the next read
                 }
                 done.accept(outcome);
             });
         } catch (java.util.concurrent.RejectedExecutionException e) {
+            unclaim(claimed);
             done.accept(ReadOutcome.GONE); // closing
         }
+    }
+
+    /**
+     * Records {@code dst} as the destination of a read in flight; its start address, or -1 when
+     * it is not tracked (heap memory has no address of its own to compare; an empty one is never
+     * written).
+     */
+    private long claim(SsdKey key, MemorySegment dst) {
+        if (!dst.isNative() || dst.byteSize() == 0) {
+            return -1;
+        }
+        long start = dst.address();
+        long end = start + dst.byteSize();
+        synchronized (inFlight) {
+            // The ranges are disjoint, so the one starting last before our end is the only candidate.
+            Map.Entry<Long, InFlight> before = inFlight.lowerEntry(end);
+            if (before != null && before.getValue().end() > start) {
+                throw new InvalidArgumentException("SSD read of " + key.namespace() + "/" + hex(key.hash()) + " into "
+                        + range(start, end) + " overlaps the destination " + range(before.getKey(), before.getValue().end())
+                        + " of the read of " + before.getValue().key().namespace() + "/" + hex(before.getValue().key().hash())
+                        + " still in flight; expected a destination nothing else writes until the read completes");
+            }
+            inFlight.put(start, new InFlight(end, key));
+        }
+        return start;
+    }
+
+    private void unclaim(long start) {
+        if (start != -1) {
+            synchronized (inFlight) {
+                inFlight.remove(start);
+            }
+        }
+    }
+
+    private static String range(long start, long end) {
+        return "[0x" + Long.toHexString(start) + ", 0x" + Long.toHexString(end) + ")";
     }
 
     private ReadOutcome readNow(SsdKey key, long[] slotBytes, MemorySegment dst) {
@@ -329,35 +393,41 @@ public final class SsdTier implements AutoCloseable {
         // bytes are never served. Else through a staging buffer, with the header re-read.
         long n = h.payloadBytes();
         boolean straight = n % SsdRecord.PAGE == 0 && (!e.shard.direct || dst.address() % SsdRecord.PAGE == 0);
-        MemorySegment buf = straight ? dst : stagingFor(h.recordBytes());
-        try {
-            if (straight) {
-                e.shard.readFully(dst, e.offset + SsdRecord.PAGE, n);
-            } else {
-                e.shard.readFully(buf, e.offset, h.recordBytes());
+        ReadOutcome failed;
+        if (straight) {
+            if ((failed = fetch(e, dst, e.offset + SsdRecord.PAGE, n)) != null) {
+                return failed;
             }
-        } catch (IOException ex) {
             if (e.dropped) {
-                return ReadOutcome.GONE;
+                return ReadOutcome.GONE; // overwritten while it was being read: the bytes may be torn
             }
-            discard(e);
-            count(Counter.SSD_READ_ERRORS, 1);
-            LOG.log(System.Logger.Level.WARNING, "SSD read of " + key.namespace() + "/" + hex(key.hash()) + " from "
-                    + e.shard.file + " failed: " + ex + "; served as a miss");
-            return ReadOutcome.IO_ERROR;
+            Consumer<MemorySegment> hook = afterStraightRead;
+            if (hook != null) {
+                hook.accept(dst);
+            }
+            if (SsdRecord.crc(dst, 0, n) == h.payloadCrc()) {
+                count(Counter.SSD_READ_BLOCKS, 1);
+                count(Counter.SSD_READ_BYTES, n);
+                return ReadOutcome.OK;
+            }
+            // Not evidence enough to drop the record: the caller's memory may have been written
+            // while the disk filled it (read's contract forbids it, but the check cannot see
+            // every writer). Read it again, header included, into staging, which only this
+            // thread touches: only a record that fails there too is damaged.
+        }
+        MemorySegment buf = stagingFor(h.recordBytes());
+        if ((failed = fetch(e, buf, e.offset, h.recordBytes())) != null) {
+            return failed;
         }
         if (e.dropped) {
             return ReadOutcome.GONE; // overwritten while it was being read: the bytes may be torn
         }
-        String problem = null;
-        if (!straight) {
-            problem = SsdRecord.problem(buf);
-            SsdRecord.Header onDisk = problem == null ? SsdRecord.readHeader(buf) : null;
-            if (problem == null && (onDisk.seq() != h.seq() || !Arrays.equals(onDisk.hash(), key.hash()))) {
-                problem = "header changed";
-            }
+        String problem = SsdRecord.problem(buf);
+        SsdRecord.Header onDisk = problem == null ? SsdRecord.readHeader(buf) : null;
+        if (problem == null && (onDisk.seq() != h.seq() || !Arrays.equals(onDisk.hash(), key.hash()))) {
+            problem = "header changed";
         }
-        MemorySegment payload = straight ? dst : buf.asSlice(SsdRecord.PAGE, n);
+        MemorySegment payload = buf.asSlice(SsdRecord.PAGE, n);
         if (problem == null && SsdRecord.crc(payload, 0, n) != h.payloadCrc()) {
             problem = "payload checksum mismatch";
         }
@@ -365,15 +435,42 @@ public final class SsdTier implements AutoCloseable {
             discard(e);
             count(Counter.SSD_CHECKSUM_FAILURES, 1);
             LOG.log(System.Logger.Level.WARNING, "SSD record " + key.namespace() + "/" + hex(key.hash()) + " in "
-                    + e.shard.file + " at " + e.offset + " failed its check (" + problem + "); served as a miss");
+                    + e.shard.file + " at " + e.offset + " failed its check ("
+                    + (straight ? "payload checksum mismatch in the destination, then " + problem + " through staging" : problem)
+                    + "); served as a miss");
             return ReadOutcome.CORRUPT;
         }
-        if (!straight) {
-            MemorySegment.copy(payload, 0, dst, 0, n);
+        MemorySegment.copy(payload, 0, dst, 0, n);
+        if (straight) {
+            count(Counter.SSD_READ_RETRIES, 1);
+            LOG.log(System.Logger.Level.WARNING, "SSD record " + key.namespace() + "/" + hex(key.hash()) + " in "
+                    + e.shard.file + " at " + e.offset + " failed its checksum in the destination and passed when read"
+                    + " again through staging: something wrote the destination during the read (the caller must own it"
+                    + " until the read completes); served, the record kept");
         }
         count(Counter.SSD_READ_BLOCKS, 1);
         count(Counter.SSD_READ_BYTES, n);
         return ReadOutcome.OK;
+    }
+
+    /**
+     * Reads {@code length} bytes at {@code position} of the record's shard into {@code buf};
+     * null when they arrived, else the outcome to return (a failed read drops the record).
+     */
+    private ReadOutcome fetch(SsdShard.Entry e, MemorySegment buf, long position, long length) {
+        try {
+            e.shard.readFully(buf, position, length);
+            return null;
+        } catch (IOException ex) {
+            if (e.dropped) {
+                return ReadOutcome.GONE;
+            }
+            discard(e);
+            count(Counter.SSD_READ_ERRORS, 1);
+            LOG.log(System.Logger.Level.WARNING, "SSD read of " + e.key.namespace() + "/" + hex(e.key.hash()) + " from "
+                    + e.shard.file + " failed: " + ex + "; served as a miss");
+            return ReadOutcome.IO_ERROR;
+        }
     }
 
     private void discard(SsdShard.Entry e) {

@@ -1,7 +1,9 @@
 package io.pegaflow.engine.ssd;
 
 import static org.assertj.core.api.Assertions.assertThat;
+import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
+import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.metrics.Counter;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -15,12 +17,13 @@ import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.LongAdder;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
 
-/** The tier alone: queue pressure, ring wrap, a full disk, and files of other formats. */
+/** The tier alone: queue pressure, ring wrap, a full disk, files of other formats, and reads' destinations. */
 class SsdTierTest {
     private static final long[] SLOTS = {4096, 4096, 2048, 2048}; // 12 KiB payload, a 16 KiB record
 
@@ -138,6 +141,134 @@ class SsdTierTest {
         } finally {
             new ProcessBuilder("umount", mount.toString()).start().waitFor(10, TimeUnit.SECONDS);
         }
+    }
+
+    @Test
+    void twoReadsIntoOneDestinationAreRefusedOrBothRecordsSurvive() throws Exception {
+        // issue 37: pegaflow-bench ssd read block i and i+32 into one slice at once, and the
+        // good record whose checksum then failed left the index for good.
+        long[] big = {256 * 1024, 256 * 1024, 256 * 1024, 256 * 1024}; // 1 MiB: both reads are in flight together
+        int pairs = 20;
+        try (SsdTier tier = open(SsdConfig.of(List.of(dir), 64L << 20).withThreads(1, 2));
+                Arena arena = Arena.ofShared()) {
+            for (int i = 0; i < 2 * pairs; i++) {
+                assertThat(tier.offer("ns", hash(i), big, pattern(i))).isTrue();
+            }
+            assertThat(tier.awaitWritten(30_000)).isTrue();
+            assertThat(tier.blocks()).isEqualTo(2 * pairs);
+            MemorySegment shared = arena.allocate(1 << 20, SsdRecord.PAGE);
+            for (int p = 0; p < pairs; p++) {
+                CompletableFuture<SsdTier.ReadOutcome> first = new CompletableFuture<>();
+                CompletableFuture<SsdTier.ReadOutcome> second = new CompletableFuture<>();
+                tier.read("ns", hash(2 * p), big, shared, first::complete);
+                try {
+                    tier.read("ns", hash(2 * p + 1), big, shared, second::complete);
+                } catch (InvalidArgumentException e) {
+                    assertThat(e).hasMessageContaining(Long.toHexString(shared.address()));
+                    second.complete(null); // refused: the first read still owned the destination
+                }
+                first.get(10, TimeUnit.SECONDS);
+                second.get(10, TimeUnit.SECONDS);
+            }
+            assertThat(count(Counter.SSD_CHECKSUM_FAILURES)).as("no good record failed its check").isZero();
+            assertThat(tier.blocks()).as("every record stays indexed").isEqualTo(2 * pairs);
+            MemorySegment own = arena.allocate(1 << 20, SsdRecord.PAGE);
+            for (int i = 0; i < 2 * pairs; i++) {
+                CompletableFuture<SsdTier.ReadOutcome> f = new CompletableFuture<>();
+                tier.read("ns", hash(i), big, own, f::complete);
+                assertThat(f.get(10, TimeUnit.SECONDS)).as("record %d read alone", i).isEqualTo(SsdTier.ReadOutcome.OK);
+                assertThat(holds(own, i)).as("record %d's bytes", i).isTrue();
+            }
+        }
+    }
+
+    @Test
+    void aReadIntoADestinationOverlappingOneInFlightIsRefusedNamingBothRanges() throws Exception {
+        try (SsdTier tier = open(SsdConfig.of(List.of(dir), 1 << 20)); Arena arena = Arena.ofShared()) {
+            tier.offer("ns", hash(0), SLOTS, pattern(0));
+            tier.offer("ns", hash(1), SLOTS, pattern(1));
+            assertThat(tier.awaitWritten(10_000)).isTrue();
+            MemorySegment mem = arena.allocate(5 * SsdRecord.PAGE, SsdRecord.PAGE);
+            MemorySegment first = mem.asSlice(0, 3 * SsdRecord.PAGE);
+            MemorySegment overlapping = mem.asSlice(2 * SsdRecord.PAGE, 3 * SsdRecord.PAGE); // its last page is first's
+            CountDownLatch reading = new CountDownLatch(1);
+            CountDownLatch release = new CountDownLatch(1);
+            tier.afterStraightRead = d -> { // holds the first read in flight
+                reading.countDown();
+                try {
+                    release.await();
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            };
+            CompletableFuture<SsdTier.ReadOutcome> f = new CompletableFuture<>();
+            tier.read("ns", hash(0), SLOTS, first, f::complete);
+            assertThat(reading.await(10, TimeUnit.SECONDS)).isTrue();
+            assertThatThrownBy(() -> tier.read("ns", hash(1), SLOTS, overlapping, o -> {
+                throw new AssertionError("a refused read completed: " + o);
+            })).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining(range(overlapping)).hasMessageContaining(range(first));
+            release.countDown();
+            assertThat(f.get(10, TimeUnit.SECONDS)).isEqualTo(SsdTier.ReadOutcome.OK);
+            assertThat(holds(first, 0)).isTrue();
+            tier.afterStraightRead = null;
+            assertThat(read(tier, 1, overlapping)).as("accepted once the first read completed").isEqualTo(SsdTier.ReadOutcome.OK);
+            assertThat(holds(overlapping, 1)).isTrue();
+            assertThat(tier.blocks()).isEqualTo(2);
+        }
+    }
+
+    @Test
+    void aRecordWhoseDestinationIsOverwrittenDuringTheStraightReadIsReadAgainThroughStagingAndKept() throws Exception {
+        try (SsdTier tier = open(SsdConfig.of(List.of(dir), 1 << 20)); Arena arena = Arena.ofShared()) {
+            tier.offer("ns", hash(0), SLOTS, pattern(0));
+            assertThat(tier.awaitWritten(10_000)).isTrue();
+            MemorySegment dst = arena.allocate(12 * 1024, SsdRecord.PAGE); // page-aligned: read straight into it
+            AtomicInteger straightReads = new AtomicInteger();
+            tier.afterStraightRead = d -> {
+                if (straightReads.getAndIncrement() == 0) {
+                    d.asSlice(5000, 100).fill((byte) 0x5A); // another writer, between the disk and the checksum
+                }
+            };
+            assertThat(read(tier, 0, dst)).isEqualTo(SsdTier.ReadOutcome.OK);
+            assertThat(straightReads.get()).isEqualTo(1);
+            assertThat(holds(dst, 0)).as("the staged copy replaced the overwritten bytes").isTrue();
+            assertThat(count(Counter.SSD_READ_RETRIES)).isEqualTo(1);
+            assertThat(count(Counter.SSD_CHECKSUM_FAILURES)).isZero();
+            assertThat(tier.contains("ns", hash(0), 0, 32)).as("the record stays indexed").isTrue();
+            dst.fill((byte) 0);
+            assertThat(read(tier, 0, dst)).isEqualTo(SsdTier.ReadOutcome.OK);
+            assertThat(holds(dst, 0)).isTrue();
+            assertThat(count(Counter.SSD_READ_RETRIES)).as("a clean read needs no second one").isEqualTo(1);
+        }
+    }
+
+    @Test
+    void aDamagedPayloadFailsTheStagedReadTooAndLeavesTheIndex() throws Exception {
+        try (SsdTier tier = open(SsdConfig.of(List.of(dir), 1 << 20).withThreads(1, 1))) {
+            tier.offer("ns", hash(0), SLOTS, pattern(0));
+            assertThat(tier.awaitWritten(10_000)).isTrue();
+        }
+        Path shard = dir.resolve("pegaflow-ssd-0.shard");
+        try (var ch = java.nio.channels.FileChannel.open(shard, java.nio.file.StandardOpenOption.READ,
+                java.nio.file.StandardOpenOption.WRITE); Arena arena = Arena.ofConfined()) {
+            MemorySegment page = arena.allocate(SsdRecord.PAGE);
+            long at = 2L * SsdRecord.PAGE; // file header, record header, then the payload
+            ch.read(page.asByteBuffer(), at);
+            page.set(ValueLayout.JAVA_BYTE, 100, (byte) ~page.get(ValueLayout.JAVA_BYTE, 100));
+            ch.write(page.asByteBuffer(), at);
+        }
+        try (SsdTier tier = open(SsdConfig.of(List.of(dir), 1 << 20)); Arena arena = Arena.ofShared()) {
+            MemorySegment dst = arena.allocate(12 * 1024, SsdRecord.PAGE);
+            assertThat(read(tier, 0, dst)).isEqualTo(SsdTier.ReadOutcome.CORRUPT);
+            assertThat(count(Counter.SSD_CHECKSUM_FAILURES)).isEqualTo(1);
+            assertThat(count(Counter.SSD_READ_RETRIES)).isZero();
+            assertThat(tier.contains("ns", hash(0), 0, 32)).isFalse();
+        }
+    }
+
+    private static String range(MemorySegment m) {
+        return "[0x" + Long.toHexString(m.address()) + ", 0x" + Long.toHexString(m.address() + m.byteSize()) + ")";
     }
 
     @Test
