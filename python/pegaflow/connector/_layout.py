@@ -109,6 +109,27 @@ def required_layout(vllm_config, cross_layer_blocks: bool) -> str | None:
     return "BLNHC"
 
 
+def cross_layer_views(kv_cache, attn_backend, kv_cache_config) -> dict:
+    """vLLM 0.26-0.28's one tensor for all layers as the per-layer views its model reads: the
+    tensor is allocated in the backend's physical order with the layer dimension included
+    (``get_kv_cache_stride_order(include_num_layers_dimension=True)``, identity where the backend
+    has none), so the logical order comes back by the inverse permutation, layer ``i`` being
+    ``kv_cache_config.kv_cache_tensors[i]`` (every layer that shares it)."""
+    try:
+        order = tuple(attn_backend.get_kv_cache_stride_order(include_num_layers_dimension=True))
+        if len(order) != kv_cache.dim():
+            raise ValueError
+    except (AttributeError, NotImplementedError, ValueError, TypeError):
+        order = tuple(range(kv_cache.dim()))
+    logical = kv_cache.permute(*[order.index(i) for i in range(len(order))])
+    tensors = kv_cache_config.kv_cache_tensors
+    if logical.shape[0] != len(tensors):
+        raise InvalidArgumentError(
+            f"cross-layer KV tensor of shape {tuple(kv_cache.shape)} (stride order {order}) has {logical.shape[0]} "
+            f"layers where vLLM's kv_cache_config has {len(tensors)} KV tensors; expected one per layer")
+    return {name: logical[i] for i, t in enumerate(tensors) for name in t.shared_by}
+
+
 def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[LayerGeometry]:
     """Every registered layer in the order of its memory (by base address, then name), so a
     block's slots in the pool follow its bytes on the device: under the cross-layer layout

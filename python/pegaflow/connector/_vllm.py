@@ -32,13 +32,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
     SupportsHMA,
 )
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from ..errors import PegaflowError
 from . import _compat, _groups, _layout, _private, _runtime
+from ._keys import BlockKeys, has_extra_keys
 from ._brain import SchedulerBrain
 from ._stats import PegaConnectorStats, PegaPromMetrics
 from .settings import Settings
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("pegaflow.connector")
+
+TransferResults = _compat.transfer_results_class()  # vLLM's where it has one (>= 0.30)
 
 
 def _log_through_vllm() -> None:
@@ -113,18 +115,19 @@ def _check_parallelism(vllm_config) -> None:
         )
 
 
-def tail_key(request, block_size: int) -> bytes | None:
+def tail_key(request, block_size: int, hashes=None) -> bytes | None:
     """The key of a prompt's partial last block (PegaFlow's tail-block flow; docs/cluster.md, P/D):
     derived from the last full block's hash and the tail's token ids, the same on the prefill
     and the decode side. None when there is no tail worth it (fewer than 2 tokens: vLLM computes
     the last prompt token anyway), no full block before it, the full blocks are not all hashed
-    yet, or the request carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt)."""
+    yet, or the request carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt).
+    ``hashes``: the store's keys of its full blocks (default vLLM's own)."""
     n = request.num_prompt_tokens
     full = n // block_size
-    hashes = request.block_hashes
+    hashes = request.block_hashes if hashes is None else hashes
     if n - full * block_size < 2 or full == 0 or len(hashes) < full:
         return None
-    if getattr(request, "lora_request", None) or getattr(request, "mm_features", None) or getattr(request, "cache_salt", None):
+    if has_extra_keys(request):
         return None
     parent = bytes(hashes[full - 1])
     tokens = array.array("i", request.prompt_token_ids[full * block_size:n]).tobytes()
@@ -168,6 +171,14 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # recurrent state there is not what a block-aligned hit loads, so hybrid models P/D
         # without it (every full block; the tail's tokens are computed on the decode side).
         self._tail_flow = len(self._groups) == 1
+        self._keys = BlockKeys(str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256") or "sha256"),
+                               self._block_size)
+        # vLLM < 0.30 with several KV-cache groups: failed loads reach the scheduler side in our
+        # worker metadata, which rewinds the request to the prefix it had before the hit
+        self._failed_meta = None if _compat.has("transfer_results") or len(self._groups) == 1 \
+            else _compat.failed_loads_metadata_class()
+        self._failed_pending: set[str] = set()
+        self._local_computed: dict[str, int] = {}
         self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
         self._worker: WorkerCore | None = None
@@ -196,14 +207,31 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> str | None:
-        """``BLNHC`` (every layer's slice of a block back to back: one run per block to copy)
-        unless turned off (``cross_layer_blocks``), the model is MLA, or the platform's only
-        backend cannot take it (the CPU backend accepts LBHNC alone; vLLM would warn and
-        fall back). vLLM uses the request only where its attention backends support it."""
+        """vLLM >= 0.29: ``BLNHC`` (every layer's slice of a block back to back: one run per
+        block to copy) unless turned off (``cross_layer_blocks``), the model is MLA, or the
+        platform's only backend cannot take it (the CPU backend accepts LBHNC alone). vLLM uses
+        the request only where its attention backends support it, else warns and keeps its
+        default. Before 0.29 the layout names are NHD/HND only: cross-layer blocks are asked
+        for through ``prefer_cross_layer_blocks`` instead."""
+        if not _compat.has("kv_cache_layouts"):
+            return None
         return _layout.required_layout(vllm_config, Settings.from_extra(
             vllm_config.kv_transfer_config.kv_connector_extra_config).cross_layer_blocks)
 
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        """vLLM 0.26-0.28: one KV tensor for all layers, blocks outermost, where the model's one
+        attention backend indexes blocks by stride (vLLM checks; otherwise it allocates per layer
+        and calls ``register_kv_caches``). Same conditions as the layout request of 0.29+."""
+        return _compat.has("cross_layer_registration") and _layout.required_layout(
+            self._vllm_config, self._settings.cross_layer_blocks) is not None
+
     # ================================================================== worker side
+
+    def register_cross_layers_kv_cache(self, kv_cache: torch.Tensor, attn_backend) -> None:
+        """vLLM 0.26-0.28's cross-layer tensor: registered as the per-layer views vLLM's model
+        reads (the same memory), which the layout description finds back to back per block."""
+        self.register_kv_caches(_layout.cross_layer_views(kv_cache, attn_backend, self._kv_cache_config))
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         kcc = self._kv_cache_config
@@ -243,16 +271,28 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         results = self.get_transfer_results(finished_req_ids)
         return results.finished_sending or None, results.finished_recving or None
 
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+    def get_transfer_results(self, finished_req_ids: set[str]):
         """Finished saves and loads. A model with several KV-cache groups reports a failed load by
         request (``failed_recving``: vLLM recomputes the request), since vLLM cannot map block ids
         of several groups back to requests; one group reports the failed blocks instead
-        (``get_block_ids_with_load_errors``: vLLM keeps the valid prefix)."""
+        (``get_block_ids_with_load_errors``: vLLM keeps the valid prefix). Before vLLM 0.30 the
+        request ids go in the connector's worker metadata (``build_connector_worker_meta``)."""
         if self._worker is None:
-            return KVConnectorTransferResults()
+            return TransferResults()
         sending, recving, failed = self._worker.get_finished(finished_req_ids)
-        return KVConnectorTransferResults(finished_sending=sending, finished_recving=recving,
-                                          failed_recving=failed if len(self._groups) > 1 else set())
+        if len(self._groups) == 1:
+            failed = set()
+        elif self._failed_meta is not None:
+            self._failed_pending |= failed
+            failed = set()
+        return TransferResults(finished_sending=sending, finished_recving=recving, failed_recving=failed)
+
+    def build_connector_worker_meta(self):
+        """vLLM < 0.30, several KV-cache groups: this step's failed loads, by request."""
+        if self._failed_meta is None or not self._failed_pending:
+            return None
+        failed, self._failed_pending = self._failed_pending, set()
+        return self._failed_meta(failed_recving=failed)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self._worker is None:
@@ -267,11 +307,11 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
-        hashes = request.block_hashes
+        hashes = self._keys.of(request)
         if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size:
             return 0, False
         bs = self._block_size
-        tail = tail_key(request, bs) if self._tail_flow and self._role == "kv_consumer" \
+        tail = tail_key(request, bs, hashes) if self._tail_flow and self._role == "kv_consumer" \
             and request.num_tokens == request.num_prompt_tokens \
             else None
         try:
@@ -300,6 +340,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         if n > 0:
             self._counts["hit_requests"] += 1
             self._counts["hit_tokens"] += n
+            self._local_computed[request.request_id] = num_computed_tokens
         return n, n > 0
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
@@ -330,12 +371,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         request = self._requests.get(req_id)
         if request is None:
             return
-        hashes = request.block_hashes
+        hashes = self._keys.of(request)
         full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
         sent = self._hashes_sent.get(req_id, 0)
         if (self._tail_flow and self._role == "kv_producer" and num_computed + num_scheduled >= request.num_prompt_tokens
                 and full == request.num_prompt_tokens // self._block_size and sent <= full):
-            tail = tail_key(request, self._block_size)
+            tail = tail_key(request, self._block_size, hashes)
             if tail is not None:
                 # the prompt is complete this step: its partial last block is saved under its
                 # tail key as one more block (the brain counts it complete at the block's end)
@@ -353,12 +394,25 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: KVConnectorOutput):
         self._sched.failed_blocks(connector_output.invalid_block_ids or ())
-        self._sched.finished(connector_output.finished_sending, connector_output.finished_recving,
-                             getattr(connector_output, "failed_recving", None))
+        failed = getattr(connector_output, "failed_recving", None)
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if self._failed_meta is not None and isinstance(meta, self._failed_meta) and meta.failed_recving:
+            # vLLM < 0.30: the request restarts from its prefix before the hit (vLLM caches the
+            # blocks up to num_computed_tokens when the load's finish arrives, and computes the rest)
+            failed = set(failed or ()) | meta.failed_recving
+            for req_id in meta.failed_recving:
+                request = self._requests.get(req_id)
+                if request is not None and req_id in self._local_computed:
+                    log.warning("load of request %s failed in some KV-cache group: recomputing it from token %d",
+                                req_id, self._local_computed[req_id])
+                    request.num_computed_tokens = self._local_computed[req_id]
+        self._sched.finished(connector_output.finished_sending, connector_output.finished_recving, failed)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._requests.pop(request.request_id, None)
         self._hashes_sent.pop(request.request_id, None)
+        self._keys.forget(request.request_id)
+        self._local_computed.pop(request.request_id, None)
         self._tail_probes.discard(request.request_id)
         return self._sched.request_finished(request.request_id), None
 

@@ -61,6 +61,8 @@ public final class LocalStore implements BlockStore {
     // --- guarded by lock ---
     private final InstanceRegistry registry = new InstanceRegistry();
     private final LeaseTable leases;
+    /** Loads still to refuse at their start (testing: pegaflow-server --inject-load-failures). */
+    private final java.util.concurrent.atomic.AtomicInteger injectedLoadFailures = new java.util.concurrent.atomic.AtomicInteger();
     private final LruList lru = new LruList();
     private final Set<Block> inflight = new HashSet<>();
     private long residentBlocks;
@@ -654,6 +656,18 @@ public final class LocalStore implements BlockStore {
         return beginLoad(instanceId, workerRank, leaseId, dstBlockIds, Integer.MAX_VALUE);
     }
 
+    /**
+     * Testing: the next {@code n} loads fail at their start as a failed copy does (their blocks
+     * reported to the caller, nothing else changed), so a client's recovery can be exercised
+     * against a real store. 0 turns it off.
+     */
+    public void injectLoadFailures(int n) {
+        if (n < 0) {
+            throw new InvalidArgumentException("injected load failures " + n + "; expected >= 0");
+        }
+        injectedLoadFailures.set(n);
+    }
+
     @Override
     public CopyPlan beginLoad(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds, int planBlocks) {
         if (planBlocks < 1) {
@@ -661,6 +675,10 @@ public final class LocalStore implements BlockStore {
         }
         if (leaseId == null || dstBlockIds == null) {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
+        }
+        if (injectedLoadFailures.getAndUpdate(n -> Math.max(0, n - 1)) > 0) {
+            throw new TransferFailedException("load of lease " + leaseId + " refused: a fault injected for testing "
+                    + "(--inject-load-failures)", dstBlockIds, null);
         }
         lock.lock();
         try {

@@ -154,6 +154,11 @@ public final class ServerMain implements Callable<Integer> {
             description = "how long a peer pins blocks for one fetch, and how long the fetch may take (default ${DEFAULT-VALUE})")
     long fetchDeadlineSecs;
 
+    @Option(names = "--inject-load-failures", defaultValue = "0", paramLabel = "N",
+            description = "testing: refuse the first N loads as failed copies, so clients' recovery (vLLM recomputes) "
+                    + "can be exercised against a real server (default ${DEFAULT-VALUE}: off)")
+    int injectLoadFailures;
+
     @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
     String logLevel;
 
@@ -187,6 +192,9 @@ public final class ServerMain implements Callable<Integer> {
                     + " is not a running process; expected the pid of the process that owns this server"));
         }
         PegaflowServer server = PegaflowServer.start(config, localSocket, busyPollUs);
+        if (injectLoadFailures != 0) {
+            server.store().injectLoadFailures(injectLoadFailures);
+        }
         if (owner != null) {
             long pid = ownerPid;
             owner.onExit().thenRun(() -> {

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# GPU machine: joins what ci/gpu-vllm/stage.sh's calls left in /tmp/stage and installs it under
+# /tmp (kept while the machine stays warm): /tmp/vllm-site (vLLM 0.26 and the dependencies the
+# image lacks), /tmp/pf-site (the original PegaFlow's wheel), /tmp/ours-site (this project's
+# wheel, unpacked as ci/unpack-wheel.sh does). Prints what it installed.
+set -euo pipefail
+s=/tmp/stage
+cd "$s"
+whl=$(awk '{print $2}' vllm.sha256)
+cat vllm.whl.part-* > "$whl"
+sha256sum -c vllm.sha256
+pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "$@"; }
+rm -rf /tmp/vllm-site /tmp/pf-site /tmp/ours-site
+pipi --target /tmp/vllm-site "$whl" deps/*.whl
+pipi --target /tmp/pf-site pegaflow_llm_cu13-*.whl
+mkdir -p /tmp/ours-site
+python3 -m zipfile -e pegaflow_jvm-*.whl /tmp/ours-site
+chmod +x /tmp/ours-site/pegaflow/_jre/bin/* /tmp/ours-site/pegaflow/_jre/lib/jspawnhelper
+PYTHONPATH=/tmp/vllm-site python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+echo "installed: $(ls /tmp/vllm-site | wc -l) entries in /tmp/vllm-site; PegaFlow in /tmp/pf-site; ours in /tmp/ours-site"

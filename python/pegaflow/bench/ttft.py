@@ -1,0 +1,376 @@
+"""``pegaflow-bench ttft``: time to first token in a real vLLM on the GPU, every system in one run.
+
+Systems, each in its own process (``ttft_worker.py``) on one model of Llama-3.1-8B's shape
+with random weights (``pegaflow.models.shapes``):
+
+- ``none``: vLLM without a connector: cold, and warm from its own GPU prefix cache;
+- ``embedded`` / ``server``: this project's connector, the store in the vLLM process or in a
+  ``pegaflow-server`` started for the run;
+- ``vllm_native``: vLLM's own ``OffloadingConnector`` with a CPU tier of the same bytes;
+- ``pegaflow``: the original PegaFlow (its wheel unpacked in ``--pegaflow-site``: its server
+  and connector, in their own processes; both projects install the import name ``pegaflow``).
+
+Per prompt length, each store system runs every prompt cold (its saves go out), empties vLLM's
+prefix cache, and runs them again warm (from the store); TTFT is vLLM's own first-token
+latency of each request. ``outputs_identical``: every warm answer's token ids equal ``none``'s
+answer from vLLM's GPU prefix cache (the same compute path). Optionally (``--concurrency``) a
+load through vLLM's OpenAI server: requests of ``--load-length`` tokens, about half of them
+repeats of earlier prompts, ``--concurrency`` in flight: TTFT p50/p99 and requests/s.
+
+    pegaflow-bench ttft --json docs/benchmarks/vllm-gpu-ttft.json --pegaflow-site /tmp/pf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
+WORKER = Path(__file__).with_name("ttft_worker.py")
+
+
+def _tokens(text: str) -> int:
+    text = text.strip().lower()
+    return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
+
+
+def _label(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
+def _p(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, int(round(q * (len(s) - 1))))], 2)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def line_rate_gbps() -> float | None:
+    """One large pinned host-to-device copy, best of five (the PCIe line of this run); None
+    without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    n = 1 << 30
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(n, dtype=torch.uint8, device="cuda")
+    best = 0.0
+    for _ in range(6):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        dev.copy_(host, non_blocking=True)
+        torch.cuda.synchronize()
+        best = max(best, n / (time.perf_counter() - t) / 1e9)
+    del host, dev
+    torch.cuda.empty_cache()
+    return round(best, 2)
+
+
+def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"{what} not listening on {port} after {timeout:.0f} s:\n{log.read_text()[-3000:]}")
+
+
+class Systems:
+    """Starts what each system needs and names its vLLM connector config and environment."""
+
+    def __init__(self, args, work: Path):
+        self.args = args
+        self.work = work
+        import pegaflow
+
+        self.ours = str(Path(pegaflow.__file__).resolve().parent.parent)
+        self.pool_bytes = _bytes(args.pool_size)
+
+    def env(self, system: str) -> dict:
+        env = dict(os.environ)
+        env.pop("PYTHONHASHSEED", None)  # as users run it: processes share without it
+        paths = [self.args.pegaflow_site] if system == "pegaflow" else [self.ours]
+        paths += [p for p in (self.args.vllm_site, env.get("PYTHONPATH", "")) if p]
+        if system == "pegaflow":
+            paths = [p for p in paths if Path(p).resolve() != Path(self.ours)]
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        return env
+
+    def start(self, system: str):
+        """(kv_transfer config or None, a stop function)."""
+        if system == "none":
+            return None, lambda: None
+        if system == "embedded":
+            return {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                    "kv_connector_extra_config": {"mode": "embedded", "pool_size": self.args.pool_size}}, lambda: None
+        if system == "server":
+            from pegaflow._server import start_server
+
+            server = start_server(Path(self.args.pool_dir) / f"pegaflow-ttft-{os.getpid()}.pool",
+                                  pool_size=self.args.pool_size)
+            return {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+                    "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                    "kv_connector_extra_config": {"mode": "server", "endpoint": server.endpoint}}, server.stop
+        if system == "vllm_native":
+            return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"cpu_bytes_to_use": self.pool_bytes}}, lambda: None
+        if system == "pegaflow":
+            if not self.args.pegaflow_site:
+                raise RuntimeError("system pegaflow needs --pegaflow-site (the original PegaFlow's wheel unpacked)")
+            port, http = _free_port(), _free_port()
+            log = self.work / "pegaflow-server.log"
+            proc = subprocess.Popen([sys.executable, "-m", "pegaflow._server", "--pool-size", self.args.pool_size,
+                                     "--devices", "0", "--addr", f"127.0.0.1:{port}", "--http-addr",
+                                     f"127.0.0.1:{http}"], env=self.env("pegaflow"), stdout=log.open("w"),
+                                    stderr=subprocess.STDOUT, cwd=self.work)
+            t = time.perf_counter()
+            _wait_port(port, proc, "PegaFlow's server", log, 300)
+            print(f"  PegaFlow's server listening after {time.perf_counter() - t:.1f} s", file=sys.stderr)
+
+            def stop():
+                proc.terminate()
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+            return {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
+                    "kv_role": "kv_both",
+                    "kv_connector_extra_config": {"pegaflow.host": "http://127.0.0.1", "pegaflow.port": port}}, stop
+        raise ValueError(f"system {system!r}; expected one of {SYSTEMS}")
+
+
+def _bytes(text: str) -> int:
+    units = {"kb": 1 << 10, "mb": 1 << 20, "gb": 1 << 30, "tb": 1 << 40}
+    t = text.strip().lower()
+    for u, m in units.items():
+        if t.endswith(u):
+            return int(float(t[:-2]) * m)
+    return int(t)
+
+
+def run_worker(systems: Systems, system: str, spec: dict, timeout: float) -> dict:
+    kv, stop = systems.start(system)
+    try:
+        spec = dict(spec, kv_transfer=kv, gpu_hit=system == "none")
+        spec_path = systems.work / f"{system}.spec.json"
+        out_path = systems.work / f"{system}.out.json"
+        spec_path.write_text(json.dumps(spec))
+        log = systems.work / f"{system}.log"
+        # run from the work folder: a script's own folder leads sys.path, and ours holds other modules
+        worker = systems.work / WORKER.name
+        worker.write_text(WORKER.read_text())
+        t = time.perf_counter()
+        with log.open("w") as f:
+            rc = subprocess.call([sys.executable, str(worker), str(spec_path), str(out_path)],
+                                 env=systems.env(system), stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                 cwd=systems.work)
+        if rc != 0:
+            raise RuntimeError(f"system {system}: worker exited with {rc}:\n{log.read_text()[-4000:]}")
+        out = json.loads(out_path.read_text())
+        out["process_s"] = round(time.perf_counter() - t, 1)
+        return out
+    finally:
+        stop()
+
+
+def load_test(systems: Systems, system: str, args, model: str, timeout: float) -> dict:
+    """``--load-requests`` requests through vLLM's OpenAI server, ``--concurrency`` at a time."""
+    kv, stop = systems.start(system)
+    port = _free_port()
+    log = systems.work / f"{system}.api.log"
+    length = _tokens(args.load_length)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--load-format", "dummy",
+           "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", str(length + 64), "--enforce-eager",
+           "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.85",
+           "--num-gpu-blocks-override", str(args.load_gpu_blocks), "--max-num-seqs", str(max(args.concurrency, 8))]
+    if kv is not None:
+        cmd += ["--kv-transfer-config", json.dumps(kv)]
+    env = systems.env(system)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=systems.work)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"system {system}: API server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"system {system}: API server not ready:\n{log.read_text()[-3000:]}")
+                time.sleep(1)
+        rnd = random.Random(args.seed)
+        uniques: list[list[int]] = []
+        plan: list[list[int]] = []
+        for i in range(args.load_requests):
+            if uniques and rnd.random() < 0.5:
+                plan.append(rnd.choice(uniques))
+            else:
+                p = [200 + len(uniques)] + [rnd.randrange(1000, 128000) for _ in range(length - 1)]
+                uniques.append(p)
+                plan.append(p)
+        body = lambda p: json.dumps({"model": model, "prompt": p, "max_tokens": 1, "temperature": 0}).encode()
+
+        def one(p):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body(p),
+                                         {"Content-Type": "application/json"})
+            t = time.perf_counter()
+            with urllib.request.urlopen(req, timeout=600) as r:
+                r.read()
+            return (time.perf_counter() - t) * 1e3
+
+        one(plan[0][:2048])  # warm-up, not counted
+        t = time.perf_counter()
+        with ThreadPoolExecutor(args.concurrency) as pool:
+            lat = list(pool.map(one, plan))
+        elapsed = time.perf_counter() - t
+        repeats = len(plan) - len(uniques)
+        return {"requests": len(plan), "repeats": repeats, "concurrency": args.concurrency, "prompt_tokens": length,
+                "ttft_p50_ms": _p(lat, 0.5), "ttft_p99_ms": _p(lat, 0.99), "requests_per_s": round(len(plan) / elapsed, 2)}
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        stop()
+
+
+def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: float | None) -> dict:
+    none = results.get("none", {}).get("lengths", {})
+    systems = {}
+    for system, res in results.items():
+        if "error" in res:
+            systems[system] = {"error": res["error"]}
+            continue
+        entry = {"start_s": round(res.get("start_s", 0.0), 1)}
+        for n in lengths:
+            r = res["lengths"][str(n)]
+            cold = [x["ttft_ms"] for x in r["cold"]]
+            row = {"cold_p50_ms": _p(cold, 0.5)}
+            ref = none.get(str(n), {}).get("gpu_hit")
+            if system == "none":
+                row["gpu_hit_p50_ms"] = _p([x["ttft_ms"] for x in r["gpu_hit"]], 0.5)
+                row["outputs_identical"] = [x["token_ids"] for x in r["gpu_hit"]] == [x["token_ids"] for x in r["cold"]]
+                row["gpu_hit_cached_tokens"] = [x["cached_tokens"] for x in r["gpu_hit"]]
+            else:
+                warm = r.get("warm", [])
+                row["warm_p50_ms"] = _p([x["ttft_ms"] for x in warm], 0.5)
+                row["warm_cached_tokens"] = [x["cached_tokens"] for x in warm]
+                row["outputs_identical"] = bool(ref) and [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
+                row["reset_ok"] = r.get("reset_ok")
+            if line:
+                row["line_floor_ms"] = round(n * bytes_per_token / (line * 1e9) * 1e3, 2)
+            entry[_label(n)] = row
+        if "load" in res:
+            entry["load"] = res["load"]
+        systems[system] = entry
+    return systems
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="pegaflow-bench ttft", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="model folder (config.json; random weights); default: Llama-3.1-8B's shape")
+    ap.add_argument("--lengths", default="2k,8k,16k,32k")
+    ap.add_argument("--prompts", type=int, default=6, help="prompts per length (default 6)")
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--pool-size", default="28gb", help="host bytes of every store (default 28gb)")
+    ap.add_argument("--pool-dir", default="/dev/shm", help="where pegaflow-server keeps its pool (default /dev/shm)")
+    ap.add_argument("--pegaflow-site", help="the original PegaFlow's wheel unpacked (system pegaflow)")
+    ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
+    ap.add_argument("--concurrency", type=int, default=0, help="OpenAI-server load: requests in flight (0: none)")
+    ap.add_argument("--load-requests", type=int, default=48)
+    ap.add_argument("--load-length", default="8k")
+    ap.add_argument("--load-gpu-blocks", type=int, default=8192, help="vLLM's GPU blocks in the load (its own cache)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--block-size", type=int, help="vLLM's block size (default: the platform's)")
+    ap.add_argument("--json", default="out/vllm-gpu-ttft.json")
+    args = ap.parse_args(argv)
+    from pegaflow.models import shapes
+
+    lengths = [_tokens(x) for x in args.lengths.split(",") if x]
+    systems_wanted = [s for s in args.systems.split(",") if s]
+    for s in systems_wanted:
+        if s not in SYSTEMS:
+            raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS)}")
+    config = shapes.LLAMA_31_8B
+    model = str(Path(args.model).resolve()) if args.model else str(shapes.write(Path("out/llama-3.1-8b-shape").resolve(), config))
+    if args.model:
+        config = json.loads((Path(args.model) / "config.json").read_text())
+    bpt = shapes.kv_bytes_per_token(config)
+    line = line_rate_gbps()
+    print(f"ttft: line {line} GB/s, {bpt} KV bytes per token", file=sys.stderr)
+    spec = {"model": model, "max_model_len": max(lengths) + 256, "lengths": lengths, "prompts": args.prompts,
+            "seed": args.seed, "vocab": int(config.get("vocab_size", 128256)), "dtype": args.dtype,
+            "block_size": args.block_size}
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="pegaflow-ttft-") as tmp:
+        systems = Systems(args, Path(tmp))
+        for system in systems_wanted:
+            print(f"ttft: system {system}", file=sys.stderr, flush=True)
+            try:
+                results[system] = run_worker(systems, system, spec, args.timeout)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                results[system] = {"error": str(e)[-1200:]}
+                print(f"ttft: system {system} failed: {str(e)[-1200:]}", file=sys.stderr)
+                continue
+            if args.concurrency:
+                try:
+                    results[system]["load"] = load_test(systems, system, args, model, args.timeout)
+                except (RuntimeError, OSError) as e:
+                    results[system]["load"] = {"error": str(e)[-2000:]}
+        for f in Path(tmp).glob("*.log"):
+            print(f"--- {f.name}\n{f.read_text()[-1500:]}", file=sys.stderr)
+    import torch
+
+    from pegaflow._vllm_version import installed_vllm
+
+    report = {
+        "vllm_version": (installed_vllm() or ("", ""))[1],
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)",
+        "line_h2d_gbps": line, "kv_bytes_per_token": bpt, "model_shape": "Llama-3.1-8B (random weights)",
+        "prompts_per_length": args.prompts, "pool_size": args.pool_size, "torch": torch.__version__,
+        "systems": summarize(results, lengths, bpt, line), "raw": results,
+        "command": "pegaflow-bench ttft " + " ".join(argv),
+    }
+    for r in report["raw"].values():
+        for entry in r.get("lengths", {}).values():
+            for runs in entry.values():
+                if isinstance(runs, list):
+                    for x in runs:
+                        x["token_ids"] = x["token_ids"][:8]
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report["systems"], indent=1))
+    return 0 if all("error" not in r for r in results.values()) else 1

