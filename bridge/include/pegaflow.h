@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 5
+#define PEGAFLOW_ABI_VERSION 6
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -343,6 +343,18 @@ typedef struct pegaflow_api {
     int32_t (*register_rank)(int64_t engine, const char *instance_id, const char *ns, int32_t device,
                              int32_t tp_rank, int32_t tp_size, int32_t pp_rank, int32_t pp_size,
                              int32_t n_arenas, const char *arena_names, const int64_t *arena_params);
+
+    /* ---- Loads inside the step (since ABI 6). ----
+       sched_create's load_mode may add 4: a hit's load runs in the step that computes the
+       request's tail (vLLM's load_kv_async=False; one KV-cache group only). The worker then
+       starts loads with worker_start_step_loads (as worker_start_loads; *out_in_step: how many
+       run inside this step, copied layer by layer) and, before each attention layer reads its
+       KV, calls worker_wait_layer with the layer's index among the registered regions and the
+       compute stream: the stream waits for that layer's bytes on the GPU (0: the calling thread
+       blocks). worker_get_finished ends the step's in-step loads; a failed one's blocks come
+       from worker_load_errors (never as "R" lines). */
+    int32_t (*worker_start_step_loads)(int64_t worker, const uint8_t *plan, int64_t len, int32_t *out_in_step);
+    int32_t (*worker_wait_layer)(int64_t worker, int32_t layer, int64_t stream);
 } pegaflow_api;
 
 #ifdef __cplusplus

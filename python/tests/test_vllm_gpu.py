@@ -17,6 +17,7 @@ align-mode Mamba) with the CPU profile, to check the tier itself without a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -125,24 +126,33 @@ def procs():
 EMBEDDED = {"mode": "embedded", "pool_size": "1gb"}
 
 
-@pytest.mark.parametrize("mode,cross_layer", [("embedded", True), ("embedded", False), ("server", True),
-                                              ("auto", False)])
-def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, server, mode, cross_layer):
-    a, _ = procs
+def cross_layer_expected(runner_v1: bool) -> bool:
+    """Whether vLLM allocates cross-layer blocks when asked: on the GPU where the attention
+    backend (FlashAttention) indexes blocks by stride, except vLLM 0.26-0.28's default model
+    runner for dense models (its V2 runner registers per-layer caches: "TODO: support
+    cross_layers_kv_cache"); the CPU backend takes one layout only."""
+    from pegaflow.connector import _compat
+
+    return not ON_CPU and (runner_v1 or not _compat.has("cross_layer_registration"))
+
+
+@pytest.mark.parametrize("mode,cross_layer,runner_v1", [("embedded", True, False), ("embedded", False, False),
+                                                        ("server", True, True), ("auto", False, False)])
+def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, server, mode, cross_layer, runner_v1):
     extra = dict(EMBEDDED) if mode == "embedded" else {"mode": mode, "endpoint": server.endpoint}
     extra["cross_layer_blocks"] = cross_layer
-    a.open(spec(models["llama"], connector=extra, engine_id=f"llama-{mode}-{int(cross_layer)}"))
-    layout = a.kv_layout()
-    hit, stored = hit_then_store(a, prompts(1))
-    metrics = a.metrics()
-    a.close_engine()
-    record("llama", dict(mode=mode, cross_layer=cross_layer, layout=layout,
+    with EngineProc("v1", env={"VLLM_USE_V2_MODEL_RUNNER": "0"}) if runner_v1 else contextlib.nullcontext(procs[0]) as a:
+        a.open(spec(models["llama"], connector=extra, engine_id=f"llama-{mode}-{int(cross_layer)}"))
+        layout = a.kv_layout()
+        hit, stored = hit_then_store(a, prompts(1))
+        metrics = a.metrics()
+        a.close_engine()
+    record("llama", dict(mode=mode, cross_layer=cross_layer, runner_v1=runner_v1, layout=layout,
                          cached=[x.cached_tokens for x in stored]))
     assert_same(hit, stored, FULL_BLOCKS * BLOCK - BLOCK)
-    # the cross-layer blocks where vLLM's attention backend can index them (GPU: FlashAttention);
-    # the CPU backend takes one layout only, and the per-layer case never asks
-    assert layout["cross_layer"] == (cross_layer and not ON_CPU), layout
-    assert metrics.get("vllm:pegaflow_hit_tokens", 0) >= FULL_BLOCKS * BLOCK - BLOCK
+    assert layout["cross_layer"] == (cross_layer and cross_layer_expected(runner_v1)), layout
+    # every block of the prompts' tails and of the first prompt came from the store
+    assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= FULL_BLOCKS + 2 * (FULL_BLOCKS - SHARED // BLOCK)
     assert metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
 
 
@@ -162,7 +172,7 @@ def test_preemption_under_a_small_kv_cache(models, procs, server):
     a.open(spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint}, engine_id="preempt",
                 **small))
     b.open(spec(models["llama"], **small))
-    ps = prompts(4, n=6, tail=100)
+    ps = prompts(4, n=6, shared=0, tail=SHARED + 100)  # nothing shared: six requests need twice the cache
     warm = a.generate(ps[:1], 64, 0)
     assert a.reset_prefix_cache()
     together = a.generate(ps, 64, 0)
@@ -181,23 +191,27 @@ def test_preemption_under_a_small_kv_cache(models, procs, server):
 
 
 def test_a_load_failure_at_the_server_is_recomputed(models, procs, tmp_path):
-    """The server refuses the first loads (--inject-load-failures): vLLM recomputes those
-    blocks and answers as it would have; later loads are served."""
+    """The server refuses the first load (--inject-load-failures): vLLM recomputes its blocks
+    and answers as it would have; later loads are served."""
     a, _ = procs
     s = start_server(Path("/dev/shm") / f"pegaflow-vllm-fail-{os.getpid()}.pool", pool_size="1gb",
-                     extra=["--inject-load-failures", "2"])
+                     extra=["--inject-load-failures", "1"])
     try:
         a.open(spec(models["llama"], connector={"mode": "server", "endpoint": s.endpoint}, engine_id="faults", **F32))
         hit, stored = hit_then_store(a, prompts(5))
         metrics = a.metrics()
         a.close_engine()
         failed = metrics.get("vllm:pegaflow_load_failed_blocks", 0)
+        refused = s.metric("pegaflow_load_faults_injected_total")
+        served = s.metric("pegaflow_load_blocks_total")
     finally:
         s.stop()
-    record("load_failure", dict(failed_blocks=failed, cached=[x.cached_tokens for x in stored]))
-    assert [x.token_ids for x in stored] == [x.token_ids for x in hit]
-    assert failed > 0
-    assert stored[-1].cached_tokens >= FULL_BLOCKS * BLOCK - BLOCK  # the third load was served
+    record("load_failure", dict(failed_blocks=failed, refused=refused, served=served,
+                                cached=[x.cached_tokens for x in stored]))
+    assert refused == 1, "the server refused no load"
+    assert [x.token_ids for x in stored] == [x.token_ids for x in hit]  # recomputed, not read from nothing
+    assert all(x.cached_tokens >= FULL_BLOCKS * BLOCK - BLOCK for x in stored[1:])
+    assert served >= 2 * (FULL_BLOCKS - SHARED // BLOCK)  # the later prompts' loads were served
 
 
 def test_two_instances_share_one_server_without_pythonhashseed(models, server, monkeypatch):

@@ -38,6 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
+# Variants of this project's systems, for choosing defaults by measurement: "<system>_async"
+# loads asynchronously (load_in_step false: the request waits a step); "<system>_v1cross" runs
+# vLLM's V1 model runner, which allocates cross-layer blocks where 0.26-0.28's default runner
+# does not.
+VARIANTS = ("embedded_async", "server_async", "embedded_v1cross", "server_v1cross")
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
 
@@ -111,6 +116,8 @@ class Systems:
 
     def env(self, system: str) -> dict:
         env = dict(os.environ)
+        if system.endswith("_v1cross"):
+            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         env.pop("PYTHONHASHSEED", None)  # as users run it: processes share without it
         paths = [self.args.pegaflow_site] if system == "pegaflow" else [self.ours]
         paths += [p for p in (self.args.vllm_site, env.get("PYTHONPATH", "")) if p]
@@ -122,6 +129,13 @@ class Systems:
 
     def start(self, system: str):
         """(kv_transfer config or None, a stop function)."""
+        base, _, variant = system.partition("_") if system in VARIANTS else (system, "", "")
+        if variant:
+            kv, stop = self.start(base)
+            extra = kv["kv_connector_extra_config"]
+            extra["load_in_step"] = variant != "async"
+            extra["cross_layer_blocks"] = variant == "v1cross" or extra.get("cross_layer_blocks", True)
+            return kv, stop
         if system == "none":
             return None, lambda: None
         if system == "embedded":
@@ -308,6 +322,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
     ap.add_argument("--concurrency", type=int, default=0, help="OpenAI-server load: requests in flight (0: none)")
     ap.add_argument("--load-requests", type=int, default=48)
+    ap.add_argument("--load-systems", default="server,vllm_native", help="systems the load runs on (default server,vllm_native)")
     ap.add_argument("--load-length", default="8k")
     ap.add_argument("--load-gpu-blocks", type=int, default=8192, help="vLLM's GPU blocks in the load (its own cache)")
     ap.add_argument("--seed", type=int, default=1)
@@ -321,8 +336,8 @@ def main(argv: list[str]) -> int:
     lengths = [_tokens(x) for x in args.lengths.split(",") if x]
     systems_wanted = [s for s in args.systems.split(",") if s]
     for s in systems_wanted:
-        if s not in SYSTEMS:
-            raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS)}")
+        if s not in SYSTEMS + VARIANTS:
+            raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS + VARIANTS)}")
     config = shapes.LLAMA_31_8B
     model = str(Path(args.model).resolve()) if args.model else str(shapes.write(Path("out/llama-3.1-8b-shape").resolve(), config))
     if args.model:
@@ -344,7 +359,7 @@ def main(argv: list[str]) -> int:
                 results[system] = {"error": str(e)[-1200:]}
                 print(f"ttft: system {system} failed: {str(e)[-1200:]}", file=sys.stderr)
                 continue
-            if args.concurrency:
+            if args.concurrency and system in args.load_systems.split(","):
                 try:
                     results[system]["load"] = load_test(systems, system, args, model, args.timeout)
                 except (RuntimeError, OSError) as e:

@@ -41,10 +41,13 @@ def _tables(tables: Sequence[Sequence[int]]) -> tuple[array.array, array.array, 
 
 class SchedulerBrain:
     def __init__(self, link_handle: int, groups: Sequence[Group], block_size: int, load_enabled: bool,
-                 wait_full_prefix: bool = False):
+                 wait_full_prefix: bool = False, in_step: bool = False):
         out = c_int64()
         self._api = _bridge.api()
         mode = (2 if wait_full_prefix else 1) if load_enabled else 0  # sched_create's load mode (pegaflow.h)
+        # loads inside the step: one KV-cache group only (the Java side keeps the others asynchronous)
+        self.in_step = bool(in_step and load_enabled and len(groups) == 1)
+        mode |= 4 if self.in_step else 0
         self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
@@ -116,8 +119,15 @@ class WorkerBrain:
         self._errors = (c_int64 * 1024)()
         self._stats = (c_int64 * len(self.STATS))()
 
-    def start_loads(self, plan: bytes) -> None:
-        self._api.call("worker_start_loads", self.handle, plan, len(plan))
+    def start_loads(self, plan: bytes) -> int:
+        """Starts the plan's loads; returns how many run inside this step (see ``wait_layer``)."""
+        out = c_int32()
+        self._api.call("worker_start_step_loads", self.handle, plan, len(plan), ctypes.byref(out))
+        return out.value
+
+    def wait_layer(self, layer: int, stream: int) -> None:
+        """CUDA ``stream`` (0: this thread) waits for registered region ``layer`` of the step's in-step loads."""
+        self._api.call("worker_wait_layer", self.handle, layer, stream)
 
     def submit_saves(self, plan: bytes, stream: int) -> None:
         self._api.call("worker_submit_saves", self.handle, plan, len(plan), stream)

@@ -197,7 +197,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
             self._sched = SchedulerBrain(self._link.handle, [g.group for g in self._groups], self._block_size,
                                          self._load_enabled,
-                                         wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer")
+                                         wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer",
+                                         in_step=self._settings.load_in_step)
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -231,9 +232,13 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def register_cross_layers_kv_cache(self, kv_cache: torch.Tensor, attn_backend) -> None:
         """vLLM 0.26-0.28's cross-layer tensor: registered as the per-layer views vLLM's model
         reads (the same memory), which the layout description finds back to back per block."""
+        self._cross_layer_registered = True
         self.register_kv_caches(_layout.cross_layer_views(kv_cache, attn_backend, self._kv_cache_config))
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        if self.prefer_cross_layer_blocks and not getattr(self, "_cross_layer_registered", False):
+            log.info("cross-layer KV blocks were asked for, but vLLM allocated per-layer caches (its model runner or "
+                     "attention backend does not offer them for this model): the per-layer layout is used")
         kcc = self._kv_cache_config
         tp_rank, tp_size, pp_rank, pp_size = _parallel_ranks(self._vllm_config)
         worker = WorkerCore(self._settings, self._instance_id, self._load_enabled, self._save_enabled)
@@ -255,9 +260,16 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker.start_loads(plan)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Loads are asynchronous: their requests are not in this forward pass.
-        return
+        # In-step loads: this layer's attention waits (on the GPU) for its own layer's bytes;
+        # asynchronous loads' requests are not in this forward pass.
+        if self._worker is not None and self._worker.step_loads:
+            self._worker.wait_layer(layer_name)
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """In-step loads wait per layer in ``wait_for_layer_load``, which a FULL CUDA graph's
+        replay would skip (a request whose tail is one token runs in a decode-shaped batch)."""
+        return Settings.from_extra(extra_config).load_in_step
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
         return
@@ -341,7 +353,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._counts["hit_requests"] += 1
             self._counts["hit_tokens"] += n
             self._local_computed[request.request_id] = num_computed_tokens
-        return n, n > 0
+        # in-step: vLLM schedules the tail in this step and the load runs inside it
+        return n, n > 0 and not self._sched.in_step
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
         self._requests[request.request_id] = request

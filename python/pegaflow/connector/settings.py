@@ -23,6 +23,9 @@ _KEYS = {
     "ssd_cache_path": "directory (or list of directories) of an SSD tier below the host pool: embedded mode's, or "
     "the private server's that mode auto starts (default none, env PEGAFLOW_SSD_CACHE_PATH, comma-separated)",
     "ssd_cache_capacity": f"disk space of that SSD tier over all its paths (default {DEFAULT_SSD_CAPACITY})",
+    "load_in_step": "load a hit inside the step that computes the request's tail, layer by layer, each attention "
+    "layer waiting for its own (default true, env PEGAFLOW_LOAD_IN_STEP; false: asynchronous loads, the request waits "
+    "a step in WAITING_FOR_REMOTE_KVS)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -38,6 +41,7 @@ class Settings:
     deadline_ms: int = 2000
     health_interval_s: float = 1.0
     cross_layer_blocks: bool = True
+    load_in_step: bool = True
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
 
@@ -80,13 +84,18 @@ class Settings:
         namespace = raw.get("namespace")
         if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
             raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
-        flag = raw.get("cross_layer_blocks", env.get("PEGAFLOW_CROSS_LAYER_BLOCKS", True))
-        if isinstance(flag, str):
-            if flag.strip().lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                raise InvalidArgumentError(f"kv_connector_extra_config cross_layer_blocks '{flag}'; expected true or false")
-            flag = flag.strip().lower() in ("1", "true", "yes", "on")
-        elif not isinstance(flag, bool):
-            raise InvalidArgumentError(f"kv_connector_extra_config cross_layer_blocks {flag!r}; expected true or false")
+        def boolean(key: str, env_name: str) -> bool:
+            flag = raw.get(key, env.get(env_name, True))
+            if isinstance(flag, str):
+                if flag.strip().lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise InvalidArgumentError(f"kv_connector_extra_config {key} '{flag}'; expected true or false")
+                return flag.strip().lower() in ("1", "true", "yes", "on")
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"kv_connector_extra_config {key} {flag!r}; expected true or false")
+            return flag
+
+        flag = boolean("cross_layer_blocks", "PEGAFLOW_CROSS_LAYER_BLOCKS")
+        in_step = boolean("load_in_step", "PEGAFLOW_LOAD_IN_STEP")
         paths = raw.get("ssd_cache_path", env.get("PEGAFLOW_SSD_CACHE_PATH", ""))
         if isinstance(paths, str):
             paths = [p.strip() for p in paths.split(",") if p.strip()]
@@ -98,6 +107,7 @@ class Settings:
             ssd_cache_paths=tuple(paths),
             ssd_cache_capacity=str(raw.get("ssd_cache_capacity", DEFAULT_SSD_CAPACITY)),
             cross_layer_blocks=flag,
+            load_in_step=in_step,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,
             pool_size=str(raw.get("pool_size", env.get("PEGAFLOW_POOL_SIZE", "8gb"))),

@@ -17,6 +17,20 @@ from .settings import Settings
 log = logging.getLogger("pegaflow.connector")
 
 
+def flatten_states(kv_caches: dict) -> dict:
+    """vLLM hands a Mamba layer's states as a list of tensors (convolution and SSM state, each
+    ``[num_blocks, ...]`` over the layer's pages): each becomes a region of its own,
+    ``<layer>#<i>``; attention layers keep their one tensor."""
+    out = {}
+    for name, value in kv_caches.items():
+        if isinstance(value, (list, tuple)):
+            for i, t in enumerate(value):
+                out[f"{name}#{i}"] = t
+        else:
+            out[name] = value
+    return out
+
+
 class WorkerCore:
     """One worker (TP rank) of one instance."""
 
@@ -31,6 +45,8 @@ class WorkerCore:
         self.namespace: str | None = None
         self.layers: list[_layout.LayerGeometry] = []
         self._stream_of = None
+        self.step_loads = 0  # this step's loads that run inside it (start_loads)
+        self._layer_index: dict[str, int] = {}  # vLLM layer name -> its region's index (group 0)
 
     def register(self, kv_caches: dict, num_blocks: int, mla: bool, facts: dict, tp_rank: int = 0, tp_size: int = 1,
                  pp_rank: int = 0, pp_size: int = 1, groups: list[_groups.GroupPlan] | None = None) -> str:
@@ -44,8 +60,10 @@ class WorkerCore:
         store_tp, store_tp_rank = (1, 0) if mla else (tp_size, tp_rank)
         worker_rank = pp_rank * tp_size + tp_rank
         namespaces, described = [], []
+        kv_caches = flatten_states(kv_caches)
         for g in groups:
-            caches = {n: kv_caches[n] for n in g.layer_names if n in kv_caches}
+            names = set(g.layer_names)
+            caches = {n: t for n, t in kv_caches.items() if n.split("#", 1)[0] in names}
             if len(groups) > 1 and not caches:
                 raise InvalidArgumentError(f"KV-cache group {g.index} ({g.spec}): none of its layers {list(g.layer_names)[:4]} "
                                            "was registered by vLLM; expected its KV tensors")
@@ -66,6 +84,11 @@ class WorkerCore:
             self.link.register_worker(g.group.instance_id, namespace, store_tp, tp_size * pp_size, worker_rank,
                                       store_tp_rank, [x.region for x in layers], transfer, device_id)
         self.brain = WorkerBrain(self.link.handle, [g.group for g in groups], worker_rank)
+        # wait_for_layer_load names a layer; the store knows group 0's regions by index, in the
+        # order registered (layers sharing one KV tensor share its region)
+        first = {int(x.region.base_address): i for i, x in reversed(list(enumerate(described[0])))}
+        self._layer_index = {name: first[int(t.data_ptr())] for name, t in kv_caches.items()
+                             if hasattr(t, "data_ptr") and int(t.data_ptr()) in first}
         if transfer == "cuda":
             import torch
 
@@ -82,8 +105,18 @@ class WorkerCore:
             self.brain.await_preempted(plan)
 
     def start_loads(self, plan: bytes | None) -> None:
+        self.step_loads = 0
         if self.brain is not None and plan and self.load_enabled:
-            self.brain.start_loads(plan)
+            self.step_loads = self.brain.start_loads(plan)
+
+    def wait_layer(self, layer_name: str) -> None:
+        """Before layer ``layer_name`` reads its KV: the current CUDA stream (or this thread, for
+        host copies) waits for that layer's bytes of the step's in-step loads."""
+        if self.brain is None or not self.step_loads:
+            return
+        index = self._layer_index.get(layer_name)
+        if index is not None:
+            self.brain.wait_layer(index, self._stream_of() if self._stream_of else 0)
 
     def submit_saves(self, plan: bytes | None) -> None:
         """Once per step, after the forward: ordered after the work queued on the current

@@ -43,7 +43,7 @@ import java.util.List;
  */
 public final class Bridge {
     /** Bumped on any change to the table's layout or a function's signature. */
-    public static final int ABI_VERSION = 5;
+    public static final int ABI_VERSION = 6;
 
     private static volatile long table;
 
@@ -65,7 +65,8 @@ public final class Bridge {
                     "worker_await_preempted", "worker_get_finished", "worker_load_errors", "worker_close",
                     "worker_stats"),
             EngineExports.class, List.of("block_hashes", "completion_on_done", "flush", "query_request", "query_cancel",
-                    "register_rank"));
+                    "register_rank"),
+            ConnectorExports.class, List.of("worker_start_step_loads", "worker_wait_layer"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();

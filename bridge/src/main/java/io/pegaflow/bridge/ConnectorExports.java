@@ -90,12 +90,15 @@ final class ConnectorExports {
     static int pfSchedCreate(long link, MemorySegment groups, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            if (loadEnabled < 0 || loadEnabled > 2) {
+            int mode = loadEnabled & ~IN_STEP;
+            if (mode < 0 || mode > 2) {
                 throw new io.pegaflow.engine.InvalidArgumentException("sched_create load mode " + loadEnabled
-                        + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode instance)");
+                        + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode"
+                        + " instance), plus 4 for loads inside the step");
             }
             SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), groups(groups), blockSize,
-                    loadEnabled != 0, loadEnabled == 2);
+                    mode != 0, mode == 2);
+            s.inStepLoads((loadEnabled & IN_STEP) != 0);
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
     }
@@ -188,6 +191,22 @@ final class ConnectorExports {
 
     static int pfWorkerStartLoads(long worker, MemorySegment plan, long len) {
         return guard(() -> workerSide(worker).startLoads(bytes(plan, len, "plan")));
+    }
+
+    /** sched_create's load-mode bit: hits are loaded inside the step that uses them (ABI 6). */
+    static final int IN_STEP = 4;
+
+    /** start_load_kv: as worker_start_loads; *out_in_step gets the step's loads that run inside it (ABI 6). */
+    static int pfWorkerStartStepLoads(long worker, MemorySegment plan, long len, MemorySegment outInStep) {
+        return guard(() -> {
+            MemorySegment o = buffer(outInStep, 4, "out_in_step");
+            o.set(JAVA_INT, 0, workerSide(worker).startLoads(bytes(plan, len, "plan")));
+        });
+    }
+
+    /** wait_for_layer_load: stream waits for registered region {@code layer} of the step's in-step loads (ABI 6). */
+    static int pfWorkerWaitLayer(long worker, int layer, long stream) {
+        return guard(() -> workerSide(worker).waitLayer(layer, stream));
     }
 
     static int pfWorkerSubmitSaves(long worker, MemorySegment plan, long len, long stream) {

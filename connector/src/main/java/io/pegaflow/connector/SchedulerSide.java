@@ -72,6 +72,10 @@ public final class SchedulerSide {
     private long maxWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(10);
     private long contractViolations;
     private long loadFailures;
+    /** Loads run inside the step that uses them (vLLM told the tokens are ready); one KV-cache group only. */
+    private boolean inStepLoads;
+    /** Requests whose in-step load was in a recent plan: their targets are matched against failed blocks. */
+    private final java.util.Set<Req> inStepRecent = new java.util.HashSet<>();
 
     /** A lease no store issues: a load carrying it fails on every block (recompute). */
     static final Token NO_LEASE = Token.NONE;
@@ -98,6 +102,8 @@ public final class SchedulerSide {
         boolean prefixWaitOver; // a decode instance waited its limit for the whole prefix
         boolean finishedByVllm;
         long waitingSince; // nanoTime of the first "not yet" answer; 0: not waiting
+        long[] inStepTargets = new long[0]; // an in-step load's blocks, until its step's output is seen
+        int inStepAge; // update_connector_output calls since its plan
     }
 
     /** A hit: blocks [base, end) loadable, each group's lease and first leased block; or pending. */
@@ -144,6 +150,24 @@ public final class SchedulerSide {
         this.blockSize = blockSize;
         this.loadEnabled = loadEnabled;
         this.waitFullPrefix = waitFullPrefix;
+    }
+
+    /**
+     * Runs hits' loads inside the step that computes the request's tail ({@code
+     * load_kv_async=False} in vLLM): the worker copies layer by layer and each attention layer
+     * waits for its own, so the request skips the step it would wait in {@code
+     * WAITING_FOR_REMOTE_KVS} and its compute overlaps the copy. A failed in-step load is
+     * reported by its blocks (vLLM discards the step's output for the request and recomputes).
+     * Only for a model with one KV-cache group: several groups' failures can be reported only
+     * by request, which vLLM takes for asynchronous loads alone.
+     */
+    public void inStepLoads(boolean on) {
+        inStepLoads = on && groups.size() == 1;
+    }
+
+    /** Whether hits are loaded inside the step (see {@link #inStepLoads(boolean)}). */
+    public boolean inStepLoads() {
+        return inStepLoads;
     }
 
     /** Most KV-cache groups one model may have (vLLM's hybrid models have a handful). */
@@ -402,14 +426,14 @@ public final class SchedulerSide {
                 long[] ids = Arrays.stream(Arrays.copyOfRange(t, Math.min(from, t.length), (int) Math.min(t.length,
                         (long) from + span))).filter(id -> !dropsBlocks(gr) || id != NULL_BLOCK).toArray();
                 if (ids.length > 0) {
-                    loads.add(new StepPlan.Load(requestId, g, NO_LEASE, ids));
+                    loads.add(new StepPlan.Load(requestId, g, NO_LEASE, ids, inStepLoads));
                     targets.add(ids);
                 }
             }
             r.loadEngine = null;
         } else {
             for (int g = 0; g < groups.size(); g++) {
-                loads.add(new StepPlan.Load(requestId, g, r.probeLeases[g], dst.get(g)));
+                loads.add(new StepPlan.Load(requestId, g, r.probeLeases[g], dst.get(g), inStepLoads));
                 targets.add(dst.get(g));
                 r.savedUpTo[g] = Math.max(r.savedUpTo[g], end); // loaded blocks are already stored
             }
@@ -534,6 +558,17 @@ public final class SchedulerSide {
     public byte[] buildPlan() {
         List<StepPlan.Load> loads = new ArrayList<>();
         pendingLoads.values().forEach(loads::addAll);
+        for (String id : pendingLoads.keySet()) {
+            Req r = requests.get(id);
+            if (r != null && inStepLoads) {
+                // runs in this step: no finished_recving will come; a failure comes as its blocks
+                r.loading = false;
+                r.inStepTargets = r.loadTargets;
+                r.loadTargets = new long[0];
+                r.inStepAge = 0;
+                inStepRecent.add(r);
+            }
+        }
         StepPlan plan = new StepPlan(loads, new ArrayList<>(stepSaves), new ArrayList<>(stepPreempted));
         pendingLoads.clear();
         stepSaves.clear();
@@ -577,8 +612,8 @@ public final class SchedulerSide {
             failed.add(id);
         }
         for (Req r : requests.values()) {
-            if (r.loading) {
-                for (long id : r.loadTargets) {
+            if (r.loading || r.inStepTargets.length > 0) {
+                for (long id : r.loading ? r.loadTargets : r.inStepTargets) {
                     if (failed.contains(id)) {
                         r.loadFailed = true;
                         loadFailures++;
@@ -606,6 +641,15 @@ public final class SchedulerSide {
 
     /** {@code update_connector_output}: requests whose saves or loads all workers finished. */
     public void finished(List<String> sending, List<String> recving) {
+        // an in-step load's failure arrives with its step's output, at most one step late under
+        // vLLM's asynchronous scheduling: its targets are kept that long
+        for (var it = inStepRecent.iterator(); it.hasNext(); ) {
+            Req r = it.next();
+            if (++r.inStepAge >= 2) {
+                r.inStepTargets = new long[0];
+                it.remove();
+            }
+        }
         for (String id : recving) {
             Req r = requests.get(id);
             if (r != null) {

@@ -20,13 +20,20 @@ import java.util.List;
  * their blocks are reused).
  */
 public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempted) {
-    private static final int VERSION = 3;
+    private static final int VERSION = 4;
 
     /**
      * Load the leased blocks into {@code blockIds} (one per leased block, in order) of KV-cache
-     * group {@code group} (0 for a model with one group).
+     * group {@code group} (0 for a model with one group). {@code inStep}: vLLM runs the request
+     * in this very step (it was told the tokens are ready), so the copy goes layer by layer and
+     * each attention layer waits for its own layer; otherwise the load is asynchronous and
+     * reported through get_finished.
      */
-    public record Load(String requestId, int group, Token lease, long[] blockIds) {}
+    public record Load(String requestId, int group, Token lease, long[] blockIds, boolean inStep) {
+        public Load(String requestId, int group, Token lease, long[] blockIds) {
+            this(requestId, group, lease, blockIds, false);
+        }
+    }
 
     /** Save {@code blockIds[i]} of KV-cache group {@code group} under hash {@code i} (all of this worker's layers of it). */
     public record Save(String requestId, int group, long[] blockIds, BlockHashes hashes) {}
@@ -46,6 +53,7 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
             for (Load l : loads) {
                 out.writeUTF(l.requestId());
                 out.writeInt(l.group());
+                out.writeBoolean(l.inStep());
                 out.write(l.lease().toBytes());
                 writeLongs(out, l.blockIds());
             }
@@ -83,9 +91,10 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
             for (int i = nLoads; i > 0; i--) {
                 String id = in.readUTF();
                 int group = in.readInt();
+                boolean inStep = in.readBoolean();
                 byte[] lease = new byte[Token.BYTES];
                 in.readFully(lease);
-                loads.add(new Load(id, group, Token.fromBytes(lease), readLongs(in)));
+                loads.add(new Load(id, group, Token.fromBytes(lease), readLongs(in), inStep));
             }
             List<Save> saves = new ArrayList<>();
             for (int i = nSaves; i > 0; i--) {

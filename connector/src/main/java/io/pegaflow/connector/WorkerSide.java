@@ -64,6 +64,12 @@ public final class WorkerSide {
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
+    /** A load inside this step: its submission (a store round trip in server mode, off vLLM's thread) and targets. */
+    private record StepLoad(String requestId, CompletableFuture<PegaEngine.LayeredLoad> started, long[] targets) {}
+
+    /** This step's in-step loads; ended (their failures recorded) by {@link #getFinished}. */
+    private final List<StepLoad> stepLoads = new ArrayList<>();
+
     public WorkerSide(EngineSource source, String instanceId, int workerRank) {
         this(source, List.of(CacheGroup.full(instanceId)), workerRank);
     }
@@ -108,9 +114,18 @@ public final class WorkerSide {
         return lastPlan;
     }
 
-    /** {@code start_load_kv}: start every load of the plan (async; see {@link #getFinished}). */
-    public void startLoads(byte[] plan) {
+    /**
+     * {@code start_load_kv}: starts every load of the plan and returns how many run inside this
+     * step (their layers are waited for by {@link #waitLayer}, their end by the step's {@link
+     * #getFinished}); the others are asynchronous and reported by {@link #getFinished}.
+     */
+    public int startLoads(byte[] plan) {
+        endStepLoads(); // a step whose get_finished was not called (vLLM always calls it)
         for (StepPlan.Load l : plan(plan).loads()) {
+            if (l.inStep()) {
+                stepLoads.add(new StepLoad(l.requestId(), startInStep(l), l.blockIds()));
+                continue;
+            }
             CompletableFuture<CopyResult> f = startLoad(l);
             int targets = l.blockIds().length;
             f.whenComplete((r, e) -> {
@@ -124,6 +139,54 @@ public final class WorkerSide {
             });
             loads.computeIfAbsent(l.requestId(), k -> new ArrayList<>()).add(new PendingLoad(f, l.blockIds()));
         }
+        return stepLoads.size();
+    }
+
+    /**
+     * {@code wait_for_layer_load}: orders CUDA stream {@code stream} (0: blocks this thread)
+     * after registered region {@code layer}'s bytes of every in-step load of the step. Blocks
+     * only until each load was submitted; a load that could not start is skipped here and
+     * reported by {@link #getFinished} (vLLM then discards the step's output for its request).
+     */
+    public void waitLayer(int layer, long stream) {
+        for (StepLoad s : stepLoads) {
+            PegaEngine.LayeredLoad h;
+            try {
+                h = s.started().join();
+            } catch (CompletionException | java.util.concurrent.CancellationException failed) {
+                continue;
+            }
+            h.awaitLayer(layer, stream);
+        }
+    }
+
+    private CompletableFuture<PegaEngine.LayeredLoad> startInStep(StepPlan.Load l) {
+        try {
+            PegaEngine e = current("load of request " + l.requestId());
+            String instanceId = instance(l.group(), l.requestId());
+            return CompletableFuture.supplyAsync(() -> e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds()),
+                    starter);
+        } catch (PegaflowException e) {
+            return CompletableFuture.failedFuture(e);
+        }
+    }
+
+    /** The step's in-step loads have run (the forward waited for them): their results, failures as load errors. */
+    private void endStepLoads() {
+        for (StepLoad s : stepLoads) {
+            try {
+                CopyResult r = s.started().thenCompose(PegaEngine.LayeredLoad::result).join();
+                count(STAT_LOADED_BLOCKS, STAT_LOADED_BYTES, r);
+            } catch (CompletionException | java.util.concurrent.CancellationException failed) {
+                Throwable cause = failed.getCause();
+                long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : s.targets();
+                stats.addAndGet(STAT_LOAD_FAILED_BLOCKS, ids.length);
+                for (long id : ids) {
+                    loadErrors.add(id);
+                }
+            }
+        }
+        stepLoads.clear();
     }
 
     /**
@@ -212,6 +275,7 @@ public final class WorkerSide {
      * {@link #drainLoadErrors}) and requests vLLM finished whose saves are all done.
      */
     public Finished getFinished(List<String> finishedRequestIds) {
+        endStepLoads();
         noteFinished(finishedRequestIds);
         List<String> recving = new ArrayList<>();
         List<String> failedLoads = new ArrayList<>();
@@ -295,6 +359,7 @@ public final class WorkerSide {
 
     /** Waits for every load and save in flight (connector shutdown). */
     public void shutdown() {
+        endStepLoads();
         Set<CompletableFuture<?>> all = new HashSet<>();
         loads.values().forEach(l -> l.forEach(p -> all.add(p.future())));
         saves.values().forEach(all::addAll);

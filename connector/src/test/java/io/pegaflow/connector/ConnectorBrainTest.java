@@ -242,6 +242,59 @@ class ConnectorBrainTest {
         assertThat(worker.drainStats()[WorkerSide.STAT_LOAD_FAILED_BLOCKS]).as("vLLM's connector stats").isEqualTo(2);
     }
 
+    @Test
+    void anInStepLoadIsWaitedForLayerByLayerAndNeverReportedAsRecving() throws Exception {
+        BlockHashes h = hashes(4);
+        runCold("cold", h, 4 * BLOCK + 3, 0);
+        byte[][] saved = {block(0), block(1), block(2), block(3)};
+        sched.requestFinished("cold");
+        finishedSendingAfter(List.of("cold"));
+        sched.finished(List.of("cold"), List.of());
+        sched.inStepLoads(true);
+        assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
+        sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5); // the tail, in the same step
+        byte[] plan = sched.buildPlan();
+        assertThat(StepPlan.decode(plan).loads()).singleElement().satisfies(l -> assertThat(l.inStep()).isTrue());
+        assertThat(worker.startLoads(plan)).as("loads inside this step").isEqualTo(1);
+        // what an attention layer does before it reads its KV (stream 0: host copies block here)
+        for (int layer = 0; layer < layers.size(); layer++) {
+            worker.waitLayer(layer, 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            assertThat(block(20 + i)).as("block %d landed before the step's end", i).isEqualTo(saved[i]);
+        }
+        WorkerSide.Finished f = worker.getFinished(List.of());
+        assertThat(f.recving()).as("vLLM never waited for it: no finished_recving").isEmpty();
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        assertThat(worker.drainStats()[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(sched.requestFinished("warm")).as("nothing saved: no hold, and no wait for a load").isFalse();
+        assertThat(sched.trackedRequests()).isZero();
+    }
+
+    @Test
+    void aFailedInStepLoadIsReportedByItsBlocksInItsStepAndTheRequestGetsNoMoreHits() throws Exception {
+        BlockHashes h = storedTwoBlocks();
+        sched.finished(List.of("a"), List.of());
+        sched.inStepLoads(true);
+        sched.lookup("b", h, 2 * BLOCK + 1, 0);
+        sched.afterAlloc("b", ids(50, 3), 2 * BLOCK);
+        byte[] plan = sched.buildPlan();
+        engine.release("vllm", StepPlan.decode(plan).loads().get(0).lease()); // gone before the worker loads
+        assertThat(worker.startLoads(plan)).isEqualTo(1);
+        worker.waitLayer(0, 0); // returns: the failure is the step's end to report
+        worker.waitLayer(1, 0);
+        WorkerSide.Finished f = worker.getFinished(List.of());
+        assertThat(f.recving()).isEmpty();
+        long[] errors = worker.drainLoadErrors();
+        assertThat(errors).containsExactly(50, 51);
+        sched.failedBlocks(errors); // the step's output: vLLM discards it and recomputes
+        sched.finished(List.of(), List.of());
+        assertThat(sched.loadFailures()).isEqualTo(1);
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).as("recomputed, not offered again").isZero();
+    }
+
     /** An engine on {@code dir}'s SSD tier, bound for the brain, holding nothing in DRAM yet. */
     private PegaEngine ssdEngine(Path dir) {
         PegaEngine e = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)

@@ -677,6 +677,7 @@ public final class LocalStore implements BlockStore {
             throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
         }
         if (injectedLoadFailures.getAndUpdate(n -> Math.max(0, n - 1)) > 0) {
+            count(Counter.LOAD_FAULTS_INJECTED, 1);
             throw new TransferFailedException("load of lease " + leaseId + " refused: a fault injected for testing "
                     + "(--inject-load-failures)", dstBlockIds, null);
         }

@@ -3,6 +3,7 @@ package io.pegaflow.engine;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.TransferEngine;
+import io.pegaflow.engine.transfer.TransferFuture;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -320,7 +321,7 @@ public final class PegaEngine implements AutoCloseable {
         if (plan.isEmpty()) {
             return CompletableFuture.completedFuture(new CopyResult(0, plan.skippedBlocks(), 0));
         }
-        return submit(instanceId, workerRank, plan, null, blockIds, waitStream, 0);
+        return submit(instanceId, workerRank, plan, null, blockIds, waitStream, 0, null);
     }
 
     /** See {@link LocalStore#query}. */
@@ -356,20 +357,78 @@ public final class PegaEngine implements AutoCloseable {
      * over the server's socket, in series with the copy (docs/gpu.md). The load ends once.
      */
     public CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
+        return load(instanceId, workerRank, leaseId, dstBlockIds, null);
+    }
+
+    /**
+     * A load whose copies go layer by layer (one group of the copy batch per registered
+     * region, in region order), so a compute stream can wait for one layer alone ({@link
+     * LayeredLoad#awaitLayer}) while later layers still copy: vLLM's {@code
+     * wait_for_layer_load} for a load inside the step. Otherwise as {@link #load}.
+     */
+    public LayeredLoad loadLayered(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
+        LayeredLoad layered = new LayeredLoad();
+        layered.result = load(instanceId, workerRank, leaseId, dstBlockIds, layered);
+        return layered;
+    }
+
+    /**
+     * The copies of one {@link #loadLayered} load: each part's (a plan can come in two) transfer
+     * and which of its groups holds each region's pieces. Complete once {@code loadLayered}
+     * returned (every part was submitted).
+     */
+    public static final class LayeredLoad {
+        private CompletableFuture<CopyResult> result;
+        private final List<TransferFuture> parts = new java.util.concurrent.CopyOnWriteArrayList<>();
+        private final List<int[]> groupOfRegion = new java.util.concurrent.CopyOnWriteArrayList<>();
+
+        /** Completes when every byte landed and the load ended; fails naming the destination blocks. */
+        public CompletableFuture<CopyResult> result() {
+            return result;
+        }
+
+        /**
+         * Orders CUDA stream {@code stream} (0: blocks this thread) after region {@code region}'s
+         * pieces of every part. A failed copy is not thrown here: {@link #result} reports it
+         * (the caller then marks the blocks invalid), and waiting on it ends at once.
+         */
+        public void awaitLayer(int region, long stream) {
+            for (int p = 0; p < parts.size(); p++) {
+                int[] groups = groupOfRegion.get(p);
+                int g = region >= 0 && region < groups.length ? groups[region] : -1;
+                if (g < 0) {
+                    continue;
+                }
+                try {
+                    parts.get(p).awaitGroup(g, stream);
+                } catch (RuntimeException failed) {
+                    // the result fails with it
+                }
+            }
+        }
+
+        void add(TransferFuture part, int[] groups) {
+            groupOfRegion.add(groups);
+            parts.add(part);
+        }
+    }
+
+    private CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds,
+            LayeredLoad layered) {
         startOp();
         try {
             int head = dstBlockIds == null ? 0 : headBlocks(dstBlockIds.length);
             long asked = clock.getAsLong(); // before the store issued the plan: its hold runs from later
             if (head == 0) {
                 CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
-                return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0, asked);
+                return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0, asked, layered);
             }
             CopyPlan first = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds, head);
             // where the first part ends (a server without planRest plans every block at once)
             int covered = first.runs() == 0 ? 0 : first.runBlock()[first.runs() - 1] + 1;
             return submit(instanceId, workerRank, first, covered >= first.blocks() ? null
                     : () -> store.planRest(instanceId, workerRank, first.id(), covered, first.blocks()),
-                    dstBlockIds.clone(), 0, asked);
+                    dstBlockIds.clone(), 0, asked, layered);
         } finally {
             endOp();
         }
@@ -385,7 +444,7 @@ public final class PegaEngine implements AutoCloseable {
      * {@code asked}: this engine's clock before the plan was asked for (a load's hold, below).
      */
     private CompletableFuture<CopyResult> submit(String instanceId, int workerRank, CopyPlan plan,
-            java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream, long asked) {
+            java.util.function.Supplier<CopyPlan> rest, long[] blockIds, long waitStream, long asked, LayeredLoad layered) {
         CompletableFuture<CopyResult> result = new CompletableFuture<>();
         // What flush, close and unregisterInstance wait for: the caller's future, and the
         // plan's end (a save's seal lands after the future; neither waits for the other, so a
@@ -401,9 +460,9 @@ public final class PegaEngine implements AutoCloseable {
         Throwable notStarted = null;
         try {
             LayerRegion[] worker = regionsOf(instanceId, workerRank);
-            copies.add(copy(plan, worker, blockIds, waitStream));
+            copies.add(copy(plan, worker, blockIds, waitStream, layered));
             if (rest != null) {
-                copies.add(copy(rest.get(), worker, blockIds, waitStream));
+                copies.add(copy(rest.get(), worker, blockIds, waitStream, layered));
             }
         } catch (Throwable t) {
             notStarted = t;
@@ -487,10 +546,21 @@ public final class PegaEngine implements AutoCloseable {
         return result;
     }
 
-    /** Starts the copy of one plan (or part of one); the future holds the bytes moved. */
-    private CompletableFuture<Long> copy(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream) {
+    /**
+     * Starts the copy of one plan (or part of one); the future holds the bytes moved. With
+     * {@code layered}, the pieces go region by region, each region a group of the batch.
+     */
+    private CompletableFuture<Long> copy(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream,
+            LayeredLoad layered) {
         CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
                 .waitFor(waitStream);
+        if (layered != null) {
+            int[] groups = layerMajor(plan, worker, blockIds, batch);
+            long bytes = batch.totalBytes();
+            TransferFuture part = transfer.submit(batch);
+            layered.add(part, groups);
+            return part.thenApply(v -> bytes);
+        }
         for (int j = 0; j < plan.runs(); j++) {
             int first = plan.runRegion()[j];
             int count = plan.runCount()[j];
@@ -515,6 +585,54 @@ public final class PegaEngine implements AutoCloseable {
         }
         long bytes = batch.totalBytes();
         return transfer.submit(batch).thenApply(v -> bytes);
+    }
+
+    /**
+     * Fills {@code batch} with the plan's pieces region by region (every block's slot of region
+     * 0, then region 1, ...), closing a group after each region that has pieces; returns each
+     * region's group index (-1: none in this plan).
+     */
+    private static int[] layerMajor(CopyPlan plan, LayerRegion[] worker, long[] blockIds, CopyBatch batch) {
+        long[] before = new long[worker.length + 1]; // pool offset of each region's slot within a run
+        for (int r = 0; r < worker.length; r++) {
+            before[r + 1] = before[r] + worker[r].slotBytes();
+        }
+        for (int j = 0; j < plan.runs(); j++) {
+            int first = plan.runRegion()[j];
+            int count = plan.runCount()[j];
+            if (first < 0 || count < 1 || first + count > worker.length) {
+                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
+                        + (first + count - 1) + " of a worker with " + worker.length);
+            }
+            int index = plan.runBlock()[j];
+            if (index < 0 || index >= blockIds.length) {
+                throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
+                        + blockIds.length);
+            }
+        }
+        int[] groups = new int[worker.length];
+        java.util.Arrays.fill(groups, -1);
+        int next = 0;
+        for (int r = 0; r < worker.length; r++) {
+            int start = batch.size();
+            LayerRegion region = worker[r];
+            for (int j = 0; j < plan.runs(); j++) {
+                int first = plan.runRegion()[j];
+                if (r < first || r >= first + plan.runCount()[j]) {
+                    continue;
+                }
+                long blockId = blockIds[plan.runBlock()[j]];
+                long host = plan.runOffset()[j] + before[r] - before[first];
+                for (int s = 0; s < region.segments(); s++) {
+                    batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
+                }
+            }
+            if (batch.size() > start) {
+                batch.endGroup();
+                groups[r] = next++;
+            }
+        }
+        return groups;
     }
 
     /** The caller's block ids a save plan writes, each once, in plan order. */

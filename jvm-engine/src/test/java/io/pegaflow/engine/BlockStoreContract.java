@@ -415,6 +415,67 @@ public abstract class BlockStoreContract {
      * is submitted, and the rest planned and submitted while the head still copies; the bytes
      * land in every destination block and the load ends once, after both.
      */
+    /**
+     * A layered load (vLLM's in-step load) of a cross-layer world, in two parts: each part's batch
+     * has one group per layer in layer order, every piece of group g is layer g's, waiting for
+     * each layer returns, and the bytes land as a plain load's do.
+     */
+    @Test
+    void aLayeredLoadCopiesLayerByLayerInEveryPart() {
+        List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
+        engine = engine(config(512 * 1024L).transfer(pool -> new TransferEngine() {
+            private final HostTransferEngine delegate = new HostTransferEngine(pool, 1);
+
+            @Override
+            public TransferFuture submit(CopyBatch batch) {
+                batches.add(batch);
+                return delegate.submit(batch);
+            }
+
+            @Override
+            public String name() {
+                return "recorded";
+            }
+
+            @Override
+            public void close() {
+                delegate.close();
+            }
+        }).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.CROSS_LAYER, 1, 1, 3, 256, 256, 0);
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 100);
+        saveAll(h, 0);
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
+        long[] dst = new long[100];
+        Arrays.setAll(dst, i -> 120 + i);
+        batches.clear();
+        PegaEngine.LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+        for (int layer = 0; layer < 3; layer++) {
+            load.awaitLayer(layer, 0);
+        }
+        assertThat(load.result().join().blocks()).isEqualTo(100);
+        List<LayerRegion> layers = world.workers.get(0).layers();
+        assertThat(batches).as("head and rest").hasSize(2);
+        for (CopyBatch batch : batches) {
+            assertThat(batch.groupCount()).isEqualTo(3);
+            for (int g = 0; g < 3; g++) {
+                LayerRegion r = layers.get(g);
+                for (int i = batch.groupStart(g); i < batch.groupEnd(g); i++) {
+                    long a = batch.deviceAddress(i);
+                    long offset = a - r.baseAddress();
+                    assertThat(offset % r.blockStride()).as("group %d piece %d is layer %d's", g, i, g)
+                            .isIn(0L, r.segmentOffset());
+                }
+            }
+        }
+        for (int i = 0; i < 100; i++) {
+            assertThat(world.holdsPattern(dst[i], h[i])).as("block %d", i).isTrue();
+        }
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        verifyInvariants();
+    }
+
     @Test
     void aLoadInTwoPartsMovesEveryBlockAndEndsOnce() {
         List<Long> batches = new java.util.concurrent.CopyOnWriteArrayList<>();

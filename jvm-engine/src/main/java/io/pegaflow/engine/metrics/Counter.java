@@ -10,6 +10,7 @@ public enum Counter {
     SAVE_FAILURES("pegaflow_save_failures_total", "save batches whose copy failed"),
     BLOCKS_SEALED("pegaflow_cache_block_insertions_total", "blocks that became visible (every slot saved)"),
     LOAD_REQUESTS("pegaflow_load_requests_total", "load calls accepted"),
+    LOAD_FAULTS_INJECTED("pegaflow_load_faults_injected_total", "loads refused on purpose (testing: pegaflow-server --inject-load-failures)"),
     LOAD_BLOCKS("pegaflow_load_blocks_total", "blocks copied out of the host pool"),
     LOAD_BYTES("pegaflow_load_bytes_total", "bytes copied out of the host pool"),
     LOAD_NANOS("pegaflow_load_transfer_nanoseconds_total", "time spent in load copies, summed over batches"),
