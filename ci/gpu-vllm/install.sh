@@ -13,8 +13,7 @@ pipi() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-
 rm -rf /tmp/vllm-site /tmp/pf-site /tmp/ours-site
 pipi --target /tmp/vllm-site "$whl" deps/*.whl
 pipi --target /tmp/pf-site pegaflow_llm_cu13-*.whl
-mkdir -p /tmp/ours-site
-python3 -m zipfile -e pegaflow_jvm-*.whl /tmp/ours-site
+pipi --target /tmp/ours-site pegaflow_jvm-*.whl  # with its console scripts in /tmp/ours-site/bin
 chmod +x /tmp/ours-site/pegaflow/_jre/bin/* /tmp/ours-site/pegaflow/_jre/lib/jspawnhelper
 PYTHONPATH=/tmp/vllm-site python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
 echo "installed: $(ls /tmp/vllm-site | wc -l) entries in /tmp/vllm-site; PegaFlow in /tmp/pf-site; ours in /tmp/ours-site"

@@ -17,7 +17,6 @@ align-mode Mamba) with the CPU profile, to check the tier itself without a GPU.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -117,10 +116,21 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def procs():
-    a, b = EngineProc("a"), EngineProc("b")
-    yield a, b
-    a.exit()
-    b.exit()
+    """Three engine processes, started together (each imports vLLM once): a and b, and one on
+    vLLM's V1 model runner. No PYTHONHASHSEED: a and b are also the two-instance case's pair."""
+    os.environ.pop("PYTHONHASHSEED", None)
+    a, b, v1 = EngineProc("a"), EngineProc("b"), EngineProc("v1", env={"VLLM_USE_V2_MODEL_RUNNER": "0"})
+    yield a, b, v1
+    for p in (a, b, v1):
+        p.exit()
+
+
+def open_together(*pairs) -> None:
+    """Opens an engine in each (proc, spec) at the same time (their start-ups overlap)."""
+    for p, sp in pairs:
+        p.send("open", sp)
+    for p, _ in pairs:
+        p.wait("open")
 
 
 EMBEDDED = {"mode": "embedded", "pool_size": "1gb"}
@@ -136,24 +146,34 @@ def cross_layer_expected(runner_v1: bool) -> bool:
     return not ON_CPU and (runner_v1 or not _compat.has("cross_layer_registration"))
 
 
-@pytest.mark.parametrize("mode,cross_layer,runner_v1", [("embedded", True, False), ("embedded", False, False),
-                                                        ("server", True, True), ("auto", False, False)])
-def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, server, mode, cross_layer, runner_v1):
-    extra = dict(EMBEDDED) if mode == "embedded" else {"mode": mode, "endpoint": server.endpoint}
-    extra["cross_layer_blocks"] = cross_layer
-    with EngineProc("v1", env={"VLLM_USE_V2_MODEL_RUNNER": "0"}) if runner_v1 else contextlib.nullcontext(procs[0]) as a:
-        a.open(spec(models["llama"], connector=extra, engine_id=f"llama-{mode}-{int(cross_layer)}"))
-        layout = a.kv_layout()
-        hit, stored = hit_then_store(a, prompts(1))
-        metrics = a.metrics()
-        a.close_engine()
-    record("llama", dict(mode=mode, cross_layer=cross_layer, runner_v1=runner_v1, layout=layout,
-                         cached=[x.cached_tokens for x in stored]))
-    assert_same(hit, stored, FULL_BLOCKS * BLOCK - BLOCK)
-    assert layout["cross_layer"] == (cross_layer and cross_layer_expected(runner_v1)), layout
-    # every block of the prompts' tails and of the first prompt came from the store
-    assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= FULL_BLOCKS + 2 * (FULL_BLOCKS - SHARED // BLOCK)
-    assert metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
+LLAMA_CASES = [("embedded", True, False), ("embedded", False, False), ("server", True, True), ("auto", False, False)]
+
+
+@pytest.mark.parametrize("pair", [0, 1])
+def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, server, pair):
+    """Embedded, server and auto mode (auto finds the server), the cross-layer and the per-layer
+    layout; two cases at a time in two engine processes."""
+    a, b, v1 = procs
+    cases = LLAMA_CASES[2 * pair:2 * pair + 2]
+    runs = []
+    for i, (mode, cross_layer, runner_v1) in enumerate(cases):
+        extra = dict(EMBEDDED) if mode == "embedded" else {"mode": mode, "endpoint": server.endpoint}
+        extra["cross_layer_blocks"] = cross_layer
+        proc = v1 if runner_v1 else (a, b)[i]
+        runs.append((proc, spec(models["llama"], connector=extra, engine_id=f"llama-{mode}-{int(cross_layer)}")))
+    open_together(*runs)
+    for (mode, cross_layer, runner_v1), (proc, _) in zip(cases, runs):
+        layout = proc.kv_layout()
+        hit, stored = hit_then_store(proc, prompts(1 + 10 * pair + cross_layer))
+        metrics = proc.metrics()
+        proc.close_engine()
+        record("llama", dict(mode=mode, cross_layer=cross_layer, runner_v1=runner_v1, layout=layout,
+                             cached=[x.cached_tokens for x in stored]))
+        assert_same(hit, stored, FULL_BLOCKS * BLOCK - BLOCK)
+        assert layout["cross_layer"] == (cross_layer and cross_layer_expected(runner_v1)), (mode, layout)
+        # every block of the first prompt and of the others' tails came from the store
+        assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= FULL_BLOCKS + 2 * (FULL_BLOCKS - SHARED // BLOCK)
+        assert metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
 
 
 # Cases whose requests are split differently between runs (preemption, a failed load recomputed)
@@ -166,12 +186,11 @@ def test_preemption_under_a_small_kv_cache(models, procs, server):
     """Six requests decoding 64 tokens at once in a cache too small for all: vLLM preempts and
     resumes; loads and saves stay correct through it (the same batch on an engine without the
     connector and the same cache gives the same tokens)."""
-    a, b = procs
+    a, b, _ = procs
     page = 2 * 4 * 2 * 64 * BLOCK * 4  # tiny-llama in float32: 4 layers, K and V, 2 KV heads of 64
     small = dict(kv_cache_bytes=3 * ((SHARED + 100 + 64) // BLOCK + 1) * page, max_model_len=1024, **F32)
-    a.open(spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint}, engine_id="preempt",
-                **small))
-    b.open(spec(models["llama"], **small))
+    open_together((a, spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint},
+                           engine_id="preempt", **small)), (b, spec(models["llama"], **small)))
     ps = prompts(4, n=6, shared=0, tail=SHARED + 100)  # nothing shared: six requests need twice the cache
     warm = a.generate(ps[:1], 64, 0)
     assert a.reset_prefix_cache()
@@ -193,7 +212,7 @@ def test_preemption_under_a_small_kv_cache(models, procs, server):
 def test_a_load_failure_at_the_server_is_recomputed(models, procs, tmp_path):
     """The server refuses the first load (--inject-load-failures): vLLM recomputes its blocks
     and answers as it would have; later loads are served."""
-    a, _ = procs
+    a, _, _ = procs
     s = start_server(Path("/dev/shm") / f"pegaflow-vllm-fail-{os.getpid()}.pool", pool_size="1gb",
                      extra=["--inject-load-failures", "1"])
     try:
@@ -214,48 +233,56 @@ def test_a_load_failure_at_the_server_is_recomputed(models, procs, tmp_path):
     assert served >= 2 * (FULL_BLOCKS - SHARED // BLOCK)  # the later prompts' loads were served
 
 
-def test_two_instances_share_one_server_without_pythonhashseed(models, server, monkeypatch):
+def test_two_instances_share_one_server_without_pythonhashseed(models, server, procs):
     """Two vLLM processes, no PYTHONHASHSEED: where vLLM seeds its block hashes per process, the
     store's own chain over the token ids lets the second load the first's saves."""
-    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    with EngineProc("one") as one, EngineProc("two") as two:
-        for p, name in ((one, "share-one"), (two, "share-two")):
-            p.send("open", spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint},
-                                engine_id=name))
-        for p in (one, two):
-            p.wait("open")
+    one, two, _ = procs
+    open_together(*((p, spec(models["llama"], connector={"mode": "server", "endpoint": server.endpoint},
+                             engine_id=name)) for p, name in ((one, "share-one"), (two, "share-two"))))
+    try:
         ps = prompts(2)
         one_by_one(one, ps)
         hit = one_by_one(one, ps)
         before = server.metric("pegaflow_load_blocks_total")
         on_two = one_by_one(two, ps)
         loaded = server.metric("pegaflow_load_blocks_total") - before
+    finally:
+        one.close_engine()
+        two.close_engine()
     record("two_instances", dict(loaded_blocks=loaded, cached=[x.cached_tokens for x in on_two]))
     assert [x.token_ids for x in on_two] == [x.token_ids for x in hit]
     assert on_two[0].cached_tokens >= FULL_BLOCKS * BLOCK - BLOCK
     assert loaded >= FULL_BLOCKS - 1
 
 
-@pytest.mark.parametrize("name", ["mla", "swa", "mamba"])
-def test_model_matrix(models, procs, name):
-    if name not in models:
-        pytest.skip(f"{name}: this CPU build of vLLM cannot run it")
-    a, _ = procs
-    extra = {}
-    kw = {}
+def _matrix_spec(models, name):
+    extra, kw = {}, {}
     if name == "mla":
         extra = {"load_format": "dummy", "skip_tokenizer_init": True}
     if name == "mamba":
         extra = {"mamba_cache_mode": "align"}
         kw["block_size"] = None  # align mode sizes the attention blocks to the Mamba chunks
-    a.open(spec(models[name], connector=dict(EMBEDDED), engine_id=f"matrix-{name}", extra=extra, **kw))
-    groups = a.kv_groups()
-    hit, stored = hit_then_store(a, prompts(7))
-    a.close_engine()
-    record("matrix", dict(model=name, groups=groups, cached=[x.cached_tokens for x in stored]))
-    assert [x.token_ids for x in stored] == [x.token_ids for x in hit]
-    assert [x.cached_tokens for x in stored] == [x.cached_tokens for x in hit]
-    assert all(x.cached_tokens >= SHARED // 2 for x in stored), [x.cached_tokens for x in stored]
+    return spec(models[name], connector=dict(EMBEDDED), engine_id=f"matrix-{name}", extra=extra, **kw)
+
+
+@pytest.mark.parametrize("names", [("mla", "swa"), ("mamba",)], ids=["mla+swa", "mamba"])
+def test_model_matrix(models, procs, names):
+    """An MLA model (DeepSeek-V2-Lite's attention), a sliding-window hybrid, an attention +
+    Mamba2 hybrid in align mode: the store's answers are vLLM's own prefix-hit answers."""
+    names = [n for n in names if n in models]
+    if not names:
+        pytest.skip("this CPU build of vLLM cannot run it")
+    a, b, _ = procs
+    runs = [(p, _matrix_spec(models, n)) for p, n in zip((a, b), names)]
+    open_together(*runs)
+    for name, (proc, _) in zip(names, runs):
+        groups = proc.kv_groups()
+        hit, stored = hit_then_store(proc, prompts(7))
+        proc.close_engine()
+        record("matrix", dict(model=name, groups=groups, cached=[x.cached_tokens for x in stored]))
+        assert [x.token_ids for x in stored] == [x.token_ids for x in hit], name
+        assert [x.cached_tokens for x in stored] == [x.cached_tokens for x in hit], name
+        assert all(x.cached_tokens >= SHARED // 2 for x in stored), (name, [x.cached_tokens for x in stored])
 
 
 # ------------------------------------------------------------------ OpenAI API server

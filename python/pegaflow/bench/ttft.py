@@ -364,6 +364,11 @@ def main(argv: list[str]) -> int:
                     results[system]["load"] = load_test(systems, system, args, model, args.timeout)
                 except (RuntimeError, OSError) as e:
                     results[system]["load"] = {"error": str(e)[-2000:]}
+            # what is measured so far survives a run cut short
+            partial = Path(args.json).with_suffix(".partial.json")
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"line_h2d_gbps": line, "kv_bytes_per_token": bpt,
+                                           "systems": summarize(results, lengths, bpt, line)}, indent=1))
         for f in Path(tmp).glob("*.log"):
             print(f"--- {f.name}\n{f.read_text()[-1500:]}", file=sys.stderr)
     import torch
@@ -387,5 +392,6 @@ def main(argv: list[str]) -> int:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
+    Path(args.json).with_suffix(".partial.json").unlink(missing_ok=True)
     print(json.dumps(report["systems"], indent=1))
     return 0 if all("error" not in r for r in results.values()) else 1
