@@ -2,8 +2,11 @@
 
 The Python side stays thin: it finds a Java runtime, starts the engine in-process
 (``PegaEngine``) and forwards plain data to it. Importing this package starts nothing; the
-JVM starts on the first ``PegaEngine(...)``.
+JVM starts on the first ``PegaEngine(...)``. It only sets ``$PEGAFLOW_JOIN_SECRET`` when absent
+(``pegaflow._launch``), so the processes a launch spawns later share it.
 """
+
+from pegaflow import _launch
 
 from pegaflow.errors import (
     CudaError,
@@ -24,6 +27,8 @@ from pegaflow.errors import (
 )
 
 __version__ = "0.1.0"
+
+_launch.ensure()
 
 _LAZY = {"PegaEngine", "EngineClient", "LayerRegion", "QueryResult", "TransferResult", "Completion"}
 

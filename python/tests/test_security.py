@@ -135,6 +135,7 @@ def victim(server):
                 raise AssertionError("the victim's bytes changed")
 
     check.hashes = h  # what the victim stored (a hostile tenant may learn them: vLLM's hashes are of tokens)
+    check.client, check.cache = client, cache  # a lease or copy id of its may leak (a log, a shared process)
     yield check
     client.close()
 
@@ -178,8 +179,8 @@ def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session
             pb2.LayerRegion(name=f"layers.{i}", layout=pb2.SPLIT_KV, base_address=(1 << 40) + i * (1 << 30),
                             region_bytes=2 * BLOCKS * 4096, num_blocks=BLOCKS, block_stride=4096, segment_bytes=4096,
                             segment_offset=BLOCKS * 4096) for i in range(2)]))
-        # a lease on the victim's prefix (querying a known instance id is allowed to token holders) ...
-        q = h.call("Query", pb2.QueryRequest(instance_id="victim", hashes=b"".join(victim.hashes), hash_len=32))
+        # a lease of the victim's that leaked ...
+        q = victim.client.query("victim", victim.hashes)
         assert q.hit_blocks == 2
         # ... cannot be released, loaded or ended under another instance
         assert "not issued to instance 'hostile'" in h.refused(
@@ -215,13 +216,13 @@ def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session
                                                       to_block=2))
         assert rest.blocks == 2 and set(rest.run_block) == {1} and rest.id == head.id
         h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=head.id, ok=False))
-        # guessed ids: 128 random bits each
+        # guessed ids under its own instance: 128 random bits each, none known
         rnd = random.Random(7)
         for _ in range(200):
-            h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=rnd.randbytes(16), ok=True),
+            h.refused("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=rnd.randbytes(16), ok=True),
                       g.INVALID_ARGUMENT)
-            h.refused("Release", pb2.ReleaseRequest(instance_id="victim", lease=rnd.randbytes(16)), g.FAILED_PRECONDITION)
-            h.refused("LoadRest", pb2.LoadRestRequest(instance_id="victim", worker_rank=0, id=rnd.randbytes(16),
+            h.refused("Release", pb2.ReleaseRequest(instance_id="hostile", lease=rnd.randbytes(16)), g.FAILED_PRECONDITION)
+            h.refused("LoadRest", pb2.LoadRestRequest(instance_id="hostile", worker_rank=0, id=rnd.randbytes(16),
                                                       from_block=0, to_block=1), g.INVALID_ARGUMENT)
         # the victim's registration: not this client's to drop, by unregistering or by its session
         h.refused("UnregisterInstance", pb2.UnregisterInstanceRequest(instance_id="victim"), g.PERMISSION_DENIED)
@@ -232,9 +233,187 @@ def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session
         assert session.value.code() == g.PERMISSION_DENIED
         TALLY["refused"] += 1
         time.sleep(0.5)  # past the session grace
-        h.call("Release", pb2.ReleaseRequest(instance_id="victim", lease=q.lease))  # the lease was issued to "victim"
+        victim.client.release("victim", q.lease)  # still the victim's
     finally:
         h.close()
+    healthy(server, pb)
+    victim()
+
+
+def _register_raw(h, pb2, instance: str, namespace: str, tp_size: int = 1, rank: int = 0, **extra):
+    """A raw tenant's instance with one worker of two layers at made-up addresses (never copied)."""
+    h.call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id=instance,
+                                                           namespace=namespace, tp_size=tp_size, world_size=tp_size,
+                                                           **extra))
+    return _raw_worker(h, pb2, instance, rank)
+
+
+def _raw_worker(h, pb2, instance: str, rank: int, **extra):
+    return h.call("RegisterWorker", pb2.RegisterWorkerRequest(instance_id=instance, worker_rank=rank, tp_rank=rank,
+                                                              layers=[
+        pb2.LayerRegion(name=f"layers.{i}", layout=pb2.SPLIT_KV, base_address=(1 << 40) + i * (1 << 30),
+                        region_bytes=2 * BLOCKS * 4096, num_blocks=BLOCKS, block_stride=4096, segment_bytes=4096,
+                        segment_offset=BLOCKS * 4096) for i in range(2)], **extra))
+
+
+def test_a_tenant_cannot_reserve_or_seal_a_save_as_the_victims_instance(server, pb, victim):
+    """Named ids: the hostile tenant names the victim's instance. Before identity was bound to the
+    caller, it reserved and sealed blocks of bytes never written under the victim's namespace; the
+    victim's later save of them was skipped as stored and its loads returned zeros."""
+    pb2 = pb[0]
+    h = Hostile(server, pb)
+    g = h.grpc.StatusCode
+    upcoming = hashes(1)  # what the victim will save next (vLLM's hashes are of tokens: guessable)
+    try:
+        assert "instance 'victim'" in h.refused(
+            "ReserveSave", pb2.ReserveSaveRequest(instance_id="victim", worker_rank=0, block_ids=[2],
+                                                  hashes=upcoming[0], hash_len=32), g.PERMISSION_DENIED)
+        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=b"\1" * 16, ok=True), g.PERMISSION_DENIED)
+        assert server.metric("pegaflow_pool_used_bytes") == server.metric("pegaflow_cache_resident_bytes"), \
+            "a refused save reserved nothing"
+    finally:
+        h.close()
+    client, cache = victim.client, victim.cache
+    want = cache.fill(2)
+    saved = client.save("victim", 0, [2], upcoming).wait()
+    assert (saved.blocks, saved.skipped_blocks) == (1, 0), "the victim's save was not pre-empted"
+    q = client.query("victim", upcoming)
+    client.load("victim", 0, q.lease, [BLOCKS - 3]).wait()
+    if cache.block(BLOCKS - 3) != want:
+        TALLY["bytes_changed"] += 1
+        raise AssertionError("the victim's new block reads back other bytes")
+    healthy(server, pb)
+    victim()
+
+
+def test_a_tenant_cannot_end_another_tenants_open_save(server, pb, victim):
+    """Named ids: another tenant's save is open and its id leaked; naming that tenant's instance
+    does not let the hostile one end it (seal what was never written, or roll it back)."""
+    pb2 = pb[0]
+    owner = Hostile(server, pb, client_id="0e" * 16)
+    h = Hostile(server, pb)
+    g = h.grpc.StatusCode
+    try:
+        _register_raw(owner, pb2, "owner", "ns-owner")
+        key = os.urandom(32)
+        plan = owner.call("ReserveSave", pb2.ReserveSaveRequest(instance_id="owner", worker_rank=0, block_ids=[1],
+                                                                hashes=key, hash_len=32))
+        for ok in (True, False):
+            h.refused("EndCopy", pb2.EndCopyRequest(instance_id="owner", id=plan.id, ok=ok, bytes=1), g.PERMISSION_DENIED)
+        assert owner.call("Query", pb2.QueryRequest(instance_id="owner", hashes=key, hash_len=32)).hit_blocks == 0
+        ended = owner.call("EndCopy", pb2.EndCopyRequest(instance_id="owner", id=plan.id, ok=True, bytes=1))
+        assert ended.blocks == 1, "the owner's save was still open and is its own to end"
+    finally:
+        owner.close()
+        h.close()
+    healthy(server, pb)
+    victim()
+
+
+def test_a_tenant_cannot_query_load_or_release_as_the_victims_instance(server, pb, victim):
+    pb2 = pb[0]
+    h = Hostile(server, pb)
+    g = h.grpc.StatusCode
+    leaked = victim.client.query("victim", victim.hashes)
+    try:
+        h.refused("Query", pb2.QueryRequest(instance_id="victim", hashes=b"".join(victim.hashes), hash_len=32),
+                  g.PERMISSION_DENIED)
+        h.refused("BeginLoad", pb2.BeginLoadRequest(instance_id="victim", worker_rank=0, lease=leaked.lease,
+                                                    dst_block_ids=[0, 1]), g.PERMISSION_DENIED)
+        h.refused("LoadRest", pb2.LoadRestRequest(instance_id="victim", worker_rank=0, id=leaked.lease, from_block=0,
+                                                  to_block=1), g.PERMISSION_DENIED)
+        h.refused("Release", pb2.ReleaseRequest(instance_id="victim", lease=leaked.lease), g.PERMISSION_DENIED)
+        assert server.metric("pegaflow_active_leases") == 1, "the leaked lease is still the victim's"
+    finally:
+        h.close()
+    victim.client.release("victim", leaked.lease)
+    healthy(server, pb)
+    victim()
+
+
+_RANK1 = """
+import sys
+from pegaflow import EngineClient, errors
+sys.path.insert(0, {tests!r})
+from bridge_helpers import Cache
+c = EngineClient({endpoint!r})
+try:
+    c.register_instance("victim-tp", "ns-tp", 2, 2)
+    c.register_worker("victim-tp", 1, 1, Cache().regions("tp"))
+    print("joined", flush=True)
+except errors.PermissionDeniedError as e:
+    print("refused:", e, flush=True)
+finally:
+    c.close()
+"""
+
+
+def test_a_tenant_cannot_take_a_free_tp_rank_of_the_victims_instance(server, pb, victim, tmp_path):
+    """Named ids: the victim's TP=2 instance has rank 0 registered. Before identity was bound,
+    any token holder took rank 1, became a registrant and could unregister the instance or make
+    the victim's own rank 1 fail. Now only a process presenting the instance's join secret joins:
+    the victim's own rank 1 (another process of its launch, $PEGAFLOW_JOIN_SECRET inherited)."""
+    pb2 = pb[0]
+    client, rank0 = victim.client, Cache()
+    client.register_instance("victim-tp", "ns-tp", 2, 2)
+    client.register_worker("victim-tp", 0, 0, rank0.regions("tp"))
+    h = Hostile(server, pb)
+    g = h.grpc.StatusCode
+    try:
+        for extra in ({}, {"join_secret": os.urandom(16)}):
+            h.refused("RegisterWorker", pb2.RegisterWorkerRequest(instance_id="victim-tp", worker_rank=1, tp_rank=1,
+                                                                  **extra), g.PERMISSION_DENIED)
+            h.refused("RegisterInstance", pb2.RegisterInstanceRequest(
+                client_version="0.1.0", instance_id="victim-tp", namespace="ns-tp", tp_size=2, world_size=2, **extra),
+                g.PERMISSION_DENIED)
+        h.refused("UnregisterInstance", pb2.UnregisterInstanceRequest(instance_id="victim-tp"), g.PERMISSION_DENIED)
+        TALLY["cases"] += 1
+        with pytest.raises(h.grpc.RpcError) as session:
+            next(h.stub.Session(pb2.SessionRequest(instance_id="victim-tp"), metadata=h.meta, timeout=5))
+        assert session.value.code() == g.PERMISSION_DENIED
+        TALLY["refused"] += 1
+    finally:
+        h.close()
+    script = tmp_path / "rank1.py"
+    script.write_text(_RANK1.format(tests=str(Path(__file__).parent), endpoint=server.endpoint))
+    env = dict(os.environ)
+    # another launch (its own secret) is refused; the victim's own rank 1 inherits the victim's and joins
+    TALLY["cases"] += 1
+    other = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                           env={**env, "PEGAFLOW_JOIN_SECRET": "another-launch-" + os.urandom(8).hex()})
+    assert "refused:" in other.stdout and "instance 'victim-tp'" in other.stdout, other.stdout + other.stderr
+    TALLY["refused"] += 1
+    own = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert "joined" in own.stdout, own.stdout + own.stderr
+    healthy(server, pb)
+    victim()
+
+
+def test_the_local_socket_acts_only_for_the_instances_of_its_first_frames_client(server, pb, victim):
+    pb2 = pb[0]
+    health = Hostile(server, pb, token=None)
+    sock_path = health.stub.Health(pb2.HealthRequest(), timeout=5).local_socket
+    health.close()
+    leaked = victim.client.query("victim", victim.hashes)
+    asks = [(1, pb2.QueryRequest(instance_id="victim", hashes=b"".join(victim.hashes), hash_len=32)),
+            (4, pb2.ReserveSaveRequest(instance_id="victim", worker_rank=0, block_ids=[3], hashes=os.urandom(32),
+                                       hash_len=32)),
+            (6, pb2.EndCopyRequest(instance_id="victim", id=b"\1" * 16, ok=True)),
+            (5, pb2.BeginLoadRequest(instance_id="victim", worker_rank=0, lease=leaked.lease, dst_block_ids=[0, 1])),
+            (2, pb2.ReleaseRequest(instance_id="victim", lease=leaked.lease))]
+    for hello in (server.token.encode(), server.token.encode() + b"\0" + b"ab" * 16):  # old and new first frames
+        s = _frames(sock_path)
+        try:
+            assert _ask(s, 3, hello)[0] == 0
+            for method, request in asks:
+                TALLY["cases"] += 1
+                status, body = _ask(s, method, request.SerializeToString())
+                assert status == errors.PermissionDeniedError.code, (method, body)
+                TALLY["refused"] += 1
+        finally:
+            s.close()
+    assert server.metric("pegaflow_active_leases") == 1
+    victim.client.release("victim", leaked.lease)
     healthy(server, pb)
     victim()
 
@@ -261,7 +440,7 @@ def test_oversized_counts_and_strings_are_refused_before_allocation(server, pb, 
                                                               layers=layers), *big)
         assert time.perf_counter() - t0 < 5, "120k layers must be refused (or checked) quickly"
         h.refused("EndCopy", pb2.EndCopyRequest(instance_id="many", id=b"\1" * 16, ok=True, bytes=-1), *big)
-        h.refused("Query", pb2.QueryRequest(instance_id="victim", hashes=os.urandom(33), hash_len=32), *big)
+        h.refused("Query", pb2.QueryRequest(instance_id="many", hashes=os.urandom(33), hash_len=32), *big)
         registered = server.instances()
         assert "w" not in registered and not any(len(i) > 1000 for i in registered), "a refused instance was kept"
     finally:

@@ -479,7 +479,7 @@ final class EngineExports {
                         default -> throw new InvalidArgumentException("transfer " + transfer + "; expected 0 (host) or 1 (cuda)");
                     };
             io.pegaflow.client.EngineClient.Connection c = io.pegaflow.client.EngineClient.open(str(endpoint, "endpoint"),
-                    copies, deadlineMs > 0 ? deadlineMs : 5000);
+                    copies, deadlineMs > 0 ? deadlineMs : 5000, Marshal.joinSecret());
             long handle = ENGINES.add(c.engine());
             SERVER_IDS.put(handle, c.serverId());
             out.set(JAVA_LONG, 0, handle);

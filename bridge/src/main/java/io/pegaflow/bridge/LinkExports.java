@@ -38,7 +38,7 @@ final class LinkExports {
             }
             StoreLink.Settings settings = new StoreLink.Settings(str(mode, "mode"), str(endpoint, "endpoint"),
                     str(poolSize, "pool_size"), copyThreads, deadlineMs, Duration.ofMillis(healthIntervalMs),
-                    io.pegaflow.engine.ssd.SsdConfig.parse(str(ssd, "ssd")));
+                    io.pegaflow.engine.ssd.SsdConfig.parse(str(ssd, "ssd")), Marshal.joinSecret());
             out.set(JAVA_LONG, 0, LINKS.add(StoreLink.open(settings)));
         });
     }

@@ -29,6 +29,29 @@ final class Marshal {
 
     private Marshal() {}
 
+    /** The environment variable holding this launch's join secret (set by {@code import pegaflow} when absent). */
+    static final String JOIN_SECRET_ENV = "PEGAFLOW_JOIN_SECRET";
+
+    /**
+     * The join secret this process's server clients present (null when the host set none):
+     * {@code $PEGAFLOW_JOIN_SECRET}, which the Python package draws once per launch and its
+     * child processes (a vLLM instance's engine core and workers) inherit, so they act for the
+     * instances any of them registered (RemoteStore, Identity). Read here, at the boundary
+     * where the host hands its settings over, and nowhere else.
+     */
+    static byte[] joinSecret() {
+        String s = System.getenv(JOIN_SECRET_ENV);
+        if (s == null || s.isEmpty()) {
+            return null;
+        }
+        byte[] b = s.getBytes(StandardCharsets.UTF_8);
+        if (b.length < 16 || b.length > 64) {
+            throw new InvalidArgumentException(JOIN_SECRET_ENV + " holds " + b.length + " bytes; expected 16..64 (a secret "
+                    + "every process of one vLLM instance shares; unset it to have one drawn)");
+        }
+        return b;
+    }
+
     @FunctionalInterface
     interface Body {
         void run() throws Exception;

@@ -32,7 +32,17 @@ public final class EngineClient {
      * start), so a client can tell a restarted server from one that was briefly unreachable.
      */
     public static Connection open(String endpoint, Function<HostPool, TransferEngine> transfer, long deadlineMs) {
-        return open(RemoteStore.connect(endpoint, deadlineMs), transfer);
+        return open(endpoint, transfer, deadlineMs, null);
+    }
+
+    /**
+     * Like {@link #open(String, Function, long)}, the client presenting {@code joinSecret}
+     * (null: none), so it acts for the instances of every process that presents the same
+     * ({@link RemoteStore#connect(String, long, boolean, byte[])}).
+     */
+    public static Connection open(String endpoint, Function<HostPool, TransferEngine> transfer, long deadlineMs,
+            byte[] joinSecret) {
+        return open(RemoteStore.connect(endpoint, deadlineMs, true, joinSecret), transfer);
     }
 
     /** Like {@link #open(String, Function, long)} over a client the caller made (in-process transport in tests); takes ownership of it. */

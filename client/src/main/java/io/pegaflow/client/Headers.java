@@ -8,6 +8,8 @@ public final class Headers {
     public static final Metadata.Key<String> AUTHORIZATION = Metadata.Key.of("authorization", Metadata.ASCII_STRING_MARSHALLER);
     /** The calling client process's id: 128 random bits, hex. */
     public static final Metadata.Key<String> CLIENT_ID = Metadata.Key.of("pegaflow-client-id", Metadata.ASCII_STRING_MARSHALLER);
+    /** The join secret the client presents for the instances it names (hex; absent when it has none). */
+    public static final Metadata.Key<String> JOIN_SECRET = Metadata.Key.of("pegaflow-join-secret", Metadata.ASCII_STRING_MARSHALLER);
 
     private Headers() {}
 }

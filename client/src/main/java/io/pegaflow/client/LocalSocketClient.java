@@ -163,8 +163,9 @@ final class LocalSocketClient implements AutoCloseable {
                 Selector sel = Selector.open();
                 ch.register(sel, SelectionKey.OP_READ);
                 c = new Conn(ch, sel);
-                // the connection's first frame: the server's token (a refusal falls back to gRPC)
-                exchange(c, Wire.AUTH, store.token().getBytes(StandardCharsets.UTF_8),
+                // the connection's first frame: the server's token and this client's identity
+                // (a refusal falls back to gRPC)
+                exchange(c, Wire.AUTH, store.hello(),
                         System.nanoTime() + store.deadlineMs() * 1_000_000L);
             } catch (IOException | RuntimeException e) {
                 if (c != null) {

@@ -55,6 +55,12 @@ import java.util.function.Function;
  * instance also opens its liveness session, which the server uses to clean up after this
  * process if it dies; the session is re-opened if the server restarts. The channel reconnects
  * by itself when the server comes back.
+ *
+ * <p>Identity: the server lets this client act only for instances it created or joined.
+ * Another process of the same instance (a TP rank, its scheduler) joins by presenting the
+ * instance's join secret: the one this client's creator proposed ({@code joinSecret} given to
+ * {@link #connect(String, long, boolean, byte[])}: every process of one vLLM launch gives the
+ * same), or the one {@link #joinSecret(String)} returns after registering.
  */
 public final class RemoteStore implements BlockStore {
     private final String endpoint;
@@ -66,14 +72,20 @@ public final class RemoteStore implements BlockStore {
     private volatile String tokenError;
     private final long deadlineMs;
     private final String clientId = newClientId();
+    /** The join secret this client presents (null: none; it then acts only for what it registered). */
+    private final byte[] presented;
+    /** Each registered instance's join secret, as the server answered. */
+    private final Map<String, byte[]> secrets = new ConcurrentHashMap<>();
     private final Map<String, ClientCallStreamObserver<SessionRequest>> sessions = new ConcurrentHashMap<>();
     private final LocalSocketClient local = new LocalSocketClient(this);
     /** Regions each worker registered through this client, keyed "instance/rank": bounds a plan's answer. */
     private final Map<String, Integer> workerRegions = new ConcurrentHashMap<>();
 
-    private RemoteStore(String endpoint, ManagedChannel channel, long deadlineMs) {
+    private RemoteStore(String endpoint, ManagedChannel channel, long deadlineMs, byte[] joinSecret) {
         this.endpoint = endpoint;
         this.channel = channel;
+        this.presented = checkSecret(joinSecret);
+        String presentedHex = presented == null ? null : java.util.HexFormat.of().formatHex(presented);
         this.calls = io.grpc.ClientInterceptors.intercept(channel, new io.grpc.ClientInterceptor() {
             @Override
             public <Q, R> io.grpc.ClientCall<Q, R> interceptCall(io.grpc.MethodDescriptor<Q, R> method,
@@ -82,6 +94,9 @@ public final class RemoteStore implements BlockStore {
                     @Override
                     public void start(Listener<R> listener, io.grpc.Metadata headers) {
                         headers.put(Headers.CLIENT_ID, clientId);
+                        if (presentedHex != null) {
+                            headers.put(Headers.JOIN_SECRET, presentedHex);
+                        }
                         String t = token;
                         if (t != null) {
                             headers.put(Headers.AUTHORIZATION, "Bearer " + t);
@@ -144,14 +159,23 @@ public final class RemoteStore implements BlockStore {
 
     /** As {@link #connect(String, long)}; {@code localSocket} false sends every call over gRPC. */
     public static RemoteStore connect(String endpoint, long deadlineMs, boolean localSocket) {
-        RemoteStore s = open(endpoint, deadlineMs);
+        return connect(endpoint, deadlineMs, localSocket, null);
+    }
+
+    /**
+     * As {@link #connect(String, long, boolean)}, presenting {@code joinSecret} (16..64 bytes;
+     * null: none): instances this client creates get it as their join secret, and this client
+     * acts for any instance whose join secret it is.
+     */
+    public static RemoteStore connect(String endpoint, long deadlineMs, boolean localSocket, byte[] joinSecret) {
+        RemoteStore s = open(endpoint, deadlineMs, joinSecret);
         if (!localSocket) {
             s.local.close();
         }
         return s;
     }
 
-    private static RemoteStore open(String endpoint, long deadlineMs) {
+    private static RemoteStore open(String endpoint, long deadlineMs, byte[] joinSecret) {
         Wire.hostPort(endpoint, "endpoint");
         if (deadlineMs <= 0) {
             throw new InvalidArgumentException("deadline " + deadlineMs + " ms; expected > 0");
@@ -164,12 +188,48 @@ public final class RemoteStore implements BlockStore {
                 .keepAliveTimeout(5, TimeUnit.SECONDS)
                 .keepAliveWithoutCalls(true)
                 .build();
-        return new RemoteStore(endpoint, channel, deadlineMs);
+        return new RemoteStore(endpoint, channel, deadlineMs, joinSecret);
     }
 
     /** Over a caller's channel (in-process transport in tests). */
     public static RemoteStore over(ManagedChannel channel, String name, long deadlineMs) {
-        return new RemoteStore(name, channel, deadlineMs);
+        return over(channel, name, deadlineMs, null);
+    }
+
+    /** Over a caller's channel, presenting {@code joinSecret} (see {@link #connect(String, long, boolean, byte[])}). */
+    public static RemoteStore over(ManagedChannel channel, String name, long deadlineMs, byte[] joinSecret) {
+        return new RemoteStore(name, channel, deadlineMs, joinSecret);
+    }
+
+    private static byte[] checkSecret(byte[] secret) {
+        if (secret != null && (secret.length < 16 || secret.length > 64)) {
+            throw new InvalidArgumentException("join secret of " + secret.length + " bytes; expected 16..64");
+        }
+        return secret == null ? null : secret.clone();
+    }
+
+    /**
+     * The join secret of {@code instanceId} as the server answered this client's registration
+     * (null before it): what another process presents to act for the instance.
+     */
+    public byte[] joinSecret(String instanceId) {
+        byte[] s = secrets.get(instanceId);
+        return s == null ? null : s.clone();
+    }
+
+    /** The secret a registration of {@code instanceId} presents: the instance's, else this client's own. */
+    private ByteString secretFor(String instanceId) {
+        byte[] s = secrets.get(instanceId);
+        if (s == null) {
+            s = presented;
+        }
+        return s == null ? ByteString.EMPTY : ByteString.copyFrom(s);
+    }
+
+    /** The local socket's first frame: the token, NUL, this client's id, NUL, the join secret it presents (hex). */
+    byte[] hello() {
+        String tail = "\0" + clientId + (presented == null ? "" : "\0" + java.util.HexFormat.of().formatHex(presented));
+        return (token() + tail).getBytes(java.nio.charset.StandardCharsets.UTF_8);
     }
 
     public String endpoint() {
@@ -265,9 +325,12 @@ public final class RemoteStore implements BlockStore {
 
     @Override
     public void registerInstance(InstanceSpec spec) {
-        call(s -> s.registerInstance(RegisterInstanceRequest.newBuilder().setClientVersion(Version.VERSION)
+        ByteString secret = call(s -> s.registerInstance(RegisterInstanceRequest.newBuilder().setClientVersion(Version.VERSION)
                 .setInstanceId(spec.instanceId()).setNamespace(spec.namespace()).setTpSize(spec.tpSize())
-                .setWorldSize(spec.worldSize()).build()));
+                .setWorldSize(spec.worldSize()).setJoinSecret(secretFor(spec.instanceId())).build())).getJoinSecret();
+        if (!secret.isEmpty()) {
+            secrets.put(spec.instanceId(), secret.toByteArray());
+        }
         openSession(spec.instanceId());
     }
 
@@ -301,7 +364,7 @@ public final class RemoteStore implements BlockStore {
     @Override
     public void registerWorker(String instanceId, WorkerSpec worker) {
         RegisterWorkerRequest.Builder b = RegisterWorkerRequest.newBuilder().setInstanceId(instanceId)
-                .setWorkerRank(worker.workerRank()).setTpRank(worker.tpRank()).setDeviceId(worker.deviceId());
+                .setJoinSecret(secretFor(instanceId)).setWorkerRank(worker.workerRank()).setTpRank(worker.tpRank()).setDeviceId(worker.deviceId());
         if (worker.layers() != null) {
             for (LayerRegion r : worker.layers()) {
                 if (r == null) {
@@ -342,6 +405,7 @@ public final class RemoteStore implements BlockStore {
         try {
             call(s -> s.unregisterInstance(UnregisterInstanceRequest.newBuilder().setInstanceId(instanceId).build()));
         } finally {
+            secrets.remove(instanceId);
             ClientCallStreamObserver<SessionRequest> session = sessions.remove(instanceId);
             if (session != null) {
                 session.cancel("unregistered", null);

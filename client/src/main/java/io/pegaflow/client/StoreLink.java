@@ -71,13 +71,22 @@ public final class StoreLink implements EngineSource, AutoCloseable {
     /**
      * The link's settings. {@code mode}: {@code auto} (server when one answers at
      * {@code endpoint} at start, else embedded), {@code embedded} or {@code server}.
+     * {@code joinSecret}: what the link's server client presents (null: none), so that the
+     * processes of one vLLM instance (its TP ranks and its scheduler) act for the instances
+     * any of them registers ({@link RemoteStore}, Identity).
      */
     public record Settings(String mode, String endpoint, String poolSize, int copyThreads, long deadlineMs,
-            Duration healthInterval, SsdConfig ssd) {
+            Duration healthInterval, SsdConfig ssd, byte[] joinSecret) {
         /** Without an SSD tier. */
         public Settings(String mode, String endpoint, String poolSize, int copyThreads, long deadlineMs,
                 Duration healthInterval) {
             this(mode, endpoint, poolSize, copyThreads, deadlineMs, healthInterval, null);
+        }
+
+        /** Presenting no join secret. */
+        public Settings(String mode, String endpoint, String poolSize, int copyThreads, long deadlineMs,
+                Duration healthInterval, SsdConfig ssd) {
+            this(mode, endpoint, poolSize, copyThreads, deadlineMs, healthInterval, ssd, null);
         }
 
         public Settings {
@@ -174,8 +183,8 @@ public final class StoreLink implements EngineSource, AutoCloseable {
     public static StoreLink open(Settings settings) {
         // A lambda, not a method reference: gRPC's classes load only when a server is asked for,
         // so an embedded link runs from a jar without them (the GPU bundle's slim jar).
-        StoreLink link = open(settings, (endpoint, transfer, deadlineMs) -> EngineClient.open(endpoint, transfer, deadlineMs),
-                System::nanoTime);
+        StoreLink link = open(settings, (endpoint, transfer, deadlineMs) -> EngineClient.open(endpoint, transfer, deadlineMs,
+                settings.joinSecret()), System::nanoTime);
         link.startTicking();
         return link;
     }

@@ -29,19 +29,16 @@ import java.util.HexFormat;
  * ({@code authorization: Bearer <token>}); the local socket's first frame carries it too.
  * The secret is generated at start into a 0600 file beside the pool (clients find it through
  * Health's {@code token_path}, as they find the pool) unless {@code --auth-token-file} names
- * one. Each call may also name its client ({@code pegaflow-client-id}, 128 random bits per
- * client process), which {@link Tenants} binds to the instances it registered.
+ * one. Each call also names its client ({@code pegaflow-client-id}, 128 random bits per
+ * client process) and may present a join secret ({@code pegaflow-join-secret}): the
+ * {@link Caller} that {@link Tenants} checks against the instance the call names.
  *
  * <p>{@link Check} is the pluggable part: cross-node TLS (6/7) adds a check on the peer's
  * certificate next to this one.
  */
 final class Credentials implements ServerInterceptor {
-    /** Methods whose handlers read {@link #CLIENT} (registration and liveness). */
-    private static final java.util.Set<String> NEEDS_CLIENT =
-            java.util.Set.of("RegisterInstance", "RegisterWorker", "UnregisterInstance", "Session");
-
-    /** The calling client's id in the call's context ("" when it sent none). */
-    static final Context.Key<String> CLIENT = Context.key("pegaflow-client-id");
+    /** Who sent the call ({@link Caller#NOBODY} when it sent no client id), in the call's context. */
+    static final Context.Key<Caller> CALLER = Context.keyWithDefault("pegaflow-caller", Caller.NOBODY);
 
     /** Decides whether a call's headers are allowed. */
     @FunctionalInterface
@@ -130,13 +127,15 @@ final class Credentials implements ServerInterceptor {
                 return new ServerCall.Listener<>() {};
             }
         }
-        String method = call.getMethodDescriptor().getBareMethodName();
-        if (!NEEDS_CLIENT.contains(method)) {
-            return next.startCall(call, headers); // the hot calls (Query, Release, copies) skip the context
+        Caller caller;
+        try {
+            caller = Caller.of(headers.get(Headers.CLIENT_ID), headers.get(Headers.JOIN_SECRET));
+        } catch (InvalidArgumentException bad) {
+            io.grpc.StatusRuntimeException refused = Errors.toStatus(bad);
+            call.close(refused.getStatus(), refused.getTrailers());
+            return new ServerCall.Listener<>() {};
         }
-        String client = headers.get(Headers.CLIENT_ID);
-        Context ctx = Context.current().withValue(CLIENT, client == null ? "" : client);
-        return Contexts.interceptCall(ctx, call, headers, next);
+        return Contexts.interceptCall(Context.current().withValue(CALLER, caller), call, headers, next);
     }
 
     /** Deletes the token file if this server wrote it. */

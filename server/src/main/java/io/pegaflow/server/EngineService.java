@@ -34,6 +34,7 @@ import io.pegaflow.client.proto.HealthResponse;
 import io.pegaflow.client.proto.QueryRequest;
 import io.pegaflow.client.proto.QueryResponse;
 import io.pegaflow.client.proto.RegisterInstanceRequest;
+import io.pegaflow.client.proto.RegisterInstanceResponse;
 import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
@@ -119,22 +120,26 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     }
 
     @Override
-    public void registerInstance(RegisterInstanceRequest r, StreamObserver<Empty> out) {
+    public void registerInstance(RegisterInstanceRequest r, StreamObserver<RegisterInstanceResponse> out) {
         answer(out, () -> {
             if (!Version.VERSION.equals(r.getClientVersion())) {
                 throw new TopologyMismatchException("PegaFlow version mismatch: client " + Limits.quote(r.getClientVersion())
                         + ", server " + Version.VERSION + "; install the same pegaflow-jvm version on both sides");
             }
             InstanceSpec spec = new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize());
-            synchronized (tenants) { // "created" must see the instance absent and register it in one step
-                boolean fresh = !store.isRegistered(spec.instanceId());
-                store.registerInstance(spec);
-                if (fresh) {
-                    tenants.created(spec.instanceId(), Credentials.CLIENT.get());
-                }
+            Caller caller = caller(Credentials.CALLER.get(), r.getJoinSecret());
+            byte[] secret;
+            synchronized (tenants) { // the store's answer and the membership change in one step
+                secret = tenants.register(spec.instanceId(), caller, store.isRegistered(spec.instanceId()),
+                        () -> store.registerInstance(spec));
             }
-            return EMPTY;
+            return RegisterInstanceResponse.newBuilder().setJoinSecret(ByteString.copyFrom(secret)).build();
         });
+    }
+
+    /** {@code caller}, presenting {@code secret} from the request when it carries one. */
+    private static Caller caller(Caller caller, ByteString secret) {
+        return secret.isEmpty() ? caller : new Caller(caller.client(), secret.toByteArray());
     }
 
     @Override
@@ -155,8 +160,8 @@ final class EngineService extends EngineGrpc.EngineImplBase {
                 layers.add(new LayerRegion(l.getName(), layout, l.getBaseAddress(), l.getRegionBytes(), l.getNumBlocks(),
                         l.getBlockStride(), l.getSegmentBytes(), l.getSegmentOffset()));
             }
+            tenants.require(id, caller(Credentials.CALLER.get(), r.getJoinSecret()), "registering a worker");
             store.registerWorker(id, new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
-            tenants.joined(id, Credentials.CLIENT.get());
             return EMPTY;
         });
     }
@@ -165,21 +170,25 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     public void unregisterInstance(UnregisterInstanceRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
             String id = instanceId(r.getInstanceId());
-            tenants.require(id, Credentials.CLIENT.get(), "unregistering");
-            store.unregisterInstance(id);
-            tenants.forget(id);
+            tenants.require(id, Credentials.CALLER.get(), "unregistering");
+            tenants.unregister(id, () -> store.unregisterInstance(id));
             return EMPTY;
         });
     }
 
     @Override
     public void reserveSave(ReserveSaveRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> reserveSave(store, r));
+        answer(out, () -> reserveSave(store, tenants, Credentials.CALLER.get(), r));
     }
 
-    /** ReserveSave on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
-    static CopyPlan reserveSave(LocalStore store, ReserveSaveRequest r) {
+    /**
+     * ReserveSave on {@code store} for {@code caller}: the gRPC method and the local socket's
+     * ({@link LocalSocketServer}). Each data-path call checks first that the caller acts for the
+     * instance it names ({@link Tenants#require}): refused, nothing changes.
+     */
+    static CopyPlan reserveSave(LocalStore store, Tenants tenants, Caller caller, ReserveSaveRequest r) {
         String id = instanceId(r.getInstanceId());
+        tenants.require(id, caller, "a save");
         Limits.checkCount("layer names of one save", r.getLayerNamesCount(), Limits.MAX_LAYERS_PER_WORKER,
                 "MAX_LAYERS_PER_WORKER");
         for (String name : r.getLayerNamesList()) {
@@ -192,27 +201,29 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     @Override
     public void beginLoad(BeginLoadRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> beginLoad(store, r));
+        answer(out, () -> beginLoad(store, tenants, Credentials.CALLER.get(), r));
     }
 
     /** BeginLoad on {@code store}: the gRPC method and the local socket's. */
-    static CopyPlan beginLoad(LocalStore store, BeginLoadRequest r) {
+    static CopyPlan beginLoad(LocalStore store, Tenants tenants, Caller caller, BeginLoadRequest r) {
         if (r.getPlanBlocks() < 0) {
             throw new InvalidArgumentException("plan_blocks " + r.getPlanBlocks() + "; expected >= 0 (0: all)");
         }
-        return plan(store.beginLoad(instanceId(r.getInstanceId()), r.getWorkerRank(),
+        tenants.require(instanceId(r.getInstanceId()), caller, "a load");
+        return plan(store.beginLoad(r.getInstanceId(), r.getWorkerRank(),
                 Token.fromBytes(r.getLease().toByteArray()), blockIds("destination block ids of one load",
                         r.getDstBlockIdsList()), r.getPlanBlocks() == 0 ? Integer.MAX_VALUE : r.getPlanBlocks()));
     }
 
     @Override
     public void loadRest(LoadRestRequest r, StreamObserver<CopyPlan> out) {
-        answer(out, () -> loadRest(store, r));
+        answer(out, () -> loadRest(store, tenants, Credentials.CALLER.get(), r));
     }
 
     /** LoadRest on {@code store}: the gRPC method and the local socket's. */
-    static CopyPlan loadRest(LocalStore store, LoadRestRequest r) {
-        return plan(store.planRest(instanceId(r.getInstanceId()), r.getWorkerRank(),
+    static CopyPlan loadRest(LocalStore store, Tenants tenants, Caller caller, LoadRestRequest r) {
+        tenants.require(instanceId(r.getInstanceId()), caller, "a load");
+        return plan(store.planRest(r.getInstanceId(), r.getWorkerRank(),
                 Token.fromBytes(r.getId().toByteArray(), "copy id"), r.getFromBlock(), r.getToBlock()));
     }
 
@@ -229,11 +240,12 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     @Override
     public void endCopy(EndCopyRequest r, StreamObserver<CopyResult> out) {
-        answer(out, () -> endCopy(store, r));
+        answer(out, () -> endCopy(store, tenants, Credentials.CALLER.get(), r));
     }
 
     /** EndCopy on {@code store}: the gRPC method and the local socket's. */
-    static CopyResult endCopy(LocalStore store, EndCopyRequest r) {
+    static CopyResult endCopy(LocalStore store, Tenants tenants, Caller caller, EndCopyRequest r) {
+        tenants.require(instanceId(r.getInstanceId()), caller, "ending a copy");
         io.pegaflow.engine.CopyResult c = store.endCopy(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"),
                 r.getOk(), r.getBytes(), r.getNanos());
         return CopyResult.newBuilder().setBlocks(c.blocks()).setSkippedBlocks(c.skippedBlocks()).setBytes(c.bytes()).build();
@@ -241,12 +253,13 @@ final class EngineService extends EngineGrpc.EngineImplBase {
 
     @Override
     public void query(QueryRequest r, StreamObserver<QueryResponse> out) {
-        answer(out, () -> query(store, r));
+        answer(out, () -> query(store, tenants, Credentials.CALLER.get(), r));
     }
 
     /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
-    static QueryResponse query(LocalStore store, QueryRequest r) {
-        QueryResult q = store.query(instanceId(r.getInstanceId()), hashes(r.getHashes(), r.getHashLen()));
+    static QueryResponse query(LocalStore store, Tenants tenants, Caller caller, QueryRequest r) {
+        tenants.require(instanceId(r.getInstanceId()), caller, "a query");
+        QueryResult q = store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
         QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks()).setPendingBlocks(q.pendingBlocks());
         if (q.hasLease()) {
             b.setLease(ByteString.copyFrom(q.lease().toBytes()));
@@ -257,13 +270,14 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     @Override
     public void release(ReleaseRequest r, StreamObserver<Empty> out) {
         answer(out, () -> {
-            release(store, r);
+            release(store, tenants, Credentials.CALLER.get(), r);
             return EMPTY;
         });
     }
 
     /** Release on {@code store}: the gRPC method and the local socket's. */
-    static void release(LocalStore store, ReleaseRequest r) {
+    static void release(LocalStore store, Tenants tenants, Caller caller, ReleaseRequest r) {
+        tenants.require(instanceId(r.getInstanceId()), caller, "a release");
         store.release(r.getInstanceId(), Token.fromBytes(r.getLease().toByteArray()));
     }
 
@@ -295,7 +309,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
         ServerCallStreamObserver<SessionEvent> call = (ServerCallStreamObserver<SessionEvent>) out;
         try {
             instanceId(r.getInstanceId());
-            tenants.require(r.getInstanceId(), Credentials.CLIENT.get(), "a liveness session");
+            tenants.require(r.getInstanceId(), Credentials.CALLER.get(), "a liveness session");
         } catch (RuntimeException refused) {
             out.onError(Errors.toStatus(refused));
             return;

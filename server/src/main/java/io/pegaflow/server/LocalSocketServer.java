@@ -44,8 +44,10 @@ import java.util.concurrent.atomic.AtomicLong;
  * call whose request or answer could exceed {@link #MAX_FRAME}.
  *
  * <p>The first frame of a connection is method 3 (auth) carrying the server's token (the
- * bytes of the file Health names); anything else, or a wrong token, is answered
- * PERMISSION_DENIED and the connection closed.
+ * bytes of the file Health names), then a NUL and the client's id, then a NUL and the join
+ * secret it presents (hex), as gRPC's headers carry them; anything else, or a wrong token, is
+ * answered PERMISSION_DENIED and the connection closed. Every later frame acts as that
+ * {@link Caller}, checked by {@link Tenants} like a gRPC call.
  *
  * <p>Frames: request {@code int32 length, byte method, length-1 bytes of proto}; answer
  * {@code int32 length, byte status (0 ok, else the ErrorCode value), length-1 bytes (the
@@ -77,6 +79,7 @@ final class LocalSocketServer implements AutoCloseable {
 
     private final Path path;
     private final LocalStore store;
+    private final Tenants tenants;
     private final RpcMetrics metrics;
     private final ServerSocketChannel server;
     /** The first frame of every connection must carry the server's token (null: tests without one). */
@@ -103,10 +106,11 @@ final class LocalSocketServer implements AutoCloseable {
         }
     }
 
-    private LocalSocketServer(Path path, LocalStore store, RpcMetrics metrics, ServerSocketChannel server,
+    private LocalSocketServer(Path path, LocalStore store, Tenants tenants, RpcMetrics metrics, ServerSocketChannel server,
             int maxConnections, Duration frameTimeout) {
         this.path = path;
         this.store = store;
+        this.tenants = tenants;
         this.metrics = metrics;
         this.server = server;
         this.maxConnections = maxConnections;
@@ -120,8 +124,8 @@ final class LocalSocketServer implements AutoCloseable {
      * frame must carry {@code credentials}' token. A stale socket file was reclaimed when the
      * lock was taken.
      */
-    static LocalSocketServer start(PoolFiles files, LocalStore store, RpcMetrics metrics, Credentials credentials)
-            throws IOException {
+    static LocalSocketServer start(PoolFiles files, LocalStore store, Tenants tenants, RpcMetrics metrics,
+            Credentials credentials) throws IOException {
         ServerSocketChannel ch = files.bindSocket(path -> {
             ServerSocketChannel c = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
             try {
@@ -132,11 +136,18 @@ final class LocalSocketServer implements AutoCloseable {
                 throw e;
             }
         });
-        return started(new LocalSocketServer(files.socket(), store, metrics, ch, MAX_CONNECTIONS, FRAME_TIMEOUT), credentials);
+        return started(new LocalSocketServer(files.socket(), store, tenants, metrics, ch, MAX_CONNECTIONS, FRAME_TIMEOUT),
+                credentials);
     }
 
     /** Tests: at a plain path, with other bounds; null credentials skip the first-frame check. */
     static LocalSocketServer start(Path path, LocalStore store, RpcMetrics metrics, Credentials credentials,
+            int maxConnections, Duration frameTimeout) throws IOException {
+        return start(path, store, new Tenants(), metrics, credentials, maxConnections, frameTimeout);
+    }
+
+    /** Tests: as above, binding instances to callers through {@code tenants}. */
+    static LocalSocketServer start(Path path, LocalStore store, Tenants tenants, RpcMetrics metrics, Credentials credentials,
             int maxConnections, Duration frameTimeout) throws IOException {
         Files.deleteIfExists(path);
         ServerSocketChannel ch = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
@@ -146,7 +157,7 @@ final class LocalSocketServer implements AutoCloseable {
             ch.close();
             throw e;
         }
-        return started(new LocalSocketServer(path, store, metrics, ch, maxConnections, frameTimeout), credentials);
+        return started(new LocalSocketServer(path, store, tenants, metrics, ch, maxConnections, frameTimeout), credentials);
     }
 
     private static LocalSocketServer started(LocalSocketServer s, Credentials credentials) {
@@ -241,6 +252,7 @@ final class LocalSocketServer implements AutoCloseable {
     private void serve(Conn c) throws IOException {
         ByteBuffer header = ByteBuffer.allocate(5);
         boolean authenticated = credentials == null;
+        Caller caller = Caller.NOBODY;
         while (open) {
             header.clear();
             if (!awaitFirstByte(c, header)) {
@@ -258,10 +270,17 @@ final class LocalSocketServer implements AutoCloseable {
             byte[] payload = payload(c, length - 1, deadline);
             if (!authenticated) {
                 // Before anything else: the token, as over gRPC. A refused connection is closed.
-                if (method != AUTH || !credentials.matches(payload)) {
+                Hello hello = method == AUTH ? Hello.parse(payload) : null;
+                if (hello == null || !credentials.matches(hello.token)) {
                     reply(c, (byte) ErrorCode.PERMISSION_DENIED.value(), method != AUTH
                             ? "the first frame on the local socket must be method 3 (auth) with the server's token"
                             : "wrong credential", deadline);
+                    return;
+                }
+                try {
+                    caller = Caller.of(hello.client, hello.joinSecret);
+                } catch (InvalidArgumentException bad) {
+                    reply(c, (byte) ErrorCode.INVALID_ARGUMENT.value(), bad.getMessage(), deadline);
                     return;
                 }
                 authenticated = true;
@@ -274,7 +293,7 @@ final class LocalSocketServer implements AutoCloseable {
             String grpcStatus = "OK";
             String error = null;
             try {
-                answer = handle(method, payload);
+                answer = handle(caller, method, payload);
             } catch (PegaflowException e) {
                 status = (byte) e.code().value();
                 error = String.valueOf(e.getMessage());
@@ -314,22 +333,52 @@ final class LocalSocketServer implements AutoCloseable {
         };
     }
 
-    private byte[] handle(byte method, byte[] payload) throws com.google.protobuf.InvalidProtocolBufferException {
+    private byte[] handle(Caller caller, byte method, byte[] payload) throws com.google.protobuf.InvalidProtocolBufferException {
         return switch (method) {
-            case QUERY -> EngineService.query(store, QueryRequest.parseFrom(payload)).toByteArray();
+            case QUERY -> EngineService.query(store, tenants, caller, QueryRequest.parseFrom(payload)).toByteArray();
             case RELEASE -> {
-                EngineService.release(store, ReleaseRequest.parseFrom(payload));
+                EngineService.release(store, tenants, caller, ReleaseRequest.parseFrom(payload));
                 yield new byte[0];
             }
             case AUTH -> new byte[0]; // already authenticated: nothing more to check
-            case Wire.RESERVE_SAVE -> EngineService.reserveSave(store, ReserveSaveRequest.parseFrom(payload)).toByteArray();
-            case Wire.BEGIN_LOAD -> EngineService.beginLoad(store, BeginLoadRequest.parseFrom(payload)).toByteArray();
-            case Wire.END_COPY -> EngineService.endCopy(store, EndCopyRequest.parseFrom(payload)).toByteArray();
-            case Wire.LOAD_REST -> EngineService.loadRest(store,
+            case Wire.RESERVE_SAVE -> EngineService.reserveSave(store, tenants, caller, ReserveSaveRequest.parseFrom(payload))
+                    .toByteArray();
+            case Wire.BEGIN_LOAD -> EngineService.beginLoad(store, tenants, caller, BeginLoadRequest.parseFrom(payload))
+                    .toByteArray();
+            case Wire.END_COPY -> EngineService.endCopy(store, tenants, caller, EndCopyRequest.parseFrom(payload)).toByteArray();
+            case Wire.LOAD_REST -> EngineService.loadRest(store, tenants, caller,
                     io.pegaflow.client.proto.LoadRestRequest.parseFrom(payload)).toByteArray();
             default -> throw new InvalidArgumentException("local socket method " + method
                     + "; expected 1 (query), 2 (release), 3 (auth), 4 (reserve save), 5 (begin load), 6 (end copy) or 7 (load rest)");
         };
+    }
+
+    /**
+     * The first frame's payload: the server's token, optionally followed by a NUL and the
+     * client id, and another NUL and the join secret in hex (a client without them acts for
+     * no instance that is bound to its registrants).
+     */
+    private record Hello(byte[] token, String client, String joinSecret) {
+        static Hello parse(byte[] payload) {
+            int a = indexOf(payload, 0);
+            if (a < 0) {
+                return new Hello(payload, "", null);
+            }
+            int b = indexOf(payload, a + 1);
+            int end = b < 0 ? payload.length : b;
+            return new Hello(java.util.Arrays.copyOf(payload, a),
+                    new String(payload, a + 1, end - a - 1, StandardCharsets.US_ASCII),
+                    b < 0 ? null : new String(payload, b + 1, payload.length - b - 1, StandardCharsets.US_ASCII));
+        }
+
+        private static int indexOf(byte[] bytes, int from) {
+            for (int i = from; i < bytes.length; i++) {
+                if (bytes[i] == 0) {
+                    return i;
+                }
+            }
+            return -1;
+        }
     }
 
     /** An error answer: the message {@link Errors#bounded}, as over gRPC. */

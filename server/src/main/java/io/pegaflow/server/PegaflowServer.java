@@ -113,6 +113,7 @@ public final class PegaflowServer implements AutoCloseable {
     private final HostPool pool;
     private final LocalStore store;
     private final Sessions sessions;
+    private final Tenants tenants;
     private final Credentials credentials;
     private final PrometheusRegistry registry = new PrometheusRegistry();
     private final Server grpc;
@@ -168,7 +169,7 @@ public final class PegaflowServer implements AutoCloseable {
             }
             this.credentials = credentialsLoaded = Credentials.load(config.authTokenFile(), config.poolPath(),
                     config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()));
-            Tenants tenants = new Tenants();
+            this.tenants = new Tenants();
             this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
             this.rpcMetrics = new RpcMetrics(registry);
@@ -238,7 +239,7 @@ public final class PegaflowServer implements AutoCloseable {
         PegaflowServer s = startTcp(config);
         if (localSocket) {
             try {
-                s.local = LocalSocketServer.start(s.files, s.store, s.rpcMetrics, s.credentials);
+                s.local = LocalSocketServer.start(s.files, s.store, s.tenants, s.rpcMetrics, s.credentials);
                 s.local.busyPoll(busyPollMicros);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,

@@ -48,8 +48,7 @@ final class Sessions implements AutoCloseable {
         timer.schedule(() -> {
             if (current.remove(instanceId, token)) {
                 try {
-                    store.unregisterInstance(instanceId);
-                    tenants.forget(instanceId);
+                    tenants.unregister(instanceId, () -> store.unregisterInstance(instanceId));
                     cleaned.incrementAndGet();
                     System.getLogger(Sessions.class.getName()).log(System.Logger.Level.WARNING,
                             "instance '" + instanceId + "' unregistered: the session of its last registrant ended "

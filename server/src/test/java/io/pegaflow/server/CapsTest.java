@@ -87,13 +87,16 @@ class CapsTest {
         server.close();
     }
 
+    /** What the clients of one tenant here present, so its raw calls act for the instances its stores register. */
+    private static final byte[] TENANT_SECRET = "caps-test-tenant-secret".getBytes(java.nio.charset.StandardCharsets.UTF_8);
+
     private RemoteStore store() {
         ManagedChannel c = InProcessChannelBuilder.forName(name).directExecutor().build();
         channels.add(c);
-        return RemoteStore.over(c, name, 10_000);
+        return RemoteStore.over(c, name, 10_000, TENANT_SECRET);
     }
 
-    /** A raw channel to the in-process server carrying its token (a tenant of the host). */
+    /** A raw channel to the in-process server carrying its token and the tenant's join secret (a tenant of the host). */
     private io.grpc.Channel channel() {
         ManagedChannel c = InProcessChannelBuilder.forName(name).directExecutor().build();
         channels.add(c);
@@ -105,6 +108,7 @@ class CapsTest {
             io.grpc.Metadata auth = new io.grpc.Metadata();
             auth.put(io.pegaflow.client.Headers.AUTHORIZATION, "Bearer " + java.nio.file.Files.readString(
                     java.nio.file.Path.of(s.poolPath() + ".token")).trim());
+            auth.put(io.pegaflow.client.Headers.JOIN_SECRET, java.util.HexFormat.of().formatHex(TENANT_SECRET));
             return io.grpc.ClientInterceptors.intercept(c, io.grpc.stub.MetadataUtils.newAttachHeadersInterceptor(auth));
         } catch (java.io.IOException e) {
             throw new java.io.UncheckedIOException(e);

@@ -172,7 +172,7 @@ class ServerTest {
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("hashes[1] is 8 bytes");
             raw.registerInstance(new InstanceSpec("half", "ns2", 1, 2));
             assertThatThrownBy(() -> raw.query("half", BlockHashes.of(hashes(1)))).isInstanceOf(RegistrationIncompleteException.class);
-            assertThatThrownBy(() -> raw.registerWorker("i", new WorkerSpec(0, 0, 0,
+            assertThatThrownBy(() -> raw.registerWorker("half", new WorkerSpec(0, 0, 0,
                     List.of(new LayerRegion("x", KvLayout.MLA, 4096, 100, 4, 64, 64, 0)))))
                     .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("regionBytes is 100");
             assertThat(server.store().stats().gauges()).isEqualTo(before.gauges());
@@ -243,16 +243,21 @@ class ServerTest {
         }
     }
 
-    /** A TP rank in another process joins the instance through its worker, and so may hold the instance's session. */
+    /** A TP rank in another process joins the instance with its join secret, and so may hold the instance's session. */
     @Test
     void aProcessThatJoinsAnInstanceThroughItsWorkerHoldsItsSession() throws Exception {
         InstanceSpec spec = new InstanceSpec("tp2", "ns", 2, 2);
         RemoteStore rank0 = store();
-        RemoteStore rank1 = store();
+        rank0.registerInstance(spec);
+        rank0.registerWorker("tp2", new WorkerSpec(0, 0, 0, regions()));
+        try (RemoteStore stranger = store()) {
+            assertThatThrownBy(() -> stranger.registerInstance(spec)).as("no join secret")
+                    .isInstanceOf(io.pegaflow.engine.PermissionDeniedException.class);
+        }
+        RemoteStore rank1 = RemoteStore.over(InProcessChannelBuilder.forName(name).directExecutor().build(), name, 5000,
+                rank0.joinSecret("tp2"));
         try {
-            rank0.registerInstance(spec);
-            rank0.registerWorker("tp2", new WorkerSpec(0, 0, 0, regions()));
-            rank1.registerInstance(spec); // exists: no membership from this
+            rank1.registerInstance(spec); // exists: joins it with the secret rank 0 was handed
             rank1.registerWorker("tp2", new WorkerSpec(1, 1, 0, regions()));
             rank0.close(); // its session ends; rank 1's (the newest) keeps the instance
             Thread.sleep(400); // past the 100 ms grace
