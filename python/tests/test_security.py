@@ -167,6 +167,107 @@ def test_calls_without_or_with_a_wrong_token_are_refused(server, pb, victim):
     victim()
 
 
+def test_shutdown_is_the_operators_and_the_tenants_token_is_refused_for_it(server, pb, victim):
+    """Before, any token holder stopped the server (and its pool went) in 0.4 s."""
+    pb2 = pb[0]
+    operator = Path(f"{server.pool_path}.operator-token")
+    assert oct(os.stat(operator).st_mode & 0o777) == "0o600", "the operator's token is the server user's alone"
+    assert operator.read_text().strip() != server.token
+    h = Hostile(server, pb)
+    try:
+        assert "operator token" in h.refused("Shutdown", pb2.Empty(), h.grpc.StatusCode.PERMISSION_DENIED)
+    finally:
+        h.close()
+    time.sleep(0.5)
+    assert server.proc.poll() is None and server.pool_path.exists(), "the server and its pool are still there"
+    healthy(server, pb)
+    victim()
+
+
+def _rejected(server, reason: str) -> float:
+    for line in server.http("/metrics")[1].splitlines():
+        if line.startswith(f'pegaflow_rejected_requests_total{{reason="{reason}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_thousand_malformed_health_requests_are_counted_not_logged_each(server, pb, victim):
+    """Health needs no credential; three-byte garbage used to log a SEVERE stack trace each (6.6 MB
+    for 1,000). Now each is INVALID_ARGUMENT, all are counted, and the log gets a line per 10 s."""
+    import grpc
+
+    h = Hostile(server, pb, token=None)
+    raw = h.channel.unary_unary("/pegaflow.v1.Engine/Health", request_serializer=None, response_deserializer=None)
+    lines0 = len(server.log)
+    try:
+        for _ in range(1000):
+            TALLY["cases"] += 1
+            with pytest.raises(grpc.RpcError) as e:
+                raw(b"\xff\xff\xff", timeout=5)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+            TALLY["refused"] += 1
+    finally:
+        h.close()
+    time.sleep(0.3)
+    log = list(server.log)[lines0:] if len(server.log) < server.log.maxlen else list(server.log)
+    assert not any("SEVERE" in line or "\tat " in line for line in log), "".join(log[-20:])
+    assert sum("refused requests" in line for line in log) <= 2
+    assert _rejected(server, "malformed") == 1000
+    healthy(server, pb)
+    victim()
+
+
+def test_instance_ids_with_nul_or_newline_are_refused_and_instances_stays_json(server, pb, victim):
+    pb2 = pb[0]
+    h = Hostile(server, pb)
+    try:
+        for bad in ("nul\0id", "new\nline", "cr\rid"):
+            details = h.refused("RegisterInstance", pb2.RegisterInstanceRequest(
+                client_version="0.1.0", instance_id=bad, namespace="ns", tp_size=1, world_size=1),
+                h.grpc.StatusCode.INVALID_ARGUMENT)
+            assert "expected printable characters" in details
+    finally:
+        h.close()
+    status, body = server.http("/instances", authorized=True)
+    assert status == 200 and json.loads(body)["instances"] == ["victim"]
+    healthy(server, pb)
+    victim()
+
+
+def test_local_socket_connections_that_never_authenticate_are_closed_quickly(server, pb, victim):
+    """64 connections that never send the token used to hold every slot with no time limit (honest
+    local clients then fell back to gRPC); each is now closed within the auth timeout (2 s)."""
+    pb2 = pb[0]
+    health = Hostile(server, pb, token=None)
+    sock_path = health.stub.Health(pb2.HealthRequest(), timeout=5).local_socket
+    health.close()
+    idle = []
+    while len(idle) < 64:
+        try:
+            s = _frames(sock_path)
+        except BlockingIOError:  # the listen backlog (50) is full until the accept thread catches up
+            time.sleep(0.01)
+            continue
+        s.settimeout(10)
+        idle.append(s)
+    t0 = time.monotonic()
+    for s in idle:
+        TALLY["cases"] += 1
+        assert s.recv(1) == b"", "closed by the server"
+        TALLY["refused"] += 1
+        s.close()
+    assert time.monotonic() - t0 < 8
+    s = _frames(sock_path)  # a slot is free again: an honest client's first frame is answered
+    try:
+        assert _ask(s, 3, server.token.encode())[0] == 0
+    finally:
+        s.close()
+    # closed after the auth timeout, or at once when the victim's own connection left no slot
+    assert _rejected(server, "local_stalled") + _rejected(server, "local_connection_cap") >= 64
+    healthy(server, pb)
+    victim()
+
+
 def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session(server, pb, victim):
     pb2 = pb[0]
     h = Hostile(server, pb)

@@ -238,7 +238,7 @@ def test_a_second_server_on_a_live_servers_port_and_pool_is_refused_and_changes_
         # the console script execs the JVM, so the first server's pid is its process's
         assert f"in use by the server with pid {first.proc.pid} at 127.0.0.1:{port}" in second.stderr, second.stderr
         assert _files(tmp_path) == before, "the refused server changed nothing on disk"
-        assert set(before) == {"pool", "pool.sock", "pool.lock", "pool.token"}
+        assert set(before) == {"pool", "pool.sock", "pool.lock", "pool.token", "pool.operator-token"}
         assert {name: stat.S_IMODE(v[2]) for name, v in before.items()} == {n: 0o600 for n in before}
         assert first.proc.poll() is None
         with EngineClient(first.endpoint) as c:
@@ -265,7 +265,7 @@ def test_a_sigkilled_servers_pool_is_reclaimed_by_the_next_start(tmp_path):
         log = "".join(second.log)
         assert f"reclaimed stale pool {pool}" in log and f"pid {first.proc.pid} at 127.0.0.1:{first.grpc_port}" in log, log
         assert stat.S_IMODE(pool.stat().st_mode) == 0o600
-        assert set(_files(tmp_path)) == {"pool", "pool.sock", "pool.lock", "pool.token"}
+        assert set(_files(tmp_path)) == {"pool", "pool.sock", "pool.lock", "pool.token", "pool.operator-token"}
         assert Path(f"{pool}.lock").read_text() == f"pid={second.proc.pid}\naddr=127.0.0.1:{second.grpc_port}\n"
         with EngineClient(second.endpoint) as c:
             c.register_instance("again", "ns-again", 1, 1)

@@ -571,9 +571,17 @@ public final class RemoteStore implements BlockStore {
         return new EngineStats(gauges, counters);
     }
 
-    /** Asks the server to stop (it finishes the calls in flight). */
-    public void shutdownServer() {
-        call(s -> s.shutdown(Empty.getDefaultInstance()));
+    /**
+     * Asks the server to stop (it finishes the calls in flight); {@code operatorToken} is the
+     * text of the server's operator token file ({@code <pool>.operator-token} or
+     * {@code --operator-token-file}): the tenants' token is refused.
+     */
+    public void shutdownServer(String operatorToken) {
+        io.grpc.Metadata h = new io.grpc.Metadata();
+        h.put(Headers.AUTHORIZATION, "Bearer " + operatorToken.trim());
+        rawCall(s -> EngineGrpc.newBlockingStub(channel).withInterceptors(io.grpc.stub.MetadataUtils
+                .newAttachHeadersInterceptor(h)).withDeadlineAfter(deadlineMs, TimeUnit.MILLISECONDS)
+                .shutdown(Empty.getDefaultInstance()));
     }
 
     /** Ends this client's sessions and closes the channel; the server keeps the cache. */

@@ -147,8 +147,11 @@ final class InstanceRegistry {
         NamespaceLayout layout = new NamespaceLayout(tp, List.copyOf(geometry.values()));
         NamespaceIndex ns = namespaces.get(inst.spec.namespace());
         if (ns != null && !ns.layout.equals(layout)) {
+            // Another tenant's geometry is its own: the message gives only the caller's.
             throw new TopologyMismatchException("namespace '" + inst.spec.namespace() + "' is shared by incompatible KV layouts: "
-                    + "it holds " + ns.layout + " but instance '" + inst.spec.instanceId() + "' registers " + layout);
+                    + "instance '" + inst.spec.instanceId() + "' registers " + layout + ", which differs from the layout "
+                    + "the namespace's blocks were stored with; expected one layout per namespace (another model, dtype or "
+                    + "TP size needs another namespace)");
         }
         Map<String, Integer> ids = new HashMap<>();
         int id = 0;
@@ -179,8 +182,9 @@ final class InstanceRegistry {
     Instance get(String instanceId) {
         Instance inst = instances.get(instanceId);
         if (inst == null) {
-            throw new UnknownInstanceException("instance '" + instanceId + "' is not registered (registered: "
-                    + abbreviate(instances.keySet()) + ")");
+            // Other instances' ids name other tenants: never listed here.
+            throw new UnknownInstanceException("instance '" + instanceId + "' is not registered; register it (and all "
+                    + "of its workers) first, or check the id");
         }
         return inst;
     }
@@ -229,9 +233,4 @@ final class InstanceRegistry {
         return namespaces.values();
     }
 
-    private static String abbreviate(Set<String> ids) {
-        List<String> sorted = new ArrayList<>(ids);
-        sorted.sort(null);
-        return sorted.size() <= 8 ? sorted.toString() : sorted.subList(0, 8) + " and " + (sorted.size() - 8) + " more";
-    }
 }

@@ -13,10 +13,12 @@ public record InstanceSpec(String instanceId, String namespace, int tpSize, int 
      */
     public void validate() {
         Limits.checkName("instance id", instanceId);
+        Limits.checkPrintable("instance id", instanceId);
         if (instanceId == null || instanceId.isBlank()) {
             throw new InvalidArgumentException("instance id '" + instanceId + "' is blank; expected a non-empty id");
         }
         Limits.checkName("namespace of instance '" + instanceId + "'", namespace);
+        Limits.checkPrintable("namespace of instance '" + instanceId + "'", namespace);
         if (namespace == null || namespace.isEmpty()) {
             throw new InvalidArgumentException("namespace of instance '" + instanceId + "' is empty; expected a non-empty digest");
         }

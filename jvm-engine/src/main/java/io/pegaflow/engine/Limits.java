@@ -57,6 +57,25 @@ public final class Limits {
         }
     }
 
+    /**
+     * Refuses a name with a control character (NUL, newline, DEL, C1; and the Unicode line and
+     * paragraph separators): ids end up in logs, JSON ({@code /instances}) and other tenants'
+     * screens. The message gives the character's code point and index, never the character.
+     */
+    public static void checkPrintable(String what, String value) {
+        if (value == null) {
+            return;
+        }
+        for (int i = 0; i < value.length(); i++) {
+            char c = value.charAt(i);
+            if (Character.isISOControl(c) || c == '\u2028' || c == '\u2029') {
+                throw new InvalidArgumentException(what + " of " + value.length() + " characters has U+"
+                        + String.format("%04X", (int) c) + " at index " + i
+                        + "; expected printable characters (no NUL, newline or other control character)");
+            }
+        }
+    }
+
     /** Refuses more than {@code cap} items; {@code capName} is the constant's name for the message. */
     public static void checkCount(String what, long count, int cap, String capName) {
         if (count > cap) {

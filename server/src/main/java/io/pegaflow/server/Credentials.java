@@ -33,6 +33,10 @@ import java.util.HexFormat;
  * client process) and may present a join secret ({@code pegaflow-join-secret}): the
  * {@link Caller} that {@link Tenants} checks against the instance the call names.
  *
+ * <p>Shutdown is the operator's: it needs a second secret, {@code <pool>.operator-token} (always
+ * 0600, never the pool group's) or {@code --operator-token-file}, and the tenants' token is
+ * refused for it. Refused calls are counted and logged once per interval ({@link Rejections}).
+ *
  * <p>{@link Check} is the pluggable part: cross-node TLS (6/7) adds a check on the peer's
  * certificate next to this one.
  */
@@ -51,11 +55,19 @@ final class Credentials implements ServerInterceptor {
     private final Path tokenFile;
     private final boolean ownsTokenFile;
     private final byte[] token;
+    private final Path operatorFile;
+    private final boolean ownsOperatorFile;
+    private final byte[] operatorToken;
+    private volatile Rejections rejections = new Rejections();
 
-    private Credentials(byte[] token, Path tokenFile, boolean ownsTokenFile) {
+    private Credentials(byte[] token, Path tokenFile, boolean ownsTokenFile, byte[] operatorToken, Path operatorFile,
+            boolean ownsOperatorFile) {
         this.token = token;
         this.tokenFile = tokenFile;
         this.ownsTokenFile = ownsTokenFile;
+        this.operatorToken = operatorToken;
+        this.operatorFile = operatorFile;
+        this.ownsOperatorFile = ownsOperatorFile;
         this.check = headers -> {
             String auth = headers.get(Headers.AUTHORIZATION);
             if (auth == null) {
@@ -68,16 +80,53 @@ final class Credentials implements ServerInterceptor {
     /**
      * The token in {@code givenFile} (its text, trimmed; at least 16 characters), or a new one
      * written into {@code besidePool + ".token"} with mode 0600 (0640 and {@code group} when the
-     * pool is shared with a group: its members' clients must read it).
+     * pool is shared with a group: its members' clients must read it); and the operator's
+     * token (Shutdown) in {@code operatorFile}, or a new one in {@code besidePool +
+     * ".operator-token"}, always 0600: the server's user alone, never the pool group.
      */
-    static Credentials load(Path givenFile, Path besidePool, GroupPrincipal group) throws IOException {
+    static Credentials load(Path givenFile, Path besidePool, GroupPrincipal group, Path operatorFile) throws IOException {
+        byte[] token;
+        Path file;
         if (givenFile != null) {
-            return new Credentials(Secrets.read(givenFile, "--auth-token-file"), givenFile, false);
+            token = Secrets.read(givenFile, "--auth-token-file");
+            file = givenFile;
+        } else {
+            file = Path.of(besidePool + ".token");
+            token = write(file, group);
         }
+        try {
+            byte[] operator;
+            Path opFile;
+            if (operatorFile != null) {
+                operator = Secrets.read(operatorFile, "--operator-token-file");
+                opFile = operatorFile;
+            } else {
+                opFile = Path.of(besidePool + ".operator-token");
+                operator = write(opFile, null);
+            }
+            if (MessageDigest.isEqual(operator, token)) {
+                throw new InvalidArgumentException("--operator-token-file " + opFile + " holds the tenants' token; expected "
+                        + "a secret of the operator's own (Shutdown must not be open to every tenant)");
+            }
+            return new Credentials(token, file, givenFile == null, operator, opFile, operatorFile == null);
+        } catch (IOException | RuntimeException e) {
+            if (givenFile == null) {
+                Files.deleteIfExists(file); // a refused start leaves only what it found
+            }
+            throw e;
+        }
+    }
+
+    /** Compatibility for callers without an operator file: one is generated beside the pool. */
+    static Credentials load(Path givenFile, Path besidePool, GroupPrincipal group) throws IOException {
+        return load(givenFile, besidePool, group, null);
+    }
+
+    /** A new secret (32 random bytes, hex) in {@code file}: 0600, or 0640 with {@code group}. */
+    private static byte[] write(Path file, GroupPrincipal group) throws IOException {
         byte[] raw = new byte[32];
         new SecureRandom().nextBytes(raw);
-        byte[] token = HexFormat.of().formatHex(raw).getBytes(StandardCharsets.US_ASCII);
-        Path file = Path.of(besidePool + ".token");
+        byte[] secret = HexFormat.of().formatHex(raw).getBytes(StandardCharsets.US_ASCII);
         if (Files.isSymbolicLink(file)) {
             throw new InvalidArgumentException("token path " + file + " is a symbolic link; refusing to write through it");
         }
@@ -86,7 +135,7 @@ final class Credentials implements ServerInterceptor {
         Path tmp = Files.createTempFile(file.getParent(), ".pegaflow-token", ".tmp",
                 PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")));
         try {
-            Files.write(tmp, token);
+            Files.write(tmp, secret);
             if (group != null) {
                 Files.getFileAttributeView(tmp, PosixFileAttributeView.class).setGroup(group);
                 Files.setPosixFilePermissions(tmp, PosixFilePermissions.fromString("rw-r-----"));
@@ -95,19 +144,31 @@ final class Credentials implements ServerInterceptor {
         } finally {
             Files.deleteIfExists(tmp);
         }
-        return new Credentials(token, file, true);
+        return secret;
+    }
+
+    /** Where refusals are counted (the server's; a fresh one until it is set). */
+    void rejections(Rejections r) {
+        this.rejections = r;
     }
 
     Path tokenFile() {
         return tokenFile;
     }
 
+    Path operatorTokenFile() {
+        return operatorFile;
+    }
+
     /** Constant time, whatever the caller sent. */
     boolean matches(String authorization) {
+        return MessageDigest.isEqual(bearer(authorization), token);
+    }
+
+    private static byte[] bearer(String authorization) {
         String prefix = "Bearer ";
-        byte[] given = authorization.startsWith(prefix)
+        return authorization.startsWith(prefix)
                 ? authorization.substring(prefix.length()).getBytes(StandardCharsets.UTF_8) : new byte[0];
-        return MessageDigest.isEqual(given, token);
     }
 
     /** The local socket's first frame: the token bytes as the client read them. */
@@ -115,16 +176,32 @@ final class Credentials implements ServerInterceptor {
         return MessageDigest.isEqual(presented, token);
     }
 
+    private static final String SHUTDOWN = EngineGrpc.getShutdownMethod().getFullMethodName();
+    private static final String HEALTH = EngineGrpc.getHealthMethod().getFullMethodName();
+
     @Override
     public <Q, R> ServerCall.Listener<Q> interceptCall(ServerCall<Q, R> call, Metadata headers,
             ServerCallHandler<Q, R> next) {
-        if (!call.getMethodDescriptor().getFullMethodName().equals(EngineGrpc.getHealthMethod().getFullMethodName())) {
+        String method = call.getMethodDescriptor().getFullMethodName();
+        if (method.equals(SHUTDOWN)) {
+            // The operator's alone: the tenants' token is refused as any other wrong one.
+            String auth = headers.get(Headers.AUTHORIZATION);
+            if (auth == null || !MessageDigest.isEqual(bearer(auth), operatorToken)) {
+                boolean tenant = auth != null && matches(auth);
+                rejections.record(tenant ? Rejections.Reason.OPERATOR_ONLY : Rejections.Reason.UNAUTHENTICATED, "Shutdown");
+                return refuse(call, tenant ? Status.PERMISSION_DENIED : Status.UNAUTHENTICATED,
+                        tenant ? "Shutdown is the operator's: it needs the operator token (" + operatorFile
+                                + ", the server's user only), not the tenants' token"
+                                : auth == null ? "no credential: Shutdown needs the operator token (" + operatorFile + ")"
+                                : "wrong credential");
+            }
+            return next.startCall(call, headers);
+        }
+        if (!method.equals(HEALTH)) {
             String why = check.refuse(headers);
             if (why != null) {
-                Metadata trailers = new Metadata();
-                trailers.put(Errors.CODE, Integer.toString(ErrorCode.PERMISSION_DENIED.value()));
-                call.close(Status.UNAUTHENTICATED.withDescription(why), trailers);
-                return new ServerCall.Listener<>() {};
+                rejections.record(Rejections.Reason.UNAUTHENTICATED, call.getMethodDescriptor().getBareMethodName());
+                return refuse(call, Status.UNAUTHENTICATED, why);
             }
         }
         Caller caller;
@@ -138,14 +215,28 @@ final class Credentials implements ServerInterceptor {
         return Contexts.interceptCall(Context.current().withValue(CALLER, caller), call, headers, next);
     }
 
-    /** Deletes the token file if this server wrote it. */
+    private static <Q, R> ServerCall.Listener<Q> refuse(ServerCall<Q, R> call, Status status, String why) {
+        Metadata trailers = new Metadata();
+        trailers.put(Errors.CODE, Integer.toString(ErrorCode.PERMISSION_DENIED.value()));
+        call.close(status.withDescription(why), trailers);
+        return new ServerCall.Listener<>() {};
+    }
+
+    /** Deletes the token files this server wrote. */
     void close() {
+        java.util.List<Path> owned = new java.util.ArrayList<>();
         if (ownsTokenFile) {
+            owned.add(tokenFile);
+        }
+        if (ownsOperatorFile) {
+            owned.add(operatorFile);
+        }
+        for (Path p : owned) {
             try {
-                Files.deleteIfExists(tokenFile);
+                Files.deleteIfExists(p);
             } catch (IOException e) {
                 System.getLogger(Credentials.class.getName()).log(System.Logger.Level.WARNING,
-                        "could not delete " + tokenFile + ": " + e);
+                        "could not delete " + p + ": " + e);
             }
         }
     }

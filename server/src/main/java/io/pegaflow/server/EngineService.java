@@ -94,9 +94,10 @@ final class EngineService extends EngineGrpc.EngineImplBase {
         return packed.isEmpty() ? BlockHashes.EMPTY : new BlockHashes(packed.toByteArray(), hashLen);
     }
 
-    /** A request's instance id, refused when longer than {@link Limits#MAX_NAME_BYTES}. */
+    /** A request's instance id, refused when longer than {@link Limits#MAX_NAME_BYTES} or not printable. */
     static String instanceId(String id) {
         Limits.checkName("instance id", id);
+        Limits.checkPrintable("instance id", id);
         return id;
     }
 

@@ -58,8 +58,10 @@ import java.util.concurrent.atomic.AtomicLong;
  * before its payload is read; a payload is read into a buffer that grows with the bytes that
  * arrived, never sized by the announced length alone; at most {@link #MAX_CONNECTIONS}
  * connections are served (their threads come from one pool), more are closed at accept with
- * a log line and their clients use gRPC; once a frame's first byte arrived, the rest (and
- * the answer's write) must complete within {@link #FRAME_TIMEOUT} or the connection closes.
+ * a log line and their clients use gRPC; the first frame (the token) must arrive complete
+ * within {@link #AUTH_TIMEOUT} of connecting; once a later frame's first byte arrived, the rest
+ * (and the answer's write) must complete within {@link #FRAME_TIMEOUT}, or the connection
+ * closes. Refusals are counted and logged once per interval ({@link Rejections}).
  */
 final class LocalSocketServer implements AutoCloseable {
     static final byte QUERY = Wire.QUERY;
@@ -71,6 +73,11 @@ final class LocalSocketServer implements AutoCloseable {
     /** Time for the rest of a frame once its first byte arrived, and for writing the answer. */
     static final Duration FRAME_TIMEOUT = Duration.ofSeconds(10);
     /**
+     * Time from accept for the first frame (the token) to arrive complete: a connection that
+     * never authenticates holds a slot this long at most (the frame timeout, if shorter).
+     */
+    static final Duration AUTH_TIMEOUT = Duration.ofSeconds(2);
+    /**
      * Payload bytes read before the buffer grows (doubling), so memory follows what arrived: a
      * query of 4,096 32-byte hashes fits without a copy; 64 stalled announcers hold 8 MiB at most.
      */
@@ -81,11 +88,13 @@ final class LocalSocketServer implements AutoCloseable {
     private final LocalStore store;
     private final Tenants tenants;
     private final RpcMetrics metrics;
+    private final Rejections rejections;
     private final ServerSocketChannel server;
     /** The first frame of every connection must carry the server's token (null: tests without one). */
     private volatile Credentials credentials;
     private final int maxConnections;
     private final long frameTimeoutNanos;
+    private final long authTimeoutNanos;
     /** How long a connection's thread spins for the next frame before it sleeps (0: at once). */
     private volatile long busyPollNanos;
     private final Semaphore slots;
@@ -93,7 +102,6 @@ final class LocalSocketServer implements AutoCloseable {
             Thread.ofPlatform().daemon().name("pegaflow-local-conn-", 0).factory());
     private final Set<Conn> connections = ConcurrentHashMap.newKeySet();
     private final AtomicLong refused = new AtomicLong();
-    private long lastRefusalLogNanos; // accept thread only
     private volatile boolean open = true;
 
     /** A served connection and the selector its thread waits on (woken by {@link #close}). */
@@ -101,16 +109,18 @@ final class LocalSocketServer implements AutoCloseable {
 
     /** The frame did not complete within {@link #frameTimeoutNanos}. */
     private static final class FrameTimeout extends IOException {
-        FrameTimeout() {
-            super("frame not complete in time");
+        FrameTimeout(String why) {
+            super(why);
         }
     }
 
-    private LocalSocketServer(Path path, LocalStore store, Tenants tenants, RpcMetrics metrics, ServerSocketChannel server,
-            int maxConnections, Duration frameTimeout) {
+    private LocalSocketServer(Path path, LocalStore store, Tenants tenants, RpcMetrics metrics, Rejections rejections,
+            ServerSocketChannel server, int maxConnections, Duration frameTimeout) {
         this.path = path;
         this.store = store;
         this.tenants = tenants;
+        this.rejections = rejections;
+        this.authTimeoutNanos = Math.min(frameTimeout.toNanos(), AUTH_TIMEOUT.toNanos());
         this.metrics = metrics;
         this.server = server;
         this.maxConnections = maxConnections;
@@ -125,7 +135,7 @@ final class LocalSocketServer implements AutoCloseable {
      * lock was taken.
      */
     static LocalSocketServer start(PoolFiles files, LocalStore store, Tenants tenants, RpcMetrics metrics,
-            Credentials credentials) throws IOException {
+            Credentials credentials, Rejections rejections) throws IOException {
         ServerSocketChannel ch = files.bindSocket(path -> {
             ServerSocketChannel c = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
             try {
@@ -136,8 +146,8 @@ final class LocalSocketServer implements AutoCloseable {
                 throw e;
             }
         });
-        return started(new LocalSocketServer(files.socket(), store, tenants, metrics, ch, MAX_CONNECTIONS, FRAME_TIMEOUT),
-                credentials);
+        return started(new LocalSocketServer(files.socket(), store, tenants, metrics, rejections, ch, MAX_CONNECTIONS,
+                FRAME_TIMEOUT), credentials);
     }
 
     /** Tests: at a plain path, with other bounds; null credentials skip the first-frame check. */
@@ -157,7 +167,8 @@ final class LocalSocketServer implements AutoCloseable {
             ch.close();
             throw e;
         }
-        return started(new LocalSocketServer(path, store, tenants, metrics, ch, maxConnections, frameTimeout), credentials);
+        return started(new LocalSocketServer(path, store, tenants, metrics, new Rejections(), ch, maxConnections,
+                frameTimeout), credentials);
     }
 
     private static LocalSocketServer started(LocalSocketServer s, Credentials credentials) {
@@ -217,17 +228,13 @@ final class LocalSocketServer implements AutoCloseable {
         }
     }
 
-    /** Closes a connection over the cap; logs at most once a second. */
+    /** Closes a connection over the cap; counted and logged once per interval ({@link Rejections}). */
     private void refuse(SocketChannel c) {
         long n = refused.incrementAndGet(); // counted before the client can see the close
         closeQuietly(c);
-        long now = System.nanoTime();
-        if (n == 1 || now - lastRefusalLogNanos > 1_000_000_000L) {
-            lastRefusalLogNanos = now;
-            LOG.log(System.Logger.Level.WARNING, "local socket " + path + ": " + maxConnections
-                    + " connections open (LocalSocketServer.MAX_CONNECTIONS); closed a new one (" + n
-                    + " so far); its client uses gRPC");
-        }
+        rejections.record(Rejections.Reason.LOCAL_CONNECTION_CAP, "local socket " + path + ": " + maxConnections
+                + " connections open (LocalSocketServer.MAX_CONNECTIONS); closed a new one (" + n
+                + " so far); its client uses gRPC");
     }
 
     private void serve(SocketChannel c) {
@@ -242,8 +249,7 @@ final class LocalSocketServer implements AutoCloseable {
                 connections.remove(conn);
             }
         } catch (FrameTimeout e) {
-            LOG.log(System.Logger.Level.WARNING, "local socket " + path + ": closed a connection whose frame took over "
-                    + frameTimeoutNanos / 1_000_000 + " ms");
+            rejections.record(Rejections.Reason.LOCAL_STALLED, "local socket " + path + ": " + e.getMessage());
         } catch (IOException e) {
             // the client went away mid-frame, or close(): nothing to answer
         }
@@ -253,12 +259,13 @@ final class LocalSocketServer implements AutoCloseable {
         ByteBuffer header = ByteBuffer.allocate(5);
         boolean authenticated = credentials == null;
         Caller caller = Caller.NOBODY;
+        long authDeadline = System.nanoTime() + authTimeoutNanos;
         while (open) {
             header.clear();
-            if (!awaitFirstByte(c, header)) {
+            if (!awaitFirstByte(c, header, authenticated ? 0 : authDeadline)) {
                 return; // the client closed the connection
             }
-            long deadline = System.nanoTime() + frameTimeoutNanos;
+            long deadline = authenticated ? System.nanoTime() + frameTimeoutNanos : authDeadline;
             fill(c, header, deadline);
             int length = header.getInt(0);
             byte method = header.get(4);
@@ -272,6 +279,8 @@ final class LocalSocketServer implements AutoCloseable {
                 // Before anything else: the token, as over gRPC. A refused connection is closed.
                 Hello hello = method == AUTH ? Hello.parse(payload) : null;
                 if (hello == null || !credentials.matches(hello.token)) {
+                    rejections.record(Rejections.Reason.LOCAL_UNAUTHENTICATED, "local socket " + path + ": "
+                            + (method != AUTH ? "a first frame of method " + method : "a wrong token"));
                     reply(c, (byte) ErrorCode.PERMISSION_DENIED.value(), method != AUTH
                             ? "the first frame on the local socket must be method 3 (auth) with the server's token"
                             : "wrong credential", deadline);
@@ -397,10 +406,11 @@ final class LocalSocketServer implements AutoCloseable {
     }
 
     /**
-     * Waits, without a limit (an idle connection between frames), for the first byte of a
-     * frame and reads what is there into {@code header}; false at end of stream.
+     * Waits for the first byte of a frame and reads what is there into {@code header}; false at
+     * end of stream. Without a limit ({@code deadline} 0: an idle authenticated connection
+     * between frames), else until {@code deadline} (nanoTime; the first frame's).
      */
-    private boolean awaitFirstByte(Conn c, ByteBuffer header) throws IOException {
+    private boolean awaitFirstByte(Conn c, ByteBuffer header, long deadline) throws IOException {
         // --busy-poll-us: the next frame of a worker's operation (its copy's end, the next
         // plan) usually comes within milliseconds; a thread that slept meanwhile takes ~0.3-0.5
         // ms to answer it on the H200 host instead of ~0.1 (docs/gpu.md)
@@ -418,8 +428,18 @@ final class LocalSocketServer implements AutoCloseable {
                 Thread.onSpinWait();
                 continue;
             }
-            c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
-            c.selector.select();
+            if (deadline != 0) {
+                long left = (deadline - System.nanoTime() + 999_999) / 1_000_000;
+                if (left <= 0) {
+                    throw new FrameTimeout("no first frame (the token) within " + authTimeoutNanos / 1_000_000
+                            + " ms of connecting");
+                }
+                c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
+                c.selector.select(left);
+            } else {
+                c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
+                c.selector.select();
+            }
             c.selector.selectedKeys().clear();
             if (!open) {
                 throw new IOException("closing");
@@ -461,7 +481,7 @@ final class LocalSocketServer implements AutoCloseable {
     private static void await(Conn c, int op, long deadline) throws IOException {
         long left = (deadline - System.nanoTime() + 999_999) / 1_000_000;
         if (left <= 0) {
-            throw new FrameTimeout();
+            throw new FrameTimeout("a frame not complete in time (LocalSocketServer.FRAME_TIMEOUT, or AUTH_TIMEOUT for the first)");
         }
         c.channel.keyFor(c.selector).interestOps(op);
         c.selector.select(left);

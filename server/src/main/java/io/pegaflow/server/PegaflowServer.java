@@ -35,8 +35,9 @@ public final class PegaflowServer implements AutoCloseable {
      */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
             Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
-            int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster) {
+            int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster, Tenancy tenancy) {
         public Config {
+            tenancy = tenancy == null ? Tenancy.DEFAULTS : tenancy;
             if (prefaultThreads < 0 || prefaultThreads > 256) {
                 throw new InvalidArgumentException("--prefault-threads " + prefaultThreads + "; expected 0 (off) .. 256");
             }
@@ -56,6 +57,20 @@ public final class PegaflowServer implements AutoCloseable {
             }
         }
 
+        /** With the default tenancy rules ({@link Tenancy#DEFAULTS}). */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
+                int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl, authTokenFile,
+                    prefaultThreads, ssd, cluster, null);
+        }
+
+        /** The same settings with the tenancy rules {@code tenancy}. */
+        public Config withTenancy(Tenancy tenancy) {
+            return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy);
+        }
+
         /** Without cross-node sharing. */
         public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
                 Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
@@ -67,7 +82,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings sharing blocks with other hosts as {@code cluster} says (null: alone). */
         public Config withCluster(io.pegaflow.server.cluster.ClusterConfig cluster) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy);
         }
 
         /** Without an SSD tier. */
@@ -81,7 +96,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings with the SSD tier {@code ssd} (null: none). */
         public Config withSsd(SsdConfig ssd) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy);
         }
 
         /** Pages of the pool committed as written (no pre-faulting at start). */
@@ -116,6 +131,7 @@ public final class PegaflowServer implements AutoCloseable {
     private final Tenants tenants;
     private final Credentials credentials;
     private final PrometheusRegistry registry = new PrometheusRegistry();
+    private final Rejections rejections = new Rejections();
     private final Server grpc;
     private final HttpEndpoints http;
     private volatile LocalSocketServer local;
@@ -168,7 +184,9 @@ public final class PegaflowServer implements AutoCloseable {
                 ClusterMetrics.register(registry, cluster.tier(), cluster.server());
             }
             this.credentials = credentialsLoaded = Credentials.load(config.authTokenFile(), config.poolPath(),
-                    config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()));
+                    config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()), config.tenancy().operatorTokenFile());
+            rejections.register(registry);
+            credentials.rejections(rejections);
             this.tenants = new Tenants();
             this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace());
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
@@ -180,7 +198,8 @@ public final class PegaflowServer implements AutoCloseable {
             // RESOURCE_EXHAUSTED before it is parsed, and only that call fails. Credentials
             // run first: a refused call is counted nowhere and touches nothing.
             this.grpc = grpcStarted = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
-                    .addService(ServerInterceptors.intercept(service, rpcMetrics, credentials)).build().start();
+                    .addService(MalformedRequests.guard(ServerInterceptors.intercept(service, rpcMetrics, credentials),
+                            rejections)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(Wire.hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
                     store::instanceIds, credentials::matches);
@@ -239,7 +258,8 @@ public final class PegaflowServer implements AutoCloseable {
         PegaflowServer s = startTcp(config);
         if (localSocket) {
             try {
-                s.local = LocalSocketServer.start(s.files, s.store, s.tenants, s.rpcMetrics, s.credentials);
+                s.local = LocalSocketServer.start(s.files, s.store, s.tenants, s.rpcMetrics, s.credentials,
+                        s.rejections);
                 s.local.busyPoll(busyPollMicros);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,

@@ -54,6 +54,10 @@ public final class ServerMain implements Callable<Integer> {
             description = "file holding the secret every call must carry (default: a new one written to <pool-path>.token, mode 0600)")
     Path authTokenFile;
 
+    @Option(names = "--operator-token-file", paramLabel = "FILE",
+            description = "file holding the operator's secret, which Shutdown needs (default: a new one written to <pool-path>.operator-token, mode 0600, never the pool group's)")
+    Path operatorTokenFile;
+
     @Option(names = "--copy-timeout-secs", defaultValue = "180",
             description = "seconds a save or load may stay open before it is rolled back (its client died without a session)")
     long copyTimeoutSecs;
@@ -182,6 +186,7 @@ public final class ServerMain implements Callable<Integer> {
         if (redisUrl != null) {
             config = config.withCluster(clusterConfig());
         }
+        config = config.withTenancy(new Tenancy(operatorTokenFile));
         if (warmUp) {
             long nanos = Warmup.run();
             Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");
