@@ -164,10 +164,31 @@ public final class WorkerSide {
         try {
             PegaEngine e = current("load of request " + l.requestId());
             String instanceId = instance(l.group(), l.requestId());
-            return CompletableFuture.supplyAsync(() -> e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds()),
-                    starter);
+            return CompletableFuture.supplyAsync(() -> {
+                try {
+                    return e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                } catch (RuntimeException refused) {
+                    releaseRefused(e, instanceId, l.lease());
+                    throw refused;
+                }
+            }, starter);
         } catch (PegaflowException e) {
             return CompletableFuture.failedFuture(e);
+        }
+    }
+
+    /**
+     * A load the store refused before it took this worker's share of the lease: the lease is
+     * dropped at once (else its blocks stay pinned until its TTL); the request recomputes anyway.
+     */
+    private static void releaseRefused(PegaEngine e, String instanceId, io.pegaflow.engine.Token lease) {
+        if (lease == null || lease == SchedulerSide.NO_LEASE) {
+            return;
+        }
+        try {
+            e.release(instanceId, lease);
+        } catch (RuntimeException ignored) {
+            // already consumed, expired or the server is gone: nothing stays pinned by it
         }
     }
 
@@ -222,7 +243,14 @@ public final class WorkerSide {
         try {
             PegaEngine e = current("load of request " + l.requestId());
             String instanceId = instance(l.group(), l.requestId());
-            return CompletableFuture.supplyAsync(() -> e.load(instanceId, workerRank, l.lease(), l.blockIds()), starter)
+            return CompletableFuture.supplyAsync(() -> {
+                        try {
+                            return e.load(instanceId, workerRank, l.lease(), l.blockIds());
+                        } catch (RuntimeException refused) {
+                            releaseRefused(e, instanceId, l.lease());
+                            throw refused;
+                        }
+                    }, starter)
                     .thenCompose(x -> x)
                     .exceptionallyCompose(t -> {
                         Throwable cause = t instanceof CompletionException && t.getCause() != null ? t.getCause() : t;
