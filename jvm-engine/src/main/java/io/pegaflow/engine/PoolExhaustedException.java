@@ -1,7 +1,7 @@
 package io.pegaflow.engine;
 
 /** The host pool cannot hold a save even after evicting every unreferenced block. */
-public final class PoolExhaustedException extends PegaflowException {
+public class PoolExhaustedException extends PegaflowException {
     public PoolExhaustedException(String message) {
         super(ErrorCode.POOL_EXHAUSTED, message);
     }

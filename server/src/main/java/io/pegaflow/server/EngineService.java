@@ -16,6 +16,7 @@ import io.pegaflow.engine.Limits;
 import io.pegaflow.engine.Token;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
+import io.pegaflow.engine.QuotaExceededException;
 import io.pegaflow.engine.TopologyMismatchException;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.metrics.Counter;
@@ -60,13 +61,34 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     private final Tenants tenants;
     private final Supplier<HealthResponse> health;
     private final Runnable shutdown;
+    /** Where calls that may wait on the cluster registry run ({@link #flush}), never a transport thread. */
+    private final java.util.concurrent.ExecutorService waiting;
 
-    EngineService(LocalStore store, Sessions sessions, Tenants tenants, Supplier<HealthResponse> health, Runnable shutdown) {
+    /** Threads that run calls which may wait on Redis at once; more wait in a queue of {@link #MAX_WAITING_CALLS}. */
+    static final int WAITING_THREADS = 4;
+    static final int MAX_WAITING_CALLS = 64;
+
+    EngineService(LocalStore store, Sessions sessions, Tenants tenants, Supplier<HealthResponse> health, Runnable shutdown,
+            java.util.concurrent.ExecutorService waiting) {
         this.store = store;
         this.sessions = sessions;
         this.tenants = tenants;
         this.health = health;
         this.shutdown = shutdown;
+        this.waiting = waiting;
+    }
+
+    /**
+     * The pool for calls that may wait on the cluster registry: {@link #WAITING_THREADS} daemon
+     * threads and a bounded queue; a call beyond it is refused ({@link QuotaExceededException}).
+     * The gRPC handlers run on Netty's event-loop threads ({@code directExecutor}, for the short
+     * calls' latency), and a Flush waits up to four Redis timeouts when Redis is down: on an event
+     * loop it held every other client whose connection shares that loop.
+     */
+    static java.util.concurrent.ExecutorService waitingPool() {
+        return new java.util.concurrent.ThreadPoolExecutor(WAITING_THREADS, WAITING_THREADS, 30, java.util.concurrent.TimeUnit.SECONDS,
+                new java.util.concurrent.ArrayBlockingQueue<>(MAX_WAITING_CALLS),
+                Thread.ofPlatform().daemon().name("pegaflow-wait-", 0).factory());
     }
 
     @FunctionalInterface
@@ -282,12 +304,18 @@ final class EngineService extends EngineGrpc.EngineImplBase {
         store.release(r.getInstanceId(), Token.fromBytes(r.getLease().toByteArray()));
     }
 
+    /** Off the transport thread: it may wait on the cluster registry ({@link #waitingPool}). */
     @Override
     public void flush(FlushRequest r, StreamObserver<Empty> out) {
-        answer(out, () -> {
-            store.flush();
-            return EMPTY;
-        });
+        try {
+            waiting.execute(() -> answer(out, () -> {
+                store.flush();
+                return EMPTY;
+            }));
+        } catch (java.util.concurrent.RejectedExecutionException full) {
+            out.onError(Errors.toStatus(new QuotaExceededException("Flush: " + WAITING_THREADS + " calls waiting on the "
+                    + "cluster registry and " + MAX_WAITING_CALLS + " queued (EngineService.MAX_WAITING_CALLS); try again")));
+        }
     }
 
     @Override

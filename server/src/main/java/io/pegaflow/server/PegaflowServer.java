@@ -132,6 +132,8 @@ public final class PegaflowServer implements AutoCloseable {
     private final Credentials credentials;
     private final PrometheusRegistry registry = new PrometheusRegistry();
     private final Rejections rejections = new Rejections();
+    /** Calls that may wait on Redis (Flush) run here, off gRPC's transport threads. */
+    private final java.util.concurrent.ExecutorService waiting = EngineService.waitingPool();
     private final Server grpc;
     private final HttpEndpoints http;
     private volatile LocalSocketServer local;
@@ -189,7 +191,7 @@ public final class PegaflowServer implements AutoCloseable {
             credentials.rejections(rejections);
             this.tenants = new Tenants();
             this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace());
-            EngineService service = new EngineService(store, sessions, tenants, this::health, this::close);
+            EngineService service = new EngineService(store, sessions, tenants, this::health, this::close, waiting);
             this.rpcMetrics = new RpcMetrics(registry);
             // the JVM's own: heap, threads, GC, and the JIT's compile time (a fresh server compiles
             // beside its first operations; docs/cluster.md)
@@ -209,6 +211,7 @@ public final class PegaflowServer implements AutoCloseable {
             if (grpcStarted != null) {
                 grpcStarted.shutdownNow();
             }
+            waiting.shutdownNow();
             if (sessionsStarted != null) {
                 sessionsStarted.close();
             }
@@ -270,8 +273,9 @@ public final class PegaflowServer implements AutoCloseable {
     }
 
     private static PegaflowServer startTcp(Config config) throws IOException {
-        // Handlers run on the transport's threads: every engine call is short and never waits
-        // on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback query.
+        // Handlers run on the transport's threads: every engine call but Flush is short and never
+        // waits on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback
+        // query. Flush, which may wait on Redis, hands itself to EngineService.waitingPool().
         NettyServerBuilder builder = NettyServerBuilder.forAddress(Wire.hostPort(config.addr(), "--addr"))
                 .directExecutor()
                 .keepAliveTime(30, TimeUnit.SECONDS)
@@ -386,6 +390,7 @@ public final class PegaflowServer implements AutoCloseable {
         if (http != null) {
             http.close();
         }
+        waiting.shutdownNow(); // a Flush still waiting on Redis fails; its client sees the server stop
         sessions.close();
         credentials.close();
         if (cluster != null) {
