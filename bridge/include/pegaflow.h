@@ -119,7 +119,9 @@ typedef struct pegaflow_api {
 
     /* Saves the worker's slots of block_ids[i] under hash i (layer_names NULL: all of the
        worker's layers, else '\n'-separated names). wait_stream: a CUstream the copy is
-       ordered after (0: none). Returns at once with a completion. */
+       ordered after (0: none). Returns at once with a completion. CHECKED: n (0..262144,
+       Limits.MAX_HASHES_PER_CALL) and hash_len are checked before block_ids or hashes is read
+       (PF_INVALID_ARGUMENT naming the cap); the arrays must hold n entries. */
     int32_t (*save)(int64_t engine, const char *instance_id, int32_t worker_rank, int32_t n,
                     const int64_t *block_ids, const uint8_t *hashes, int32_t hash_len,
                     const char *layer_names, int64_t wait_stream, int64_t *out_completion);
@@ -132,7 +134,8 @@ typedef struct pegaflow_api {
                      int32_t hash_len, int32_t out_hit[2], uint8_t *out_lease);
 
     /* Consumes this worker's share of the lease and copies the leased blocks into
-       dst_block_ids (n = the lease's block count). Returns at once with a completion. */
+       dst_block_ids (n = the lease's block count). Returns at once with a completion.
+       CHECKED: n is checked against 0..262144 before dst_block_ids is read. */
     int32_t (*load)(int64_t engine, const char *instance_id, int32_t worker_rank,
                     const uint8_t *lease, int32_t n, const int64_t *dst_block_ids,
                     int64_t *out_completion);

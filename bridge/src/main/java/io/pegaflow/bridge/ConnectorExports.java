@@ -71,7 +71,7 @@ final class ConnectorExports {
         if (nGroups < 1 || nGroups > SchedulerSide.MAX_GROUPS) {
             throw new InvalidArgumentException(what + " of " + nGroups + " KV-cache groups; expected 1 to " + SchedulerSide.MAX_GROUPS);
         }
-        long[] n = longs(counts, nGroups, what + " counts");
+        long[] n = longs(counts, nGroups, SchedulerSide.MAX_GROUPS, "SchedulerSide.MAX_GROUPS", what + " counts");
         long total = 0;
         for (long c : n) {
             if (c < 0 || c > io.pegaflow.engine.Limits.MAX_HASHES_PER_CALL) {
@@ -79,7 +79,8 @@ final class ConnectorExports {
             }
             total += c;
         }
-        long[] all = longs(ids, (int) total, what);
+        long[] all = longs(ids, (int) total, nGroups * io.pegaflow.engine.Limits.MAX_HASHES_PER_CALL,
+                "groups x Limits.MAX_HASHES_PER_CALL", what);
         long[][] out = new long[nGroups][];
         for (int g = 0, at = 0; g < nGroups; at += (int) n[g], g++) {
             out[g] = java.util.Arrays.copyOfRange(all, at, at + (int) n[g]);
@@ -158,7 +159,7 @@ final class ConnectorExports {
      * offered hits, so a load that keeps failing cannot loop.
      */
     static int pfSchedFailedBlocks(long sched, MemorySegment ids, int n) {
-        return guard(() -> sched(sched).failedBlocks(longs(ids, n, "ids")));
+        return guard(() -> sched(sched).failedBlocks(Marshal.blockIds(ids, n, "failed block ids")));
     }
 
     /** {@code sending}, {@code recving}, {@code failed}: request ids separated by '\n' (NULL or "" for none). */

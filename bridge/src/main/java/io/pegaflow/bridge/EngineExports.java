@@ -4,7 +4,6 @@ import static io.pegaflow.bridge.Marshal.buffer;
 import static io.pegaflow.bridge.Marshal.bytes;
 import static io.pegaflow.bridge.Marshal.guard;
 import static io.pegaflow.bridge.Marshal.hashes;
-import static io.pegaflow.bridge.Marshal.longs;
 import static io.pegaflow.bridge.Marshal.putText;
 import static io.pegaflow.bridge.Marshal.str;
 import static java.lang.foreign.ValueLayout.ADDRESS;
@@ -160,10 +159,15 @@ final class EngineExports {
     static int pfSave(long engine, MemorySegment instanceId, int workerRank, int n, MemorySegment blockIds,
             MemorySegment hashes, int hashLen, MemorySegment layerNames, long waitStream, MemorySegment outCompletion) {
         return guard(() -> {
+            // Every count against its cap before the caller's memory is read.
+            Marshal.checkCount(n, Limits.MAX_HASHES_PER_CALL, "Limits.MAX_HASHES_PER_CALL", "save: block_ids");
+            Marshal.checkHashes(n, hashLen);
             MemorySegment out = buffer(outCompletion, 8, "out_completion");
             List<String> layers = layerNames.equals(MemorySegment.NULL) ? null : List.of(str(layerNames, "layer_names").split("\n"));
+            Limits.checkCount("layer names of one save", layers == null ? 0 : layers.size(), Limits.MAX_LAYERS_PER_WORKER,
+                    "MAX_LAYERS_PER_WORKER");
             CompletableFuture<CopyResult> f = engine(engine).save(str(instanceId, "instance_id"), workerRank, layers,
-                    longs(blockIds, n, "block_ids"), hashes(hashes, n, hashLen), waitStream);
+                    Marshal.blockIds(blockIds, n, "save: block_ids"), hashes(hashes, n, hashLen), waitStream);
             out.set(JAVA_LONG, 0, COMPLETIONS.add(f));
         });
     }
@@ -180,6 +184,7 @@ final class EngineExports {
             if (n < 0) {
                 throw new InvalidArgumentException("query: hash count " + n + "; expected >= 0");
             }
+            Marshal.checkHashes(n, hashLen);
             QueryResult q = engine(engine).query(str(instanceId, "instance_id"), hashes(hashes, n, hashLen));
             hit.set(JAVA_INT, 0, q.hitBlocks());
             hit.set(JAVA_INT, 4, q.pendingBlocks());
@@ -191,10 +196,11 @@ final class EngineExports {
     static int pfLoad(long engine, MemorySegment instanceId, int workerRank, MemorySegment lease, int n,
             MemorySegment dstBlockIds, MemorySegment outCompletion) {
         return guard(() -> {
+            Marshal.checkCount(n, Limits.MAX_HASHES_PER_CALL, "Limits.MAX_HASHES_PER_CALL", "load: dst_block_ids");
             MemorySegment out = buffer(outCompletion, 8, "out_completion");
             Token id = Token.fromBytes(buffer(lease, Token.BYTES, "lease").toArray(JAVA_BYTE));
             CompletableFuture<CopyResult> f = engine(engine).load(str(instanceId, "instance_id"), workerRank, id,
-                    longs(dstBlockIds, n, "dst_block_ids"));
+                    Marshal.blockIds(dstBlockIds, n, "load: dst_block_ids"));
             out.set(JAVA_LONG, 0, COMPLETIONS.add(f));
         });
     }
@@ -516,7 +522,8 @@ final class EngineExports {
             throw new InvalidArgumentException(call + ": " + countArg + " " + n + " but " + list.length + " names in "
                     + namesArg + "; expected equal");
         }
-        return new Table(list, longs(params, n * width, paramsArg));
+        return new Table(list, Marshal.longs(params, n * width, Limits.MAX_LAYERS_PER_WORKER * width,
+                "Limits.MAX_LAYERS_PER_WORKER x " + width, paramsArg));
     }
 
     static List<LayerRegion> regions(int numLayers, MemorySegment layerNames, MemorySegment layerParams) {

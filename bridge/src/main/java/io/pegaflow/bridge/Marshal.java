@@ -140,11 +140,26 @@ final class Marshal {
         return p.reinterpret(bytes);
     }
 
-    static long[] longs(MemorySegment p, int n, String what) {
-        if (n < 0) {
-            throw new InvalidArgumentException(what + " count " + n + "; expected >= 0");
-        }
+    /**
+     * {@code n} int64 at {@code p}, {@code n} checked against {@code cap} (named {@code capName}
+     * in the error) before anything is read or allocated: a bad count is an error, not a heap
+     * of garbage or a read past the caller's array.
+     */
+    static long[] longs(MemorySegment p, int n, int cap, String capName, String what) {
+        checkCount(n, cap, capName, what);
         return n == 0 ? new long[0] : buffer(p, 8L * n, what).toArray(JAVA_LONG);
+    }
+
+    /** Refuses a count below 0 or over {@code cap}; nothing is read. */
+    static void checkCount(long n, long cap, String capName, String what) {
+        if (n < 0 || n > cap) {
+            throw new InvalidArgumentException(what + " count " + n + "; expected 0.." + cap + " (" + capName + ")");
+        }
+    }
+
+    /** Block ids of one save or load: at most {@link Limits#MAX_HASHES_PER_CALL}. */
+    static long[] blockIds(MemorySegment p, int n, String what) {
+        return longs(p, n, Limits.MAX_HASHES_PER_CALL, "Limits.MAX_HASHES_PER_CALL", what);
     }
 
     static byte[] bytes(MemorySegment p, long len, String what) {
@@ -156,12 +171,17 @@ final class Marshal {
 
     /** {@code n} hashes of {@code hashLen} bytes packed at {@code p}: one copy, kept packed. */
     static BlockHashes hashes(MemorySegment p, int n, int hashLen) {
+        checkHashes(n, hashLen);
+        return n == 0 ? BlockHashes.EMPTY : new BlockHashes(bytes(p, (long) n * hashLen, "hashes"), hashLen);
+    }
+
+    /** The count and length of {@link #hashes}, checked before anything is read or allocated. */
+    static void checkHashes(int n, int hashLen) {
         if (n < 0 || (n > 0 && (hashLen < 1 || hashLen > 64))) {
             throw new InvalidArgumentException("hashes: count " + n + ", hash_len " + hashLen
                     + "; expected count >= 0 and 1 <= hash_len <= 64");
         }
-        Limits.checkHashes((long) n * hashLen, hashLen); // before the copy is allocated
-        return n == 0 ? BlockHashes.EMPTY : new BlockHashes(bytes(p, (long) n * hashLen, "hashes"), hashLen);
+        Limits.checkHashes((long) n * hashLen, hashLen);
     }
 
     /** '\n'-separated lines (NULL or "" for none). */

@@ -51,6 +51,54 @@ class BridgeTest {
         assertThat(arity).isEqualTo(Bridge.signatures().stream().map(t -> t.parameterCount()).toList());
     }
 
+    private static String lastError(Arena a) throws Throwable {
+        MethodHandle lastError = fn("last_error", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT));
+        MemorySegment buf = a.allocate(4096);
+        int len = (int) lastError.invokeExact(buf, 4096);
+        return buf.getString(0);
+    }
+
+    /**
+     * save and load check n against its cap before reading the caller's arrays: a count of
+     * 2^31 - 1 over an 8-byte array used to be read (16 GiB asked for, INTERNAL) or read past
+     * the array; now it is INVALID_ARGUMENT naming the cap, and the engine goes on.
+     */
+    @Test
+    void saveAndLoadCheckTheirCountsBeforeReadingTheCallersArrays() throws Throwable {
+        MethodHandle create = fn("engine_create", FunctionDescriptor.of(JAVA_INT, ADDRESS, JAVA_INT, JAVA_LONG, JAVA_INT,
+                JAVA_INT, JAVA_INT, ADDRESS, ADDRESS));
+        MethodHandle close = fn("engine_close", FunctionDescriptor.of(JAVA_INT, JAVA_LONG));
+        MethodHandle save = fn("save", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, JAVA_INT, ADDRESS, ADDRESS,
+                JAVA_INT, ADDRESS, JAVA_LONG, ADDRESS));
+        MethodHandle load = fn("load", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, ADDRESS, JAVA_INT, ADDRESS,
+                ADDRESS));
+        MethodHandle query = fn("query", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, ADDRESS, JAVA_INT, ADDRESS,
+                ADDRESS));
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(8);
+            assertThat((int) create.invokeExact(a.allocateFrom("4mb"), 1, 0L, 0, 0, 0, a.allocateFrom(""), out)).isZero();
+            long engine = out.get(JAVA_LONG, 0);
+            try {
+                MemorySegment one = a.allocate(8); // room for one block id, or one 8-byte hash
+                for (int n : new int[] {Integer.MAX_VALUE, 262_145, -1}) {
+                    int rc = (int) save.invokeExact(engine, a.allocateFrom("i"), 0, n, one, one, 8, MemorySegment.NULL, 0L,
+                            a.allocate(8));
+                    assertThat(rc).as("save of %d", n).isEqualTo(1);
+                    assertThat(lastError(a)).contains("block_ids count " + n).contains("Limits.MAX_HASHES_PER_CALL");
+                    rc = (int) load.invokeExact(engine, a.allocateFrom("i"), 0, a.allocate(16), n, one, a.allocate(8));
+                    assertThat(rc).as("load of %d", n).isEqualTo(1);
+                    assertThat(lastError(a)).contains("dst_block_ids count " + n).contains("Limits.MAX_HASHES_PER_CALL");
+                    rc = (int) query.invokeExact(engine, a.allocateFrom("i"), n, one, 8, a.allocate(8), a.allocate(16));
+                    assertThat(rc).as("query of %d", n).isEqualTo(1);
+                }
+                int rc = (int) query.invokeExact(engine, a.allocateFrom("i"), 0, MemorySegment.NULL, 0, a.allocate(8), a.allocate(16));
+                assertThat(rc).as("the engine still answers (unknown instance)").isEqualTo(2);
+            } finally {
+                assertThat((int) close.invokeExact(engine)).isZero();
+            }
+        }
+    }
+
     @Test
     void aBadCallReturnsItsCodeAndTheMessageStaysWithTheThread() throws Throwable {
         MethodHandle query = fn("query", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, ADDRESS, JAVA_INT, ADDRESS, ADDRESS));
