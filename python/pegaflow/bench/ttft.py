@@ -306,6 +306,15 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             entry[_label(n)] = row
         if "load" in res:
             entry["load"] = res["load"]
+        c = res.get("connector") or {}
+        n = c.get("vllm:pegaflow_in_step_loads", 0)
+        if n:
+            # the in-step loads' phases, mean ms per load over the whole run (cold, warm, warm-up)
+            entry["in_step_phases_ms"] = {k: round(c.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / n / 1e6, 3)
+                                          for k in ("plan", "load", "wait")}
+            entry["in_step_loads"] = int(n)
+        if c.get("vllm:pegaflow_lookups"):
+            entry["lookup_ms_mean"] = round(c.get("vllm:pegaflow_lookup_ns", 0) / c["vllm:pegaflow_lookups"] / 1e6, 3)
         systems[system] = entry
     return systems
 

@@ -80,6 +80,12 @@ def main(spec_path: str, out_path: str) -> int:
         assert reset()
         result["lengths"][str(length)] = entry
         print(f"ttft worker: {length} tokens done", file=sys.stderr, flush=True)
+    # this project's connector counters (vllm:pegaflow_*: hits, bytes, the in-step loads' phases)
+    try:
+        result["connector"] = {m.name: float(m.value) for m in llm.get_metrics()
+                               if m.name.startswith("vllm:pegaflow_") and isinstance(getattr(m, "value", None), (int, float))}
+    except Exception as e:  # noqa: BLE001 - a report without them
+        result["connector"] = {"error": str(e)}
     with open(out_path, "w") as f:
         json.dump(result, f)
     try:

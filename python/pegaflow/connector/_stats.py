@@ -23,6 +23,11 @@ COUNTERS = {
     "saved_bytes": "bytes saved from vLLM's cache into the store",
     "load_failed_blocks": "blocks whose load failed (vLLM recomputed them)",
     "save_failures": "saves that failed (only cache is lost)",
+    "lookup_ns": "nanoseconds the scheduler side spent in lookups (query and lease; a round trip in server mode)",
+    "in_step_loads": "loads run inside the step that used them",
+    "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
+    "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",
+    "in_step_wait_ns": "nanoseconds vLLM's thread waited in wait_for_layer_load for in-step loads to be submitted",
 }
 
 

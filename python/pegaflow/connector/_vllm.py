@@ -25,6 +25,7 @@ import array
 import hashlib
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -185,7 +186,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # scheduler side
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
-        self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens"), 0)
+        self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns"), 0)
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
                 raise ValueError(
@@ -335,6 +336,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size:
             return 0, False
         bs = self._block_size
+        t0 = time.perf_counter_ns()
         tail = tail_key(request, bs, hashes) if self._tail_flow and self._role == "kv_consumer" \
             and request.num_tokens == request.num_prompt_tokens \
             else None
@@ -355,6 +357,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
             log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
             return 0, False
+        finally:
+            self._counts["lookup_ns"] += time.perf_counter_ns() - t0
         if n < 0:
             # The prefix continues on SSD and is being read back into the pool: "not yet",
             # vLLM keeps the request waiting and asks again (the brain bounds the wait).

@@ -58,14 +58,22 @@ public final class WorkerSide {
         return t;
     });
 
-    /** {@link #drainStats} order: blocks and bytes loaded, saved; blocks whose load failed; saves failed. */
+    /**
+     * {@link #drainStats} order: blocks and bytes loaded, saved; blocks whose load failed; saves
+     * failed; then the phases of in-step loads: how many, nanoseconds from their start until their
+     * copies were submitted (the plan: a round trip in server mode, and the batches' enqueue),
+     * until every byte landed and the load ended, and that vLLM's thread spent waiting for the
+     * submission in {@code wait_for_layer_load} (the GPU-side waits cost it nothing).
+     */
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
-            STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_COUNT = 6;
+            STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_IN_STEP_LOADS = 6, STAT_IN_STEP_PLAN_NANOS = 7,
+            STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_COUNT = 10;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
     /** A load inside this step: its submission (a store round trip in server mode, off vLLM's thread) and targets. */
-    private record StepLoad(String requestId, CompletableFuture<PegaEngine.LayeredLoad> started, long[] targets) {}
+    private record StepLoad(String requestId, CompletableFuture<PegaEngine.LayeredLoad> started, long[] targets,
+            long startNanos) {}
 
     /** This step's in-step loads; ended (their failures recorded) by {@link #getFinished}. */
     private final List<StepLoad> stepLoads = new ArrayList<>();
@@ -123,7 +131,9 @@ public final class WorkerSide {
         endStepLoads(); // a step whose get_finished was not called (vLLM always calls it)
         for (StepPlan.Load l : plan(plan).loads()) {
             if (l.inStep()) {
-                stepLoads.add(new StepLoad(l.requestId(), startInStep(l), l.blockIds()));
+                long t0 = System.nanoTime();
+                stepLoads.add(new StepLoad(l.requestId(), startInStep(l, t0), l.blockIds(), t0));
+                stats.incrementAndGet(STAT_IN_STEP_LOADS);
                 continue;
             }
             CompletableFuture<CopyResult> f = startLoad(l);
@@ -151,22 +161,27 @@ public final class WorkerSide {
     public void waitLayer(int layer, long stream) {
         for (StepLoad s : stepLoads) {
             PegaEngine.LayeredLoad h;
+            long t0 = System.nanoTime();
             try {
                 h = s.started().join();
             } catch (CompletionException | java.util.concurrent.CancellationException failed) {
                 continue;
+            } finally {
+                stats.addAndGet(STAT_IN_STEP_WAIT_NANOS, System.nanoTime() - t0);
             }
             h.awaitLayer(layer, stream);
         }
     }
 
-    private CompletableFuture<PegaEngine.LayeredLoad> startInStep(StepPlan.Load l) {
+    private CompletableFuture<PegaEngine.LayeredLoad> startInStep(StepPlan.Load l, long t0) {
         try {
             PegaEngine e = current("load of request " + l.requestId());
             String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> {
                 try {
-                    return e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                    PegaEngine.LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                    stats.addAndGet(STAT_IN_STEP_PLAN_NANOS, System.nanoTime() - t0); // before anyone waiting sees it
+                    return h;
                 } catch (RuntimeException refused) {
                     releaseRefused(e, instanceId, l.lease());
                     throw refused;
@@ -198,6 +213,7 @@ public final class WorkerSide {
             try {
                 CopyResult r = s.started().thenCompose(PegaEngine.LayeredLoad::result).join();
                 count(STAT_LOADED_BLOCKS, STAT_LOADED_BYTES, r);
+                stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - s.startNanos());
             } catch (CompletionException | java.util.concurrent.CancellationException failed) {
                 Throwable cause = failed.getCause();
                 long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : s.targets();

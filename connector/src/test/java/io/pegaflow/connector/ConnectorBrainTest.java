@@ -267,7 +267,12 @@ class ConnectorBrainTest {
         WorkerSide.Finished f = worker.getFinished(List.of());
         assertThat(f.recving()).as("vLLM never waited for it: no finished_recving").isEmpty();
         assertThat(worker.drainLoadErrors()).isEmpty();
-        assertThat(worker.drainStats()[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        long[] stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_LOADS]).as("its phases, for the TTFT benchmark").isEqualTo(1);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]).isPositive();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]).isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(sched.requestFinished("warm")).as("nothing saved: no hold, and no wait for a load").isFalse();
         assertThat(sched.trackedRequests()).isZero();
