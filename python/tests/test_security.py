@@ -519,6 +519,62 @@ def test_the_local_socket_acts_only_for_the_instances_of_its_first_frames_client
     victim()
 
 
+def test_a_registration_flood_under_fresh_client_ids_stops_at_the_cap_and_expires(pb, tmp_path):
+    """~116,600 RegisterInstance calls (no worker, no session) used to fill the 2 GiB heap in 50 s and
+    leave the server dead. Now each tenant has --max-instances-per-tenant, all together --max-instances,
+    and an instance no client of which opened a session is unregistered after its TTL."""
+    s = start_server(tmp_path / "pool", pool_size="32mb", grace_ms=100, extra=[
+        "--max-instances", "64", "--max-instances-per-tenant", "8", "--unsessioned-instance-ttl-secs", "3"])
+    rss0 = rss_mib(s.proc.pid)
+    try:
+        pb2 = pb[0]
+        refused = 0
+        for i in range(2000):
+            h = Hostile(s, pb, client_id=f"{i:032x}")
+            try:
+                h.call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id=f"flood-{i}",
+                                                                       namespace="ns", tp_size=1, world_size=1))
+            except h.grpc.RpcError as e:
+                TALLY["cases"] += 1
+                assert e.code() == h.grpc.StatusCode.RESOURCE_EXHAUSTED and "--max-instances" in e.details(), e.details()
+                TALLY["refused"] += 1
+                refused += 1
+            finally:
+                h.close()
+            if i % 200 == 0:
+                assert len(s.instances()) <= 64, "never more than --max-instances registered"
+        assert len(s.instances()) <= 64 and refused > 1000  # some expired meanwhile (3 s TTL) and made room
+        def expired():
+            deadline = time.monotonic() + 20
+            while s.instances() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert s.instances() == [], "instances without a session expire"
+
+        expired()
+        one = Hostile(s, pb, client_id="77" * 16)
+        try:
+            for i in range(8):
+                one.call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id=f"one-{i}",
+                                                                         namespace="ns", tp_size=1, world_size=1))
+            assert "--max-instances-per-tenant" in one.refused("RegisterInstance", pb2.RegisterInstanceRequest(
+                client_version="0.1.0", instance_id="one-8", namespace="ns", tp_size=1, world_size=1),
+                one.grpc.StatusCode.RESOURCE_EXHAUSTED)
+        finally:
+            one.close()
+        expired()
+        grown = rss_mib(s.proc.pid) - rss0
+        TALLY["max_rss_growth_mib"] = max(TALLY["max_rss_growth_mib"], grown)
+        assert grown < 256, f"RSS grew {grown:.0f} MiB"
+        assert s.proc.poll() is None
+        h = Hostile(s, pb, token=None)
+        try:
+            assert h.stub.Health(h.pb.HealthRequest(), timeout=5).server_version
+        finally:
+            h.close()
+    finally:
+        s.stop()
+
+
 def test_oversized_counts_and_strings_are_refused_before_allocation(server, pb, victim):
     pb2 = pb[0]
     h = Hostile(server, pb, client_id="cd" * 16)

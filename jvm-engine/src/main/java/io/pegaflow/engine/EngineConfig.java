@@ -27,6 +27,7 @@ import java.util.function.LongSupplier;
  * @param metrics       extra sink that receives every counter and gauge (null: none)
  * @param nanoClock     monotonic clock in nanoseconds (tests substitute a fake)
  * @param ssd           the SSD tier below the pool (null: none)
+ * @param quotas        what each instance, and all together, may hold at once ({@link Quotas#DEFAULTS})
  */
 public record EngineConfig(
         long poolBytes,
@@ -39,7 +40,8 @@ public record EngineConfig(
         Function<HostPool, TransferEngine> transfer,
         MetricsSink metrics,
         LongSupplier nanoClock,
-        SsdConfig ssd) {
+        SsdConfig ssd,
+        Quotas quotas) {
 
     public static Builder builder() {
         return new Builder();
@@ -58,6 +60,7 @@ public record EngineConfig(
         private MetricsSink metrics;
         private LongSupplier nanoClock = System::nanoTime;
         private SsdConfig ssd;
+        private Quotas quotas = Quotas.DEFAULTS;
 
         private Builder() {}
 
@@ -122,6 +125,11 @@ public record EngineConfig(
             return this;
         }
 
+        public Builder quotas(Quotas quotas) {
+            this.quotas = quotas;
+            return this;
+        }
+
         public EngineConfig build() {
             if (poolBytes < HostPool.ALIGNMENT) {
                 throw new InvalidArgumentException("pool size " + poolBytes + " bytes; expected at least "
@@ -142,7 +150,11 @@ public record EngineConfig(
             int threads = copyThreads;
             Function<HostPool, TransferEngine> factory =
                     transfer != null ? transfer : pool -> new HostTransferEngine(pool, threads);
-            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory, metrics, nanoClock, ssd);
+            if (quotas == null) {
+                throw new InvalidArgumentException("quotas is null; expected Quotas.DEFAULTS or others");
+            }
+            return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory,
+                    metrics, nanoClock, ssd, quotas);
         }
 
         private static void requirePositive(String name, Duration d) {

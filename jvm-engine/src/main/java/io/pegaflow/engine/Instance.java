@@ -18,6 +18,10 @@ final class Instance {
     NamespaceIndex ns;
     Map<String, Integer> layerIds;
     boolean removed;
+    /** Live leases and the blocks they hold ({@link LeaseTable} keeps these), and open copies ({@link Quotas}). */
+    int leases;
+    long leasedBlocks;
+    int openCopies;
 
     Instance(InstanceSpec spec) {
         this.spec = spec;

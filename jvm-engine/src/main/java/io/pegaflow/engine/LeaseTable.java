@@ -17,6 +17,8 @@ final class LeaseTable {
     private final long ttlNanos;
     private final Consumer<Block[]> pin;
     private final Consumer<Block[]> unpin;
+    /** Blocks all live leases hold (each instance's share is {@link Instance#leasedBlocks}). */
+    private long leasedBlocks;
 
     /** Leases live {@code ttlNanos}; {@code pin} runs when one is issued, {@code unpin} when it goes. */
     LeaseTable(long ttlNanos, Consumer<Block[]> pin, Consumer<Block[]> unpin) {
@@ -29,6 +31,23 @@ final class LeaseTable {
         return leases.size();
     }
 
+    long leasedBlocks() {
+        return leasedBlocks;
+    }
+
+    private void added(Lease l) {
+        l.instance.leases++;
+        l.instance.leasedBlocks += l.blocks.length;
+        leasedBlocks += l.blocks.length;
+    }
+
+    private void gone(Lease l) {
+        l.instance.leases--;
+        l.instance.leasedBlocks -= l.blocks.length;
+        leasedBlocks -= l.blocks.length;
+        unpin.accept(l.blocks);
+    }
+
     /** A new lease of {@code inst} on {@code blocks}, expiring a TTL after {@code now}; pins the blocks. */
     Token issue(Instance inst, Block[] blocks, long now) {
         byte[] bytes = new byte[Token.BYTES];
@@ -37,7 +56,9 @@ final class LeaseTable {
             random.nextBytes(bytes);
             id = Token.fromBytes(bytes);
         } while (leases.containsKey(id));
-        leases.put(id, new Lease(id, inst, blocks, now + ttlNanos));
+        Lease lease = new Lease(id, inst, blocks, now + ttlNanos);
+        leases.put(id, lease);
+        added(lease);
         pin.accept(blocks);
         return id;
     }
@@ -57,7 +78,7 @@ final class LeaseTable {
         if (lease == null) {
             throw unknown(id);
         }
-        unpin.accept(lease.blocks);
+        gone(lease);
     }
 
     /** Drops (and unpins) every lease expired at {@code now}; returns how many. */
@@ -69,7 +90,7 @@ final class LeaseTable {
                 break;
             }
             it.remove();
-            unpin.accept(l.blocks);
+            gone(l);
             expired++;
         }
         return expired;
@@ -81,7 +102,7 @@ final class LeaseTable {
             Lease l = it.next();
             if (l.instance == inst) {
                 it.remove();
-                unpin.accept(l.blocks);
+                gone(l);
             }
         }
     }
@@ -89,16 +110,36 @@ final class LeaseTable {
     /** Forgets every lease without unpinning (at close, when the blocks go too). */
     void clear() {
         leases.clear();
+        leasedBlocks = 0;
     }
 
     /** Checks that every leased block is sealed, indexed and referenced. */
     void verify() {
+        long blocks = 0;
+        for (Lease l : leases.values()) {
+            blocks += l.blocks.length;
+        }
+        LocalStore.require(blocks == leasedBlocks, "leases hold " + blocks + " blocks but " + leasedBlocks + " are counted");
         for (Lease l : leases.values()) {
             for (Block b : l.blocks) {
                 LocalStore.require(b.sealed && !b.removed && b.refs > 0, "lease " + l.id + " holds block " + b.key
                         + " sealed=" + b.sealed + " removed=" + b.removed + " refs=" + b.refs);
             }
         }
+    }
+
+    /** Checks that {@code inst} counts the leases (and their blocks) it holds here (tests; O(leases)). */
+    void verifyCounts(Instance inst) {
+        long n = 0;
+        long blocks = 0;
+        for (Lease l : leases.values()) {
+            if (l.instance == inst) {
+                n++;
+                blocks += l.blocks.length;
+            }
+        }
+        LocalStore.require(inst.leases == n && inst.leasedBlocks == blocks, "instance '" + inst.spec.instanceId() + "' holds "
+                + n + " leases of " + blocks + " blocks but counts " + inst.leases + " of " + inst.leasedBlocks);
     }
 
     private static UnknownLeaseException unknown(Token id) {

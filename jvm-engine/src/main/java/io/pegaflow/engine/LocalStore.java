@@ -47,6 +47,7 @@ public final class LocalStore implements BlockStore {
     private final LongSupplier clock;
     private final long inflightTtlNanos;
     private final long copyTtlNanos;
+    private final Quotas quotas;
     /**
      * What a plan promises ({@link CopyPlan#holdNanos}): its slots stay as they are this long
      * from its issue even if its instance is unregistered. 10 s, or the copy TTL if shorter: a
@@ -103,6 +104,7 @@ public final class LocalStore implements BlockStore {
         this.leases = new LeaseTable(config.leaseTtl().toNanos(), this::pinAll, this::unpinAll);
         this.inflightTtlNanos = config.inflightTtl().toNanos();
         this.copyTtlNanos = config.copyTtl().toNanos();
+        this.quotas = config.quotas();
         this.holdNanos = Math.min(HOLD_NANOS, copyTtlNanos);
         this.extraSink = config.metrics();
         this.allocator = new OffsetAllocator(capacityBytes);
@@ -253,6 +255,7 @@ public final class LocalStore implements BlockStore {
                 OpenCopy op = it.next();
                 if (op.instance() == inst) {
                     it.remove();
+                    inst.openCopies--;
                     orphans.add(op);
                     first = Math.min(first, heldUntil(op) - clock.getAsLong());
                 }
@@ -357,6 +360,7 @@ public final class LocalStore implements BlockStore {
             int[] regionIdx = worker.selectRegions(inst.spec.instanceId(), layerNames);
             Limits.checkPlan("save", blockIds.length, regionIdx.length);
             checkBlockIds(worker, regionIdx, blockIds, "blockIds");
+            quotas.checkCopy(inst, "a save", open.size());
             planSave(inst, worker, regionIdx, blockIds, hashes, planned);
             int skipped = hashes.count() - planned.size();
             count(Counter.SAVE_REQUESTS, 1);
@@ -366,7 +370,7 @@ public final class LocalStore implements BlockStore {
             }
             Token id = newCopyId();
             Reservation reservation = new Reservation(inst, worker, planned, clock.getAsLong() + copyTtlNanos);
-            open.put(id, reservation);
+            opened(id, reservation);
             return reservation.plan(id, skipped, holdNanos);
         } finally {
             lock.unlock();
@@ -570,6 +574,9 @@ public final class LocalStore implements BlockStore {
             Instance inst = registry.sealed(instanceId);
             long now = clock.getAsLong();
             expireLeases(now);
+            if (count > 0) {
+                quotas.checkLease(inst, count, leases.size(), leases.leasedBlocks()); // before anything is planned
+            }
             Block[] found = new Block[count];
             hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
             if ((ssd != null || remote != null) && hit < count) {
@@ -698,6 +705,7 @@ public final class LocalStore implements BlockStore {
             }
             Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
             checkBlockIds(worker, null, dstBlockIds, "dstBlockIds");
+            quotas.checkCopy(lease.instance, "a load", open.size());
             Block[] blocks = lease.blocks;
             lease.consumedBy.set(workerRank);
             pinAll(blocks);
@@ -707,7 +715,7 @@ public final class LocalStore implements BlockStore {
             count(Counter.LOAD_REQUESTS, 1);
             Token id = newCopyId();
             OpenLoad load = new OpenLoad(inst, worker, blocks, clock.getAsLong() + copyTtlNanos);
-            open.put(id, load);
+            opened(id, load);
             return load.plan(id, 0, Math.min(planBlocks, blocks.length), holdNanos);
         } finally {
             lock.unlock();
@@ -771,6 +779,7 @@ public final class LocalStore implements BlockStore {
             }
             checkOwner(op.instance(), instanceId, "copy " + planId);
             open.remove(planId);
+            op.instance().openCopies--;
             boolean save = op instanceof Reservation;
             int blocks;
             switch (op) {
@@ -1347,6 +1356,16 @@ public final class LocalStore implements BlockStore {
                 }
             }
             leases.verify();
+            java.util.Map<Instance, Integer> opened = new java.util.IdentityHashMap<>();
+            for (OpenCopy op : open.values()) {
+                opened.merge(op.instance(), 1, Integer::sum);
+            }
+            for (String id : registry.ids()) {
+                Instance inst = registry.get(id);
+                int n = opened.getOrDefault(inst, 0);
+                require(inst.openCopies == n, "instance '" + id + "' has " + n + " open copies but counts " + inst.openCopies);
+                leases.verifyCounts(inst);
+            }
             require(bytes == allocator.usedBytes(), "blocks hold " + bytes + " bytes but the allocator has " + allocator.usedBytes() + " in use");
             require(allocations == allocator.liveAllocations(), "blocks hold " + allocations + " allocations, allocator " + allocator.liveAllocations());
             require(sealed == residentBlocks && sealedBytes == residentBytes, "resident " + residentBlocks + "/" + residentBytes
@@ -1466,12 +1485,37 @@ public final class LocalStore implements BlockStore {
         }
     }
 
+    /** What an instance holds now, against its {@link Quotas}. */
+    public record Usage(int leases, long leasedBlocks, int openCopies) {}
+
+    /** Every registered instance's {@link Usage} (one snapshot under the lock; /metrics). */
+    public Map<String, Usage> usage() {
+        lock.lock();
+        try {
+            Map<String, Usage> out = new java.util.TreeMap<>();
+            for (String id : registry.ids()) {
+                Instance inst = registry.get(id);
+                out.put(id, new Usage(inst.leases, inst.leasedBlocks, inst.openCopies));
+            }
+            return out;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** Under lock: {@code op} is open under {@code id}, counted for its instance ({@link Quotas}). */
+    private void opened(Token id, OpenCopy op) {
+        open.put(id, op);
+        op.instance().openCopies++;
+    }
+
     /** Rolls back saves and loads whose copier never ended them (its process died without a session). */
     private void expireCopies(long now) {
         for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
             OpenCopy op = it.next();
             if (op.deadlineNanos() - now <= 0) {
                 it.remove();
+                op.instance().openCopies--;
                 abort(op);
                 count(Counter.COPIES_EXPIRED, 1);
             }

@@ -21,6 +21,26 @@ record Caller(String client, byte[] joinSecret) {
         joinSecret = Tenants.checkSecret(joinSecret);
     }
 
+    /**
+     * The tenant this caller counts against ({@link Tenancy}'s quotas, {@code /metrics}): the
+     * processes of one launch present one join secret and are one tenant; a client without one
+     * is a tenant of its own. A digest (16 hex digits of SHA-256), never the secret or the id.
+     */
+    String tenant() {
+        if (joinSecret != null) {
+            return "s" + digest(joinSecret);
+        }
+        return client.isEmpty() ? "anonymous" : "c" + digest(client.getBytes(java.nio.charset.StandardCharsets.US_ASCII));
+    }
+
+    private static String digest(byte[] b) {
+        try {
+            return java.util.HexFormat.of().formatHex(java.security.MessageDigest.getInstance("SHA-256").digest(b), 0, 8);
+        } catch (java.security.NoSuchAlgorithmException e) {
+            throw new IllegalStateException(e);
+        }
+    }
+
     /** A caller from the wire form: a join secret as hex ("" or null: none). */
     static Caller of(String client, String joinSecretHex) {
         byte[] secret = null;

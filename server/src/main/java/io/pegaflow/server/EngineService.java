@@ -151,12 +151,15 @@ final class EngineService extends EngineGrpc.EngineImplBase {
             }
             InstanceSpec spec = new InstanceSpec(r.getInstanceId(), r.getNamespace(), r.getTpSize(), r.getWorldSize());
             Caller caller = caller(Credentials.CALLER.get(), r.getJoinSecret());
-            byte[] secret;
+            Tenants.Registration done;
             synchronized (tenants) { // the store's answer and the membership change in one step
-                secret = tenants.register(spec.instanceId(), caller, store.isRegistered(spec.instanceId()),
+                done = tenants.register(spec.instanceId(), caller, store.isRegistered(spec.instanceId()),
                         () -> store.registerInstance(spec));
             }
-            return RegisterInstanceResponse.newBuilder().setJoinSecret(ByteString.copyFrom(secret)).build();
+            if (done.created()) {
+                sessions.expireUnlessHeld(spec.instanceId(), done.generation());
+            }
+            return RegisterInstanceResponse.newBuilder().setJoinSecret(ByteString.copyFrom(done.secret())).build();
         });
     }
 
@@ -183,7 +186,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
                 layers.add(new LayerRegion(l.getName(), layout, l.getBaseAddress(), l.getRegionBytes(), l.getNumBlocks(),
                         l.getBlockStride(), l.getSegmentBytes(), l.getSegmentOffset()));
             }
-            tenants.require(id, caller(Credentials.CALLER.get(), r.getJoinSecret()), "registering a worker");
+            tenants.join(id, caller(Credentials.CALLER.get(), r.getJoinSecret()), "registering a worker");
             store.registerWorker(id, new WorkerSpec(r.getWorkerRank(), r.getTpRank(), r.getDeviceId(), layers));
             return EMPTY;
         });

@@ -89,6 +89,7 @@ final class LocalSocketServer implements AutoCloseable {
     private final Tenants tenants;
     private final RpcMetrics metrics;
     private final Rejections rejections;
+    private final CallQuota calls;
     private final ServerSocketChannel server;
     /** The first frame of every connection must carry the server's token (null: tests without one). */
     private volatile Credentials credentials;
@@ -115,11 +116,12 @@ final class LocalSocketServer implements AutoCloseable {
     }
 
     private LocalSocketServer(Path path, LocalStore store, Tenants tenants, RpcMetrics metrics, Rejections rejections,
-            ServerSocketChannel server, int maxConnections, Duration frameTimeout) {
+            CallQuota calls, ServerSocketChannel server, int maxConnections, Duration frameTimeout) {
         this.path = path;
         this.store = store;
         this.tenants = tenants;
         this.rejections = rejections;
+        this.calls = calls;
         this.authTimeoutNanos = Math.min(frameTimeout.toNanos(), AUTH_TIMEOUT.toNanos());
         this.metrics = metrics;
         this.server = server;
@@ -135,7 +137,7 @@ final class LocalSocketServer implements AutoCloseable {
      * lock was taken.
      */
     static LocalSocketServer start(PoolFiles files, LocalStore store, Tenants tenants, RpcMetrics metrics,
-            Credentials credentials, Rejections rejections) throws IOException {
+            Credentials credentials, Rejections rejections, CallQuota calls) throws IOException {
         ServerSocketChannel ch = files.bindSocket(path -> {
             ServerSocketChannel c = ServerSocketChannel.open(StandardProtocolFamily.UNIX);
             try {
@@ -146,7 +148,7 @@ final class LocalSocketServer implements AutoCloseable {
                 throw e;
             }
         });
-        return started(new LocalSocketServer(files.socket(), store, tenants, metrics, rejections, ch, MAX_CONNECTIONS,
+        return started(new LocalSocketServer(files.socket(), store, tenants, metrics, rejections, calls, ch, MAX_CONNECTIONS,
                 FRAME_TIMEOUT), credentials);
     }
 
@@ -167,8 +169,8 @@ final class LocalSocketServer implements AutoCloseable {
             ch.close();
             throw e;
         }
-        return started(new LocalSocketServer(path, store, tenants, metrics, new Rejections(), ch, maxConnections,
-                frameTimeout), credentials);
+        return started(new LocalSocketServer(path, store, tenants, metrics, new Rejections(), new CallQuota(Integer.MAX_VALUE),
+                ch, maxConnections, frameTimeout), credentials);
     }
 
     private static LocalSocketServer started(LocalSocketServer s, Credentials credentials) {
@@ -256,6 +258,20 @@ final class LocalSocketServer implements AutoCloseable {
     }
 
     private void serve(Conn c) throws IOException {
+        try {
+            serveFrames(c);
+        } finally {
+            String t = tenantOf.remove(c);
+            if (t != null) {
+                calls.release(t);
+            }
+        }
+    }
+
+    /** Which tenant's call slot each authenticated connection holds ({@link CallQuota}). */
+    private final java.util.Map<Conn, String> tenantOf = new ConcurrentHashMap<>();
+
+    private void serveFrames(Conn c) throws IOException {
         ByteBuffer header = ByteBuffer.allocate(5);
         boolean authenticated = credentials == null;
         Caller caller = Caller.NOBODY;
@@ -292,6 +308,12 @@ final class LocalSocketServer implements AutoCloseable {
                     reply(c, (byte) ErrorCode.INVALID_ARGUMENT.value(), bad.getMessage(), deadline);
                     return;
                 }
+                if (!calls.tryAcquire(caller.tenant())) {
+                    reply(c, (byte) ErrorCode.POOL_EXHAUSTED.value(), calls.refusal("a local-socket connection").getMessage(),
+                            deadline);
+                    return; // its client uses gRPC, within the same quota
+                }
+                tenantOf.put(c, caller.tenant());
                 authenticated = true;
                 reply(c, (byte) 0, new byte[0], deadline);
                 continue;

@@ -129,6 +129,8 @@ public final class PegaflowServer implements AutoCloseable {
     private final LocalStore store;
     private final Sessions sessions;
     private final Tenants tenants;
+    private final CallQuota calls;
+    private final CallQuota connections;
     private final Credentials credentials;
     private final PrometheusRegistry registry = new PrometheusRegistry();
     private final Rejections rejections = new Rejections();
@@ -172,6 +174,7 @@ public final class PegaflowServer implements AutoCloseable {
                                 + config.prefaultThreads() + " threads in " + nanos / 1_000_000 + " ms");
             }
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
+                    .quotas(config.tenancy().quotas())
                     .copyTtl(config.copyTtl())
                     // swept often enough that an abandoned copy is rolled back within ~1.25 copy TTLs
                     .sweepInterval(java.time.Duration.ofMillis(Math.min(30_000, Math.max(100, config.copyTtl().toMillis() / 4))))
@@ -189,8 +192,12 @@ public final class PegaflowServer implements AutoCloseable {
                     config.poolGroup() == null ? null : PoolFiles.group(config.poolGroup()), config.tenancy().operatorTokenFile());
             rejections.register(registry);
             credentials.rejections(rejections);
-            this.tenants = new Tenants();
-            this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace());
+            Tenancy tenancy = config.tenancy();
+            this.tenants = new Tenants(tenancy.maxInstances(), tenancy.maxInstancesPerTenant());
+            this.sessions = sessionsStarted = new Sessions(store, tenants, config.sessionGrace(), tenancy.unsessionedTtl());
+            this.calls = new CallQuota(tenancy.maxCallsPerTenant());
+            this.connections = new CallQuota(tenancy.maxCallsPerTenant()); // the local socket's, apart: idle ones are pooled
+            TenantMetrics.register(registry, tenants, store, calls);
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close, waiting);
             this.rpcMetrics = new RpcMetrics(registry);
             // the JVM's own: heap, threads, GC, and the JIT's compile time (a fresh server compiles
@@ -200,7 +207,7 @@ public final class PegaflowServer implements AutoCloseable {
             // RESOURCE_EXHAUSTED before it is parsed, and only that call fails. Credentials
             // run first: a refused call is counted nowhere and touches nothing.
             this.grpc = grpcStarted = builder.maxInboundMessageSize(Wire.MAX_REQUEST_BYTES)
-                    .addService(MalformedRequests.guard(ServerInterceptors.intercept(service, rpcMetrics, credentials),
+                    .addService(MalformedRequests.guard(ServerInterceptors.intercept(service, calls, rpcMetrics, credentials),
                             rejections)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(Wire.hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
@@ -262,7 +269,7 @@ public final class PegaflowServer implements AutoCloseable {
         if (localSocket) {
             try {
                 s.local = LocalSocketServer.start(s.files, s.store, s.tenants, s.rpcMetrics, s.credentials,
-                        s.rejections);
+                        s.rejections, s.connections);
                 s.local.busyPoll(busyPollMicros);
             } catch (IOException | RuntimeException e) {
                 System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.WARNING,

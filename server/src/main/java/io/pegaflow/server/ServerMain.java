@@ -58,6 +58,32 @@ public final class ServerMain implements Callable<Integer> {
             description = "file holding the operator's secret, which Shutdown needs (default: a new one written to <pool-path>.operator-token, mode 0600, never the pool group's)")
     Path operatorTokenFile;
 
+    @Option(names = "--max-instances", defaultValue = "4096", description = "instances registered at once, over all tenants (default ${DEFAULT-VALUE})")
+    int maxInstances;
+
+    @Option(names = "--max-instances-per-tenant", defaultValue = "256",
+            description = "instances one tenant (one join secret: a vLLM launch) may have registered at once (default ${DEFAULT-VALUE})")
+    int maxInstancesPerTenant;
+
+    @Option(names = "--unsessioned-instance-ttl-secs", defaultValue = "60",
+            description = "an instance whose clients never opened a liveness session is unregistered after this (default ${DEFAULT-VALUE})")
+    long unsessionedTtlSecs;
+
+    @Option(names = "--max-calls-per-tenant", defaultValue = "48",
+            description = "gRPC calls in flight per tenant, and local-socket connections per tenant (default ${DEFAULT-VALUE})")
+    int maxCallsPerTenant;
+
+    @Option(names = "--max-leases-per-instance", defaultValue = "16384", description = "leases one instance may hold (default ${DEFAULT-VALUE})")
+    int maxLeasesPerInstance;
+
+    @Option(names = "--max-leased-blocks-per-instance", defaultValue = "4194304",
+            description = "blocks one instance's leases may hold (default ${DEFAULT-VALUE})")
+    long maxLeasedBlocksPerInstance;
+
+    @Option(names = "--max-open-copies-per-instance", defaultValue = "4096",
+            description = "saves and loads one instance may have open (default ${DEFAULT-VALUE})")
+    int maxOpenCopiesPerInstance;
+
     @Option(names = "--copy-timeout-secs", defaultValue = "180",
             description = "seconds a save or load may stay open before it is rolled back (its client died without a session)")
     long copyTimeoutSecs;
@@ -186,7 +212,10 @@ public final class ServerMain implements Callable<Integer> {
         if (redisUrl != null) {
             config = config.withCluster(clusterConfig());
         }
-        config = config.withTenancy(new Tenancy(operatorTokenFile));
+        config = config.withTenancy(Tenancy.DEFAULTS.operatorToken(operatorTokenFile).instances(maxInstances, maxInstancesPerTenant)
+                .unsessioned(Duration.ofSeconds(unsessionedTtlSecs)).calls(maxCallsPerTenant)
+                .quotas(io.pegaflow.engine.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
+                        maxOpenCopiesPerInstance)));
         if (warmUp) {
             long nanos = Warmup.run();
             Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");

@@ -21,6 +21,8 @@ final class Sessions implements AutoCloseable {
     private final LocalStore store;
     private final Tenants tenants;
     private final Duration grace;
+    private final Duration unsessionedTtl;
+    private final AtomicLong expired = new AtomicLong();
     private final Map<String, Long> current = new ConcurrentHashMap<>();
     private final AtomicLong tokens = new AtomicLong();
     private final ScheduledExecutorService timer = Executors.newSingleThreadScheduledExecutor(r -> {
@@ -30,10 +32,39 @@ final class Sessions implements AutoCloseable {
     });
     private final AtomicLong cleaned = new AtomicLong();
 
-    Sessions(LocalStore store, Tenants tenants, Duration grace) {
+    Sessions(LocalStore store, Tenants tenants, Duration grace, Duration unsessionedTtl) {
         this.store = store;
         this.tenants = tenants;
         this.grace = grace;
+        this.unsessionedTtl = unsessionedTtl;
+    }
+
+    /**
+     * A client created the instance (registration {@code generation}): unless one of its
+     * clients holds a liveness session by {@code unsessionedTtl} from now, it is unregistered
+     * then (a raw client that registers and never opens a session left it registered forever;
+     * one whose session opened and ended is unregistered after the grace by {@link #ended}).
+     */
+    void expireUnlessHeld(String instanceId, long generation) {
+        timer.schedule(() -> {
+            if (!current.containsKey(instanceId)) {
+                try {
+                    if (tenants.unregisterIf(instanceId, generation, () -> store.unregisterInstance(instanceId))) {
+                        expired.incrementAndGet();
+                        System.getLogger(Sessions.class.getName()).log(System.Logger.Level.INFO, "instance '" + instanceId
+                                + "' unregistered: no client of it opened a liveness session within "
+                                + unsessionedTtl.toSeconds() + " s (--unsessioned-instance-ttl-secs)");
+                    }
+                } catch (UnknownInstanceException alreadyGone) {
+                    // unregistered meanwhile
+                }
+            }
+        }, unsessionedTtl.toMillis(), TimeUnit.MILLISECONDS);
+    }
+
+    /** Instances unregistered because no client of theirs ever held a session. */
+    long expired() {
+        return expired.get();
     }
 
     /** A new session for the instance; it supersedes older ones. */

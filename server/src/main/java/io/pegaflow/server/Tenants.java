@@ -27,18 +27,38 @@ final class Tenants {
     /** Bounds of a join secret, in bytes. */
     static final int MIN_SECRET = 16;
     static final int MAX_SECRET = 64;
+    /** Clients one instance keeps as members (its workers' processes and a few more). */
+    static final int MAX_MEMBERS = io.pegaflow.engine.Limits.MAX_WORLD_SIZE + 64;
 
     private static final SecureRandom RANDOM = new SecureRandom();
 
-    /** An instance's members and join secret. */
-    private record Members(Set<String> clients, byte[] secret) {
+    /** An instance's members, join secret, the tenant it counts against, and which registration it is. */
+    private record Members(Set<String> clients, byte[] secret, String tenant, long generation) {
         boolean admits(Caller caller) {
             return (!caller.client().isEmpty() && clients.contains(caller.client()))
                     || (caller.joinSecret() != null && MessageDigest.isEqual(caller.joinSecret(), secret));
         }
     }
 
+    /** What RegisterInstance did: the instance's join secret, and whether it created the instance (then its generation). */
+    record Registration(byte[] secret, boolean created, long generation) {}
+
     private final Map<String, Members> instances = new ConcurrentHashMap<>();
+    private final int maxInstances;
+    private final int maxPerTenant;
+    // --- guarded by this ---
+    private final Map<String, Integer> perTenant = new java.util.HashMap<>();
+    private long generations;
+
+    Tenants(int maxInstances, int maxPerTenant) {
+        this.maxInstances = maxInstances;
+        this.maxPerTenant = maxPerTenant;
+    }
+
+    /** With {@link Tenancy#DEFAULTS}' instance quotas. */
+    Tenants() {
+        this(Tenancy.DEFAULTS.maxInstances(), Tenancy.DEFAULTS.maxInstancesPerTenant());
+    }
 
     /** Refuses a join secret outside {@link #MIN_SECRET}..{@link #MAX_SECRET} bytes (null and empty: none). */
     static byte[] checkSecret(byte[] secret) {
@@ -55,22 +75,34 @@ final class Tenants {
     /**
      * RegisterInstance by {@code caller}, around the store's registration {@code inStore}
      * (which validates the spec; run only once the caller may register). {@code exists}:
-     * the store has the instance already. A new instance gets the caller as member and the
-     * caller's join secret (or a random one); an existing one admits a member or the holder
-     * of its secret, who becomes a member. Returns the instance's join secret (empty for an
-     * instance registered on the store directly, which nothing binds).
+     * the store has the instance already. A new instance counts against the caller's tenant
+     * (refused over {@code --max-instances-per-tenant} or {@code --max-instances}, before the
+     * store sees it) and gets the caller as member and the caller's join secret (or a random
+     * one); an existing one admits a member or the holder of its secret, who becomes a member.
+     * The answer's secret is empty for an instance registered on the store directly, which
+     * nothing binds.
      */
-    synchronized byte[] register(String instanceId, Caller caller, boolean exists, Runnable inStore) {
+    synchronized Registration register(String instanceId, Caller caller, boolean exists, Runnable inStore) {
         Members m = instances.get(instanceId);
         if (exists) {
             if (m == null) {
                 inStore.run();
-                return new byte[0];
+                return new Registration(new byte[0], false, 0);
             }
             admit(m, instanceId, caller, "registering");
             inStore.run();
             join(m, caller);
-            return m.secret.clone();
+            return new Registration(m.secret.clone(), false, m.generation);
+        }
+        String tenant = caller.tenant();
+        int mine = perTenant.getOrDefault(tenant, 0);
+        if (mine >= maxPerTenant) {
+            throw new io.pegaflow.engine.QuotaExceededException("registering instance '" + instanceId + "': this tenant has "
+                    + mine + " instances registered, the most one may (--max-instances-per-tenant); unregister one first");
+        }
+        if (instances.size() >= maxInstances) {
+            throw new io.pegaflow.engine.QuotaExceededException("registering instance '" + instanceId + "': "
+                    + instances.size() + " instances are registered, the most the server holds (--max-instances); try again later");
         }
         inStore.run();
         byte[] secret = caller.joinSecret();
@@ -78,17 +110,30 @@ final class Tenants {
             secret = new byte[MIN_SECRET];
             RANDOM.nextBytes(secret);
         }
-        Set<String> clients = ConcurrentHashMap.newKeySet();
-        join(new Members(clients, secret), caller);
-        instances.put(instanceId, new Members(clients, secret.clone()));
-        return secret.clone();
+        Members created = new Members(ConcurrentHashMap.newKeySet(), secret.clone(), tenant, ++generations);
+        join(created, caller);
+        Members stale = instances.put(instanceId, created);
+        if (stale != null) {
+            released(stale); // the store dropped it on its own (never through this service)
+        }
+        perTenant.merge(tenant, 1, Integer::sum);
+        return new Registration(secret.clone(), true, created.generation);
     }
 
     /**
-     * Refuses {@code what} unless {@code caller} acts for the instance; a caller admitted by
-     * the secret becomes a member. Unknown instances pass (the store says so).
+     * Refuses {@code what} unless {@code caller} acts for the instance: a member, or the
+     * holder of its join secret (who is admitted on every call without being kept). Unknown
+     * instances pass (the store says so).
      */
     void require(String instanceId, Caller caller, String what) {
+        Members m = instances.get(instanceId);
+        if (m != null) {
+            admit(m, instanceId, caller, what);
+        }
+    }
+
+    /** As {@link #require}, and the caller becomes a member (RegisterWorker: a TP rank's process joins). */
+    void join(String instanceId, Caller caller, String what) {
         Members m = instances.get(instanceId);
         if (m != null) {
             admit(m, instanceId, caller, what);
@@ -104,8 +149,8 @@ final class Tenants {
     }
 
     private static void join(Members m, Caller caller) {
-        if (!caller.client().isEmpty()) {
-            m.clients.add(caller.client());
+        if (!caller.client().isEmpty() && m.clients.size() < MAX_MEMBERS) {
+            m.clients.add(caller.client()); // beyond the cap a secret holder is still admitted, call by call
         }
     }
 
@@ -114,7 +159,34 @@ final class Tenants {
         try {
             inStore.run();
         } finally {
-            instances.remove(instanceId);
+            Members m = instances.remove(instanceId);
+            if (m != null) {
+                released(m);
+            }
         }
+    }
+
+    /**
+     * Unregisters the instance through {@code inStore} if it is still registration
+     * {@code generation} (not unregistered and registered again meanwhile); false otherwise.
+     */
+    synchronized boolean unregisterIf(String instanceId, long generation, Runnable inStore) {
+        Members m = instances.get(instanceId);
+        if (m == null || m.generation != generation) {
+            return false;
+        }
+        unregister(instanceId, inStore);
+        return true;
+    }
+
+    private void released(Members m) {
+        perTenant.computeIfPresent(m.tenant, (k, n) -> n <= 1 ? null : n - 1);
+    }
+
+    /** Each tenant's instances (/metrics). */
+    synchronized Map<String, java.util.List<String>> byTenant() {
+        Map<String, java.util.List<String>> out = new java.util.TreeMap<>();
+        instances.forEach((id, m) -> out.computeIfAbsent(m.tenant, k -> new java.util.ArrayList<>()).add(id));
+        return out;
     }
 }

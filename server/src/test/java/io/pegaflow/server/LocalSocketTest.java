@@ -214,12 +214,18 @@ class LocalSocketTest {
         return c;
     }
 
-    /** Sends the auth frame with the token beside the pool ({@code <pool>.sock} -> {@code <pool>.token}). */
+    private static final java.util.concurrent.atomic.AtomicLong CLIENTS = new java.util.concurrent.atomic.AtomicLong();
+
+    /**
+     * Sends the auth frame with the token beside the pool ({@code <pool>.sock} -> {@code <pool>.token})
+     * and a client id of its own (each raw connection is a tenant of its own, within the
+     * per-tenant connection quota).
+     */
     private static void authenticate(SocketChannel c, Path sock) throws Exception {
         String s = sock.toString();
         Path tokenFile = Path.of(s.substring(0, s.length() - ".sock".length()) + ".token");
-        byte[] token = Files.exists(tokenFile) ? Files.readString(tokenFile).trim().getBytes(StandardCharsets.UTF_8)
-                : new byte[0];
+        byte[] token = Files.exists(tokenFile) ? (Files.readString(tokenFile).trim() + "\0"
+                + String.format("%032x", CLIENTS.incrementAndGet())).getBytes(StandardCharsets.UTF_8) : new byte[0];
         c.write(ByteBuffer.allocate(5 + token.length).putInt(1 + token.length).put(LocalSocketServer.AUTH).put(token).flip());
         ByteBuffer header = ByteBuffer.allocate(5);
         readFully(c, header);
@@ -367,6 +373,46 @@ class LocalSocketTest {
             assertThat(grown).as("heap growth, bytes").isLessThan(32L << 20);
         } finally {
             for (SocketChannel c : open) {
+                c.close();
+            }
+        }
+    }
+
+    /** A raw connection whose first frame names client {@code client}; the first frame's status and text. */
+    private static Answer hello(Path sock, String client, List<SocketChannel> keep) throws Exception {
+        SocketChannel c = SocketChannel.open(StandardProtocolFamily.UNIX);
+        keep.add(c);
+        c.connect(UnixDomainSocketAddress.of(sock));
+        byte[] token = (Files.readString(Path.of(sock.toString().replace(".sock", ".token"))).trim() + "\0" + client)
+                .getBytes(StandardCharsets.UTF_8);
+        c.write(ByteBuffer.allocate(5 + token.length).putInt(1 + token.length).put(LocalSocketServer.AUTH).put(token).flip());
+        c.configureBlocking(false);
+        return answer(c);
+    }
+
+    /** One tenant holds at most --max-calls-per-tenant connections; the next is refused naming it; another tenant is served. */
+    @Test
+    void aTenantsConnectionsAreCappedAndAnotherTenantIsServed() throws Exception {
+        List<SocketChannel> held = new ArrayList<>();
+        try {
+            String one = "1".repeat(32);
+            for (int i = 0; i < Tenancy.DEFAULTS.maxCallsPerTenant(); i++) {
+                assertThat(hello(socket(), one, held).status()).isZero();
+            }
+            Answer refused = hello(socket(), one, held);
+            assertThat(refused.status()).isEqualTo((byte) io.pegaflow.engine.ErrorCode.POOL_EXHAUSTED.value());
+            assertThat(refused.text()).contains("--max-calls-per-tenant").contains("local-socket connections");
+            assertThat(hello(socket(), "2".repeat(32), held).status()).as("another tenant").isZero();
+            held.remove(0).close();
+            long deadline = System.nanoTime() + 5_000_000_000L;
+            byte status;
+            do {
+                Thread.sleep(20);
+                status = hello(socket(), one, held).status();
+            } while (status != 0 && System.nanoTime() < deadline);
+            assertThat(status).as("a closed connection gives its slot back").isZero();
+        } finally {
+            for (SocketChannel c : held) {
                 c.close();
             }
         }

@@ -69,8 +69,9 @@ class WaitingCallsTest {
 
     @BeforeEach
     void start() throws Exception {
+        // one tenant sends every Flush here: its calls-in-flight quota above what the pool holds
         server = PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 4L << 20, dir.resolve("pool"),
-                Duration.ofSeconds(600), Duration.ofMillis(100), true), false);
+                Duration.ofSeconds(600), Duration.ofMillis(100), true).withTenancy(Tenancy.DEFAULTS.calls(1000)), false);
         mapped = HostPool.shared(server.poolPath(), 4L << 20, false);
         server.store().attachRemote(new StalledRegistry(), mapped.segment());
     }
