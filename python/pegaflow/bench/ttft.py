@@ -313,6 +313,10 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             entry["in_step_phases_ms"] = {k: round(c.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / n / 1e6, 3)
                                           for k in ("plan", "load", "wait")}
             entry["in_step_loads"] = int(n)
+            if c.get("vllm:pegaflow_alloc_to_load_starts"):
+                # how much earlier the load could start if it started at allocation (same process)
+                entry["in_step_phases_ms"]["alloc_to_start"] = round(
+                    c["vllm:pegaflow_alloc_to_load_ns"] / c["vllm:pegaflow_alloc_to_load_starts"] / 1e6, 3)
         if c.get("vllm:pegaflow_lookups"):
             entry["lookup_ms_mean"] = round(c.get("vllm:pegaflow_lookup_ns", 0) / c["vllm:pegaflow_lookups"] / 1e6, 3)
         systems[system] = entry

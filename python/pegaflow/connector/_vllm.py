@@ -56,6 +56,11 @@ log = logging.getLogger("pegaflow.connector")
 
 TransferResults = _compat.transfer_results_class()  # vLLM's where it has one (>= 0.30)
 
+# When a hit's destination blocks were known (update_state_after_alloc), by request: where the
+# worker shares the scheduler's process (TP = 1), start_load_kv measures how long before its
+# load could have started (the case for starting it there; docs/gpu.md).
+_ALLOCATED_NS: dict[str, int] = {}
+
 
 def _log_through_vllm() -> None:
     """The ``pegaflow`` loggers write through vLLM's handlers (its format, its level), so the
@@ -179,6 +184,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_meta = None if _compat.has("transfer_results") or len(self._groups) == 1 \
             else _compat.failed_loads_metadata_class()
         self._failed_pending: set[str] = set()
+        self._alloc_gap = [0, 0]  # in-step loads seen in start_load_kv, nanoseconds since their allocation
         self._local_computed: dict[str, int] = {}
         self._link = _runtime.link_for(self._settings)
         self._sched: SchedulerBrain | None = None
@@ -271,6 +277,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         plan = self._plan(self._connector_metadata)
         if plan is not None:
             self._worker.start_loads(plan)
+        if _ALLOCATED_NS:
+            now = time.perf_counter_ns()
+            for t in _ALLOCATED_NS.values():
+                self._alloc_gap[0] += 1
+                self._alloc_gap[1] += now - t
+            _ALLOCATED_NS.clear()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # In-step loads: this layer's attention waits (on the GPU) for its own layer's bytes;
@@ -378,6 +390,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             # the tail block is loaded whole (its bytes past the prompt are never read)
             num_external_tokens = -(-num_external_tokens // self._block_size) * self._block_size
         self._sched.after_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
+        if num_external_tokens > 0 and self._sched.in_step and len(_ALLOCATED_NS) < 4096:
+            _ALLOCATED_NS[request.request_id] = time.perf_counter_ns()  # no worker here: emptied at request_finished
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         sched = self._sched
@@ -442,6 +456,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._hashes_sent.pop(request.request_id, None)
         self._keys.forget(request.request_id)
         self._local_computed.pop(request.request_id, None)
+        _ALLOCATED_NS.pop(request.request_id, None)
         self._tail_probes.discard(request.request_id)
         return self._sched.request_finished(request.request_id), None
 
@@ -460,6 +475,9 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         """Counters since the last call: the scheduler side's lookups and hits, a worker's copies."""
         if self._worker is not None and self._worker.brain is not None:
             data = self._worker.brain.stats()
+            if self._alloc_gap[0]:
+                data["alloc_to_load_starts"], data["alloc_to_load_ns"] = self._alloc_gap
+                self._alloc_gap = [0, 0]
         elif self._sched is not None:
             data, self._counts = self._counts, dict.fromkeys(self._counts, 0)
         else:
