@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -337,3 +338,52 @@ def test_a_sigkilled_servers_ssd_blocks_are_served_byte_identical_after_a_restar
         assert second.metric("pegaflow_cache_tier_ssd_blocks_total") == 4
     finally:
         second.stop()
+
+
+LOG_LINE = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z (ERROR|WARN|INFO|DEBUG|TRACE) \[[^\]]*\] [\w.$]+: "
+
+
+def _records_of(server) -> list[str]:
+    """Everything a server wrote from start to SIGTERM, with a refused call (a
+    warning naming the client's bad input) and a clean stop in between; the ready line dropped."""
+    import grpc
+
+    with EngineClient(server.endpoint) as c:
+        c.register_instance("logs-a", "ns-logs", 1, 1)
+        with grpc.insecure_channel(server.endpoint) as ch:
+            stats = ch.unary_unary("/pegaflow.v1.Engine/Stats")
+            with pytest.raises(grpc.RpcError) as refused:
+                stats(b"", metadata=[("authorization", "Bearer wrong")], timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    server.stop()
+    time.sleep(0.2)  # the drain thread reads the last lines
+    lines = [l.rstrip("\n") for l in server.log]
+    assert not [l for l in lines if "SLF4J" in l], "no SLF4J 'no binder' noise: its users are bound to the same logger"
+    return [l for l in lines if " ready grpc=" not in l]
+
+
+def test_server_logs_one_line_per_record_without_slf4j_noise(tmp_path):
+    """--log-level debug: PegaFlow's debug records show (the warm-up's time), each record is one
+    line in the text format, a refusal's warning among them."""
+    server = start_server(tmp_path / "pool", extra=["--log-level", "debug"])
+    records = _records_of(server)
+    assert len(records) >= 3, records
+    bad = [l for l in records if not re.match(LOG_LINE, l)]
+    assert bad == [], f"every line is one record '<ts> <LEVEL> [thread] logger: msg': {bad}"
+    assert any(" DEBUG " in l and "warm-up took" in l for l in records)
+    assert any(" WARN " in l and "refused requests" in l for l in records)
+
+
+def test_server_logs_json_lines_with_log_format_json(tmp_path):
+    server = start_server(tmp_path / "pool", extra=["--log-format", "json", "--log-level", "debug"])
+    records = [json.loads(l) for l in _records_of(server)]
+    assert len(records) >= 3
+    assert all(set(r) >= {"ts", "level", "logger", "thread", "msg"} for r in records)
+    assert {"DEBUG", "INFO", "WARN"} <= {r["level"] for r in records}
+    assert any(r["logger"] == "io.pegaflow.server.PegaflowServer" and r["msg"].startswith("pool: ") for r in records)
+
+
+def test_a_log_level_or_format_outside_the_choices_is_refused_naming_the_flag(tmp_path):
+    for flag, value in (("--log-level", "loud"), ("--log-format", "xml")):
+        out = subprocess.run(server_argv(tmp_path / "p.pool", extra=[flag, value]), capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"{flag} '{value}'" in out.stderr, out.stderr

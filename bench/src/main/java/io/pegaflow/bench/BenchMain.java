@@ -22,6 +22,7 @@ public final class BenchMain {
 
     /** Runs a picocli command whose user errors print as one line (exit 2), not a stack trace. */
     static int run(Object command, String[] args) {
+        io.pegaflow.engine.logging.Logs.configure("info", "text"); // one line per record, as the server's
         CommandLine cli = new CommandLine(command);
         // A user error is one line naming the value, not a stack trace.
         cli.setExecutionExceptionHandler((e, cmd, parsed) -> {

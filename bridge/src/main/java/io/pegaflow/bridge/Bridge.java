@@ -85,9 +85,31 @@ public final class Bridge {
      */
     public static synchronized long bootstrap() {
         if (table == 0) {
+            logs();
             table = buildTable();
         }
         return table;
+    }
+
+    /**
+     * The in-process JVM logs one line per record into the host's standard error, like the server
+     * ({@code PEGAFLOW_LOG_LEVEL}, {@code PEGAFLOW_LOG_FORMAT}: as its {@code --log-level} and
+     * {@code --log-format}); a host that configured {@code java.util.logging} itself keeps its own.
+     */
+    private static void logs() {
+        if (System.getProperty("java.util.logging.config.file") != null
+                || System.getProperty("java.util.logging.config.class") != null) {
+            return;
+        }
+        String level = System.getenv().getOrDefault("PEGAFLOW_LOG_LEVEL", "info");
+        String format = System.getenv().getOrDefault("PEGAFLOW_LOG_FORMAT", "text");
+        try {
+            io.pegaflow.engine.logging.Logs.configure(level, format);
+        } catch (io.pegaflow.engine.InvalidArgumentException e) {
+            io.pegaflow.engine.logging.Logs.configure("info", "text");
+            System.getLogger(Bridge.class.getName()).log(System.Logger.Level.WARNING,
+                    "PEGAFLOW_LOG_LEVEL / PEGAFLOW_LOG_FORMAT: " + e.getMessage() + "; logging at info as text");
+        }
     }
 
     private static long buildTable() {

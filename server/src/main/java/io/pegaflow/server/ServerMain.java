@@ -5,12 +5,12 @@ import io.pegaflow.client.Wire;
 
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.Sizes;
+import io.pegaflow.engine.logging.Logs;
 import io.pegaflow.engine.ssd.SsdConfig;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.List;
 import java.util.concurrent.Callable;
-import java.util.logging.Level;
 import java.util.logging.Logger;
 import picocli.CommandLine;
 import picocli.CommandLine.Command;
@@ -189,18 +189,17 @@ public final class ServerMain implements Callable<Integer> {
                     + "can be exercised against a real server (default ${DEFAULT-VALUE}: off)")
     int injectLoadFailures;
 
-    @Option(names = "--log-level", defaultValue = "info", description = "error, warn, info, debug")
+    @Option(names = "--log-level", defaultValue = "info",
+            description = "error, warn, info, debug or trace: PegaFlow's records; gRPC, Netty and Lettuce log at info or this if coarser (default ${DEFAULT-VALUE})")
     String logLevel;
+
+    @Option(names = "--log-format", defaultValue = "text",
+            description = "text (one line per record) or json (one JSON object per line), on standard error (default ${DEFAULT-VALUE})")
+    String logFormat;
 
     @Override
     public Integer call() throws Exception {
-        Logger.getLogger("").setLevel(switch (logLevel.toLowerCase()) {
-            case "error" -> Level.SEVERE;
-            case "warn", "warning" -> Level.WARNING;
-            case "debug" -> Level.FINE;
-            case "info" -> Level.INFO;
-            default -> throw new IllegalArgumentException("--log-level '" + logLevel + "'; expected error, warn, info or debug");
-        });
+        Logs.configure(logLevel, logFormat); // first: everything after logs through its one handler
         int port = Wire.hostPort(addr, "--addr").getPort();
         Path path = poolPath != null ? poolPath
                 : Path.of("/dev/shm", "pegaflow-" + (port == 0 ? "pid" + ProcessHandle.current().pid() : port) + ".pool");
