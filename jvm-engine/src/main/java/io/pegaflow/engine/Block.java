@@ -37,6 +37,8 @@ final class Block {
     boolean fromSsd;
     /** Fetched from a peer and not yet served (tier attribution). */
     boolean fromPeer;
+    /** Pinned by the operator ({@link AdminPins}): one reference held until unpinned or cleared. */
+    boolean adminPinned;
     long touchedNanos;
     /**
      * {@link BlockChecksum} of the sealed block's bytes once known (summed in the background,

@@ -81,9 +81,13 @@ public final class LocalStore implements BlockStore {
     /** Blocks waiting for a read slot (indexed, pinned, no pool space yet), oldest first. */
     private final java.util.ArrayDeque<Block> fetchQueue = new java.util.ArrayDeque<>();
     private long queuedFetchBytes;
+    /** Reads back from SSD ever queued (an operator's warm counts what it started). */
+    private long readsQueued;
     private boolean pumping;
     /** Blocks pinned for peers' reads, by pin id, with their deadlines. */
     private final Map<Token, PinnedForPeer> transfers = new HashMap<>();
+    /** Blocks the operator pinned. */
+    private final AdminPins adminPins;
     // --- end guarded ---
     /** The SSD tier and the pool bytes it reads from and writes into; set once, before use. */
     private volatile SsdTier ssd;
@@ -108,6 +112,7 @@ public final class LocalStore implements BlockStore {
         this.holdNanos = Math.min(HOLD_NANOS, copyTtlNanos);
         this.extraSink = config.metrics();
         this.allocator = new OffsetAllocator(capacityBytes);
+        this.adminPins = new AdminPins(capacityBytes);
         if (extraSink != null) {
             registerGauges(extraSink);
         }
@@ -895,6 +900,7 @@ public final class LocalStore implements BlockStore {
             lru.pin(b);
             b.prefetching = true;
             fetchQueue.add(b);
+            readsQueued++;
             queuedFetchBytes += need;
             waiting = true;
             run++;
@@ -1272,6 +1278,180 @@ public final class LocalStore implements BlockStore {
         }
     }
 
+    // ---------------------------------------------------------------- the operator's calls (pegaflow-server's /admin)
+
+    /** What {@link #clear} did: resident blocks dropped and their bytes, blocks kept because a lease or copy holds them, pins released, SSD records forgotten. */
+    public record Cleared(long blocks, long bytes, long referenced, long unpinned, long ssdRecords) {}
+
+    /**
+     * Drops the resident blocks of {@code namespace} (null: every namespace) that no lease,
+     * load or save holds, releasing the operator's pins on them first ({@code dram}), and
+     * forgets the namespace's SSD records ({@code ssd}; {@link SsdTier#forget}). Blocks in use
+     * stay and are counted; blocks being saved or read back are not touched. Null when the
+     * namespace is unknown: no sealed instance created it and the SSD tier holds none of it
+     * (nothing changed).
+     */
+    public Cleared clear(String namespace, boolean dram, boolean ssd) {
+        long blocks = 0;
+        long bytes = 0;
+        long referenced = 0;
+        long unpinned = 0;
+        boolean known;
+        lock.lock();
+        try {
+            checkOpen();
+            NamespaceIndex only = namespace == null ? null : registry.namespace(namespace);
+            known = namespace == null || only != null;
+            if (dram && known) {
+                for (Block b : adminPins.of(only)) {
+                    adminPins.unpin(b);
+                    unpin(b);
+                    unpinned++;
+                }
+                for (NamespaceIndex ns : only == null ? List.copyOf(registry.namespaces()) : List.of(only)) {
+                    for (Block b : ns.blocks.values()) {
+                        if (!b.sealed) {
+                            continue;
+                        }
+                        if (b.refs > 0) {
+                            referenced++;
+                            continue;
+                        }
+                        lru.remove(b);
+                        bytes += b.bytes;
+                        blocks++;
+                        dropResident(b);
+                    }
+                }
+                count(Counter.ADMIN_CLEARED_BLOCKS, blocks);
+            }
+        } finally {
+            lock.unlock();
+        }
+        // Outside the lock: it walks the whole disk index, and the tier is thread-safe.
+        SsdTier tier = this.ssd;
+        long records = ssd && tier != null ? tier.forget(namespace) : 0;
+        count(Counter.ADMIN_CLEARED_SSD_BLOCKS, records);
+        if (!known && records == 0 && (tier == null || !tier.holds(namespace))) { // nothing changed
+            return null;
+        }
+        return new Cleared(blocks, bytes, referenced, unpinned, records);
+    }
+
+    /** What {@link #pin} did with the hashes: newly pinned, pinned before, after the resident prefix. */
+    public record Pinned(int pinned, int alreadyPinned, int notResident) {}
+
+    /**
+     * Pins the resident prefix of {@code hashes} in {@code namespace}: those blocks skip
+     * eviction until {@link #unpin} or {@link #clear}. All pinned blocks together hold at most
+     * half the pool ({@link AdminPins}); a pin past that is refused whole
+     * ({@link QuotaExceededException}), nothing changed. Null when the namespace is unknown.
+     */
+    public Pinned pin(String namespace, BlockHashes hashes) {
+        return onNamespace("pin", namespace, hashes, null, ns -> {
+            Block[] found = new Block[hashes.count()];
+            int hit = ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), hashes.count(), found);
+            int pinned = adminPins.pinAll(found, hit, lru);
+            return new Pinned(pinned, hit - pinned, hashes.count() - hit);
+        });
+    }
+
+    /** Releases the operator's pins on any of {@code hashes} in {@code namespace}: how many were pinned; -1 when the namespace is unknown. */
+    public int unpin(String namespace, BlockHashes hashes) {
+        return onNamespace("unpin", namespace, hashes, -1, ns -> {
+            byte[] packed = hashes.packed();
+            int len = hashes.hashLen();
+            int n = 0;
+            for (int i = 0; i < hashes.count(); i++) {
+                Block b = ns.blocks.get(packed, i * len, len);
+                if (b != null && adminPins.unpin(b)) {
+                    unpin(b);
+                    n++;
+                }
+            }
+            return n;
+        });
+    }
+
+    /** What {@link #warm} found: the resident prefix, and the run after it being read back from SSD. */
+    public record Warming(int resident, int reading) {}
+
+    /**
+     * Starts reading back from SSD the run of {@code hashes} that follows their resident prefix
+     * in {@code namespace}, as a query would but without a lease, so that a later query finds
+     * them resident. The run stops where a block is on neither tier or the pool has no
+     * unpinned room, and prefix and run are capped at half the pool. Null when the namespace
+     * is unknown (its layout comes from a sealed instance); without an SSD tier, an
+     * {@link InvalidArgumentException}.
+     */
+    public Warming warm(String namespace, BlockHashes hashes) {
+        return onNamespace("warm", namespace, hashes, null, ns -> {
+            if (ssd == null) {
+                throw new InvalidArgumentException("warm: this store has no SSD tier (pegaflow-server --ssd-cache-path)");
+            }
+            Block[] found = new Block[hashes.count()];
+            int hit = ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), hashes.count(), found);
+            for (int i = 0; i < hit; i++) {
+                lru.pin(found[i]); // as a query does: the read-back must not evict the prefix it continues
+            }
+            try {
+                long before = readsQueued;
+                int reading = hit < hashes.count() ? prefetch(ns, hashes, hit, clock.getAsLong()) : 0;
+                count(Counter.ADMIN_WARMED_BLOCKS, readsQueued - before);
+                return new Warming(hit, reading);
+            } finally {
+                for (int i = 0; i < hit; i++) {
+                    unpin(found[i]);
+                }
+            }
+        });
+    }
+
+    /** An operator's call on {@code namespace} under the lock; {@code unknown} when no sealed instance created it. */
+    private <T> T onNamespace(String what, String namespace, BlockHashes hashes, T unknown,
+            java.util.function.Function<NamespaceIndex, T> call) {
+        if (hashes == null) {
+            throw new InvalidArgumentException(what + ": hashes must not be null");
+        }
+        lock.lock();
+        try {
+            checkOpen();
+            NamespaceIndex ns = namespace == null ? null : registry.namespace(namespace);
+            return ns == null ? unknown : call.apply(ns);
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** One namespace as the operator sees it: blocks indexed (resident, being saved or read back) and pinned. */
+    public record NamespaceSummary(String namespace, int blocks, int pinnedBlocks, long pinnedBytes) {}
+
+    /** Every namespace a sealed instance created, by name (pegaflow-server's {@code GET /admin/status}). */
+    public List<NamespaceSummary> namespaces() {
+        lock.lock();
+        try {
+            List<NamespaceSummary> out = new ArrayList<>();
+            for (NamespaceIndex ns : registry.namespaces()) {
+                int pinned = 0;
+                long pinnedBytes = 0;
+                for (Block b : adminPins.of(ns)) {
+                    pinned++;
+                    pinnedBytes += b.bytes;
+                }
+                out.add(new NamespaceSummary(ns.namespace, ns.blocks.size(), pinned, pinnedBytes));
+            }
+            out.sort(java.util.Comparator.comparing(NamespaceSummary::namespace));
+            return out;
+        } finally {
+            lock.unlock();
+        }
+    }
+
+    /** The most bytes the operator's pins may hold together (half the pool). */
+    public long maxPinnedBytes() {
+        return adminPins.maxBytes();
+    }
+
     // ---------------------------------------------------------------- sweeping, stats, close
 
     /**
@@ -1371,6 +1551,7 @@ public final class LocalStore implements BlockStore {
             require(sealed == residentBlocks && sealedBytes == residentBytes, "resident " + residentBlocks + "/" + residentBytes
                     + " but counted " + sealed + "/" + sealedBytes);
             lru.verify(pinned);
+            adminPins.verify();
         } finally {
             lock.unlock();
         }
@@ -1440,6 +1621,7 @@ public final class LocalStore implements BlockStore {
             open.clear();
             orphans.clear();
             transfers.clear();
+            adminPins.clear();
             fetchQueue.clear();
             for (NamespaceIndex ns : registry.namespaces()) {
                 for (Block b : ns.blocks.values()) {
@@ -1574,6 +1756,14 @@ public final class LocalStore implements BlockStore {
         if (b == null) {
             return false;
         }
+        count(Counter.EVICTIONS, 1);
+        count(Counter.EVICTED_BYTES, b.bytes);
+        dropResident(b);
+        return true;
+    }
+
+    /** Under lock: a sealed block already off the LRU list leaves the index, the other hosts' view and the pool. */
+    private void dropResident(Block b) {
         residentBlocks--;
         residentBytes -= b.bytes;
         b.ns.blocks.remove(b);
@@ -1581,10 +1771,7 @@ public final class LocalStore implements BlockStore {
         if (r != null) {
             r.evicted(b.ns.namespace, b.key.bytes());
         }
-        count(Counter.EVICTIONS, 1);
-        count(Counter.EVICTED_BYTES, b.bytes);
         freeAllocations(b);
-        return true;
     }
 
     private void freeAllocations(Block b) {
@@ -1608,6 +1795,8 @@ public final class LocalStore implements BlockStore {
             case SSD_BLOCKS -> ssd == null ? 0 : ssd.blocks();
             case SSD_BYTES -> ssd == null ? 0 : ssd.bytes();
             case SSD_PREFETCH_INFLIGHT -> prefetchInFlight;
+            case ADMIN_PINNED_BLOCKS -> adminPins.blocks();
+            case ADMIN_PINNED_BYTES -> adminPins.bytes();
         };
     }
 

@@ -67,6 +67,12 @@ final class LruList {
         return b;
     }
 
+    /** Takes an unreferenced sealed block off the list (an operator's clear drops it). */
+    void remove(Block b) {
+        unlink(b);
+        evictableBytes -= b.bytes;
+    }
+
     /** Forgets every block (at close). */
     void clear() {
         head = tail = null;

@@ -5,7 +5,6 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.metrics.Gauge;
 import java.time.Duration;
-import java.util.List;
 import java.util.Random;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.Test;
@@ -36,27 +35,15 @@ class QuotasTest {
     }
 
     private void register(String id) {
-        store.registerInstance(new InstanceSpec(id, "ns", 1, 1));
-        store.registerWorker(id, new WorkerSpec(0, 0, 0, List.of(new LayerRegion("l", KvLayout.MLA, 1L << 32, 16 * SEG, 16,
-                SEG, SEG, 0))));
+        PlanOnly.register(store, id, "ns", SEG, 16);
     }
 
     private BlockHashes hashes(int n) {
-        byte[][] h = new byte[n][32];
-        for (byte[] x : h) {
-            rnd.nextBytes(x);
-        }
-        return BlockHashes.of(h);
+        return PlanOnly.hashes(rnd, n);
     }
 
-    /** Saves {@code h} from blocks 0.. of {@code id} (plan then end: nothing is copied here). */
     private void saved(String id, BlockHashes h) {
-        long[] ids = new long[h.count()];
-        for (int i = 0; i < ids.length; i++) {
-            ids[i] = i;
-        }
-        CopyPlan p = store.reserveSave(id, 0, null, ids, h);
-        store.endCopy(id, p.id(), true, 0, 0);
+        PlanOnly.saved(store, id, h);
     }
 
     @Test

@@ -11,7 +11,9 @@ public enum Gauge {
     ACTIVE_LEASES("pegaflow_active_leases", "leases not yet released, consumed or expired"),
     SSD_BLOCKS("pegaflow_ssd_blocks", "blocks indexed on SSD"),
     SSD_BYTES("pegaflow_ssd_bytes", "SSD bytes held by indexed records"),
-    SSD_PREFETCH_INFLIGHT("pegaflow_ssd_prefetch_inflight_blocks", "blocks being read back from SSD (their pool space reserved)");
+    SSD_PREFETCH_INFLIGHT("pegaflow_ssd_prefetch_inflight_blocks", "blocks being read back from SSD (their pool space reserved)"),
+    ADMIN_PINNED_BLOCKS("pegaflow_admin_pinned_blocks", "sealed blocks the operator pinned (never evicted until unpinned or cleared)"),
+    ADMIN_PINNED_BYTES("pegaflow_admin_pinned_bytes", "bytes of the blocks the operator pinned (at most half the pool)");
 
     private final String metricName;
     private final String help;

@@ -473,11 +473,40 @@ public final class SsdTier implements AutoCloseable {
         }
     }
 
-    private void discard(SsdShard.Entry e) {
-        if (index.remove(e.key, e)) {
+    /**
+     * Forgets every committed record of {@code namespace} (null: of every namespace), as an
+     * operator's clear asks; the number forgotten. Reads of them answer as misses. The records
+     * stay in the shard files until the ring overwrites them, so a server restarted on the same
+     * path indexes them again.
+     */
+    public long forget(String namespace) {
+        long n = 0;
+        for (SsdShard.Entry e : index.values()) {
+            if (e.committed && !e.dropped && (namespace == null || namespace.equals(e.key.namespace())) && discard(e)) {
+                n++;
+            }
+        }
+        return n;
+    }
+
+    /** Whether any committed record of {@code namespace} is indexed (a walk of the index: for the operator's calls). */
+    public boolean holds(String namespace) {
+        for (SsdShard.Entry e : index.values()) {
+            if (e.committed && !e.dropped && e.key.namespace().equals(namespace)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /** Drops the record from the index and its shard; false when another thread dropped it first. */
+    private boolean discard(SsdShard.Entry e) {
+        boolean removed = index.remove(e.key, e);
+        if (removed) {
             storedBytes.addAndGet(-e.recordBytes());
         }
         e.shard.forget(e);
+        return removed;
     }
 
     private MemorySegment stagingFor(long bytes) {
