@@ -48,6 +48,28 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    @property
+    def operator_token(self) -> str:
+        """The operator's secret (Shutdown, /admin): ``<pool>.operator-token``, 0600."""
+        return Path(f"{self.pool_path}.operator-token").read_text().strip()
+
+    def admin(self, path: str, body: dict | bytes | None = None, token: str | None = "operator") -> tuple[int, dict]:
+        """An operator's call: ``GET /admin/<path>`` without a body, else a POST of ``body`` (a dict
+        is sent as JSON); ``token`` "operator" (default), "tenant", None or a literal. The status and
+        the JSON answer."""
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        request = urllib.request.Request(f"http://127.0.0.1:{self.http_port}/admin/{path}", data=data,
+                                         method="GET" if data is None else "POST")
+        secret = {"operator": self.operator_token, "tenant": self.token}.get(token, token) if token else None
+        if secret:
+            request.add_header("Authorization", f"Bearer {secret}")
+        try:
+            with in_netns(self.netns):
+                with urllib.request.urlopen(request, timeout=10) as r:
+                    return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
     def instances(self) -> list[str]:
         """Instance ids (asked with the token; without it the server shows their hashes)."""
         return json.loads(self.http("/instances", authorized=True)[1])["instances"]

@@ -33,9 +33,9 @@ import java.util.HexFormat;
  * client process) and may present a join secret ({@code pegaflow-join-secret}): the
  * {@link Caller} that {@link Tenants} checks against the instance the call names.
  *
- * <p>Shutdown is the operator's: it needs a second secret, {@code <pool>.operator-token} (always
- * 0600, never the pool group's) or {@code --operator-token-file}, and the tenants' token is
- * refused for it. Refused calls are counted and logged once per interval ({@link Rejections}).
+ * <p>Shutdown and the HTTP {@code /admin} calls ({@link AdminEndpoints}) are the operator's: they
+ * need a second secret, {@code <pool>.operator-token} (always 0600, never the pool group's) or
+ * {@code --operator-token-file}, and the tenants' token is refused for them. Refused calls are counted and logged once per interval ({@link Rejections}).
  *
  * <p>{@link Check} is the pluggable part: cross-node TLS (6/7) adds a check on the peer's
  * certificate next to this one.
@@ -165,6 +165,26 @@ final class Credentials implements ServerInterceptor {
         return MessageDigest.isEqual(bearer(authorization), token);
     }
 
+    /** Whom an {@code authorization} value speaks for on the operator's calls (Shutdown, HTTP /admin). */
+    enum Holder {
+        OPERATOR,
+        /** The tenants' token: refused for the operator's calls as PERMISSION_DENIED (HTTP 403). */
+        TENANT,
+        /** No credential or a wrong one (UNAUTHENTICATED, HTTP 401). */
+        NOBODY
+    }
+
+    /** Constant time, whatever the caller sent; null is {@link Holder#NOBODY}. */
+    Holder holder(String authorization) {
+        if (authorization == null) {
+            return Holder.NOBODY;
+        }
+        if (MessageDigest.isEqual(bearer(authorization), operatorToken)) {
+            return Holder.OPERATOR;
+        }
+        return matches(authorization) ? Holder.TENANT : Holder.NOBODY;
+    }
+
     private static byte[] bearer(String authorization) {
         String prefix = "Bearer ";
         return authorization.startsWith(prefix)
@@ -186,8 +206,9 @@ final class Credentials implements ServerInterceptor {
         if (method.equals(SHUTDOWN)) {
             // The operator's alone: the tenants' token is refused as any other wrong one.
             String auth = headers.get(Headers.AUTHORIZATION);
-            if (auth == null || !MessageDigest.isEqual(bearer(auth), operatorToken)) {
-                boolean tenant = auth != null && matches(auth);
+            Holder holder = holder(auth);
+            if (holder != Holder.OPERATOR) {
+                boolean tenant = holder == Holder.TENANT;
                 rejections.record(tenant ? Rejections.Reason.OPERATOR_ONLY : Rejections.Reason.UNAUTHENTICATED, "Shutdown");
                 return refuse(call, tenant ? Status.PERMISSION_DENIED : Status.UNAUTHENTICATED,
                         tenant ? "Shutdown is the operator's: it needs the operator token (" + operatorFile

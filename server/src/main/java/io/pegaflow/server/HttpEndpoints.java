@@ -19,14 +19,16 @@ import java.util.stream.Collectors;
 
 /**
  * {@code GET /health} (JSON; 200 only while serving, 503 otherwise), {@code GET /metrics}
- * (Prometheus text format) and {@code GET /instances} (JSON), on the JDK's HTTP server with
- * its own threads, so a busy gRPC side does not starve them.
+ * (Prometheus text format), {@code GET /instances} (JSON) and the operator's {@code /admin/...}
+ * calls ({@link AdminEndpoints}), on the JDK's HTTP server with its own threads, so a busy gRPC
+ * side does not starve them.
  */
 final class HttpEndpoints implements AutoCloseable {
     private final HttpServer http;
 
     HttpEndpoints(InetSocketAddress addr, PrometheusRegistry registry, BooleanSupplier serving,
-            Supplier<String> healthJson, Supplier<List<String>> instances, Predicate<String> authorized) throws IOException {
+            Supplier<String> healthJson, Supplier<List<String>> instances, Predicate<String> authorized, AdminEndpoints admin)
+            throws IOException {
         http = HttpServer.create(addr, 64);
         http.setExecutor(Executors.newFixedThreadPool(2, r -> {
             Thread t = new Thread(r, "pegaflow-http");
@@ -51,7 +53,10 @@ final class HttpEndpoints implements AutoCloseable {
                     + instances.get().stream().map(id -> quote(shown ? id : sha256(id))).collect(Collectors.joining(","))
                     + "]}");
         });
-        http.createContext("/", ex -> send(ex, 404, "text/plain", "not found; try /health, /metrics or /instances\n"));
+        if (admin != null) {
+            http.createContext("/admin/", admin::handle);
+        }
+        http.createContext("/", ex -> send(ex, 404, "text/plain", "not found; try /health, /metrics, /instances or /admin/status\n"));
         http.start();
     }
 
@@ -73,7 +78,7 @@ final class HttpEndpoints implements AutoCloseable {
         return "\"" + s.replace("\\", "\\\\").replace("\"", "\\\"") + "\"";
     }
 
-    private static void send(HttpExchange ex, int code, String type, String body) throws IOException {
+    static void send(HttpExchange ex, int code, String type, String body) throws IOException {
         byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
         ex.getResponseHeaders().set("Content-Type", type);
         ex.sendResponseHeaders(code, bytes.length);

@@ -211,7 +211,7 @@ public final class PegaflowServer implements AutoCloseable {
                             rejections)).build().start();
             this.http = config.httpAddr() == null ? null : new HttpEndpoints(Wire.hostPort(config.httpAddr(), "--http-addr"),
                     config.prometheus() ? registry : new PrometheusRegistry(), () -> serving, this::healthJson,
-                    store::instanceIds, credentials::matches);
+                    store::instanceIds, credentials::matches, new AdminEndpoints(store, tenants, credentials, rejections, registry));
             files.update(grpcAddr()); // the port is known now; a refused second server names it
         } catch (IOException | RuntimeException e) {
             // Undo what this start did, and only that: its own pool file, then its lock.

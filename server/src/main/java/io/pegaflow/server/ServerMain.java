@@ -23,7 +23,7 @@ public final class ServerMain implements Callable<Integer> {
     @Option(names = "--addr", defaultValue = "127.0.0.1:50055", description = "gRPC HOST:PORT (default ${DEFAULT-VALUE}; loopback)")
     String addr;
 
-    @Option(names = "--http-addr", defaultValue = "127.0.0.1:9091", description = "HTTP HOST:PORT for /health, /metrics, /instances")
+    @Option(names = "--http-addr", defaultValue = "127.0.0.1:9091", description = "HTTP HOST:PORT for /health, /metrics, /instances and the operator's /admin calls")
     String httpAddr;
 
     @Option(names = "--pool-size", defaultValue = "30gb", description = "host pool size (kb/mb/gb/tb; default ${DEFAULT-VALUE})")
