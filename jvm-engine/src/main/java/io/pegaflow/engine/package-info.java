@@ -20,7 +20,8 @@
  *       same layers derives the same slots (needed to reuse blocks across restarts).</li>
  *   <li>A block is visible to queries only once sealed: every (layer, TP rank) slot saved.
  *       Saving a resident hash, or a slot already saved or being saved, is a no-op.</li>
- *   <li>{@code refs} of a block counts leases, loads and saves using it. A block is on the
+ *   <li>{@code refs} of a block counts leases, loads and saves using it, and an operator's
+ *       pin ({@code AdminPins}, at most half the pool). A block is on the
  *       LRU list exactly when it is sealed and unreferenced; eviction takes only from that
  *       list and only when an allocation fails. So a leased, loading or saving block is
  *       never evicted.</li>

@@ -55,7 +55,7 @@ public final class ServerMain implements Callable<Integer> {
     Path authTokenFile;
 
     @Option(names = "--operator-token-file", paramLabel = "FILE",
-            description = "file holding the operator's secret, which Shutdown needs (default: a new one written to <pool-path>.operator-token, mode 0600, never the pool group's)")
+            description = "file holding the operator's secret, which Shutdown and the HTTP /admin calls need (default: a new one written to <pool-path>.operator-token, mode 0600, never the pool group's)")
     Path operatorTokenFile;
 
     @Option(names = "--max-instances", defaultValue = "4096", description = "instances registered at once, over all tenants (default ${DEFAULT-VALUE})")
