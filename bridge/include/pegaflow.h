@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 6
+#define PEGAFLOW_ABI_VERSION 7
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -360,6 +360,13 @@ typedef struct pegaflow_api {
        from worker_load_errors (never as "R" lines). */
     int32_t (*worker_start_step_loads)(int64_t worker, const uint8_t *plan, int64_t len, int32_t *out_in_step);
     int32_t (*worker_wait_layer)(int64_t worker, int32_t layer, int64_t stream);
+
+    /* ---- Since ABI 7. ----
+       vLLM's reset_cache: the instance's namespace's blocks that no lease, load or save holds
+       leave the pool, and its SSD records are forgotten (other instances of the namespace lose
+       them too). out_counts[0]: blocks dropped from the pool, [1]: SSD records forgotten.
+       PF_UNAVAILABLE while the link has no store bound (server down). */
+    int32_t (*link_reset_cache)(int64_t link, const char *instance_id, int64_t *out_counts);
 } pegaflow_api;
 
 #ifdef __cplusplus

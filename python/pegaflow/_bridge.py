@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -98,6 +98,7 @@ EXPORTS: list[tuple[str, list]] = [
                        c_void_p]),
     ("worker_start_step_loads", [c_int64, c_char_p, c_int64, POINTER(c_int32)]),
     ("worker_wait_layer", [c_int64, c_int32, c_int64]),
+    ("link_reset_cache", [c_int64, c_char_p, c_void_p]),
 ]
 
 

@@ -245,3 +245,32 @@ def test_warm_without_an_ssd_tier_is_a_409_naming_the_flag(tmp_path):
             assert s.admin("status")[1]["ssd"] is None
     finally:
         s.stop()
+
+
+def test_vllm_reset_prefix_cache_with_reset_connector_clears_the_instances_namespace(engines, tmp_path):
+    """vLLM's Scheduler.reset_prefix_cache(reset_connector=True) reaches the connector's reset_cache,
+    which clears the instance's namespace in the server: the next identical request loads nothing."""
+    pytest.importorskip("vllm")  # SimEngine runs vLLM's real scheduler
+    s = start_server(tmp_path / "pool", pool_size="64mb")
+    try:
+        a = engines("a", {"mode": "server", "endpoint": s.endpoint})
+        p = [1000 + 7 * i for i in range(70)]  # 4 full blocks of 16 and a tail
+        a.add("r1", p, max_tokens=2)
+        a.run()
+
+        def namespace_blocks() -> int:
+            return sum(n["blocks"] for n in s.admin("status")[1]["namespaces"])
+
+        wait_until(lambda: namespace_blocks() >= 4, "the first request's blocks saved")
+        cleared = s.metric("pegaflow_admin_cleared_blocks_total")
+        assert a.scheduler.reset_prefix_cache(reset_connector=True) is True
+        assert namespace_blocks() == 0, "the connector cleared the namespace in the server"
+        assert s.metric("pegaflow_admin_cleared_blocks_total") - cleared >= 4
+        loaded = a.stats.loaded_requests
+        a.add("r2", p, max_tokens=2)
+        a.run()
+        assert a.stats.loaded_requests == loaded, "nothing left to load: vLLM's cache and the store's were reset"
+        assert a.outputs["r2"] == a.outputs["r1"]
+        a.assert_drained()
+    finally:
+        s.stop()

@@ -53,6 +53,12 @@ class Link:
     def unregister_instance(self, instance_id: str) -> None:
         self._api.call("link_unregister_instance", self.handle, instance_id.encode())
 
+    def reset_cache(self, instance_id: str) -> tuple[int, int]:
+        """vLLM's reset_cache on the bound store: (blocks dropped from the pool, SSD records forgotten)."""
+        out = (c_int64 * 2)()
+        self._api.call("link_reset_cache", self.handle, instance_id.encode(), out)
+        return out[0], out[1]
+
     def close(self) -> None:
         handle, self.handle = self.handle, 0
         if handle:

@@ -465,6 +465,21 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         """``SupportsHMA``: the one call for a request of a hybrid model (every group's blocks)."""
         return self.request_finished(request, block_ids[0] if block_ids else [])
 
+    def reset_cache(self) -> bool | None:
+        """vLLM's ``reset_prefix_cache(reset_connector=True)`` (scheduler side): clears this instance's
+        namespace in the store, every KV-cache group's, pool and SSD (other instances of the namespace
+        lose those blocks too). False when the store did not do it (vLLM then reports the reset failed)."""
+        if self._sched is None:
+            return None
+        try:
+            counts = [self._link.reset_cache(g.group.instance_id) for g in self._groups]
+        except PegaflowError as e:
+            log.warning("reset_cache: the store kept instance %s's cache: %s", self._instance_id, e)
+            return False
+        log.info("reset_cache: instance %s's namespace cleared: %d blocks from the pool, %d SSD records",
+                 self._instance_id, sum(c[0] for c in counts), sum(c[1] for c in counts))
+        return True
+
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         """vLLM >= 0.32: a load restores every group (each group's hit blocks), so none is zeroed."""
         return tuple(range(len(self._groups)))

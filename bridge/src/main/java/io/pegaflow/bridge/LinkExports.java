@@ -86,6 +86,20 @@ final class LinkExports {
         return guard(() -> putText(EngineExports.statsJson(LINKS.get(link).stats()), buf, cap, outLen, "stats"));
     }
 
+    /**
+     * vLLM's reset_cache for {@code instance_id} on the bound store: its namespace's
+     * unreferenced blocks leave the pool and the SSD tier. {@code out[0]}: blocks dropped from
+     * the pool, {@code out[1]}: SSD records forgotten. PF_UNAVAILABLE while no store is bound.
+     */
+    static int pfLinkResetCache(long link, MemorySegment instanceId, MemorySegment outCounts) {
+        return guard(() -> {
+            MemorySegment out = buffer(outCounts, 16, "out_counts");
+            io.pegaflow.engine.LocalStore.Cleared c = LINKS.get(link).resetCache(str(instanceId, "instance_id"));
+            out.set(JAVA_LONG, 0, c.blocks());
+            out.set(JAVA_LONG, 8, c.ssdRecords());
+        });
+    }
+
     /** Closes the link: its engine or client (copies in flight finish first). */
     static int pfLinkClose(long link) {
         return guard(() -> LINKS.take(link).close());

@@ -37,6 +37,8 @@ import io.pegaflow.client.proto.RegisterInstanceRequest;
 import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
+import io.pegaflow.client.proto.ResetCacheRequest;
+import io.pegaflow.client.proto.ResetCacheResponse;
 import io.pegaflow.client.proto.SessionEvent;
 import io.pegaflow.client.proto.SessionRequest;
 import io.pegaflow.client.proto.StatsRequest;
@@ -411,6 +413,13 @@ public final class RemoteStore implements BlockStore {
                 session.cancel("unregistered", null);
             }
         }
+    }
+
+    @Override
+    public io.pegaflow.engine.LocalStore.Cleared resetCache(String instanceId) {
+        ResetCacheResponse r = call(s -> s.resetCache(ResetCacheRequest.newBuilder().setInstanceId(instanceId).build()));
+        return new io.pegaflow.engine.LocalStore.Cleared(r.getBlocks(), r.getBytes(), r.getReferencedBlocks(),
+                r.getUnpinnedBlocks(), r.getSsdRecords());
     }
 
     @Override

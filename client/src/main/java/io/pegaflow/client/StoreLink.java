@@ -244,12 +244,21 @@ public final class StoreLink implements EngineSource, AutoCloseable {
 
     /** The bound engine's counters (the server's, in server mode). */
     public EngineStats stats() {
+        return bound().stats();
+    }
+
+    /** vLLM's reset_cache for {@code instanceId} on the bound store ({@link io.pegaflow.engine.BlockStore#resetCache}). */
+    public io.pegaflow.engine.LocalStore.Cleared resetCache(String instanceId) {
+        return bound().resetCache(instanceId);
+    }
+
+    private PegaEngine bound() {
         PegaEngine e = binding.engine();
         if (e == null) {
             throw new ServerUnavailableException("no store bound: the link to " + settings.endpoint()
                     + " is detached or not connected yet", null);
         }
-        return e.stats();
+        return e;
     }
 
     // ---------------------------------------------------------------- registration

@@ -55,6 +55,13 @@ public interface BlockStore extends AutoCloseable {
     EngineStats stats();
 
     /**
+     * vLLM's {@code reset_cache}: drops the resident blocks of the instance's namespace that no
+     * lease, load or save holds, and the namespace's SSD records ({@link LocalStore#clear}).
+     * Other instances of the namespace lose them too: a namespace is one model's cache.
+     */
+    LocalStore.Cleared resetCache(String instanceId);
+
+    /**
      * The visibility barrier: every save ended before this call is visible to other hosts'
      * queries when it returns (local queries see a save as soon as it ended). Without other
      * hosts it returns at once.

@@ -1338,6 +1338,21 @@ public final class LocalStore implements BlockStore {
         return new Cleared(blocks, bytes, referenced, unpinned, records);
     }
 
+    /** See {@link BlockStore#resetCache}: {@link #clear} of the instance's namespace, both tiers (nothing when it has no blocks yet). */
+    @Override
+    public Cleared resetCache(String instanceId) {
+        String namespace;
+        lock.lock();
+        try {
+            checkOpen();
+            namespace = registry.get(instanceId).spec.namespace();
+        } finally {
+            lock.unlock();
+        }
+        Cleared c = clear(namespace, true, true);
+        return c != null ? c : new Cleared(0, 0, 0, 0, 0);
+    }
+
     /** What {@link #pin} did with the hashes: newly pinned, pinned before, after the resident prefix. */
     public record Pinned(int pinned, int alreadyPinned, int notResident) {}
 

@@ -703,6 +703,16 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
+    /** See {@link BlockStore#resetCache} (vLLM's {@code reset_cache}). */
+    public LocalStore.Cleared resetCache(String instanceId) {
+        startOp();
+        try {
+            return store.resetCache(instanceId);
+        } finally {
+            endOp();
+        }
+    }
+
     public EngineStats stats() {
         startOp();
         try {

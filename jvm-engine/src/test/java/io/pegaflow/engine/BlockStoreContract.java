@@ -247,6 +247,35 @@ public abstract class BlockStoreContract {
     }
 
     @Test
+    void resetCacheDropsTheNamespacesUnheldBlocksKeepsLeasedOnesAndOtherNamespaces() {
+        start(16);
+        byte[][] h = KvWorld.randomHashes(rnd, 4);
+        saveAll(h, 0);
+        try (KvWorld other = new KvWorld("other", "ns-other", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            other.register(engine);
+            byte[][] o = KvWorld.randomHashes(rnd, 2);
+            for (int i = 0; i < 2; i++) {
+                other.fillPattern(i, o[i]);
+            }
+            engine.save("other", 0, new long[] {0, 1}, BlockHashes.of(o)).join();
+            engine.flush(10_000);
+            QueryResult held = engine.query("inst", BlockHashes.of(h[0]));
+            LocalStore.Cleared c = engine.resetCache("inst");
+            assertThat(c.blocks()).isEqualTo(3);
+            assertThat(c.referenced()).as("the leased block stays").isEqualTo(1);
+            assertThat(engine.stats().get(Counter.ADMIN_CLEARED_BLOCKS)).isEqualTo(3);
+            engine.release("inst", held.lease());
+            assertThat(hits(h)).as("only the leased first block is left").isEqualTo(1);
+            QueryResult q = engine.query("other", BlockHashes.of(o));
+            assertThat(q.hitBlocks()).as("another namespace is untouched").isEqualTo(2);
+            engine.release("other", q.lease());
+            assertThatThrownBy(() -> engine.resetCache("ghost")).isInstanceOf(UnknownInstanceException.class);
+            engine.unregisterInstance("other");
+        }
+        verifyInvariants();
+    }
+
+    @Test
     void unregisterDropsLeasesButKeepsBlocksForTheNextInstanceOfTheNamespace() {
         start(8);
         byte[][] h = KvWorld.randomHashes(rnd, 3);

@@ -39,6 +39,8 @@ import io.pegaflow.client.proto.RegisterInstanceResponse;
 import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
+import io.pegaflow.client.proto.ResetCacheRequest;
+import io.pegaflow.client.proto.ResetCacheResponse;
 import io.pegaflow.client.proto.SessionEvent;
 import io.pegaflow.client.proto.SessionRequest;
 import io.pegaflow.client.proto.StatsRequest;
@@ -319,6 +321,18 @@ final class EngineService extends EngineGrpc.EngineImplBase {
             out.onError(Errors.toStatus(new QuotaExceededException("Flush: " + WAITING_THREADS + " calls waiting on the "
                     + "cluster registry and " + MAX_WAITING_CALLS + " queued (EngineService.MAX_WAITING_CALLS); try again")));
         }
+    }
+
+    /** vLLM's reset_cache for an instance the caller acts for: its namespace cleared, pool and SSD. */
+    @Override
+    public void resetCache(ResetCacheRequest r, StreamObserver<ResetCacheResponse> out) {
+        answer(out, () -> {
+            String id = instanceId(r.getInstanceId());
+            tenants.require(id, Credentials.CALLER.get(), "resetting the cache");
+            LocalStore.Cleared c = store.resetCache(id);
+            return ResetCacheResponse.newBuilder().setBlocks(c.blocks()).setBytes(c.bytes()).setReferencedBlocks(c.referenced())
+                    .setUnpinnedBlocks(c.unpinned()).setSsdRecords(c.ssdRecords()).build();
+        });
     }
 
     @Override
