@@ -39,10 +39,12 @@ from pathlib import Path
 
 SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # Variants of this project's systems, for choosing defaults by measurement: "<system>_async"
-# loads asynchronously (load_in_step false: the request waits a step); "<system>_v1cross" runs
+# loads asynchronously (load_in_step false: the request waits a step); "<system>_instep" loads in
+# the step (load_in_step true, which auto leaves off under vLLM's V2 runner); "<system>_v1cross" runs
 # vLLM's V1 model runner, which allocates cross-layer blocks where 0.26-0.28's default runner
 # does not.
-VARIANTS = ("embedded_async", "server_async", "embedded_v1cross", "server_v1cross")
+VARIANTS = ("embedded_async", "server_async", "embedded_instep", "server_instep", "embedded_v1cross",
+            "server_v1cross")
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
 
@@ -133,7 +135,8 @@ class Systems:
         if variant:
             kv, stop = self.start(base)
             extra = kv["kv_connector_extra_config"]
-            extra["load_in_step"] = variant != "async"
+            if variant in ("async", "instep"):
+                extra["load_in_step"] = variant == "instep"
             extra["cross_layer_blocks"] = variant == "v1cross" or extra.get("cross_layer_blocks", True)
             return kv, stop
         if system == "none":
@@ -299,7 +302,8 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 warm = r.get("warm", [])
                 row["warm_p50_ms"] = _p([x["ttft_ms"] for x in warm], 0.5)
                 row["warm_cached_tokens"] = [x["cached_tokens"] for x in warm]
-                row["outputs_identical"] = bool(ref) and [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
+                # None: no reference in this run (system none not run)
+                row["outputs_identical"] = None if not ref else [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
                 row["reset_ok"] = r.get("reset_ok")
             if line:
                 row["line_floor_ms"] = round(n * bytes_per_token / (line * 1e9) * 1e3, 2)

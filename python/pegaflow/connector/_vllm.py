@@ -77,6 +77,17 @@ def _log_through_vllm() -> None:
 _log_through_vllm()
 
 
+def in_step_loads(settings: Settings, vllm_config) -> bool:
+    """Whether hits load inside the step (setting ``load_in_step``; auto: unless vLLM runs its V2
+    GPU model runner). After a failed in-step load vLLM rolls the request back and recomputes it;
+    the V2 runner keeps the request's old computed-token count on the GPU and answers from the
+    wrong offset (vLLM issue 49250, open through 0.33), so there a failure must happen while the
+    request waits (asynchronous loads), where nothing has read the blocks yet."""
+    if settings.load_in_step is not None:
+        return settings.load_in_step
+    return not bool(getattr(vllm_config, "use_v2_model_runner", False))
+
+
 @dataclass
 class PegaConnectorMetadata(KVConnectorMetadata):
     """One step's plan from the scheduler-side brain, opaque to Python (it pickles as bytes
@@ -205,7 +216,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._sched = SchedulerBrain(self._link.handle, [g.group for g in self._groups], self._block_size,
                                          self._load_enabled,
                                          wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer",
-                                         in_step=self._settings.load_in_step)
+                                         in_step=in_step_loads(self._settings, vllm_config))
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -294,7 +305,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """In-step loads wait per layer in ``wait_for_layer_load``, which a FULL CUDA graph's
         replay would skip (a request whose tail is one token runs in a decode-shaped batch)."""
-        return Settings.from_extra(extra_config).load_in_step
+        # auto may still choose asynchronous loads (the V2 runner), which this cannot see: piecewise then
+        return Settings.from_extra(extra_config).load_in_step is not False
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
         return

@@ -23,9 +23,10 @@ _KEYS = {
     "ssd_cache_path": "directory (or list of directories) of an SSD tier below the host pool: embedded mode's, or "
     "the private server's that mode auto starts (default none, env PEGAFLOW_SSD_CACHE_PATH, comma-separated)",
     "ssd_cache_capacity": f"disk space of that SSD tier over all its paths (default {DEFAULT_SSD_CAPACITY})",
-    "load_in_step": "load a hit inside the step that computes the request's tail, layer by layer, each attention "
-    "layer waiting for its own (default true, env PEGAFLOW_LOAD_IN_STEP; false: asynchronous loads, the request waits "
-    "a step in WAITING_FOR_REMOTE_KVS)",
+    "load_in_step": "auto | true | false: load a hit inside the step that computes the request's tail, layer by "
+    "layer, each attention layer waiting for its own (true), or asynchronously, the request waiting in "
+    "WAITING_FOR_REMOTE_KVS (false); default auto: in the step except under vLLM's V2 GPU model runner, which "
+    "answers wrongly after a failed in-step load (vLLM issue 49250; docs/connector.md) (env PEGAFLOW_LOAD_IN_STEP)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -41,7 +42,7 @@ class Settings:
     deadline_ms: int = 2000
     health_interval_s: float = 1.0
     cross_layer_blocks: bool = True
-    load_in_step: bool = True
+    load_in_step: bool | None = None  # None: auto (in_step_default)
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
 
@@ -84,18 +85,23 @@ class Settings:
         namespace = raw.get("namespace")
         if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
             raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
-        def boolean(key: str, env_name: str) -> bool:
-            flag = raw.get(key, env.get(env_name, True))
+        def boolean(key: str, env_name: str, auto: bool = False) -> bool | None:
+            """The flag (None: 'auto', where ``auto`` allows it; that is then its default)."""
+            flag = raw.get(key, env.get(env_name, "auto" if auto else True))
+            expected = "auto, true or false" if auto else "true or false"
             if isinstance(flag, str):
-                if flag.strip().lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
-                    raise InvalidArgumentError(f"kv_connector_extra_config {key} '{flag}'; expected true or false")
-                return flag.strip().lower() in ("1", "true", "yes", "on")
+                word = flag.strip().lower()
+                if auto and word == "auto":
+                    return None
+                if word not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise InvalidArgumentError(f"kv_connector_extra_config {key} '{flag}'; expected {expected}")
+                return word in ("1", "true", "yes", "on")
             if not isinstance(flag, bool):
-                raise InvalidArgumentError(f"kv_connector_extra_config {key} {flag!r}; expected true or false")
+                raise InvalidArgumentError(f"kv_connector_extra_config {key} {flag!r}; expected {expected}")
             return flag
 
         flag = boolean("cross_layer_blocks", "PEGAFLOW_CROSS_LAYER_BLOCKS")
-        in_step = boolean("load_in_step", "PEGAFLOW_LOAD_IN_STEP")
+        in_step = boolean("load_in_step", "PEGAFLOW_LOAD_IN_STEP", auto=True)
         paths = raw.get("ssd_cache_path", env.get("PEGAFLOW_SSD_CACHE_PATH", ""))
         if isinstance(paths, str):
             paths = [p.strip() for p in paths.split(",") if p.strip()]

@@ -1,0 +1,48 @@
+"""kv_connector_extra_config as the connector reads it: load_in_step's three values and what auto picks."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from pegaflow.connector.settings import Settings
+from pegaflow.errors import InvalidArgumentError
+
+
+@pytest.mark.parametrize("raw, env, expected", [
+    (None, None, None),  # default: auto
+    ("auto", None, None),
+    (True, None, True),
+    (False, None, False),
+    ("off", None, False),
+    (None, "1", True),
+    (None, "auto", None),
+    ("yes", "0", True),  # the config wins over the environment
+])
+def test_load_in_step_is_auto_true_or_false(raw, env, expected):
+    extra = {} if raw is None else {"load_in_step": raw}
+    assert Settings.from_extra(extra, {} if env is None else {"PEGAFLOW_LOAD_IN_STEP": env}).load_in_step is expected
+
+
+@pytest.mark.parametrize("bad", ["sometimes", 1, 0.5])
+def test_a_bad_load_in_step_names_the_key_the_value_and_the_choices(bad):
+    with pytest.raises(InvalidArgumentError, match=rf"load_in_step '?{bad}'?; expected auto, true or false"):
+        Settings.from_extra({"load_in_step": bad}, {})
+
+
+def test_cross_layer_blocks_takes_no_auto():
+    with pytest.raises(InvalidArgumentError, match="cross_layer_blocks 'auto'; expected true or false"):
+        Settings.from_extra({"cross_layer_blocks": "auto"}, {})
+
+
+def test_auto_loads_in_the_step_except_under_the_v2_model_runner():
+    pytest.importorskip("vllm")
+    from pegaflow.connector._vllm import in_step_loads
+
+    auto = Settings.from_extra({}, {})
+    assert in_step_loads(auto, SimpleNamespace(use_v2_model_runner=False)) is True
+    assert in_step_loads(auto, SimpleNamespace(use_v2_model_runner=True)) is False
+    assert in_step_loads(auto, SimpleNamespace()) is True  # a vLLM without the V2 runner
+    forced = Settings.from_extra({"load_in_step": True}, {})
+    assert in_step_loads(forced, SimpleNamespace(use_v2_model_runner=True)) is True
+    off = Settings.from_extra({"load_in_step": False}, {})
+    assert in_step_loads(off, SimpleNamespace(use_v2_model_runner=False)) is False
