@@ -221,8 +221,9 @@ final class PathsCommand implements Callable<Integer> {
                         try {
                             tp2(attached, server);
                         } catch (Exception e) {
-                            // recorded, not fatal: the other figures of the run are still reported
+                            // the other figures of the run are still reported; the run fails (tp2_verified)
                             report.put("tp2_error", String.valueOf(e));
+                            report.put("tp2_verified", false);
                             System.err.println("paths: the two-GPU case failed: " + e);
                         }
                     }
@@ -554,11 +555,14 @@ final class PathsCommand implements Callable<Integer> {
         List<Worker> workers = new ArrayList<>();
         try {
             for (int r = 0; r < 2; r++) {
-                workers.add(new Worker(new ProcessBuilder(benchProcess(List.of(), "paths-worker", "--endpoint", server.endpoint,
+                ProcessBuilder child = new ProcessBuilder(benchProcess(List.of(), "paths-worker", "--endpoint", server.endpoint,
                         "--instance", instance, "--rank", Integer.toString(r), "--copy", copy,
                         "--device", Integer.toString(cuda ? r : 0), "--layers", Integer.toString(layers),
                         "--piece-bytes", Integer.toString(pieceBytes), "--cache-blocks", Integer.toString(cacheBlocks)))
-                        .redirectError(ProcessBuilder.Redirect.INHERIT).start()));
+                        .redirectError(ProcessBuilder.Redirect.INHERIT);
+                // the ranks act for the instance this process registered, as a vLLM launch's processes do
+                child.environment().put(JOIN_SECRET_ENV, new String(joinSecret, StandardCharsets.UTF_8));
+                workers.add(new Worker(child.start()));
             }
             for (Worker w : workers) {
                 w.await("ready");
@@ -870,6 +874,25 @@ final class PathsCommand implements Callable<Integer> {
         return out;
     }
 
+    /** The environment variable a vLLM launch's processes share their join secret through. */
+    static final String JOIN_SECRET_ENV = "PEGAFLOW_JOIN_SECRET";
+
+    /**
+     * The join secret this run's server clients present, its worker processes too: the
+     * inherited {@code $PEGAFLOW_JOIN_SECRET}, else one drawn for the run.
+     */
+    private final byte[] joinSecret = joinSecret();
+
+    static byte[] joinSecret() {
+        String s = System.getenv(JOIN_SECRET_ENV);
+        if (s != null && !s.isEmpty()) {
+            return s.getBytes(StandardCharsets.UTF_8);
+        }
+        byte[] raw = new byte[16];
+        new java.security.SecureRandom().nextBytes(raw);
+        return java.util.HexFormat.of().formatHex(raw).getBytes(StandardCharsets.UTF_8);
+    }
+
     /** Scattered block ids of the cache, handed out in a shuffled cycle. */
     private final Timeline timeline = new Timeline();
 
@@ -878,7 +901,7 @@ final class PathsCommand implements Callable<Integer> {
      * timeline too (each copy-plan call's start and return, by name).
      */
     private PegaEngine attachTimed(String endpoint, Function<HostPool, TransferEngine> transfer) {
-        return EngineClient.open(io.pegaflow.client.RemoteStore.connect(endpoint, 30_000), transfer,
+        return EngineClient.open(io.pegaflow.client.RemoteStore.connect(endpoint, 30_000, true, joinSecret), transfer,
                 store -> (io.pegaflow.engine.BlockStore) java.lang.reflect.Proxy.newProxyInstance(
                         io.pegaflow.engine.BlockStore.class.getClassLoader(), new Class<?>[] {io.pegaflow.engine.BlockStore.class},
                         (proxy, method, args) -> {

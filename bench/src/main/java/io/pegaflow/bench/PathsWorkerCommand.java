@@ -65,7 +65,8 @@ final class PathsWorkerCommand implements Callable<Integer> {
                 ? p -> CudaTransferEngine.create(p, CudaOptions.defaults().withDevice(device))
                 : p -> new HostTransferEngine(p, 2);
         CudaDevice dev = cuda ? CudaDevice.open(device) : null;
-        try (Arena arena = Arena.ofShared(); PegaEngine engine = EngineClient.connect(endpoint, transfer, 30_000)) {
+        try (Arena arena = Arena.ofShared(); PegaEngine engine = EngineClient.open(endpoint, transfer, 30_000,
+                PathsCommand.joinSecret()).engine()) {
             PathsCommand.Kv kv = PathsCommand.Kv.allocate(dev, arena, layers, pieceBytes, cacheBlocks);
             engine.registerWorker(instance, new WorkerSpec(rank, rank, cuda ? device : -1, kv.regions()));
             PathsCommand.Ids ids = new PathsCommand.Ids(cacheBlocks, 100 + rank);
