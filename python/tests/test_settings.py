@@ -34,15 +34,23 @@ def test_cross_layer_blocks_takes_no_auto():
         Settings.from_extra({"cross_layer_blocks": "auto"}, {})
 
 
-def test_auto_loads_in_the_step_except_under_the_v2_model_runner():
+def test_auto_loads_in_the_step_on_the_cpu_runner_only():
     pytest.importorskip("vllm")
     from pegaflow.connector._vllm import in_step_loads
 
     auto = Settings.from_extra({}, {})
-    assert in_step_loads(auto, SimpleNamespace(use_v2_model_runner=False)) is True
-    assert in_step_loads(auto, SimpleNamespace(use_v2_model_runner=True)) is False
-    assert in_step_loads(auto, SimpleNamespace()) is True  # a vLLM without the V2 runner
+    assert in_step_loads(auto, gpu=False) is True
+    assert in_step_loads(auto, gpu=True) is False
     forced = Settings.from_extra({"load_in_step": True}, {})
-    assert in_step_loads(forced, SimpleNamespace(use_v2_model_runner=True)) is True
+    assert in_step_loads(forced, gpu=True) is True
     off = Settings.from_extra({"load_in_step": False}, {})
-    assert in_step_loads(off, SimpleNamespace(use_v2_model_runner=False)) is False
+    assert in_step_loads(off, gpu=False) is False
+
+
+def test_cuda_graphs_go_piecewise_only_where_loads_run_in_the_step():
+    pytest.importorskip("vllm")
+    from pegaflow.connector import PegaKVConnector
+
+    assert PegaKVConnector.requires_piecewise_for_cudagraph({"load_in_step": True}) is True
+    assert PegaKVConnector.requires_piecewise_for_cudagraph({}) is False  # auto: asynchronous on the GPU
+    assert PegaKVConnector.requires_piecewise_for_cudagraph({"load_in_step": False}) is False

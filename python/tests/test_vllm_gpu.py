@@ -146,6 +146,18 @@ def cross_layer_expected(runner_v1: bool) -> bool:
     return not ON_CPU and (runner_v1 or not _compat.has("cross_layer_registration"))
 
 
+def vllm_metrics_count_every_step() -> bool:
+    """Whether vLLM's in-process engine (``LLM``) records the stats of every step. vLLM 0.26's
+    ``LLMEngine.step`` records them only for steps with request outputs, so a connector's counters
+    of other steps (a lookup whose request then waits, an asynchronous load's end) are lost there
+    (fixed by vLLM PR 48668); vLLM's API server records them all."""
+    import inspect
+
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    return "len(outputs.outputs) > 0" not in inspect.getsource(LLMEngine.step)
+
+
 LLAMA_CASES = [("embedded", True, False), ("embedded", False, False), ("server", True, True), ("auto", False, False)]
 
 
@@ -162,17 +174,25 @@ def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, serve
         proc = v1 if runner_v1 else (a, b)[i]
         runs.append((proc, spec(models["llama"], connector=extra, engine_id=f"llama-{mode}-{int(cross_layer)}")))
     open_together(*runs)
+    # every block of the first prompt and of the others' tails comes from the store
+    want = FULL_BLOCKS + 2 * (FULL_BLOCKS - SHARED // BLOCK)
     for (mode, cross_layer, runner_v1), (proc, _) in zip(cases, runs):
         layout = proc.kv_layout()
+        served0 = server.metric("pegaflow_load_blocks_total")
         hit, stored = hit_then_store(proc, prompts(1 + 10 * pair + cross_layer))
+        served = server.metric("pegaflow_load_blocks_total") - served0
         metrics = proc.metrics()
         proc.close_engine()
         record("llama", dict(mode=mode, cross_layer=cross_layer, runner_v1=runner_v1, layout=layout,
-                             cached=[x.cached_tokens for x in stored]))
+                             cached=[x.cached_tokens for x in stored], served=served,
+                             loaded=metrics.get("vllm:pegaflow_loaded_blocks", 0)))
+        # after vLLM's own cache was emptied, its cached tokens can only have come from the store
         assert_same(hit, stored, FULL_BLOCKS * BLOCK - BLOCK)
         assert layout["cross_layer"] == (cross_layer and cross_layer_expected(runner_v1)), (mode, layout)
-        # every block of the first prompt and of the others' tails came from the store
-        assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= FULL_BLOCKS + 2 * (FULL_BLOCKS - SHARED // BLOCK)
+        if mode != "embedded":  # auto found the server
+            assert served >= want, f"{mode}: the server served {served} blocks"
+        if vllm_metrics_count_every_step():
+            assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= want
         assert metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
 
 
@@ -212,9 +232,9 @@ def test_preemption_under_a_small_kv_cache(models, procs, server):
 @pytest.mark.parametrize("runner", ["v2", "v1"])
 def test_a_load_failure_at_the_server_is_recomputed(models, procs, tmp_path, runner):
     """The server refuses the first load (--inject-load-failures): vLLM recomputes its blocks
-    and answers as it would have; later loads are served. load_in_step auto: asynchronous under
-    the V2 model runner (which recomputes wrongly after a failed in-step load, vLLM issue 49250),
-    in the step under V1."""
+    and answers as it would have; later loads are served. load_in_step auto: asynchronous on the
+    GPU under both model runners (each mishandles a failed in-step load there: vLLM issue 49250
+    under V2, a device-side assert under V1), in the step on the CPU build."""
     a = procs[0] if runner == "v2" else procs[2]
     s = start_server(Path("/dev/shm") / f"pegaflow-vllm-fail-{runner}-{os.getpid()}.pool", pool_size="1gb",
                      extra=["--inject-load-failures", "1"])
@@ -233,8 +253,7 @@ def test_a_load_failure_at_the_server_is_recomputed(models, procs, tmp_path, run
     record(f"load_failure_{runner}", dict(failed_blocks=failed, refused=refused, served=served, in_step_loads=in_step,
                                           cached=[x.cached_tokens for x in stored]))
     assert refused == 1, "the server refused no load"
-    # the CPU build has no V2 runner: both load in the step there
-    assert (in_step > 0) == (runner == "v1" or ON_CPU), f"{in_step} in-step loads under the {runner} runner"
+    assert (in_step > 0) == ON_CPU, f"{in_step} in-step loads under the {runner} runner"
     assert [x.token_ids for x in stored] == [x.token_ids for x in hit]  # recomputed, not read from nothing
     assert all(x.cached_tokens >= FULL_BLOCKS * BLOCK - BLOCK for x in stored[1:])
     assert served >= 2 * (FULL_BLOCKS - SHARED // BLOCK)  # the later prompts' loads were served

@@ -327,6 +327,21 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
     return systems
 
 
+def merge(earlier: dict, report: dict) -> dict:
+    """``earlier`` with this run's figures joined: each system's entries (a load, lengths) added
+    or replaced, this run's command and line rate kept beside the earlier ones."""
+    out = dict(earlier)
+    for key in ("systems", "raw"):
+        merged = {k: dict(v) for k, v in earlier.get(key, {}).items()}
+        for system, entry in report[key].items():
+            mine = {k: v for k, v in entry.items() if k not in ("lengths", "start_s") or v}
+            merged.setdefault(system, {}).update(mine)
+        out[key] = merged
+    out["merged_runs"] = earlier.get("merged_runs", []) + [
+        {"command": report["command"], "line_h2d_gbps": report["line_h2d_gbps"], "vllm_version": report["vllm_version"]}]
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pegaflow-bench ttft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="model folder (config.json; random weights); default: Llama-3.1-8B's shape")
@@ -341,6 +356,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--load-requests", type=int, default=48)
     ap.add_argument("--load-systems", default="server,vllm_native", help="systems the load runs on (default server,vllm_native)")
     ap.add_argument("--load-length", default="8k")
+    ap.add_argument("--load-only", action="store_true",
+                    help="run the OpenAI-server load alone (no per-length runs), on --load-systems")
+    ap.add_argument("--merge", help="a report of an earlier run (same machine) whose systems this run's figures join")
     ap.add_argument("--load-gpu-blocks", type=int, default=8192, help="vLLM's GPU blocks in the load (its own cache)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900)
@@ -350,8 +368,12 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     from pegaflow.models import shapes
 
-    lengths = [_tokens(x) for x in args.lengths.split(",") if x]
-    systems_wanted = [s for s in args.systems.split(",") if s]
+    lengths = [] if args.load_only else [_tokens(x) for x in args.lengths.split(",") if x]
+    if not lengths and not args.load_only:
+        raise SystemExit("pegaflow-bench ttft: --lengths names no length (e.g. 2k,8k); --load-only runs the load alone")
+    if args.load_only and not args.concurrency:
+        raise SystemExit("pegaflow-bench ttft: --load-only needs --concurrency N (requests in flight)")
+    systems_wanted = [s for s in (args.load_systems if args.load_only else args.systems).split(",") if s]
     for s in systems_wanted:
         if s not in SYSTEMS + VARIANTS:
             raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS + VARIANTS)}")
@@ -362,7 +384,7 @@ def main(argv: list[str]) -> int:
     bpt = shapes.kv_bytes_per_token(config)
     line = line_rate_gbps()
     print(f"ttft: line {line} GB/s, {bpt} KV bytes per token", file=sys.stderr)
-    spec = {"model": model, "max_model_len": max(lengths) + 256, "lengths": lengths, "prompts": args.prompts,
+    spec = {"model": model, "max_model_len": max(lengths, default=0) + 256, "lengths": lengths, "prompts": args.prompts,
             "seed": args.seed, "vocab": int(config.get("vocab_size", 128256)), "dtype": args.dtype,
             "block_size": args.block_size}
     results = {}
@@ -371,7 +393,7 @@ def main(argv: list[str]) -> int:
         for system in systems_wanted:
             print(f"ttft: system {system}", file=sys.stderr, flush=True)
             try:
-                results[system] = run_worker(systems, system, spec, args.timeout)
+                results[system] = {"lengths": {}} if args.load_only else run_worker(systems, system, spec, args.timeout)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 results[system] = {"error": str(e)[-1200:]}
                 print(f"ttft: system {system} failed: {str(e)[-1200:]}", file=sys.stderr)
@@ -406,6 +428,8 @@ def main(argv: list[str]) -> int:
                 if isinstance(runs, list):
                     for x in runs:
                         x["token_ids"] = x["token_ids"][:8]
+    if args.merge:
+        report = merge(json.loads(Path(args.merge).read_text()), report)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")

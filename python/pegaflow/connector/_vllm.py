@@ -77,15 +77,21 @@ def _log_through_vllm() -> None:
 _log_through_vllm()
 
 
-def in_step_loads(settings: Settings, vllm_config) -> bool:
-    """Whether hits load inside the step (setting ``load_in_step``; auto: unless vLLM runs its V2
-    GPU model runner). After a failed in-step load vLLM rolls the request back and recomputes it;
-    the V2 runner keeps the request's old computed-token count on the GPU and answers from the
-    wrong offset (vLLM issue 49250, open through 0.33), so there a failure must happen while the
-    request waits (asynchronous loads), where nothing has read the blocks yet."""
+def in_step_loads(settings: Settings, gpu: bool | None = None) -> bool:
+    """Whether hits load inside the step (setting ``load_in_step``; auto: on vLLM's CPU model
+    runner only, never on a CUDA or ROCm GPU). ``gpu``: whether vLLM runs on one (None: ask
+    vLLM's platform). After a failed in-step load vLLM rolls the request back and recomputes it;
+    on the GPU neither model runner of vLLM 0.26 does that correctly (the V2 runner reads the
+    recompute from the wrong offset, vLLM issue 49250; the V1 runner's gather kernel indexed out
+    of bounds, a device-side assert that ends the engine), so there a failure must happen while
+    the request waits (asynchronous loads), before anything read its blocks."""
     if settings.load_in_step is not None:
         return settings.load_in_step
-    return not bool(getattr(vllm_config, "use_v2_model_runner", False))
+    if gpu is None:
+        from vllm.platforms import current_platform
+
+        gpu = current_platform.is_cuda_alike()
+    return not gpu
 
 
 @dataclass
@@ -216,7 +222,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._sched = SchedulerBrain(self._link.handle, [g.group for g in self._groups], self._block_size,
                                          self._load_enabled,
                                          wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer",
-                                         in_step=in_step_loads(self._settings, vllm_config))
+                                         in_step=in_step_loads(self._settings))
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -305,8 +311,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
         """In-step loads wait per layer in ``wait_for_layer_load``, which a FULL CUDA graph's
         replay would skip (a request whose tail is one token runs in a decode-shaped batch)."""
-        # auto may still choose asynchronous loads (the V2 runner), which this cannot see: piecewise then
-        return Settings.from_extra(extra_config).load_in_step is not False
+        # auto loads in the step only on the CPU runner, which has no CUDA graphs
+        return Settings.from_extra(extra_config).load_in_step is True
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
         return

@@ -25,8 +25,8 @@ _KEYS = {
     "ssd_cache_capacity": f"disk space of that SSD tier over all its paths (default {DEFAULT_SSD_CAPACITY})",
     "load_in_step": "auto | true | false: load a hit inside the step that computes the request's tail, layer by "
     "layer, each attention layer waiting for its own (true), or asynchronously, the request waiting in "
-    "WAITING_FOR_REMOTE_KVS (false); default auto: in the step except under vLLM's V2 GPU model runner, which "
-    "answers wrongly after a failed in-step load (vLLM issue 49250; docs/connector.md) (env PEGAFLOW_LOAD_IN_STEP)",
+    "WAITING_FOR_REMOTE_KVS (false); default auto: in the step on vLLM's CPU runner, asynchronous on a GPU, where "
+    "vLLM's model runners mishandle a failed in-step load (docs/connector.md) (env PEGAFLOW_LOAD_IN_STEP)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
