@@ -35,9 +35,9 @@ import java.util.function.LongSupplier;
  * themselves. See {@code package-info.java} for the model and its invariants.
  *
  * <p>A save is two calls: {@link #reserveSave} allocates pool space, claims the slots and
- * returns where each one goes; {@link #commitSave} seals what landed (or rolls back). A load
+ * returns where each one goes; {@link #endCopy} seals what landed (or rolls back). A load
  * is {@link #beginLoad} (consumes the worker's lease share, pins the blocks, returns where
- * each slot is) and {@link #endLoad}. Every method may be called from any thread; each runs
+ * each slot is) and {@link #endCopy}. Every method may be called from any thread; each runs
  * under one lock and none waits for a copy.
  */
 public final class LocalStore implements BlockStore {
@@ -341,7 +341,7 @@ public final class LocalStore implements BlockStore {
      * named layers ({@code null}: all of the worker's layers). Blocks already resident, and
      * slots already saved or being saved, are skipped. Pool space is allocated now, evicting
      * least recently used unreferenced blocks if needed, and the claimed slots stay invisible
-     * until {@link #commitSave}.
+     * until {@link #endCopy}.
      *
      * @throws PoolExhaustedException when the pool cannot hold the new slots even after
      *     evicting every unreferenced block; nothing was allocated
@@ -659,7 +659,7 @@ public final class LocalStore implements BlockStore {
     // ---------------------------------------------------------------- load
 
     /**
-     * Consumes this worker's share of a lease, pins the leased blocks until {@link #endLoad},
+     * Consumes this worker's share of a lease, pins the leased blocks until {@link #endCopy},
      * and returns where each of the worker's slots is: triples (lease index = index into
      * {@code dstBlockIds}, region index, pool offset).
      */
