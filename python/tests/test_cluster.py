@@ -89,6 +89,8 @@ def host_server(tmp: Path, host: str, secret: Path, port: int = PEER_PORT, extra
                 advertise: str | None = None, secret_flag: str = "--cluster-secret-file"):
     flags = [f"--redis-url=redis://{HOSTS['a']}:{REDIS_PORT}", f"--peer-addr={HOSTS[host]}:{port}", "--peer-allow-remote",
              f"{secret_flag}={secret}", *FAST, *(extra or [])]
+    if secret_flag == "--auth-token-file":  # the operator says the server secret is the cluster's too
+        flags.append("--cluster-secret-from-auth-token")
     if advertise:
         flags.append(f"--peer-advertise-addr={advertise}")
     return start_server(tmp / f"{host}-{port}.pool", pool_size="64mb", extra=flags, netns=ns(host))

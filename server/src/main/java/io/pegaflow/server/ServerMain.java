@@ -3,6 +3,7 @@ package io.pegaflow.server;
 import io.pegaflow.client.Version;
 import io.pegaflow.client.Wire;
 
+import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.logging.Logs;
@@ -154,8 +155,13 @@ public final class ServerMain implements Callable<Integer> {
     boolean peerAllowRemote;
 
     @Option(names = "--cluster-secret-file", paramLabel = "FILE",
-            description = "secret every host of the cluster shares (16..4096 characters; default: --auth-token-file, the server secret, when every host is given the same)")
+            description = "secret every host of the cluster shares (16..4096 characters); peers prove it to each other without sending it")
     Path clusterSecretFile;
+
+    @Option(names = "--cluster-secret-from-auth-token",
+            description = "use the server secret of --auth-token-file as the cluster secret (every host given the same file) "
+                    + "instead of a --cluster-secret-file of its own")
+    boolean clusterSecretFromAuthToken;
 
     @Option(names = "--peer-tls-cert", paramLabel = "PEM", description = "this host's certificate chain (peer channel and rediss://)")
     Path peerTlsCert;
@@ -258,7 +264,26 @@ public final class ServerMain implements Callable<Integer> {
         var fetch = new io.pegaflow.server.cluster.ClusterTier.Settings(Duration.ofSeconds(fetchDeadlineSecs), d.negativeTtl(),
                 d.suspectFor(), d.fetchThreads(), d.maxQueuedFetches(), d.maxRun());
         return new io.pegaflow.server.cluster.ClusterConfig(registry, peerAddr, peerAdvertiseAddr, peerAllowRemote,
-                clusterSecretFile != null ? clusterSecretFile : authTokenFile, peerTlsCert, peerTlsKey, peerTlsCa, fetch);
+                clusterSecret(), peerTlsCert, peerTlsKey, peerTlsCa, fetch);
+    }
+
+    /**
+     * The cluster secret's file: its own, or the server secret's only when the operator says so.
+     * Why not the server secret by default: every tenant holding the server token could then act
+     * as a host of the cluster.
+     */
+    private Path clusterSecret() {
+        if (clusterSecretFromAuthToken) {
+            if (clusterSecretFile != null) {
+                throw new InvalidArgumentException("--cluster-secret-file " + clusterSecretFile
+                        + " and --cluster-secret-from-auth-token name two cluster secrets; give one");
+            }
+            if (authTokenFile == null) {
+                throw new InvalidArgumentException("--cluster-secret-from-auth-token needs --auth-token-file FILE, the same file on every host");
+            }
+            return authTokenFile;
+        }
+        return clusterSecretFile;
     }
 
     public static void main(String[] args) {

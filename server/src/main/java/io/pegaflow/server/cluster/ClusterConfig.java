@@ -30,8 +30,8 @@ public record ClusterConfig(RedisBlockRegistry.Settings registry, String peerAdd
                     + "(the address other hosts reach this one at)");
         }
         if (secretFile == null) {
-            throw new InvalidArgumentException("cross-node sharing needs a secret every host shares: --cluster-secret-file, "
-                    + "or --auth-token-file given the same file on every host");
+            throw new InvalidArgumentException("cross-node sharing needs a secret every host shares: --cluster-secret-file FILE, "
+                    + "or --cluster-secret-from-auth-token with --auth-token-file given the same file on every host");
         }
         boolean anyTls = tlsCert != null || tlsKey != null || tlsCa != null;
         if (anyTls && (tlsCert == null || tlsKey == null || tlsCa == null)) {

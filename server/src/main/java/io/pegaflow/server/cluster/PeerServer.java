@@ -173,6 +173,8 @@ public final class PeerServer implements AutoCloseable {
             boolean proved;
             try {
                 proved = hello(link);
+            } catch (IOException e) {
+                proved = false; // broke off mid-hello (a host that found this one's proof wrong hangs up): not proved
             } finally {
                 helloDeadline.cancel(false);
             }
@@ -209,19 +211,25 @@ public final class PeerServer implements AutoCloseable {
         }
     }
 
+    /** The challenge-response of {@link PeerWire}: true when the client proved the secret. */
     private boolean hello(PeerLink link) throws IOException {
-        ByteBuffer head = ByteBuffer.allocate(PeerWire.MAGIC.length + 2);
+        ByteBuffer head = ByteBuffer.allocate(PeerWire.MAGIC.length + PeerWire.NONCE_BYTES);
         link.readFully(head);
         byte[] magic = new byte[PeerWire.MAGIC.length];
-        head.flip().get(magic);
-        int len = Short.toUnsignedInt(head.getShort());
-        if (!MessageDigest.isEqual(magic, PeerWire.MAGIC) || len > PeerWire.MAX_SECRET) {
+        byte[] clientNonce = new byte[PeerWire.NONCE_BYTES];
+        head.flip().get(magic).get(clientNonce);
+        if (!MessageDigest.isEqual(magic, PeerWire.MAGIC)) {
             status(link, PeerWire.REFUSED);
             return false;
         }
-        ByteBuffer given = ByteBuffer.allocate(len);
+        byte[] serverNonce = PeerWire.nonce();
+        ByteBuffer challenge = ByteBuffer.allocate(1 + PeerWire.NONCE_BYTES + PeerWire.PROOF_BYTES);
+        challenge.put(PeerWire.OK).put(serverNonce).put(PeerWire.proof(secret, "server", clientNonce, serverNonce));
+        link.write(challenge.flip());
+        link.flush();
+        ByteBuffer given = ByteBuffer.allocate(PeerWire.PROOF_BYTES);
         link.readFully(given);
-        boolean ok = MessageDigest.isEqual(given.array(), secret);
+        boolean ok = MessageDigest.isEqual(given.array(), PeerWire.proof(secret, "client", clientNonce, serverNonce));
         status(link, ok ? PeerWire.OK : PeerWire.REFUSED);
         return ok;
     }

@@ -5,9 +5,17 @@ import io.pegaflow.engine.Limits;
 import java.nio.charset.StandardCharsets;
 
 /**
- * The peer channel's frames (docs/cluster.md, "Wire"), big-endian. A connection opens with
- * {@code HELLO} = magic, u16 secret length, secret; the server answers one status byte and
- * closes on a wrong secret. Then requests, each answered in order:
+ * The peer channel's frames (docs/cluster.md, "Wire"), big-endian. A connection opens with a
+ * mutual challenge-response over the cluster secret, which never crosses the wire (whoever Redis
+ * names as a peer learns nothing it could replay):
+ * <pre>
+ * HELLO   magic, 32-byte client nonce
+ *      -> u8 status (OK), 32-byte server nonce, 32-byte server proof
+ * PROOF   32-byte client proof   (sent only once the server's proof checked out)
+ *      -> u8 status (OK, or REFUSED and the connection closes)
+ * </pre>
+ * A proof is HMAC-SHA256 over the secret of a role label and both nonces ({@link #proof}).
+ * Then requests, each answered in order:
  * <pre>
  * PIN     u8 1, u16 ns length, ns, u8 hash length, u32 count, hashes, u32 deadline ms
  *      -> u8 status; OK: 16-byte pin id, u32 blocks, u32 slots, slots x u64 slot bytes
@@ -18,7 +26,10 @@ import java.nio.charset.StandardCharsets;
  * </pre>
  */
 final class PeerWire {
-    static final byte[] MAGIC = "PFPEER03".getBytes(StandardCharsets.US_ASCII);
+    static final byte[] MAGIC = "PFPEER04".getBytes(StandardCharsets.US_ASCII);
+    static final int NONCE_BYTES = 32;
+    static final int PROOF_BYTES = 32;
+    private static final java.security.SecureRandom NONCES = new java.security.SecureRandom();
     static final byte[] BATCH_MARK = "PFBAT2".getBytes(StandardCharsets.US_ASCII);
     static final byte PIN = 1;
     static final byte READ = 2;
@@ -40,11 +51,34 @@ final class PeerWire {
     static final int BATCH = 16;
     /** Hashes one pin may ask for (a 2,048-block prefix is the design point; 32x that is plenty). */
     static final int MAX_PIN_HASHES = 65_536;
-    static final int MAX_SECRET = 4096;
     static final int MAX_DEADLINE_MS = 600_000;
     static final int MAX_SLOTS = Limits.MAX_SLOTS_PER_BLOCK;
 
     private PeerWire() {}
+
+    static byte[] nonce() {
+        byte[] n = new byte[NONCE_BYTES];
+        NONCES.nextBytes(n);
+        return n;
+    }
+
+    /**
+     * HMAC-SHA256 keyed by the cluster secret over {@code role} ("server" or "client"), then the
+     * client's and the server's nonces: each side proves it holds the secret for this connection
+     * alone, and a proof of one role is never valid for the other.
+     */
+    static byte[] proof(byte[] secret, String role, byte[] clientNonce, byte[] serverNonce) {
+        try {
+            javax.crypto.Mac mac = javax.crypto.Mac.getInstance("HmacSHA256");
+            mac.init(new javax.crypto.spec.SecretKeySpec(secret, "HmacSHA256"));
+            mac.update(role.getBytes(StandardCharsets.US_ASCII));
+            mac.update(clientNonce);
+            mac.update(serverNonce);
+            return mac.doFinal();
+        } catch (java.security.GeneralSecurityException e) {
+            throw new IllegalStateException("HmacSHA256 is part of every Java runtime", e);
+        }
+    }
 
     static void check(boolean ok, String what) {
         if (!ok) {

@@ -303,9 +303,23 @@ public final class TcpPeerTransport implements PeerTransport {
         link = PeerLink.connect(where, tls, connectTimeoutMillis);
         ScheduledFuture<?> guard = guard(link, System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(connectTimeoutMillis));
         try {
-            ByteBuffer hello = ByteBuffer.allocate(PeerWire.MAGIC.length + 2 + secret.length);
-            hello.put(PeerWire.MAGIC).putShort((short) secret.length).put(secret);
-            link.write(hello.flip());
+            // the challenge-response of PeerWire: the secret itself never leaves this host
+            byte[] clientNonce = PeerWire.nonce();
+            ByteBuffer hello = ByteBuffer.allocate(PeerWire.MAGIC.length + PeerWire.NONCE_BYTES);
+            link.write(hello.put(PeerWire.MAGIC).put(clientNonce).flip());
+            link.flush();
+            if (readStatus(link) != PeerWire.OK) {
+                throw new IOException("peer " + addr + " refused this host's hello (another protocol version?)");
+            }
+            ByteBuffer challenge = ByteBuffer.allocate(PeerWire.NONCE_BYTES + PeerWire.PROOF_BYTES);
+            link.readFully(challenge);
+            byte[] serverNonce = new byte[PeerWire.NONCE_BYTES];
+            byte[] serverProof = new byte[PeerWire.PROOF_BYTES];
+            challenge.flip().get(serverNonce).get(serverProof);
+            if (!java.security.MessageDigest.isEqual(serverProof, PeerWire.proof(secret, "server", clientNonce, serverNonce))) {
+                throw new IOException("peer " + addr + " does not hold this host's cluster secret; nothing was sent to it");
+            }
+            link.write(ByteBuffer.wrap(PeerWire.proof(secret, "client", clientNonce, serverNonce)));
             link.flush();
             if (readStatus(link) != PeerWire.OK) {
                 throw new IOException("peer " + addr + " refused this host's cluster secret");
