@@ -107,9 +107,10 @@ typedef struct pegaflow_api {
        seals when the last of world_size workers registers.
        CHECKED: with CUDA copies each region must lie in CUDA device memory (cuMemGetAddressRange);
        one ending past its allocation, or at no allocation, is PF_INVALID_ARGUMENT with the
-       numbers and nothing is registered. Host copies cannot check a raw pointer: the caller
-       guarantees that every region is mapped memory it owns until the instance is
-       unregistered; a wrong one crashes the process at the first save or load. */
+       numbers and nothing is registered. With host copies each region must lie in memory the
+       process may read and write (/proc/self/maps, checked at registration); one that does not
+       is PF_INVALID_ARGUMENT naming the first address not covered. The caller still guarantees
+       that the memory stays mapped until the instance is unregistered. */
     int32_t (*register_worker)(int64_t engine, const char *instance_id, int32_t worker_rank,
                                int32_t tp_rank, int32_t device_id, int32_t num_layers,
                                const char *layer_names, const int64_t *layer_params);

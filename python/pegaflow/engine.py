@@ -193,10 +193,11 @@ class PegaEngine:
 
         CHECKED: with ``transfer="cuda"`` every region must lie in CUDA device memory; one
         ending past its allocation or at none raises :class:`InvalidArgumentError` with the
-        numbers, and nothing is registered. Host copies cannot check a raw pointer: the caller
-        guarantees that each region is mapped memory it keeps until ``unregister_instance``
-        (a wrong one crashes the process at the first save or load). The connector derives
-        regions from torch tensors and checks them against the tensor's storage first."""
+        numbers, and nothing is registered. With host copies every region must lie in memory
+        this process may read and write (its ``/proc/self/maps``), else
+        :class:`InvalidArgumentError` names the first address not covered; the caller keeps it
+        mapped until ``unregister_instance``. The connector derives regions from torch tensors
+        and checks them against the tensor's storage first."""
         names, params = _regions(layers)
         _bridge.api().call(
             "register_worker", self._h(), instance_id.encode(), worker_rank, tp_rank, device_id, len(layers),

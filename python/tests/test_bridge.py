@@ -109,12 +109,16 @@ def test_a_miss_has_no_lease(engine, cache):
          errors.RegistrationIncompleteError, "0 of 2 workers"),
         (lambda e, c: e.register_worker("inst", 0, 0, [dataclasses.replace(c.regions()[0], layout="weird")]),
          errors.InvalidArgumentError, "layout 'weird'"),
+        # a bad host pointer is refused at registration (the process's mappings), never a SIGSEGV at the first copy
+        (lambda e, c: (e.register_instance("bad", "ns-bad", 1, 1),
+                       e.register_worker("bad", 0, 0, [dataclasses.replace(c.regions()[0], base_address=0x1000)])),
+         errors.InvalidArgumentError, "at 0x1000 (131072 bytes): 0x1000 is not mapped in this process"),
         (lambda e, c: PegaEngine(pool_size="12 parsecs"), errors.InvalidArgumentError, "size '12 parsecs' is not a size"),
         (lambda e, c: PegaEngine(transfer="cuda") if not os.path.exists("/dev/nvidia0") else pytest.skip("GPU host"),
          errors.CudaError, "CUDA is not available"),
     ],
     ids=["unknown-instance", "unknown-lease", "block-id-range", "length-mismatch", "lease-length",
-         "topology-mismatch", "sealed", "incomplete", "bad-layout", "bad-pool-size", "no-cuda"],
+         "topology-mismatch", "sealed", "incomplete", "bad-layout", "unmapped-region", "bad-pool-size", "no-cuda"],
 )
 def test_each_java_error_arrives_typed_with_its_message_and_the_engine_carries_on(engine, cache, call, error, message):
     with pytest.raises(error) as raised:

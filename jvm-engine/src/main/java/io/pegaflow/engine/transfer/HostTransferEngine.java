@@ -40,6 +40,25 @@ public final class HostTransferEngine implements TransferEngine {
         });
     }
 
+    /**
+     * Refuses a region that is not wholly in memory this process may read and write
+     * ({@code /proc/self/maps}; accepted unchecked where the process has no such file): a
+     * bad pointer handed over by an embedding host is an error here, not a SIGSEGV later.
+     */
+    @Override
+    public void checkRegion(io.pegaflow.engine.LayerRegion region) {
+        java.util.List<ProcessMappings.Mapping> maps = ProcessMappings.read();
+        if (maps == null) {
+            return;
+        }
+        String wrong = ProcessMappings.uncovered(maps, region.baseAddress(), region.regionBytes());
+        if (wrong != null) {
+            throw new io.pegaflow.engine.InvalidArgumentException(String.format(
+                    "region '%s' at 0x%x (%d bytes): %s; host copies need memory this process can read and write",
+                    region.layerName(), region.baseAddress(), region.regionBytes(), wrong));
+        }
+    }
+
     @Override
     public TransferFuture submit(CopyBatch batch) {
         TransferFuture done = new TransferFuture();
