@@ -772,3 +772,185 @@ def test_seeded_fuzz_of_grpc_messages_and_local_socket_frames(server, pb, victim
         h.close()
     healthy(server, pb)
     victim()
+
+
+HOSTILE_SOAK = textwrap.dedent('''
+    """One hostile tenant at its quotas for a bounded time: prints its calls by status code as JSON."""
+    import collections, json, os, sys, threading, time
+    import grpc
+    import pegaflow_pb2 as pb2, pegaflow_pb2_grpc as pbg
+
+    endpoint, token, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    meta = [("pegaflow-client-id", "ee" * 16), ("authorization", "Bearer " + token)]
+    channel = grpc.insecure_channel(endpoint)
+    stub = pbg.EngineStub(channel)
+    codes = collections.Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def call(method, request):
+        try:
+            getattr(stub, method)(request, timeout=5, metadata=meta)
+            code = "OK"
+        except grpc.RpcError as e:
+            code = e.code().name
+        with lock:
+            codes[code] += 1
+
+    def region(i):
+        return pb2.LayerRegion(name="layers.%d" % i, layout=pb2.SPLIT_KV, base_address=(1 << 40) + i * (1 << 30),
+                               region_bytes=2 * 16 * 4096, num_blocks=16, block_stride=4096, segment_bytes=4096,
+                               segment_offset=16 * 4096)
+
+    call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id="h-own", namespace="ns-h",
+                                                         tp_size=1, world_size=1))
+    call("RegisterWorker", pb2.RegisterWorkerRequest(instance_id="h-own", worker_rank=0, tp_rank=0,
+                                                     layers=[region(0), region(1)]))
+    resident = []
+
+    def registrations():  # fresh instances until --max-instances-per-tenant refuses them
+        i = 0
+        while time.monotonic() < deadline:
+            call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id="h-%d" % i,
+                                                                 namespace="ns-h", tp_size=1, world_size=1))
+            i += 1
+
+    def saves():  # sealed blocks of bytes never written, and saves left open (pool and open-copy pressure)
+        n = 0
+        while time.monotonic() < deadline:
+            keys = os.urandom(32 * 16)
+            try:
+                plan = stub.ReserveSave(pb2.ReserveSaveRequest(instance_id="h-own", worker_rank=0, block_ids=list(range(16)),
+                                                               hashes=keys, hash_len=32), timeout=5, metadata=meta)
+                code = "OK"
+            except grpc.RpcError as e:
+                plan, code = None, e.code().name
+            with lock:
+                codes[code] += 1
+            n += 1
+            if plan is not None and n % 2:
+                call("EndCopy", pb2.EndCopyRequest(instance_id="h-own", id=plan.id, ok=True, bytes=1))
+                resident.append(keys)
+
+    def leases():  # queries of its own resident blocks, never released
+        while time.monotonic() < deadline:
+            if resident:
+                call("Query", pb2.QueryRequest(instance_id="h-own", hashes=resident[-1], hash_len=32))
+            else:
+                time.sleep(0.01)
+
+    def noise():  # unauthenticated and malformed calls
+        bare = pbg.EngineStub(grpc.insecure_channel(endpoint))
+        while time.monotonic() < deadline:
+            try:
+                bare.Query(pb2.QueryRequest(instance_id="victim", hashes=b"x" * 31, hash_len=32), timeout=5)
+            except grpc.RpcError as e:
+                with lock:
+                    codes["unauthenticated:" + e.code().name] += 1
+
+    threads = [threading.Thread(target=f) for f in (registrations, saves, leases, noise)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(dict(codes)))
+''')
+
+
+def test_a_hostile_tenant_at_its_quotas_leaves_honest_tenants_bytes_and_the_heap_alone(pb, tmp_path):
+    """The soak: three honest tenants save, query and load back their blocks (each load checked
+    byte for byte) alone for a while, then while one hostile tenant, in its own process, floods
+    registrations, fills the pool with sealed blocks it never wrote, leaves saves open, holds
+    leases and sends unauthenticated calls, each up to its quota. Bounded in time. Asserted:
+    every honest load reads back its own bytes, the server stays up and its RSS bounded, the
+    hostile tenant is refused by its quotas. Recorded (out/security-soak.json, not asserted:
+    timings are not tested here): honest query latency alone and under the hostile tenant."""
+    import threading
+
+    s = start_server(tmp_path / "pool", pool_size="64mb", grace_ms=100, extra=[
+        "--copy-timeout-secs", "2", "--max-instances-per-tenant", "16", "--max-calls-per-tenant", "8",
+        "--max-leases-per-instance", "256", "--max-open-copies-per-instance", "64"])
+    rss0 = rss_mib(s.proc.pid)
+    stats = {"baseline": [], "hostile": []}
+    misses = {"baseline": 0, "hostile": 0}
+    wrong = []
+    phase = ["baseline"]
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def honest(i: int):
+        cache, client = Cache(), EngineClient(s.endpoint, deadline_s=10)
+        try:
+            client.register_instance(f"honest-{i}", f"ns-honest-{i}", 1, 1)
+            client.register_worker(f"honest-{i}", 0, 0, cache.regions())
+            h = hashes(4)
+            want = [cache.fill(b) for b in range(4)]
+            client.save(f"honest-{i}", 0, [0, 1, 2, 3], h).wait()
+            while not stop.is_set():
+                t = time.perf_counter()
+                q = client.query(f"honest-{i}", h)
+                took = time.perf_counter() - t
+                if q.hit_blocks < 4:  # evicted under the hostile tenant's pool pressure: saved again, as vLLM would
+                    if q.lease:
+                        client.release(f"honest-{i}", q.lease)
+                    with lock:
+                        misses[phase[0]] += 1
+                    client.save(f"honest-{i}", 0, [0, 1, 2, 3], h).wait()
+                    continue
+                client.load(f"honest-{i}", 0, q.lease, [12, 13, 14, 15]).wait()
+                got = [cache.block(12 + b) for b in range(4)]
+                with lock:
+                    stats[phase[0]].append(took)
+                    if got != want:
+                        wrong.append(i)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=honest, args=(i,)) for i in range(3)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(6)
+        with lock:
+            phase[0] = "hostile"
+        script = tmp_path / "hostile.py"
+        script.write_text(HOSTILE_SOAK)
+        env = dict(os.environ, PYTHONPATH=str(Path(pb[0].__file__).parent))
+        hostile = subprocess.Popen([sys.executable, str(script), s.endpoint, s.token, "12"], env=env,
+                                   stdout=subprocess.PIPE, text=True)
+        peak = 0.0
+        while hostile.poll() is None:
+            peak = max(peak, rss_mib(s.proc.pid) - rss0)
+            time.sleep(0.5)
+        codes = json.loads(hostile.stdout.read().strip().splitlines()[-1])
+        stop.set()
+        for t in threads:
+            t.join(30)
+        assert s.proc.poll() is None, "the server died under the hostile tenant"
+        healthy(s, pb)
+    finally:
+        stop.set()
+        s.stop()
+
+    def p(values, q):
+        v = sorted(values)
+        return round(v[min(len(v) - 1, int(q * (len(v) - 1)))] * 1e3, 3) if v else None
+
+    report = {"honest_tenants": 3, "seconds": {"baseline": 6, "hostile": 12},
+              "honest_loads_checked": {k: len(v) for k, v in stats.items()}, "honest_misses": misses,
+              "honest_query_ms": {k: {"p50": p(v, 0.5), "p99": p(v, 0.99)} for k, v in stats.items()},
+              "hostile_calls": codes, "server_rss_growth_mib": round(peak, 1), "bytes_changed": len(wrong)}
+    b, h = report["honest_query_ms"]["baseline"]["p99"], report["honest_query_ms"]["hostile"]["p99"]
+    report["p99_ratio"] = round(h / b, 2) if b and h else None
+    (ROOT / "out").mkdir(exist_ok=True)
+    (ROOT / "out" / "security-soak.json").write_text(json.dumps(report, indent=2) + "\n")
+    TALLY["cases"] += 1
+    TALLY["bytes_changed"] += len(wrong)
+    TALLY["max_rss_growth_mib"] = max(TALLY["max_rss_growth_mib"], peak)
+    refused = sum(v for k, v in codes.items() if k in ("RESOURCE_EXHAUSTED", "PERMISSION_DENIED", "INVALID_ARGUMENT")
+                  or k.startswith("unauthenticated:"))
+    TALLY["refused"] += refused
+    assert not wrong, f"honest tenants {wrong} read back other bytes"
+    assert all(len(v) > 20 for v in stats.values()), report
+    assert codes.get("RESOURCE_EXHAUSTED", 0) > 0, f"the hostile tenant never met a quota: {codes}"
+    assert peak < 256, f"server RSS grew {peak:.0f} MiB"
