@@ -93,6 +93,44 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert stats["pegaflow_load_blocks_total"] == 4
 
 
+def test_kv_transfer_params_turn_a_requests_saves_and_loads_off_or_cap_them(engines, caplog):
+    """kv_transfer_params {"pegaflow": {...}}: save false stores nothing, save_max_tokens stores
+    only the blocks before the cap, load false computes a stored prefix; bad values are logged
+    naming the key and the value, and the defaults stand."""
+    p = prompt(31, 70)  # 4 full blocks of 16
+    a = engines("a")
+    a.add("private", p, max_tokens=2, kv_transfer_params={"pegaflow": {"save": False}, "other_connector": 1})
+    a.run()
+    a.assert_drained()
+    probe = engines("probe")
+    assert probe.scheduler.connector.get_num_new_matched_tokens(probe.add("q1", p, max_tokens=1), 0) == (0, False)
+
+    b = engines("b")
+    b.add("capped", p, max_tokens=2, kv_transfer_params={"pegaflow": {"save_max_tokens": 40}})
+    b.run()
+    b.assert_drained()
+    assert store_stats(b)["pegaflow_save_blocks_total"] == 2  # 40 tokens: two full blocks
+
+    c = engines("c")
+    req = c.add("fresh", p, max_tokens=2, kv_transfer_params={"pegaflow": {"load": False}})
+    assert c.scheduler.connector.get_num_new_matched_tokens(req, 0) == (0, False)
+    c.run()
+    c.assert_drained()
+    assert c.stats.scheduled_tokens == 70 + 1  # computed all of it though 32 tokens were stored
+    assert c.outputs["fresh"] == baseline(p, 2)[0]
+
+    d = engines("d")
+    with caplog.at_level("WARNING", logger="pegaflow.connector"):
+        req = d.add("odd", p, max_tokens=2, kv_transfer_params={"pegaflow": {"load": "no", "colour": "red"}})
+        # all 4 blocks: c, which loaded nothing, still saved what it computed
+        assert d.scheduler.connector.get_num_new_matched_tokens(req, 0) == (64, load_async(d))
+    assert "kv_transfer_params['pegaflow']['load'] is 'no'; expected true or false" in caplog.text
+    assert "unknown key 'colour'" in caplog.text
+    d.run()
+    d.assert_drained()
+    assert d.outputs["odd"] == baseline(p, 2)[0]
+
+
 def test_prefix_extension_hits_the_stored_prefix_then_extends_it(engines):
     p = prompt(2, 40)
     a = engines("a")

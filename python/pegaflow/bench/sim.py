@@ -353,9 +353,10 @@ class SimEngine:
 
     # ------------------------------------------------------------------ requests
 
-    def add(self, req_id: str, prompt: list[int], max_tokens: int = 4) -> Request:
-        req = Request(req_id, list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True), None,
-                      block_hasher=self._hasher)
+    def add(self, req_id: str, prompt: list[int], max_tokens: int = 4, kv_transfer_params: dict | None = None) -> Request:
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                extra_args=None if kv_transfer_params is None else {"kv_transfer_params": kv_transfer_params})
+        req = Request(req_id, list(prompt), params, None, block_hasher=self._hasher)
         self.scheduler.add_request(req)
         self.stats.prompt_tokens += len(prompt)
         self.outputs[req_id] = []

@@ -41,6 +41,7 @@ from ..errors import PegaflowError
 from . import _compat, _groups, _layout, _private, _runtime
 from ._keys import BlockKeys, has_extra_keys
 from ._brain import SchedulerBrain
+from . import _controls
 from ._stats import PegaConnectorStats, PegaPromMetrics
 from .settings import Settings
 from .worker import WorkerCore
@@ -209,6 +210,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # scheduler side
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
+        self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request
         self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns"), 0)
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
@@ -360,10 +362,19 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def on_new_request(self, request: Request) -> None:
         self._requests[request.request_id] = request
 
+    def _controls_of(self, request: Request) -> _controls.Controls:
+        """The request's ``kv_transfer_params`` controls, read once (``_controls``)."""
+        c = self._request_controls.get(request.request_id)
+        if c is None:
+            c = self._request_controls[request.request_id] = _controls.of(
+                request.request_id, getattr(request, "kv_transfer_params", None))
+        return c
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
         hashes = self._keys.of(request)
-        if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size:
+        if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size \
+                or not self._controls_of(request).load:
             return 0, False
         bs = self._block_size
         t0 = time.perf_counter_ns()
@@ -432,8 +443,13 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         request = self._requests.get(req_id)
         if request is None:
             return
+        controls = self._controls_of(request)
+        if not controls.save:
+            return  # the request asked for no save (kv_transfer_params)
         hashes = self._keys.of(request)
         full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
+        if controls.save_max_tokens is not None:
+            full = min(full, controls.save_max_tokens // self._block_size)
         sent = self._hashes_sent.get(req_id, 0)
         if (self._tail_flow and self._role == "kv_producer" and num_computed + num_scheduled >= request.num_prompt_tokens
                 and full == request.num_prompt_tokens // self._block_size and sent <= full):
@@ -471,6 +487,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         self._requests.pop(request.request_id, None)
+        self._request_controls.pop(request.request_id, None)
         self._hashes_sent.pop(request.request_id, None)
         self._keys.forget(request.request_id)
         self._local_computed.pop(request.request_id, None)
