@@ -205,9 +205,9 @@ def jvm_options(jar: Path, aot: Path | None = None) -> list[str]:
 def train_aot_cache(runtime: JavaRuntime, jar: Path, wait: bool) -> Path:
     """Writes the AOT cache with a training run of Bridge.main (about a second of CPU).
 
-    JVM start plus table build takes ~250 ms cold and ~150 ms with the cache on the 2-core
-    build machine (docs/benchmarks/bridge.json). The run writes to a temporary name and
-    renames, so concurrent starts never read half a file."""
+    The cache shortens every later start of JVM plus table (docs/bridge.md, "Start time and
+    the AOT cache"). The run writes to a temporary name and renames, so concurrent starts
+    never read half a file."""
     target = aot_cache(runtime, jar)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.stem}.{os.getpid()}.tmp.aot")  # the JVM wants the .aot suffix

@@ -1,7 +1,7 @@
 """Real vLLM engines in child processes, driven over a pipe (``make run``, the e2e tier).
 
-Each :class:`EngineProc` is one process that imports vLLM once (about 30 s on the 2-core
-machine) and then opens engines one after another, each a real ``vllm.LLM`` on the tiny
+Each :class:`EngineProc` is one process that imports vLLM once (slow: docs/vllm-versions.md,
+"Bytecode") and then opens engines one after another, each a real ``vllm.LLM`` on the tiny
 local model, with or without PegaKVConnector. One process holds at most one engine at a time:
 vLLM keeps the worker's connector in a process-wide global, so two instances must live in two
 processes, as they do in production.

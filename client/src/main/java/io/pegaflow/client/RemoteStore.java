@@ -119,10 +119,11 @@ public final class RemoteStore implements BlockStore {
     /**
      * Runs this client's message code (requests of 2,048 block ids built and written, plans of
      * 2,048 runs parsed and read) a few hundred times before the first call, so the JIT has
-     * compiled it when the first real save or load comes: on the H200 the first 2,048-block
-     * load's plans took 3.6 and 7 ms against 1.0 and 1.1 for later ones (docs/gpu.md). Once
-     * per process, on the first client's creation: 323-338 ms on the 2-core build VM in two
-     * runs (78-152 ms for a second or third call; {@code bench/probe/CodecWarmUp.java}).
+     * compiled it when the first real save or load comes: without it the first large load's
+     * plans took several times as long as later ones on the H200. Once per process, on the
+     * first client's creation, since the JIT's work is the process's. What it costs and what it
+     * saves: docs/gpu.md, "Server mode at line speed" ({@code bench/probe/CodecWarmUp.java}
+     * times it).
      */
     private static void warmCodecs() {
         int n = 2048;

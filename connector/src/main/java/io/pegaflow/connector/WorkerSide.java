@@ -48,9 +48,9 @@ public final class WorkerSide {
      * Starts loads and host saves off vLLM's thread, in plan order: starting one asks the store
      * for a copy plan, which in server mode is a round trip to pegaflow-server, and vLLM's
      * {@code start_load_kv} and {@code wait_for_save} run on its critical path ({@code
-     * wait_for_save} before the step's tokens are returned: 21 ms of a 60 ms TTFT in one timed
-     * run on the CPU engine, docs/connector.md). A CUDA save still starts on the caller's thread, where its copy is ordered after
-     * the work queued on the caller's stream.
+     * wait_for_save} before the step's tokens are returned: docs/connector.md, "Modes, failures,
+     * restarts", says what it cost). A CUDA save still starts on the caller's thread, where its
+     * copy is ordered after the work queued on the caller's stream.
      */
     private final ExecutorService starter = Executors.newSingleThreadExecutor(r -> {
         Thread t = new Thread(r, "pegaflow-copy-start");

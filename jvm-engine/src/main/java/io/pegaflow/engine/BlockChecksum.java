@@ -8,10 +8,9 @@ import java.util.zip.CRC32;
  * {@link CRC32}) over its slots in slot order. {@link LocalStore} sums a sealed block once, in
  * the background, when other hosts may read it; the peer channel sums at send time only the
  * blocks not yet summed, and checks every block it receives. CRC32 rather than CRC32C: the JDK
- * folds CRC32 with carry-less multiplies (PCLMULQDQ, VPCLMULQDQ where there is AVX-512), and on
- * the 2-core build machine it ran at 11.92 GB/s on cached data against CRC32C's 7.20 (8.46
- * against 4.63 from memory; bench/probe/ChecksumProbe.java), which halved the checks' share of a
- * peer fetch's CPU (docs/cluster.md).
+ * folds CRC32 with carry-less multiplies (PCLMULQDQ, VPCLMULQDQ where there is AVX-512), so it
+ * runs faster than CRC32C both in cache and from memory, which cut the checks' share of a peer
+ * fetch's CPU (docs/cluster.md, "Where a fetch's CPU goes"; bench/probe/ChecksumProbe.java).
  * Either detects every burst of up to 32 flipped bits and any odd number of flips.
  */
 public final class BlockChecksum {

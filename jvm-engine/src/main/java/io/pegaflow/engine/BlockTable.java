@@ -15,9 +15,8 @@ import java.util.List;
  * <p>Why not {@code HashMap<HashKey, Block>}: a prefix query is one lookup per block (32K for
  * a long prompt) and each lookup's cost is cache misses. A HashMap chases table, node, key
  * and key bytes; here a probe reads 40 contiguous bytes of {@code words} and, on a match,
- * the block. (Measured on the 2-core build machine: a 32K-block query went from ~4.6 ms with
- * a HashMap to ~2.6 ms with four words plus a separate length array, and lower with the
- * length inline; see docs/benchmarks.)
+ * the block, so a long prefix query costs a fraction of the HashMap's (docs/engine.md, "Block
+ * index"; the JMH figures in docs/benchmarks/README.md).
  * Probes are computed straight from the caller's hash bytes, so a lookup allocates nothing.
  * Hashes longer than 32 bytes match on their inline prefix and length, then on the block's
  * full {@link HashKey}.

@@ -7,7 +7,8 @@ import java.util.Map;
 
 /**
  * Whether any two of a worker's layer regions overlap, in O(n log n), with exactly the answer
- * of {@link LayerRegion#overlaps} applied to every pair (which took 25 s for 120k layers):
+ * of {@link LayerRegion#overlaps} applied to every pair (quadratic: a registration with very
+ * many layers held the store lock far too long; docs/security.md, "What is enforced where"):
  *
  * <ol>
  *   <li>Extents {@code [base, base + extent())} sorted by start, swept with the open ones in a

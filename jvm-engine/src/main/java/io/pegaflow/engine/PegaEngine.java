@@ -230,8 +230,9 @@ public final class PegaEngine implements AutoCloseable {
             if (cuts.length <= 2) {
                 return savePart(instanceId, workerRank, layerNames, blockIds, hashes, waitStream);
             }
-            // Each part's copy starts while the next is planned: planning 2,048 blocks took
-            // 6-9 ms of an 84 ms save on the H200, in series with the copy (docs/gpu.md).
+            // Each part's copy starts while the next is planned: a large save planned in one
+            // piece waits for its whole plan before any byte moves (docs/gpu.md, "Saves in parts
+            // growing threefold").
             List<CompletableFuture<CopyResult>> parts = new ArrayList<>();
             parts.add(savePart(instanceId, workerRank, layerNames, Arrays.copyOfRange(blockIds, 0, cuts[1]),
                     hashes.slice(0, cuts[1]), waitStream));
@@ -284,11 +285,10 @@ public final class PegaEngine implements AutoCloseable {
      * ({@code {0, blocks}}: one part). From 64 blocks a head of about an eighth (32 to 256
      * blocks), then parts of up to three times what is planned before them: 2,048 blocks go
      * as 256, 768 and 1,024. A save's plan is slower than a load's (slots allocated, hashes
-     * claimed) and its batch is then built. In two parts (an eighth, then the rest), planning
-     * the rest of 2,048 took 2.8-9.7 ms on H200 hosts against the head's 10 ms copy and, on
-     * the slower host, left the copy engine idle 1.7 ms (docs/gpu.md). A part of three times
-     * the blocks before it plans in well under their copy time (~4 us against ~39 us a block
-     * there).
+     * claimed) and its batch is then built. In two parts (an eighth, then the rest), the rest's
+     * plan could outlast the head's copy and leave the copy engine idle. A part of three times
+     * the blocks before it plans in well under their copy time, so each part is submitted
+     * before the copy ahead of it ends (docs/gpu.md, "Saves in parts growing threefold").
      */
     static int[] saveParts(int blocks) {
         if (blocks < 64) {
@@ -353,8 +353,9 @@ public final class PegaEngine implements AutoCloseable {
      *
      * <p>A load of 64 blocks or more is planned in two parts as a save is: the plan of a head
      * of 16-128 blocks comes with the lease's consumption and its copy starts while the rest is
-     * planned ({@link BlockStore#planRest}); on the H200 the plan of 2,048 blocks took ~1.8 ms
-     * over the server's socket, in series with the copy (docs/gpu.md). The load ends once.
+     * planned ({@link BlockStore#planRest}), so the rest's plan, a round trip to the server in
+     * server mode, overlaps the head's copy instead of running in series with the copy
+     * (docs/gpu.md, "What changed on 2026-12-01"). The load ends once.
      */
     public CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
         return load(instanceId, workerRank, leaseId, dstBlockIds, null);
@@ -488,8 +489,9 @@ public final class PegaEngine implements AutoCloseable {
             if (err == null && (save || held)) {
                 // The caller hears of a copy that landed at once and the plan ends beside it:
                 // the GPU blocks are free to reuse (a save) or hold what the pool held (a
-                // load), and the end is a control-plane round trip that cost 0.5-0.9 ms in
-                // series on the H200 (docs/gpu.md). This engine's own reads wait for it (awaitEnds).
+                // load), and the end, a control-plane round trip, stays off the caller's path
+                // (docs/gpu.md, "Saves seal beside their futures"). This engine's own reads wait
+                // for it (awaitEnds).
                 long moved = bytes;
                 long nanos = clock.getAsLong() - start;
                 Set<CompletableFuture<Void>> ends = save ? ending : unpinning;

@@ -39,9 +39,9 @@ import java.util.concurrent.atomic.AtomicLong;
  * socket next to the pool file. Same messages as the gRPC service, same store, same errors;
  * what it saves is gRPC's thread handoffs: each connection has one server thread that reads
  * a frame, calls the store and writes the answer, and the client writes and reads on its own
- * calling thread. On this 2-vCPU VM that takes a 2,048-hash query from ~1 ms (gRPC over TCP)
- * to a few hundred microseconds (docs/server.md). Everything else stays on gRPC, and so does a
- * call whose request or answer could exceed {@link #MAX_FRAME}.
+ * calling thread, so no thread handoff is left in a query (docs/server.md, "Why a local socket
+ * next to gRPC", measures both paths). Everything else stays on gRPC, and so does a call whose
+ * request or answer could exceed {@link #MAX_FRAME}.
  *
  * <p>The first frame of a connection is method 3 (auth) carrying the server's token (the
  * bytes of the file Health names), then a NUL and the client's id, then a NUL and the join
@@ -434,8 +434,9 @@ final class LocalSocketServer implements AutoCloseable {
      */
     private boolean awaitFirstByte(Conn c, ByteBuffer header, long deadline) throws IOException {
         // --busy-poll-us: the next frame of a worker's operation (its copy's end, the next
-        // plan) usually comes within milliseconds; a thread that slept meanwhile takes ~0.3-0.5
-        // ms to answer it on the H200 host instead of ~0.1 (docs/gpu.md)
+        // plan) usually comes within milliseconds, and a thread that slept meanwhile answers it
+        // several times slower than one still awake (docs/gpu.md, "Where the rest of a
+        // server-mode operation goes")
         long spin = busyPollNanos;
         long until = spin > 0 ? System.nanoTime() + spin : 0;
         while (true) {

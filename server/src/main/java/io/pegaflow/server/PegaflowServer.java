@@ -157,8 +157,8 @@ public final class PegaflowServer implements AutoCloseable {
         try {
             this.pool = created = files.createPool(config.poolBytes());
             HostPool.Pages pages = HostPool.Pages.of(pool.file());
-            // CUDA workers pin the pool per page: a 60 GiB pool took 7.6 s on 4 KiB pages and 1.6 s
-            // on huge pages on the H200 (docs/gpu.md, "Pool attach"), so say which ones it got.
+            // CUDA workers pin the pool per page, several times faster on huge pages than on
+            // 4 KiB ones (docs/gpu.md, "Pool attach"), so say which ones it got.
             System.getLogger(PegaflowServer.class.getName()).log(System.Logger.Level.INFO, "pool: "
                     + io.pegaflow.engine.Sizes.format(pool.size()) + " on " + pages.describe()
                     + (pages.hugeBytes() == 0 && pool.size() >= (16L << 30)
@@ -281,8 +281,9 @@ public final class PegaflowServer implements AutoCloseable {
 
     private static PegaflowServer startTcp(Config config) throws IOException {
         // Handlers run on the transport's threads: every engine call but Flush is short and never
-        // waits on I/O or copies, and skipping the hop to an executor is worth ~2x on a loopback
-        // query. Flush, which may wait on Redis, hands itself to EngineService.waitingPool().
+        // waits on I/O or copies, and skipping the hop to an executor removes thread handoffs from
+        // every call (docs/server.md, "Why a local socket next to gRPC"). Flush, which may wait on
+        // Redis, hands itself to EngineService.waitingPool().
         NettyServerBuilder builder = NettyServerBuilder.forAddress(Wire.hostPort(config.addr(), "--addr"))
                 .directExecutor()
                 .keepAliveTime(30, TimeUnit.SECONDS)

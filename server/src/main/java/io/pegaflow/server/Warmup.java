@@ -32,13 +32,13 @@ import java.util.Random;
  * Runs the server's per-operation paths (the local socket's frames, the request messages, save
  * planning, commit, query, load planning in two parts, end, release) on a scratch store of its own before
  * the server serves, so the JIT has compiled them when the first worker's operation arrives:
- * without it the first few operations of a fresh server ran at a fraction of steady speed (6
- * GB/s instead of ~40 on the H200, steady after about 9). The operations go through a
- * {@link LocalSocketServer} on a private socket of the scratch store, as a worker's do, for
- * {@link #ROUNDS} rounds or {@link #BUDGET_NANOS}, whichever ends first: with 40 rounds on the
- * store directly, a 256-block plan right after start cost 1.34 ms over the socket on the H200,
- * with these 0.41-0.59 ms (pegaflow-bench paths, server_control_reserve_save_ms_256). The scratch store only
- * keeps books, no pool memory; the real store, its metrics and its pool are untouched.
+ * without it the first few operations of a fresh server ran at a fraction of steady speed on
+ * the H200 (docs/gpu.md, "Cold paths"). The operations go through a {@link LocalSocketServer} on a private socket of the scratch store,
+ * as a worker's do, for {@link #ROUNDS} rounds or {@link #BUDGET_NANOS}, whichever ends first:
+ * the first operations' control-plane calls then cost much less than after a shorter warm-up
+ * on the store directly (docs/gpu.md, "What changed on 2026-12-01"; pegaflow-bench paths,
+ * server_control_reserve_save_ms_256). The scratch store only keeps books, no pool
+ * memory; the real store, its metrics and its pool are untouched.
  */
 final class Warmup {
     private static final int LAYERS = 32;

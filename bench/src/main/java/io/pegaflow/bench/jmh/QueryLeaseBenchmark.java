@@ -27,10 +27,10 @@ import org.openjdk.jmh.annotations.TearDown;
 
 /**
  * Query + lease of an N-block resident prefix (the scheduler's lookup cost; the original
- * PegaFlow takes 3.5-6 ms for 32K blocks), and the release of such a lease, measured apart:
- * each benchmark's counterpart runs in a per-invocation fixture outside the timed region
- * (fine at millisecond scale). The cost does not depend on block size, so a block is one
- * 512-byte latent slot: 32K of them fit a 16 MiB pool.
+ * PegaFlow's figure is beside ours in docs/benchmarks/README.md), and the release of such a
+ * lease, measured apart: each benchmark's counterpart runs in a per-invocation fixture outside
+ * the timed region (fine at millisecond scale). The cost does not depend on block size, so a
+ * block is one 512-byte latent slot: 32K of them fit a 16 MiB pool.
  */
 @BenchmarkMode(Mode.AverageTime)
 @OutputTimeUnit(TimeUnit.MILLISECONDS)

@@ -20,11 +20,11 @@ import java.util.List;
  *                            background thread, a chunk a batch needs first being pinned at
  *                            once. Off by default: the driver serializes pinning with every
  *                            other call of the process, so on the H200 the engine was ready
- *                            no sooner (25 s for 60 GB either way; docs/gpu.md)
+ *                            no sooner (docs/gpu.md, "Pool attach")
  * @param hostDescriptors     the kernel reads descriptors straight from the lane's pinned
  *                            staging buffer (default) instead of a device copy uploaded
- *                            before each launch; on the H200 this was 0.1-0.2 GB/s faster
- *                            in both directions (docs/benchmarks/h200-ab/)
+ *                            before each launch; on the H200 this was slightly faster in
+ *                            both directions (docs/gpu.md, "Why this shape")
  * @param dmaBatch            a batch's long runs go to the copy engine in one
  *                            {@code cuMemcpyBatchAsync} per group (CUDA 12.8+; where the driver
  *                            lacks it, one {@code cuMemcpyAsync} per run as with {@code false})
@@ -33,15 +33,14 @@ import java.util.List;
  *                            layers) moves pool side through the copy engine into this buffer
  *                            and is scattered there by the kernel on the GPU (a save gathers,
  *                            then copies out), in {@code bounceSlots} slots so the two
- *                            overlap. The kernel reading or writing the pool over PCIe itself
- *                            reached 48.7 / 51.9 GB/s on the H200 where the copy engine moved
- *                            2 MiB runs at 54.9 (docs/gpu.md). Default 16 MiB
+ *                            overlap. The copy engine moves long runs over PCIe at the line,
+ *                            faster than the kernel reading or writing the pool there itself
+ *                            (docs/gpu.md, "Server mode at line speed"). Default 16 MiB
  *                            ({@code PEGAFLOW_CUDA_BOUNCE_MIB}) in 2 slots; the engine's
  *                            lanes hold {@code 2 * lanesPerDirection} of them (128 MiB)
  * @param bounceSlots         slots of the bounce buffer, 2 to 8: one copy engine call per slot,
- *                            so small slots leave gaps between calls: on the H200, 2 MiB
- *                            slots moved 52.6 / 50.9 GB/s, 8 MiB and larger 53.2-54.3
- *                            whether 2 or 4 of them (docs/gpu.md)
+ *                            so small slots leave gaps between calls; the slot's size matters,
+ *                            not the count (docs/gpu.md, "The bounce path's buffer")
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
         Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch,

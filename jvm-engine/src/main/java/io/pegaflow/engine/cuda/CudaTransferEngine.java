@@ -39,8 +39,8 @@ import java.util.function.LongFunction;
  *   <li><b>Per batch.</b> Descriptors contiguous on both sides are merged. Merged runs of at
  *       least {@link CudaOptions#dmaThresholdBytes()} go to the copy engine, listed into
  *       {@code cuMemcpyBatchAsync} calls where the driver has it ({@link CudaOptions#dmaBatch()};
- *       on the H200 one {@code cuMemcpyAsync} per 2 MiB run left a gap after each: 52 GB/s,
- *       against 55, the line, batched); the rest, vLLM's scattered
+ *       one {@code cuMemcpyAsync} per 2 MiB run leaves a gap after each, which batching
+ *       removes: docs/gpu.md, "How a batch moves"); the rest, vLLM's scattered
  *       16-64 KiB pieces, become descriptors and are moved by the NVRTC gather/scatter
  *       kernel, one CTA per piece, launched in chunks (256 pieces, doubling to 8192) so that
  *       building the next chunk's descriptors overlaps the copy of the previous one.</li>
@@ -50,8 +50,8 @@ import java.util.function.LongFunction;
  *       bounce buffer ({@link CudaOptions#bounceBytes()}) and the kernel scatters the slot
  *       to the pieces on a second stream; a save gathers into a slot, then copies it out.
  *       Slots handed between the streams by events keep the copy engine busy while the kernel
- *       works in device memory. On the H200 the copy engine moves 2 MiB runs at
- *       the line (54.9 GB/s) where the kernel's own PCIe reads reached 48.7.</li>
+ *       works in device memory. The copy engine moves long runs at the PCIe line, where the
+ *       kernel's own PCIe reads fall short of it (docs/gpu.md, "Server mode at line speed").</li>
  *   <li><b>Ordering.</b> A batch with a {@link CopyBatch#waitStream()} records an event on that
  *       stream when submitted and its lane waits for it, so a save reads what the caller's
  *       kernels wrote. Each group of a multi-group batch (a layer) records an event that
@@ -194,7 +194,7 @@ public final class CudaTransferEngine implements TransferEngine {
     /**
      * The bounce path's loads the same way: 16 KiB pieces back to back in the pool, in
      * reverse order on a scratch device buffer (so they do not merge), a dozen rounds on
-     * every load lane at once (~3 GiB, 60 ms on the H200).
+     * every load lane at once (~3 GiB in all; docs/gpu.md, "How a batch moves").
      */
     private void warmUpBounce() {
         long piece = 16 << 10;
@@ -300,10 +300,11 @@ public final class CudaTransferEngine implements TransferEngine {
 
     /**
      * Pins the pool in chunks ({@code registerChunkBytes}). Pinning pays per page and the
-     * driver serializes it within a process (on the H200, 16 threads pinned 60 GB no faster
-     * than one, docs/gpu.md), so with {@code pinInBackground} only the first chunk is pinned
-     * here and a daemon thread pins the rest in order; a batch that touches a chunk not yet
-     * pinned pins it first ({@link #ensurePinned}). Without it every chunk is pinned here.
+     * driver serializes it within a process (on the H200, 16 threads pinning chunks barely
+     * helped: docs/gpu.md, "Pool attach"), so with {@code pinInBackground} only the first chunk
+     * is pinned here and a daemon thread pins the rest in order; a batch that touches a chunk
+     * not yet pinned pins it first ({@link #ensurePinned}). Without it every chunk is pinned
+     * here.
      */
     private void register() {
         pin(0);

@@ -134,8 +134,8 @@ public final class HostPool implements AutoCloseable {
      * plain tmpfs such as {@code /dev/shm} (the default), 2 MiB (or the mount's size) on
      * hugetlbfs, and transparent huge pages on a tmpfs mounted with {@code huge=always} or
      * {@code within_size} ({@code advise}: through {@link #adviseHugePages}). Pinning a pool for
-     * CUDA pays per page: on the H200 a worker pinned a 60 GiB pool in 7.6 s on 4 KiB pages and in
-     * 1.6-1.7 s on huge pages of either kind (docs/gpu.md, "Pool attach").
+     * CUDA pays per page, so a worker pins a pool on huge pages of either kind several times
+     * faster than one on 4 KiB pages (docs/gpu.md, "Pool attach").
      *
      * @param fs        the file system type ({@code tmpfs}, {@code hugetlbfs}, ...; "unknown" when not found)
      * @param mount     its mount point

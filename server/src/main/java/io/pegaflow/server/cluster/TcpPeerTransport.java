@@ -156,10 +156,10 @@ public final class TcpPeerTransport implements PeerTransport {
      * once (a stream out of step trusts nothing after it), then each payload straight into its
      * place in the pool, {@link #CHECK_CHUNK} bytes at a time (smaller blocks: as many as fill that
      * in one scattering read), each piece summed while it is still in this core's cache. A
-     * separate pass over each batch afterwards, on a helper thread, read it back from memory
-     * (0.089 CPU-s per 512 MiB fetch on the build machine, whose two cores carry both hosts);
-     * summing in cache took a 512 MiB fetch's p50 from 283-302 to 270-276 ms (docs/cluster.md). A
-     * batch is one method call so the JIT compiles it after a few fetches.
+     * separate pass over each batch afterwards, on a helper thread, read it back from memory:
+     * CPU time of its own, which a busy host's cores cannot spare; summing each piece in cache
+     * made fetches faster (docs/cluster.md, "Where a fetch's CPU goes" and the changes after
+     * it). A batch is one method call so the JIT compiles it after a few fetches.
      */
     private final class BatchReader {
         /** Bytes read, then summed, at a time: within a core's L2, large enough for few system calls. */
