@@ -17,13 +17,13 @@ import re
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pegaflow._server import free_port, start_server
 from pegaflow.bench.engine_proc import EngineProc, EngineSpec
+from pegaflow.bench.openai_http import complete, metric, wait_ready
 
 pytestmark = [pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,35 +272,6 @@ def _api_server(model: str, port: int, endpoint: str, name: str, log: Path) -> s
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
-def _wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the API server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"the API server was not ready in {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _complete(port: int, model: str, prompt: str) -> dict:
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0, "logprobs": 1}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
-                                 {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
 def test_openai_api_server_answers_the_second_instance_from_the_store(model, server, tmp_path):
     from pegaflow.models.tiny import _WORDS
 
@@ -312,12 +283,12 @@ def test_openai_api_server_answers_the_second_instance_from_the_store(model, ser
             for port, name, log in zip(ports, ("api-a", "api-b"), logs)]
     try:
         for port, api, log in zip(ports, apis, logs):
-            _wait_ready(port, api, log)
-        first = _complete(ports[0], model, prompt)
-        second = _complete(ports[1], model, prompt)
+            wait_ready(port, api, log)
+        first = complete(ports[0], model, prompt, 16, logprobs=1)
+        second = complete(ports[1], model, prompt, 16, logprobs=1)
         time.sleep(1)
-        hits_b = _metric(ports[1], "vllm:pegaflow_hit_tokens_total")
-        saved_a = _metric(ports[0], "vllm:pegaflow_saved_blocks_total")
+        hits_b = metric(ports[1], "vllm:pegaflow_hit_tokens_total")
+        saved_a = metric(ports[0], "vllm:pegaflow_saved_blocks_total")
     finally:
         for api in apis:
             api.terminate()

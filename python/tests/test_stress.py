@@ -24,19 +24,18 @@ The engines live in child processes (``pegaflow.bench.engine_proc``), shared by 
 
 from __future__ import annotations
 
-import json
 import subprocess
 import threading
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from pegaflow._server import Server, free_port, start_server
 from pegaflow.bench.engine_proc import EngineProc, EngineSpec
-from test_e2e import BLOCK, BLOCK_BYTES, _api_server, _metric, _wait_ready, model, prompts  # noqa: F401
+from pegaflow.bench.openai_http import complete, metric, post, wait_ready
+from test_e2e import BLOCK, BLOCK_BYTES, _api_server, model, prompts  # noqa: F401
 
 pytestmark = [pytest.mark.stress]
 
@@ -196,24 +195,16 @@ def test_concurrent_warm_hits_under_kv_and_pool_pressure_answer_as_without_the_c
 # ------------------------------------------------------------------ aborts (OpenAI server)
 
 
-def _post(port: int, path: str, body: dict | None, timeout: float) -> dict:
-    data = json.dumps(body or {}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
-
-
 def _complete(port: int, model: str, tokens: list[int], max_tokens: int, timeout: float = 120) -> list[int]:
-    body = {"model": model, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}
-    return _post(port, "/v1/completions", body, timeout)["choices"][0]["token_ids"]
+    return complete(port, model, tokens, max_tokens, timeout, ignore_eos=True,
+                    return_token_ids=True)["choices"][0]["token_ids"]
 
 
 def _reset(port: int) -> bool:
     """vLLM's prefix cache emptied (VLLM_SERVER_DEV_MODE); retried while blocks of finished
     requests are still held for their saves."""
     for _ in range(50):
-        if _post(port, "/reset_prefix_cache", None, 30)["success"]:
+        if post(port, "/reset_prefix_cache", None, 30)["success"]:
             return True
         time.sleep(0.1)
     return False
@@ -224,7 +215,7 @@ def _idle(port: int, api: subprocess.Popen, log: Path, timeout: float = 30) -> t
     deadline = time.monotonic() + timeout
     while True:
         try:
-            busy = (_metric(port, "vllm:num_requests_running"), _metric(port, "vllm:num_requests_waiting"))
+            busy = (metric(port, "vllm:num_requests_running"), metric(port, "vllm:num_requests_waiting"))
         except OSError as e:
             time.sleep(1)
             raise AssertionError(f"the API server stopped answering ({e}; exit {api.poll()}):\n"
@@ -238,7 +229,7 @@ def _usage_settled(port: int, timeout: float = 10) -> float:
     """vLLM's KV cache usage once it reads 0 (blocks of finished requests wait for their saves),
     or at the timeout."""
     deadline = time.monotonic() + timeout
-    while (usage := _metric(port, "vllm:kv_cache_usage_perc")) and time.monotonic() < deadline:
+    while (usage := metric(port, "vllm:kv_cache_usage_perc")) and time.monotonic() < deadline:
         time.sleep(0.2)
     return usage
 
@@ -261,11 +252,11 @@ def test_requests_aborted_while_their_loads_are_pending_leak_no_lease_pin_or_blo
         # the connector-less answers, while the API server starts
         base = [x.token_ids for x in generate(b, ABORT, 12)]
         base_noise = [x.token_ids for x in generate(b, NOISE, 32)]
-        _wait_ready(port, api, log, timeout=300)
+        wait_ready(port, api, log, timeout=300)
         for p in ABORT:
             _complete(port, model, p, 1)  # saved to the store
         assert _reset(port)
-        hits0 = _metric(port, "vllm:pegaflow_hit_tokens_total")
+        hits0 = metric(port, "vllm:pegaflow_hit_tokens_total")
         results: dict[int, str] = {}
         noise: dict[int, list[int]] = {}
 
@@ -288,10 +279,10 @@ def test_requests_aborted_while_their_loads_are_pending_leak_no_lease_pin_or_blo
         for t in threads:
             t.join(120)
         assert _idle(port, api, log) == (0, 0), "requests still running or waiting after their clients left"
-        hits = _metric(port, "vllm:pegaflow_hit_tokens_total") - hits0
+        hits = metric(port, "vllm:pegaflow_hit_tokens_total") - hits0
         outcomes = list(results.values())
         facts = dict(aborted=outcomes.count("aborted"), done=outcomes.count("done"), hits=hits,
-                     loaded=_metric(port, "vllm:pegaflow_loaded_blocks_total"))
+                     loaded=metric(port, "vllm:pegaflow_loaded_blocks_total"))
         print("aborts:", facts)
         assert [noise.get(i) for i in range(len(NOISE))] == base_noise
         assert facts["aborted"] >= 4, facts
@@ -303,10 +294,10 @@ def test_requests_aborted_while_their_loads_are_pending_leak_no_lease_pin_or_blo
         # asked again, twice (the long prompts may have evicted some): the second from the store
         again = [_complete(port, model, p, 12) for p in ABORT]
         assert _reset(port)
-        loaded0 = _metric(port, "vllm:pegaflow_loaded_blocks_total")
+        loaded0 = metric(port, "vllm:pegaflow_loaded_blocks_total")
         stored = [_complete(port, model, p, 12) for p in ABORT]
         time.sleep(1)  # vLLM's /metrics is updated by its stats logger
-        loaded = _metric(port, "vllm:pegaflow_loaded_blocks_total") - loaded0
+        loaded = metric(port, "vllm:pegaflow_loaded_blocks_total") - loaded0
         assert again == base, "answers after the aborts differ from the connector-less engine's"
         assert stored == base, "answers from the store after the aborts differ from the connector-less engine's"
         assert loaded >= 4 * len(ABORT), dict(facts, loaded_after=loaded)

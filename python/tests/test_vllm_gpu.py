@@ -23,7 +23,6 @@ import random
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ ON_CPU = os.environ.get("PEGAFLOW_VLLM_TIER_CPU") == "1"
 
 from pegaflow._server import free_port, start_server  # noqa: E402
 from pegaflow.bench.engine_proc import EngineProc, EngineSpec  # noqa: E402
+from pegaflow.bench.openai_http import complete, metric, wait_ready  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -328,35 +328,6 @@ def _api_server(model: str, port: int, endpoint: str, name: str, log: Path) -> s
     return subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
 
 
-def _wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"the API server exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(1)
-    raise AssertionError(f"the API server was not ready in {timeout} s:\n{log.read_text()[-4000:]}")
-
-
-def _complete(port: int, model: str, tokens: list[int]) -> dict:
-    body = json.dumps({"model": model, "prompt": tokens, "max_tokens": 12, "temperature": 0,
-                       "logprobs": 1}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as r:
-        return json.loads(r.read())
-
-
-def _metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name + "{") or line.startswith(name + " "))
-
-
 def test_openai_api_server_answers_the_second_instance_from_the_store(models, server, tmp_path):
     """Two vLLM OpenAI servers (their own processes, vLLM's multiprocessing engine) share one
     pegaflow-server: the second answers a prompt it never saw from the first's saves, over HTTP,
@@ -368,13 +339,13 @@ def test_openai_api_server_answers_the_second_instance_from_the_store(models, se
             for port, name, log in zip(ports, ("api-a", "api-b"), logs)]
     try:
         for port, api, log in zip(ports, apis, logs):
-            _wait_ready(port, api, log)
-        _complete(ports[0], models["llama"], tokens)
-        hit = _complete(ports[0], models["llama"], tokens)
+            wait_ready(port, api, log)
+        complete(ports[0], models["llama"], tokens, 12, logprobs=1)
+        hit = complete(ports[0], models["llama"], tokens, 12, logprobs=1)
         time.sleep(1)
-        second = _complete(ports[1], models["llama"], tokens)
+        second = complete(ports[1], models["llama"], tokens, 12, logprobs=1)
         time.sleep(1)
-        hits_b = _metric(ports[1], "vllm:pegaflow_hit_tokens_total")
+        hits_b = metric(ports[1], "vllm:pegaflow_hit_tokens_total")
     finally:
         for api in apis:
             api.terminate()

@@ -27,15 +27,14 @@ import json
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from pegaflow.bench import openai_http
 
 SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # Variants of this project's systems, for choosing defaults by measurement: "<system>_async"
@@ -232,18 +231,10 @@ def load_test(systems: Systems, system: str, args, model: str, timeout: float) -
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=systems.work)
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"system {system}: API server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"system {system}: API server not ready:\n{log.read_text()[-3000:]}")
-                time.sleep(1)
+        try:
+            openai_http.wait_ready(port, proc, log, timeout)
+        except AssertionError as e:
+            raise RuntimeError(f"system {system}: {e}") from None
         rnd = random.Random(args.seed)
         uniques: list[list[int]] = []
         plan: list[list[int]] = []
@@ -254,14 +245,9 @@ def load_test(systems: Systems, system: str, args, model: str, timeout: float) -
                 p = [200 + len(uniques)] + [rnd.randrange(1000, 128000) for _ in range(length - 1)]
                 uniques.append(p)
                 plan.append(p)
-        body = lambda p: json.dumps({"model": model, "prompt": p, "max_tokens": 1, "temperature": 0}).encode()
-
         def one(p):
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body(p),
-                                         {"Content-Type": "application/json"})
             t = time.perf_counter()
-            with urllib.request.urlopen(req, timeout=600) as r:
-                r.read()
+            openai_http.complete(port, model, p, 1, timeout=600)
             return (time.perf_counter() - t) * 1e3
 
         one(plan[0][:2048])  # warm-up, not counted
