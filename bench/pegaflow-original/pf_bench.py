@@ -9,6 +9,9 @@ Run on a CUDA machine (one GPU is enough):
 If `pegaflow` is not importable the script unzips the wheel lying next to it
 into $TMPDIR/pfsite by itself.
 
+Why one file past 600 lines: it is copied alone onto the GPU machine beside the original's
+wheel and runs in that wheel's environment, with no import from this project.
+
 What it does, mirroring PegaFlow's own vLLM connector (pegaflow/connector/worker.py):
   * starts `pegaflow-server-py` (the binary behind the `pegaflow-server` console
     script) in its own process group with pegaflow._bin_utils.binary_env(),

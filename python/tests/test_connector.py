@@ -4,6 +4,9 @@ Every scenario runs vLLM's own Scheduler, Request, block hasher, KV-cache alloca
 output aggregation (``pegaflow.bench.sim``); only the model's forward is a deterministic
 writer, so "loaded bytes equal computed bytes" and "outputs equal the cold run's" are exact
 checks. Each test ends with vLLM drained: no request left and every GPU block free.
+
+Why one file past 600 lines: every scenario drives the same simulated engines and checks;
+the scenarios read as the connector's specification in one place.
 """
 
 from __future__ import annotations

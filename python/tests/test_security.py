@@ -4,6 +4,9 @@ Each case asserts the typed refusal, that the server stays healthy (Health answe
 other tenant's registration or bytes changed, and that the server's memory stays bounded. A
 seeded fuzz of gRPC messages and local-socket frames (bounded count and time) runs here too.
 Every case adds to ``TALLY``, written to ``out/security.json`` for docs/security.md.
+
+Why one file past 600 lines: the tier's cases share the hostile client, the victim fixture
+and the tally that docs/security.md's counts come from; one file keeps one tally.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ digest of tokens ``0..p`` (and the layer, and the TP rank unless MLA), and the s
 is derived from the same digest. So a cache hit that loads bytes must yield exactly the
 bytes, and the outputs, that computing would have.
 
+Why one file past 600 lines: it stands in for one vLLM engine (config, KV-cache plan, scheduler
+loop, TP ranks, the writer) whose parts only make sense together.
+
 The worker loop mirrors vLLM 0.33's ``vllm/v1/worker/gpu/kv_connector.py`` (``pre_forward``
 l.75-98: ``handle_preemptions``, ``bind_connector_metadata``, async loads started after the
 forward; ``post_forward`` l.136-160: ``wait_for_save``, ``get_transfer_results``,

@@ -36,6 +36,9 @@ import org.junit.jupiter.api.Test;
  * TTL and sweep interval where the implementation lets a test set them (see
  * {@link #followsTheConfiguredClock()}). The invariants, open operations and sweeps are
  * those of the control plane wherever it runs.
+ *
+ * <p>Why one file past 600 lines: a contract is written once and run against every
+ * implementation; split, a case could be left out of one of them.
  */
 public abstract class BlockStoreContract {
     private final Random rnd = new Random(42);

@@ -25,6 +25,10 @@ import java.util.Optional;
  * <p>Symbols are the versioned ones {@code cuda.h} maps to ({@code cuMemAlloc_v2} ...), so the
  * bindings do not depend on a header. Thread rule: a thread must make a context current
  * ({@link #ctxSetCurrent}) before calls that need one.
+ *
+ * <p>Why one file past 600 lines: every driver symbol the project binds, looked up once in one
+ * static holder and failing the same way when the library is absent; each binding is a few
+ * lines and they share the checking of every {@code CUresult}.
  */
 public final class CudaDriver {
     public static final String LIBRARY = "libcuda.so.1";
