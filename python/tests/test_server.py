@@ -100,6 +100,34 @@ def test_two_vllm_instances_share_one_server(server):
         assert stats["pegaflow_cache_resident_blocks"] >= 3 and stats["pegaflow_active_leases"] == 0
 
 
+def test_the_hit_rate_ceiling_counts_distinct_blocks_and_lookups_per_window(tmp_path):
+    """pegaflow_hit_rate_ceiling{window}: the share of block lookups whose block was asked for before
+    within the window (what a pool of unbounded size would serve), from a HyperLogLog per window."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    s = start_server(tmp_path / "pool", pool_size="16mb")
+    cache = Cache()
+    try:
+        with EngineClient(s.endpoint) as c:
+            c.register_instance("ceiling", "ns-ceiling", 1, 1)
+            c.register_worker("ceiling", 0, 0, cache.regions())
+            known, unknown = hashes(4), hashes(4)
+            c.save("ceiling", 0, [0, 1, 2, 3], known).wait()
+            for _ in range(2):
+                c.release("ceiling", c.query("ceiling", known).lease)
+            c.query("ceiling", unknown)  # a miss: asked for, never stored
+        text = s.http("/metrics")[1]
+    finally:
+        s.stop()
+    samples = {(smp.name, smp.labels.get("window")): smp.value
+               for f in text_string_to_metric_families(text) for smp in f.samples if "window" in smp.labels}
+    assert {w for _, w in samples} == {"15m", "1h", "1d"}
+    for w in ("15m", "1h", "1d"):
+        assert samples[("pegaflow_window_block_lookups", w)] == 12
+        assert samples[("pegaflow_distinct_blocks", w)] == pytest.approx(8, abs=0.5)
+        assert samples[("pegaflow_hit_rate_ceiling", w)] == pytest.approx(1 - 8 / 12, abs=0.05)
+
+
 def test_bad_input_gets_a_typed_error_and_nothing_is_lost(server):
     cache = Cache()
     with EngineClient(server.endpoint) as c:

@@ -28,6 +28,8 @@ import java.util.function.LongSupplier;
  * @param nanoClock     monotonic clock in nanoseconds (tests substitute a fake)
  * @param ssd           the SSD tier below the pool (null: none)
  * @param quotas        what each instance, and all together, may hold at once ({@link Quotas#DEFAULTS})
+ * @param hitCeilingWindows windows of the hit-rate ceiling's distinct-block sketch, e.g. {@code 15m}, {@code 1h}
+ *                      ({@link io.pegaflow.engine.metrics.DistinctBlocks}; empty: none)
  */
 public record EngineConfig(
         long poolBytes,
@@ -41,7 +43,8 @@ public record EngineConfig(
         MetricsSink metrics,
         LongSupplier nanoClock,
         SsdConfig ssd,
-        Quotas quotas) {
+        Quotas quotas,
+        java.util.List<String> hitCeilingWindows) {
 
     public static Builder builder() {
         return new Builder();
@@ -61,6 +64,7 @@ public record EngineConfig(
         private LongSupplier nanoClock = System::nanoTime;
         private SsdConfig ssd;
         private Quotas quotas = Quotas.DEFAULTS;
+        private java.util.List<String> hitCeilingWindows = java.util.List.of("15m", "1h", "1d");
 
         private Builder() {}
 
@@ -130,6 +134,11 @@ public record EngineConfig(
             return this;
         }
 
+        public Builder hitCeilingWindows(java.util.List<String> windows) {
+            this.hitCeilingWindows = windows == null ? java.util.List.of() : java.util.List.copyOf(windows);
+            return this;
+        }
+
         public EngineConfig build() {
             if (poolBytes < HostPool.ALIGNMENT) {
                 throw new InvalidArgumentException("pool size " + poolBytes + " bytes; expected at least "
@@ -153,8 +162,9 @@ public record EngineConfig(
             if (quotas == null) {
                 throw new InvalidArgumentException("quotas is null; expected Quotas.DEFAULTS or others");
             }
+            io.pegaflow.engine.metrics.DistinctBlocks.of(hitCeilingWindows); // refuses a bad window here, naming it
             return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory,
-                    metrics, nanoClock, ssd, quotas);
+                    metrics, nanoClock, ssd, quotas, hitCeilingWindows);
         }
 
         private static void requirePositive(String name, Duration d) {

@@ -88,6 +88,8 @@ public final class LocalStore implements BlockStore {
     private final Map<Token, PinnedForPeer> transfers = new HashMap<>();
     /** Blocks the operator pinned. */
     private final AdminPins adminPins;
+    /** Distinct blocks asked for per window: the hit-rate ceiling (queries' final answers only). */
+    private final io.pegaflow.engine.metrics.DistinctBlocks distinct;
     // --- end guarded ---
     /** The SSD tier and the pool bytes it reads from and writes into; set once, before use. */
     private volatile SsdTier ssd;
@@ -113,6 +115,7 @@ public final class LocalStore implements BlockStore {
         this.extraSink = config.metrics();
         this.allocator = new OffsetAllocator(capacityBytes);
         this.adminPins = new AdminPins(capacityBytes);
+        this.distinct = io.pegaflow.engine.metrics.DistinctBlocks.of(config.hitCeilingWindows());
         if (extraSink != null) {
             registerGauges(extraSink);
         }
@@ -179,6 +182,16 @@ public final class LocalStore implements BlockStore {
         } finally {
             lock.unlock();
         }
+    }
+
+    /** The hit-rate ceiling's sketch, read on this store's clock ({@link #clockNanos}). */
+    public io.pegaflow.engine.metrics.DistinctBlocks distinctBlocks() {
+        return distinct;
+    }
+
+    /** This store's clock (nanoseconds; a test's fake clock where one is configured). */
+    public long clockNanos() {
+        return clock.getAsLong();
     }
 
     /** The attached SSD tier, or null. */
@@ -573,6 +586,7 @@ public final class LocalStore implements BlockStore {
         int count = hashes.count();
         Token leaseId = null;
         int hit;
+        String answered = null; // the namespace of a final answer (not "not yet"), for the hit-rate ceiling
         lock.lock();
         try {
             checkOpen();
@@ -633,8 +647,12 @@ public final class LocalStore implements BlockStore {
             if (hit > 0) {
                 count(Counter.LEASES_CREATED, 1);
             }
+            answered = inst.ns.namespace;
         } finally {
             lock.unlock();
+        }
+        if (answered != null) {
+            distinct.observe(answered, hashes, clock.getAsLong()); // outside the store's lock: the sketch has its own
         }
         return new QueryResult(hit, leaseId);
     }

@@ -198,6 +198,7 @@ public final class PegaflowServer implements AutoCloseable {
             this.calls = new CallQuota(tenancy.maxCallsPerTenant());
             this.connections = new CallQuota(tenancy.maxCallsPerTenant()); // the local socket's, apart: idle ones are pooled
             TenantMetrics.register(registry, tenants, store, calls);
+            CeilingMetrics.register(registry, store.distinctBlocks(), store::clockNanos);
             EngineService service = new EngineService(store, sessions, tenants, this::health, this::close, waiting);
             this.rpcMetrics = new RpcMetrics(registry);
             // the JVM's own: heap, threads, GC, and the JIT's compile time (a fresh server compiles
