@@ -274,3 +274,43 @@ def test_vllm_reset_prefix_cache_with_reset_connector_clears_the_instances_names
         a.assert_drained()
     finally:
         s.stop()
+
+
+def test_events_stream_every_instances_stored_and_removed_blocks_in_order(tmp_path):
+    """GET /admin/events: the store's BlockStored / BlockRemoved events (vLLM's names, medium CPU,
+    vLLM's block hash) over every instance on the host, in order, resumable after `next`;
+    evictions and the operator's clear are removals; the tenants' token is refused."""
+    s = start_server(tmp_path / "pool", pool_size="1mb")  # 64 blocks of the test cache's 16 KiB
+    try:
+        a_cache, b_cache = Cache(), Cache()
+        with EngineClient(s.endpoint) as a, EngineClient(s.endpoint) as b:
+            ka = _registered(a, a_cache, "ev-a", "ns-ev-a", 3)
+            kb = _registered(b, b_cache, "ev-b", "ns-ev-b", 2)
+            a.flush()
+            b.flush()  # every save ended: its block sealed
+            status, first = s.admin("events")
+            assert status == 200 and first["gap"] is False, first
+            assert [(e["type"], e["medium"], e["namespace"], e["block_hash"]) for e in first["events"]] == \
+                [("BlockStored", "CPU", "ns-ev-a", k.hex()) for k in ka] + [("BlockStored", "CPU", "ns-ev-b", k.hex()) for k in kb]
+            assert [e["seq"] for e in first["events"]] == list(range(1, 6)) and first["next"] == 5
+
+            assert s.admin("clear", {"namespace": "ns-ev-a"})[0] == 200
+            status, cleared = s.admin(f"events?after={first['next']}")
+            assert sorted((e["type"], e["block_hash"]) for e in cleared["events"]) == sorted(("BlockRemoved", k.hex()) for k in ka)
+
+            more = hashes(64)  # a full pool's worth in ns-ev-a's instance: b's two blocks are evicted
+            _save(a, a_cache, "ev-a", more)
+            a.flush()
+            status, pressure = s.admin(f"events?after={cleared['next']}&max=10000")
+            removed = {e["block_hash"] for e in pressure["events"] if e["type"] == "BlockRemoved"}
+            assert {k.hex() for k in kb} <= removed, "evicted blocks are reported removed"
+            assert sum(e["type"] == "BlockStored" for e in pressure["events"]) == 64
+
+        assert s.admin("events", token="tenant")[0] == 403
+        for query, message in [("after=x", "query parameter 'after' is x; expected an integer"),
+                               ("colour=1", "query parameter colour; expected after or max"),
+                               ("max=0", "expected after >= 0 and 1..10000 events")]:
+            status, answer = s.admin(f"events?{query}")
+            assert status == 400 and message in answer["error"], answer
+    finally:
+        s.stop()

@@ -30,6 +30,7 @@ import java.util.function.LongSupplier;
  * @param quotas        what each instance, and all together, may hold at once ({@link Quotas#DEFAULTS})
  * @param hitCeilingWindows windows of the hit-rate ceiling's distinct-block sketch, e.g. {@code 15m}, {@code 1h}
  *                      ({@link io.pegaflow.engine.metrics.DistinctBlocks}; empty: none)
+ * @param kvEventCapacity block events the store keeps for readers ({@link KvEventLog}; 0: none)
  */
 public record EngineConfig(
         long poolBytes,
@@ -44,7 +45,8 @@ public record EngineConfig(
         LongSupplier nanoClock,
         SsdConfig ssd,
         Quotas quotas,
-        java.util.List<String> hitCeilingWindows) {
+        java.util.List<String> hitCeilingWindows,
+        int kvEventCapacity) {
 
     public static Builder builder() {
         return new Builder();
@@ -65,6 +67,7 @@ public record EngineConfig(
         private SsdConfig ssd;
         private Quotas quotas = Quotas.DEFAULTS;
         private java.util.List<String> hitCeilingWindows = java.util.List.of("15m", "1h", "1d");
+        private int kvEventCapacity = 65_536;
 
         private Builder() {}
 
@@ -134,6 +137,11 @@ public record EngineConfig(
             return this;
         }
 
+        public Builder kvEventCapacity(int events) {
+            this.kvEventCapacity = events;
+            return this;
+        }
+
         public Builder hitCeilingWindows(java.util.List<String> windows) {
             this.hitCeilingWindows = windows == null ? java.util.List.of() : java.util.List.copyOf(windows);
             return this;
@@ -163,8 +171,11 @@ public record EngineConfig(
                 throw new InvalidArgumentException("quotas is null; expected Quotas.DEFAULTS or others");
             }
             io.pegaflow.engine.metrics.DistinctBlocks.of(hitCeilingWindows); // refuses a bad window here, naming it
+            if (kvEventCapacity < 0 || kvEventCapacity > 1 << 24) {
+                throw new InvalidArgumentException("kvEventCapacity " + kvEventCapacity + "; expected 0..16777216");
+            }
             return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory,
-                    metrics, nanoClock, ssd, quotas, hitCeilingWindows);
+                    metrics, nanoClock, ssd, quotas, hitCeilingWindows, kvEventCapacity);
         }
 
         private static void requirePositive(String name, Duration d) {

@@ -88,6 +88,8 @@ public final class LocalStore implements BlockStore {
     private final Map<Token, PinnedForPeer> transfers = new HashMap<>();
     /** Blocks the operator pinned. */
     private final AdminPins adminPins;
+    /** Blocks stored into and removed from the pool, for routers (pegaflow-server's /admin/events). */
+    private final KvEventLog events;
     /** Distinct blocks asked for per window: the hit-rate ceiling (queries' final answers only). */
     private final io.pegaflow.engine.metrics.DistinctBlocks distinct;
     // --- end guarded ---
@@ -116,6 +118,7 @@ public final class LocalStore implements BlockStore {
         this.allocator = new OffsetAllocator(capacityBytes);
         this.adminPins = new AdminPins(capacityBytes);
         this.distinct = io.pegaflow.engine.metrics.DistinctBlocks.of(config.hitCeilingWindows());
+        this.events = new KvEventLog(config.kvEventCapacity());
         if (extraSink != null) {
             registerGauges(extraSink);
         }
@@ -182,6 +185,11 @@ public final class LocalStore implements BlockStore {
         } finally {
             lock.unlock();
         }
+    }
+
+    /** The block events of this store (stored into and removed from the pool, in order). */
+    public KvEventLog events() {
+        return events;
     }
 
     /** The hit-rate ceiling's sketch, read on this store's clock ({@link #clockNanos}). */
@@ -542,6 +550,7 @@ public final class LocalStore implements BlockStore {
                 residentBytes += b.bytes;
                 lru.addPinned(); // the save's own reference; unpin below may make it evictable
                 count(Counter.BLOCKS_SEALED, 1);
+                events.append(KvEventLog.Kind.STORED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
                 offerToSsd(b);
                 advertise(b);
             }
@@ -1248,6 +1257,7 @@ public final class LocalStore implements BlockStore {
             residentBlocks++;
             residentBytes += b.bytes;
             lru.addPinned();
+            events.append(KvEventLog.Kind.STORED, KvEventLog.CPU, b.ns.namespace, b.key.bytes()); // read back into the pool
             advertise(b);
         } else {
             Arrays.fill(b.slotState, Block.EMPTY);
@@ -1799,6 +1809,7 @@ public final class LocalStore implements BlockStore {
     private void dropResident(Block b) {
         residentBlocks--;
         residentBytes -= b.bytes;
+        events.append(KvEventLog.Kind.REMOVED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
         b.ns.blocks.remove(b);
         RemoteTier r = remote;
         if (r != null) {

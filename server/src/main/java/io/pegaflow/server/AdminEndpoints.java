@@ -48,7 +48,7 @@ final class AdminEndpoints {
     static final int MAX_BODY_BYTES = 1 << 20;
 
     private enum Op {
-        STATUS("GET"), CLEAR("POST"), DROP_INSTANCE("POST"), PIN("POST"), UNPIN("POST"), WARM("POST");
+        STATUS("GET"), CLEAR("POST"), DROP_INSTANCE("POST"), PIN("POST"), UNPIN("POST"), WARM("POST"), EVENTS("GET");
 
         final String method;
         final String path;
@@ -139,7 +139,7 @@ final class AdminEndpoints {
         if (!op.method.equals(ex.getRequestMethod())) {
             throw new Refused(405, op.path + " takes " + op.method + ", not " + Limits.quote(ex.getRequestMethod()));
         }
-        JsonObject in = op == Op.STATUS ? null : body(ex);
+        JsonObject in = op.method.equals("GET") ? null : body(ex);
         try {
             return switch (op) {
                 case STATUS -> status();
@@ -148,6 +148,7 @@ final class AdminEndpoints {
                 case PIN -> pin(in);
                 case UNPIN -> unpin(in);
                 case WARM -> warm(in);
+                case EVENTS -> events(ex.getRequestURI().getRawQuery());
             };
         } catch (Refused r) {
             throw r;
@@ -190,6 +191,54 @@ final class AdminEndpoints {
         }
         out.add("namespaces", namespaces);
         out.add("ssd", store.ssd() == null ? null : object("blocks", s.get(Gauge.SSD_BLOCKS), "bytes", s.get(Gauge.SSD_BYTES)));
+        return out;
+    }
+
+    /**
+     * {@code GET /admin/events?after=SEQ&max=N}: the store's block events after {@code SEQ} (0:
+     * from the oldest kept), at most N (default 1,000, at most {@link io.pegaflow.engine.KvEventLog#MAX_READ}),
+     * every namespace on the host; {@code next} is the {@code after} of the following call and
+     * {@code gap} says that events were dropped before this reader came for them.
+     */
+    private JsonObject events(String rawQuery) {
+        long after = 0;
+        int max = 1000;
+        if (rawQuery != null && !rawQuery.isEmpty()) {
+            if (rawQuery.length() > 256) {
+                throw new Refused(400, "query of " + rawQuery.length() + " characters; expected after=SEQ&max=N");
+            }
+            for (String pair : rawQuery.split("&")) {
+                int eq = pair.indexOf('=');
+                String key = eq < 0 ? pair : pair.substring(0, eq);
+                String value = eq < 0 ? "" : pair.substring(eq + 1);
+                try {
+                    switch (key) {
+                        case "after" -> after = Long.parseLong(value);
+                        case "max" -> max = Integer.parseInt(value);
+                        default -> throw new Refused(400, "query parameter " + Limits.quote(key) + "; expected after or max");
+                    }
+                } catch (NumberFormatException e) {
+                    throw new Refused(400, "query parameter '" + key + "' is " + Limits.quote(value) + "; expected an integer");
+                }
+            }
+        }
+        io.pegaflow.engine.KvEventLog.Batch b = store.events().after(after, max);
+        JsonArray list = new JsonArray();
+        HexFormat hex = HexFormat.of();
+        for (io.pegaflow.engine.KvEventLog.Event e : b.events()) {
+            JsonObject o = new JsonObject();
+            o.addProperty("seq", e.seq());
+            o.addProperty("type", e.kind().vllmName);
+            o.addProperty("medium", e.tier());
+            o.addProperty("namespace", e.namespace());
+            o.addProperty("block_hash", hex.formatHex(e.hash()));
+            o.addProperty("ts_ms", e.epochMillis());
+            list.add(o);
+        }
+        JsonObject out = new JsonObject();
+        out.addProperty("next", b.next());
+        out.addProperty("gap", b.gap());
+        out.add("events", list);
         return out;
     }
 
