@@ -66,10 +66,10 @@ final class PathsWorkerCommand implements Callable<Integer> {
                 : p -> new HostTransferEngine(p, 2);
         CudaDevice dev = cuda ? CudaDevice.open(device) : null;
         try (Arena arena = Arena.ofShared(); PegaEngine engine = EngineClient.open(endpoint, transfer, 30_000,
-                PathsCommand.joinSecret()).engine()) {
-            PathsCommand.Kv kv = PathsCommand.Kv.allocate(dev, arena, layers, pieceBytes, cacheBlocks);
+                ServerProcess.joinSecret()).engine()) {
+            Kv kv = Kv.allocate(dev, arena, layers, pieceBytes, cacheBlocks);
             engine.registerWorker(instance, new WorkerSpec(rank, rank, cuda ? device : -1, kv.regions()));
-            PathsCommand.Ids ids = new PathsCommand.Ids(cacheBlocks, 100 + rank);
+            Ids ids = new Ids(cacheBlocks, 100 + rank);
             java.util.Map<Long, long[]> saved = new java.util.HashMap<>();
             System.out.println("ready");
             System.out.flush();
@@ -87,7 +87,7 @@ final class PathsWorkerCommand implements Callable<Integer> {
                         long seed = Long.parseLong(w[1]);
                         int n = Integer.parseInt(w[2]);
                         long[] src = ids.take(n);
-                        BlockHashes h = PathsCommand.hashes(n, seed);
+                        BlockHashes h = Ids.hashes(n, seed);
                         kv.fill(src, (int) seed);
                         long t0 = System.nanoTime();
                         CopyResult r = engine.save(instance, rank, src, h).join();

@@ -275,7 +275,7 @@ final class SsdCommand implements Callable<Integer> {
     }
 
     private static double median(List<Double> xs) {
-        return PathsCommand.median(xs.stream().mapToDouble(Double::doubleValue).toArray());
+        return Stats.median(xs.stream().mapToDouble(Double::doubleValue).toArray());
     }
 
     private static List<Double> rounded(List<Double> xs) {

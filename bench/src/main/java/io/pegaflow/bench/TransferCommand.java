@@ -93,7 +93,7 @@ final class TransferCommand implements Callable<Integer> {
 
                 // --- the line: one large contiguous copy each way
                 long lineBytes = Math.min(blocks * llamaBlockBytes, pool.size());
-                double[] line = PathsCommand.lineSeconds(copies, pool, lineBytes, repeat);
+                double[] line = PathsEngineAlone.lineSeconds(copies, pool, lineBytes, repeat);
                 double lineH2dGbps = lineBytes / line[0] / 1e9;
                 double lineD2hGbps = lineBytes / line[1] / 1e9;
                 long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
