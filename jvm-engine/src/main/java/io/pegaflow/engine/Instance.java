@@ -33,6 +33,17 @@ final class Instance {
     }
 
     /**
+     * Ids are unguessable, and bound too: a lease or copy ({@code what}) acts only for the
+     * instance it was issued to (this one), so one tenant holding another's id still cannot
+     * end, load or release it.
+     */
+    void checkOwner(String instanceId, String what) {
+        if (!spec.instanceId().equals(instanceId)) {
+            throw new PermissionDeniedException(what + " was not issued to instance '" + instanceId + "'; refused");
+        }
+    }
+
+    /**
      * A registered worker and, after sealing, for each of its regions: the layer id and the
      * slot of a block it fills ({@code layout.slot(layerId, tpRank)}); with each region's
      * slot size, what every save and load plan reads per region, computed once here.
@@ -79,6 +90,24 @@ final class Instance {
                 }
             }
             return idx;
+        }
+
+        /**
+         * Block ids against the smallest of the selected regions ({@code null}: all of the
+         * worker's): one pass over the ids, whatever the layer count; the message names that region.
+         */
+        void checkBlockIds(int[] regionIdx, long[] ids, String what) {
+            LayerRegion smallest = null;
+            int n = regionIdx == null ? regions.length : regionIdx.length;
+            for (int k = 0; k < n; k++) {
+                LayerRegion r = regions[regionIdx == null ? k : regionIdx[k]];
+                if (smallest == null || r.numBlocks() < smallest.numBlocks()) {
+                    smallest = r;
+                }
+            }
+            if (smallest != null) {
+                smallest.checkBlockIds(ids, what);
+            }
         }
     }
 }

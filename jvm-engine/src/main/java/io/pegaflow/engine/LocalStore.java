@@ -1,30 +1,20 @@
 package io.pegaflow.engine;
 
 import io.pegaflow.engine.OpenCopy.OpenLoad;
-import io.pegaflow.engine.OpenCopy.PlannedBlock;
 import io.pegaflow.engine.OpenCopy.Reservation;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.CounterMetrics;
 import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.metrics.MetricsSink;
-import io.pegaflow.engine.pool.OffsetAllocator;
 import io.pegaflow.engine.ssd.SsdConfig;
 import io.pegaflow.engine.ssd.SsdTier;
 import java.lang.foreign.MemorySegment;
-import java.util.ArrayList;
-import java.security.SecureRandom;
-import java.util.Arrays;
 import java.util.EnumMap;
-import java.util.HashMap;
-import java.util.HashSet;
-import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
-import java.util.Set;
 import java.util.concurrent.Executors;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.locks.ReentrantLock;
 import java.util.function.LongSupplier;
 
 /**
@@ -39,69 +29,39 @@ import java.util.function.LongSupplier;
  * is {@link #beginLoad} (consumes the worker's lease share, pins the blocks, returns where
  * each slot is) and {@link #endCopy}. Every method may be called from any thread; each runs
  * under one lock and none waits for a copy.
+ *
+ * <p>The store is the arena of that lock ({@link StoreLock}): it holds the instances
+ * ({@link InstanceRegistry}) and the leases ({@link LeaseTable}), ends copies, sweeps, and
+ * aggregates named collaborators that run under the same lock: {@link PoolSpace} (allocation,
+ * eviction, sealing), {@link SavePath} and {@link LoadPath} (the write and read paths),
+ * {@link OpenCopies} (copies between plan and end, and the orphans of unregistered instances),
+ * {@link SsdReadBack} (the SSD tier), {@link PeerShare} (other hosts' pools) and
+ * {@link OperatorOps} (the operator's calls).
  */
 public final class LocalStore implements BlockStore {
-    private final OffsetAllocator allocator;
     private final CounterMetrics counters = new CounterMetrics();
     private final MetricsSink extraSink;
     private final LongSupplier clock;
     private final long inflightTtlNanos;
-    private final long copyTtlNanos;
     private final Quotas quotas;
-    /**
-     * What a plan promises ({@link CopyPlan#holdNanos}): its slots stay as they are this long
-     * from its issue even if its instance is unregistered. 10 s, or the copy TTL if shorter: a
-     * copy takes milliseconds to a second, and the pins of a client that really died are
-     * released soon after its session.
-     */
-    static final long HOLD_NANOS = TimeUnit.SECONDS.toNanos(10);
-    private final long holdNanos;
     private final ScheduledExecutorService sweeper;
 
-    private final ReentrantLock lock = new ReentrantLock();
+    private final StoreLock lock = new StoreLock();
     // --- guarded by lock ---
     private final InstanceRegistry registry = new InstanceRegistry();
+    private final PoolSpace pool;
     private final LeaseTable leases;
-    /** Loads still to refuse at their start (testing: pegaflow-server --inject-load-failures). */
-    private final java.util.concurrent.atomic.AtomicInteger injectedLoadFailures = new java.util.concurrent.atomic.AtomicInteger();
-    private final LruList lru = new LruList();
-    private final Set<Block> inflight = new HashSet<>();
-    private long residentBlocks;
-    private long residentBytes;
-    private boolean closed;
-    /** Saves and loads between their plan and endCopy, by plan id. */
-    private final Map<Token, OpenCopy> open = new HashMap<>();
-    /** Open copies of unregistered instances: no longer endable, held until their hold ends ({@link #unregisterInstance}). */
-    private final List<OpenCopy> orphans = new ArrayList<>();
-    /** The store clock's time of the next scheduled orphan release (Long.MAX_VALUE: none). */
-    private long orphanWakeAt = Long.MAX_VALUE;
-    private final SecureRandom ids = new SecureRandom();
-    /** Blocks being read back from SSD, over every request. */
-    private int prefetchInFlight;
-    /** Blocks waiting for a read slot (indexed, pinned, no pool space yet), oldest first. */
-    private final java.util.ArrayDeque<Block> fetchQueue = new java.util.ArrayDeque<>();
-    private long queuedFetchBytes;
-    /** Reads back from SSD ever queued (an operator's warm counts what it started). */
-    private long readsQueued;
-    private boolean pumping;
-    /** Blocks pinned for peers' reads, by pin id, with their deadlines. */
-    private final Map<Token, PinnedForPeer> transfers = new HashMap<>();
-    /** Blocks the operator pinned. */
-    private final AdminPins adminPins;
+    private final OpenCopies copies;
+    private final SavePath saves;
+    private final LoadPath loads;
+    private final SsdReadBack readBack;
+    private final PeerShare peers;
+    private final OperatorOps operator;
     /** Blocks stored into and removed from the pool, for routers (pegaflow-server's /admin/events). */
     private final KvEventLog events;
     /** Distinct blocks asked for per window: the hit-rate ceiling (queries' final answers only). */
     private final io.pegaflow.engine.metrics.DistinctBlocks distinct;
     // --- end guarded ---
-    /** The SSD tier and the pool bytes it reads from and writes into; set once, before use. */
-    private volatile SsdTier ssd;
-    private volatile MemorySegment poolMemory;
-    /** Other hosts' pools (cross-node sharing); set once, before use. */
-    private volatile RemoteTier remote;
-    /** Sums sealed blocks ahead of peers' reads; set with {@link #remote}. */
-    private volatile BlockChecksums checksums;
-
-    private record PinnedForPeer(Block[] blocks, long deadlineNanos) {}
 
     /** A store handing out offsets in a pool of {@code capacityBytes}. */
     public LocalStore(EngineConfig config, long capacityBytes) {
@@ -109,19 +69,28 @@ public final class LocalStore implements BlockStore {
             throw new InvalidArgumentException("engine config is null; expected EngineConfig.builder()...build()");
         }
         this.clock = config.nanoClock();
-        this.leases = new LeaseTable(config.leaseTtl().toNanos(), this::pinAll, this::unpinAll);
-        this.inflightTtlNanos = config.inflightTtl().toNanos();
-        this.copyTtlNanos = config.copyTtl().toNanos();
-        this.quotas = config.quotas();
-        this.holdNanos = Math.min(HOLD_NANOS, copyTtlNanos);
-        this.extraSink = config.metrics();
-        this.allocator = new OffsetAllocator(capacityBytes);
-        this.adminPins = new AdminPins(capacityBytes);
         this.distinct = io.pegaflow.engine.metrics.DistinctBlocks.of(config.hitCeilingWindows());
         this.events = new KvEventLog(config.kvEventCapacity());
-        if (extraSink != null) {
-            registerGauges(extraSink);
-        }
+        this.inflightTtlNanos = config.inflightTtl().toNanos();
+        this.quotas = config.quotas();
+        this.extraSink = config.metrics();
+        this.pool = new PoolSpace(capacityBytes, this::count, new PoolSpace.Residency() {
+            @Override
+            public void sealed(Block b, boolean saved) {
+                events.append(KvEventLog.Kind.STORED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
+                if (saved) {
+                    readBack.offer(b);
+                }
+                peers.advertise(b);
+            }
+
+            @Override
+            public void dropped(Block b) {
+                events.append(KvEventLog.Kind.REMOVED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
+                peers.evicted(b);
+            }
+        });
+        this.leases = new LeaseTable(config.leaseTtl().toNanos(), pool::pinAll, pool::unpinAll);
         if (config.sweepInterval().isZero()) {
             this.sweeper = null;
         } else {
@@ -130,6 +99,18 @@ public final class LocalStore implements BlockStore {
                 t.setDaemon(true);
                 return t;
             });
+        }
+        this.copies = new OpenCopies(lock, pool, this::count, clock, config.copyTtl().toNanos(), sweeper);
+        this.saves = new SavePath(lock, registry, pool, copies, quotas, this::count, clock);
+        this.readBack = new SsdReadBack(lock, pool, this::count, clock);
+        this.peers = new PeerShare(lock, pool, registry, copies, this::count, clock);
+        this.loads = new LoadPath(lock, registry, pool, leases, copies, readBack, peers, quotas, this::count, clock,
+                distinct);
+        this.operator = new OperatorOps(lock, pool, registry, readBack, this::count, clock);
+        if (extraSink != null) {
+            registerGauges(extraSink);
+        }
+        if (sweeper != null) {
             long every = config.sweepInterval().toNanos();
             sweeper.scheduleWithFixedDelay(this::sweepQuietly, every, every, TimeUnit.NANOSECONDS);
         }
@@ -142,22 +123,14 @@ public final class LocalStore implements BlockStore {
      * bytes the store's offsets refer to). The store owns the tier and closes it.
      */
     public SsdTier attachSsd(SsdConfig config, MemorySegment pool) {
-        if (config == null || pool == null || pool.byteSize() < allocator.capacityBytes()) {
+        if (config == null || pool == null || pool.byteSize() < this.pool.capacityBytes()) {
             throw new InvalidArgumentException("SSD tier " + config + " with pool memory " + pool
-                    + "; expected both, the pool at least " + allocator.capacityBytes() + " bytes");
+                    + "; expected both, the pool at least " + this.pool.capacityBytes() + " bytes");
         }
-        lock.lock();
-        try {
-            checkOpen();
-            if (ssd != null) {
-                throw new InvalidArgumentException("an SSD tier is already attached");
-            }
-            poolMemory = pool;
-            ssd = SsdTier.open(config, this::count); // rebuilds its index from the shard files
-            return ssd;
-        } finally {
-            lock.unlock();
-        }
+        return lock.locked(() -> {
+            lock.checkOpen();
+            return readBack.attach(config, pool);
+        });
     }
 
     /**
@@ -166,25 +139,14 @@ public final class LocalStore implements BlockStore {
      * {@code pool} is the pool's memory as this process maps it (fetched blocks land there).
      */
     public void attachRemote(RemoteTier tier, MemorySegment pool) {
-        if (tier == null || pool == null || pool.byteSize() < allocator.capacityBytes()) {
+        if (tier == null || pool == null || pool.byteSize() < this.pool.capacityBytes()) {
             throw new InvalidArgumentException("remote tier " + tier + " with pool memory " + pool
-                    + "; expected both, the pool at least " + allocator.capacityBytes() + " bytes");
+                    + "; expected both, the pool at least " + this.pool.capacityBytes() + " bytes");
         }
-        lock.lock();
-        try {
-            checkOpen();
-            if (remote != null) {
-                throw new InvalidArgumentException("a remote tier is already attached");
-            }
-            if (poolMemory != null && poolMemory.address() != pool.address()) {
-                throw new InvalidArgumentException("remote tier pool memory differs from the SSD tier's");
-            }
-            poolMemory = pool;
-            checksums = new BlockChecksums(this::sumAhead);
-            remote = tier;
-        } finally {
-            lock.unlock();
-        }
+        lock.locked(() -> {
+            lock.checkOpen();
+            peers.attach(tier, pool);
+        });
     }
 
     /** The block events of this store (stored into and removed from the pool, in order). */
@@ -204,7 +166,7 @@ public final class LocalStore implements BlockStore {
 
     /** The attached SSD tier, or null. */
     public SsdTier ssd() {
-        return ssd;
+        return readBack.tier();
     }
 
     // ---------------------------------------------------------------- registration
@@ -219,13 +181,10 @@ public final class LocalStore implements BlockStore {
             throw new InvalidArgumentException("instance spec is null");
         }
         spec.validate();
-        lock.lock();
-        try {
-            checkOpen();
+        lock.locked(() -> {
+            lock.checkOpen();
             registry.register(spec);
-        } finally {
-            lock.unlock();
-        }
+        });
     }
 
     /**
@@ -238,25 +197,19 @@ public final class LocalStore implements BlockStore {
     @Override
     public void registerWorker(String instanceId, WorkerSpec worker) {
         InstanceRegistry.checkWorker(instanceId, worker);
-        lock.lock();
-        try {
-            checkOpen();
+        lock.locked(() -> {
+            lock.checkOpen();
             registry.addWorker(instanceId, worker);
-        } finally {
-            lock.unlock();
-        }
+        });
     }
 
     /** Whether every worker of the instance has registered. */
     @Override
     public boolean isSealed(String instanceId) {
-        lock.lock();
-        try {
-            checkOpen();
+        return lock.locked(() -> {
+            lock.checkOpen();
             return registry.get(instanceId).sealed();
-        } finally {
-            lock.unlock();
-        }
+        });
     }
 
     /**
@@ -271,88 +224,12 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public void unregisterInstance(String instanceId) {
-        lock.lock();
-        try {
-            checkOpen();
+        lock.locked(() -> {
+            lock.checkOpen();
             Instance inst = registry.remove(instanceId);
             leases.removeAll(inst);
-            long first = Long.MAX_VALUE;
-            for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
-                OpenCopy op = it.next();
-                if (op.instance() == inst) {
-                    it.remove();
-                    inst.openCopies--;
-                    orphans.add(op);
-                    first = Math.min(first, heldUntil(op) - clock.getAsLong());
-                }
-            }
-            if (first != Long.MAX_VALUE) {
-                wakeForOrphans(first); // released when their hold ends, not at the next periodic sweep (up to 30 s later)
-            }
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    /** When an open copy's hold ends: its issue plus {@link #holdNanos}. */
-    private long heldUntil(OpenCopy op) {
-        return op.deadlineNanos() - copyTtlNanos + holdNanos;
-    }
-
-    /**
-     * Under lock: has the sweeper thread release orphans in {@code delay} ns, unless a wake-up
-     * at that time or earlier is already due (one chain of wake-ups, whatever the unregisters).
-     */
-    private void wakeForOrphans(long delay) {
-        long at = clock.getAsLong() + Math.max(0, delay);
-        if (sweeper == null || (orphanWakeAt != Long.MAX_VALUE && orphanWakeAt - at <= 0)) {
-            return; // no sweeper thread (sweep() releases them), or woken in time already
-        }
-        orphanWakeAt = at;
-        try {
-            sweeper.schedule(this::releaseOrphansQuietly, Math.max(0, delay) + 1, TimeUnit.NANOSECONDS);
-        } catch (java.util.concurrent.RejectedExecutionException e) {
-            // closing: close() drops them
-        }
-    }
-
-    /** The scheduled release: rolls back what is due, and comes back for the next one. */
-    private void releaseOrphansQuietly() {
-        lock.lock();
-        try {
-            if (closed) {
-                return;
-            }
-            orphanWakeAt = Long.MAX_VALUE;
-            long next = releaseOrphans(clock.getAsLong());
-            if (next != Long.MAX_VALUE) {
-                wakeForOrphans(next);
-            }
-        } catch (RuntimeException e) {
-            System.getLogger(LocalStore.class.getName()).log(System.Logger.Level.WARNING,
-                    "releasing the open copies of unregistered instances failed", e);
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    /**
-     * Rolls back the open copies of unregistered instances whose hold has ended; the
-     * nanoseconds until the next one's ends ({@code Long.MAX_VALUE}: none left).
-     */
-    private long releaseOrphans(long now) {
-        long next = Long.MAX_VALUE;
-        for (Iterator<OpenCopy> it = orphans.iterator(); it.hasNext(); ) {
-            OpenCopy op = it.next();
-            long left = heldUntil(op) - now;
-            if (left <= 0) {
-                it.remove();
-                abort(op);
-            } else {
-                next = Math.min(next, left);
-            }
-        }
-        return next;
+            copies.orphan(inst);
+        });
     }
 
     // ---------------------------------------------------------------- save
@@ -370,192 +247,7 @@ public final class LocalStore implements BlockStore {
     @Override
     public CopyPlan reserveSave(String instanceId, int workerRank, List<String> layerNames, long[] blockIds,
             BlockHashes hashes) {
-        if (blockIds == null || hashes == null) {
-            throw new InvalidArgumentException("save: blockIds and hashes must not be null");
-        }
-        if (blockIds.length != hashes.count()) {
-            throw new InvalidArgumentException("save: " + blockIds.length + " block ids but " + hashes.count()
-                    + " hashes; expected equal counts");
-        }
-        List<PlannedBlock> planned = new ArrayList<>();
-        lock.lock();
-        try {
-            checkOpen();
-            Instance inst = registry.sealed(instanceId);
-            Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
-            int[] regionIdx = worker.selectRegions(inst.spec.instanceId(), layerNames);
-            Limits.checkPlan("save", blockIds.length, regionIdx.length);
-            checkBlockIds(worker, regionIdx, blockIds, "blockIds");
-            quotas.checkCopy(inst, "a save", open.size());
-            planSave(inst, worker, regionIdx, blockIds, hashes, planned);
-            int skipped = hashes.count() - planned.size();
-            count(Counter.SAVE_REQUESTS, 1);
-            count(Counter.SAVE_SKIPPED_BLOCKS, skipped);
-            if (planned.isEmpty()) {
-                return CopyPlan.nothing(skipped);
-            }
-            Token id = newCopyId();
-            Reservation reservation = new Reservation(inst, worker, planned, clock.getAsLong() + copyTtlNanos);
-            opened(id, reservation);
-            return reservation.plan(id, skipped, holdNanos);
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    /**
-     * Block ids against the smallest of the selected regions ({@code null}: all of the
-     * worker's): one pass over the ids, whatever the layer count; the message names that region.
-     */
-    private static void checkBlockIds(Instance.Worker worker, int[] regionIdx, long[] ids, String what) {
-        LayerRegion smallest = null;
-        int n = regionIdx == null ? worker.regions.length : regionIdx.length;
-        for (int k = 0; k < n; k++) {
-            LayerRegion r = worker.regions[regionIdx == null ? k : regionIdx[k]];
-            if (smallest == null || r.numBlocks() < smallest.numBlocks()) {
-                smallest = r;
-            }
-        }
-        if (smallest != null) {
-            smallest.checkBlockIds(ids, what);
-        }
-    }
-
-    /**
-     * Under lock: decides what to write, checks capacity, then allocates and claims slots. The
-     * per-region facts (slot, bytes) come from the worker (computed when it was sealed); a block none of whose
-     * selected slots exist yet (the usual case) shares the call's region list; a hash repeated
-     * in the call is planned once (its later copies count as skipped).
-     */
-    private void planSave(Instance inst, Instance.Worker worker, int[] regionIdx, long[] blockIds, BlockHashes hashes,
-            List<PlannedBlock> plans) {
-        NamespaceIndex ns = inst.ns;
-        int[] slotOf = worker.slots;
-        long[] slotBytesOf = worker.slotBytes;
-        long allBytes = 0;
-        for (int r : regionIdx) {
-            allBytes += slotBytesOf[r];
-        }
-        Set<HashKey> seen = new HashSet<>();
-        long needed = 0;
-        byte[] packed = hashes.packed();
-        int len = hashes.hashLen();
-        for (int i = 0; i < hashes.count(); i++) {
-            Block b = ns.blocks.get(packed, i * len, len);
-            if (b != null && b.sealed) {
-                continue;
-            }
-            HashKey key = b == null ? HashKey.of(hashes, i) : b.key;
-            if (!seen.add(key)) {
-                continue; // repeated in this call: its first copy is planned
-            }
-            int[] todo = regionIdx;
-            long bytes = allBytes;
-            if (b != null) {
-                int[] some = new int[regionIdx.length];
-                int n = 0;
-                bytes = 0;
-                for (int r : regionIdx) {
-                    if (b.slotState[slotOf[r]] == Block.EMPTY) {
-                        some[n++] = r;
-                        bytes += slotBytesOf[r];
-                    }
-                }
-                if (n == 0) {
-                    continue;
-                }
-                todo = n == some.length ? regionIdx : Arrays.copyOf(some, n);
-            }
-            plans.add(new PlannedBlock(i, key, b, todo, bytes));
-            needed += allocatedBytes(bytes);
-        }
-        if (needed > allocator.freeBytes() + lru.evictableBytes()) {
-            count(Counter.POOL_ALLOC_FAILURES, 1);
-            plans.clear();
-            throw new PoolExhaustedException("host pool exhausted: saving needs " + Sizes.format(needed)
-                    + " but the pool (" + Sizes.format(allocator.capacityBytes()) + ") has " + Sizes.format(allocator.freeBytes())
-                    + " free and " + Sizes.format(lru.evictableBytes()) + " evictable; " + lru.pinnedBlocks()
-                    + " blocks are pinned by leases or loads and " + inflight.size() + " blocks are being assembled");
-        }
-        long now = clock.getAsLong();
-        for (int p = 0; p < plans.size(); p++) {
-            PlannedBlock plan = plans.get(p);
-            long handle;
-            while ((handle = allocator.allocate(plan.bytes)) == OffsetAllocator.NO_SPACE) {
-                if (!evictOne()) {
-                    rollbackSave(worker, plans.subList(0, p));
-                    count(Counter.POOL_ALLOC_FAILURES, 1);
-                    plans.clear();
-                    throw new PoolExhaustedException("host pool exhausted: no free range of " + Sizes.format(plan.bytes)
-                            + " after evicting every unreferenced block (" + Sizes.format(allocator.freeBytes())
-                            + " free in fragments)");
-                }
-            }
-            plan.allocation = handle;
-            Block b = plan.block;
-            if (b == null) {
-                // A hash repeated in this call was filtered above, so the key is still absent.
-                b = new Block(ns, plan.key, now);
-                ns.blocks.put(b);
-                inflight.add(b);
-                plan.block = b;
-            }
-            b.addAllocation(handle, allocator.sizeBytes(handle));
-            long offset = allocator.offsetBytes(handle);
-            byte[] state = b.slotState;
-            long[] slotOffset = b.slotOffset;
-            for (int r : plan.regions) {
-                int slot = slotOf[r];
-                state[slot] = Block.WRITING;
-                slotOffset[slot] = offset;
-                offset += slotBytesOf[r];
-            }
-            lru.pin(b);
-        }
-    }
-
-    /** Under lock: undoes the allocations and slot claims of a save that did not happen. */
-    private void rollbackSave(Instance.Worker worker, List<PlannedBlock> done) {
-        for (PlannedBlock plan : done) {
-            Block b = plan.block;
-            for (int r : plan.regions) {
-                int slot = worker.slots[r];
-                b.slotState[slot] = Block.EMPTY;
-                b.slotOffset[slot] = -1;
-            }
-            allocator.free(plan.allocation);
-            b.removeAllocation(plan.allocation);
-            unpin(b);
-        }
-    }
-
-    /** Under lock: fills (ok) or releases the slots of a reservation. */
-    private void commitLocked(Instance inst, Instance.Worker worker, List<PlannedBlock> plans, boolean ok) {
-        if (!ok) {
-            rollbackSave(worker, plans);
-            return;
-        }
-        long now = clock.getAsLong();
-        for (PlannedBlock plan : plans) {
-            Block b = plan.block;
-            for (int r : plan.regions) {
-                b.slotState[worker.slots[r]] = Block.FILLED;
-                b.filled++;
-            }
-            b.touchedNanos = now;
-            if (b.complete() && !b.sealed) {
-                b.sealed = true;
-                inflight.remove(b);
-                residentBlocks++;
-                residentBytes += b.bytes;
-                lru.addPinned(); // the save's own reference; unpin below may make it evictable
-                count(Counter.BLOCKS_SEALED, 1);
-                events.append(KvEventLog.Kind.STORED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
-                offerToSsd(b);
-                advertise(b);
-            }
-            unpin(b);
-        }
+        return saves.reserve(instanceId, workerRank, layerNames, blockIds, hashes);
     }
 
     // ---------------------------------------------------------------- query
@@ -563,22 +255,7 @@ public final class LocalStore implements BlockStore {
     /** See {@link BlockStore#flush}: the remote tier's queue of advertisements, sent (not under the lock). */
     @Override
     public void flush() {
-        RemoteTier r = remote;
-        if (r == null) {
-            return;
-        }
-        try {
-            r.flush();
-        } catch (java.util.concurrent.TimeoutException e) {
-            throw new PegaflowException(ErrorCode.TIMEOUT, "flush: the cluster registry did not confirm in time: " + e.getMessage(), e);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new PegaflowException(ErrorCode.UNAVAILABLE, "flush interrupted", e);
-        } catch (PegaflowException e) {
-            throw e;
-        } catch (Exception e) {
-            throw new PegaflowException(ErrorCode.UNAVAILABLE, "flush: the cluster registry is unavailable: " + e, e);
-        }
+        peers.flush();
     }
 
     /**
@@ -589,98 +266,13 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public QueryResult query(String instanceId, BlockHashes hashes) {
-        if (hashes == null) {
-            throw new InvalidArgumentException("query: hashes must not be null");
-        }
-        int count = hashes.count();
-        Token leaseId = null;
-        int hit;
-        String answered = null; // the namespace of a final answer (not "not yet"), for the hit-rate ceiling
-        lock.lock();
-        try {
-            checkOpen();
-            Instance inst = registry.sealed(instanceId);
-            long now = clock.getAsLong();
-            expireLeases(now);
-            if (count > 0) {
-                quotas.checkLease(inst, count, leases.size(), leases.leasedBlocks()); // before anything is planned
-            }
-            Block[] found = new Block[count];
-            hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), count, found);
-            if ((ssd != null || remote != null) && hit < count) {
-                // The resident prefix is pinned while reads are planned (they may evict), and
-                // unpinning makes it the newest: the read-back evicts older blocks first.
-                for (int i = 0; i < hit; i++) {
-                    lru.pin(found[i]);
-                }
-                int pending;
-                try {
-                    pending = prefetch(inst.ns, hashes, hit, now);
-                } finally {
-                    for (int i = 0; i < hit; i++) {
-                        lru.unpin(found[i]);
-                    }
-                }
-                if (pending == 0 && remote != null
-                        && inst.ns.blocks.get(hashes.packed(), hit * hashes.hashLen(), hashes.hashLen()) == null
-                        && remote.missed(inst.ns.namespace, hashes, hit)) {
-                    pending = count - hit; // a lookup or fetch is under way; its run is not known yet
-                }
-                if (pending > 0) {
-                    count(Counter.QUERY_REQUESTS, 1);
-                    count(Counter.SSD_PENDING_ANSWERS, 1);
-                    return new QueryResult(hit, null, pending);
-                }
-            }
-            int fromSsd = 0;
-            int fromPeer = 0;
-            for (int i = 0; i < hit; i++) {
-                if (found[i].fromSsd) {
-                    found[i].fromSsd = false;
-                    fromSsd++;
-                } else if (found[i].fromPeer) {
-                    found[i].fromPeer = false;
-                    fromPeer++;
-                }
-            }
-            count(Counter.TIER_SSD_BLOCKS, fromSsd);
-            count(Counter.TIER_PEER_BLOCKS, fromPeer);
-            count(Counter.TIER_DRAM_BLOCKS, hit - fromSsd - fromPeer);
-            count(Counter.TIER_MISS_BLOCKS, count - hit);
-            if (hit > 0) {
-                leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
-            }
-            count(Counter.QUERY_REQUESTS, 1);
-            count(Counter.HIT_BLOCKS, hit);
-            count(Counter.MISS_BLOCKS, count - hit);
-            if (hit > 0) {
-                count(Counter.LEASES_CREATED, 1);
-            }
-            answered = inst.ns.namespace;
-        } finally {
-            lock.unlock();
-        }
-        if (answered != null) {
-            distinct.observe(answered, hashes, clock.getAsLong()); // outside the store's lock: the sketch has its own
-        }
-        return new QueryResult(hit, leaseId);
+        return loads.query(instanceId, hashes);
     }
 
     /** Drops a lease and all its remaining shares. */
     @Override
     public void release(String instanceId, Token leaseId) {
-        if (leaseId == null) {
-            throw new InvalidArgumentException("release: lease is null");
-        }
-        lock.lock();
-        try {
-            checkOpen();
-            expireLeases(clock.getAsLong());
-            checkOwner(leases.get(leaseId).instance, instanceId, "lease " + leaseId);
-            leases.remove(leaseId);
-        } finally {
-            lock.unlock();
-        }
+        loads.release(instanceId, leaseId);
     }
 
     // ---------------------------------------------------------------- load
@@ -701,57 +293,12 @@ public final class LocalStore implements BlockStore {
      * against a real store. 0 turns it off.
      */
     public void injectLoadFailures(int n) {
-        if (n < 0) {
-            throw new InvalidArgumentException("injected load failures " + n + "; expected >= 0");
-        }
-        injectedLoadFailures.set(n);
+        loads.injectLoadFailures(n);
     }
 
     @Override
     public CopyPlan beginLoad(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds, int planBlocks) {
-        if (planBlocks < 1) {
-            throw new InvalidArgumentException("load: plan_blocks " + planBlocks + "; expected >= 1 (or 0 on the wire: all)");
-        }
-        if (leaseId == null || dstBlockIds == null) {
-            throw new InvalidArgumentException("load: lease and dstBlockIds must not be null");
-        }
-        if (injectedLoadFailures.getAndUpdate(n -> Math.max(0, n - 1)) > 0) {
-            count(Counter.LOAD_FAULTS_INJECTED, 1);
-            throw new TransferFailedException("load of lease " + leaseId + " refused: a fault injected for testing "
-                    + "(--inject-load-failures)", dstBlockIds, null);
-        }
-        lock.lock();
-        try {
-            checkOpen();
-            Instance inst = registry.sealed(instanceId);
-            Instance.Worker worker = InstanceRegistry.worker(inst, workerRank);
-            expireLeases(clock.getAsLong());
-            Lease lease = leases.get(leaseId);
-            checkOwner(lease.instance, instanceId, "lease " + leaseId);
-            if (lease.consumedBy.get(workerRank)) {
-                throw new InvalidArgumentException("worker " + workerRank + " already consumed its share of lease " + leaseId);
-            }
-            if (dstBlockIds.length != lease.blocks.length) {
-                throw new InvalidArgumentException("load of lease " + leaseId + ": " + dstBlockIds.length
-                        + " destination block ids for " + lease.blocks.length + " leased blocks; expected equal counts");
-            }
-            Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
-            checkBlockIds(worker, null, dstBlockIds, "dstBlockIds");
-            quotas.checkCopy(lease.instance, "a load", open.size());
-            Block[] blocks = lease.blocks;
-            lease.consumedBy.set(workerRank);
-            pinAll(blocks);
-            if (lease.fullyConsumed()) {
-                leases.remove(leaseId);
-            }
-            count(Counter.LOAD_REQUESTS, 1);
-            Token id = newCopyId();
-            OpenLoad load = new OpenLoad(inst, worker, blocks, clock.getAsLong() + copyTtlNanos);
-            opened(id, load);
-            return load.plan(id, 0, Math.min(planBlocks, blocks.length), holdNanos);
-        } finally {
-            lock.unlock();
-        }
+        return loads.beginLoad(instanceId, workerRank, leaseId, dstBlockIds, planBlocks);
     }
 
     /**
@@ -762,30 +309,7 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public CopyPlan planRest(String instanceId, int workerRank, Token planId, int fromBlock, int toBlock) {
-        if (planId == null) {
-            throw new InvalidArgumentException("plan rest: the copy id is null");
-        }
-        lock.lock();
-        try {
-            checkOpen();
-            OpenCopy op = open.get(planId);
-            if (!(op instanceof OpenLoad load)) {
-                throw new InvalidArgumentException("copy " + planId + " is not an open load: already ended, rolled back,"
-                        + " expired, a save, or its instance was unregistered");
-            }
-            checkOwner(op.instance(), instanceId, "copy " + planId);
-            if (load.worker().spec.workerRank() != workerRank) {
-                throw new PermissionDeniedException("load " + planId + " was begun by worker " + load.worker().spec.workerRank()
-                        + ", not " + workerRank);
-            }
-            if (fromBlock < 0 || fromBlock > toBlock || toBlock > load.blocks().length) {
-                throw new InvalidArgumentException("plan of load " + planId + " for blocks " + fromBlock + " .. " + toBlock
-                        + "; expected 0 <= from <= to <= " + load.blocks().length);
-            }
-            return load.plan(planId, fromBlock, toBlock, Math.max(0, heldUntil(load) - clock.getAsLong()));
-        } finally {
-            lock.unlock();
-        }
+        return loads.planRest(instanceId, workerRank, planId, fromBlock, toBlock);
     }
 
     /**
@@ -801,26 +325,24 @@ public final class LocalStore implements BlockStore {
             throw new InvalidArgumentException("end of copy " + planId + ": bytes " + bytes + ", nanos " + nanos
                     + "; expected a copy id and bytes, nanos >= 0");
         }
-        lock.lock();
-        try {
-            checkOpen();
-            OpenCopy op = open.get(planId);
+        return lock.locked(() -> {
+            lock.checkOpen();
+            OpenCopy op = copies.get(planId);
             if (op == null) {
                 throw new InvalidArgumentException("copy " + planId
                         + " is unknown: already ended, rolled back, expired, or its instance was unregistered");
             }
-            checkOwner(op.instance(), instanceId, "copy " + planId);
-            open.remove(planId);
-            op.instance().openCopies--;
+            op.instance().checkOwner(instanceId, "copy " + planId);
+            copies.ended(planId, op);
             boolean save = op instanceof Reservation;
             int blocks;
             switch (op) {
                 case Reservation r -> {
-                    commitLocked(r.instance(), r.worker(), r.blocks(), ok);
+                    saves.commit(r.worker(), r.blocks(), ok);
                     blocks = r.blocks().size();
                 }
                 case OpenLoad l -> {
-                    unpinAll(l.blocks());
+                    pool.unpinAll(l.blocks());
                     blocks = l.blocks().length;
                 }
             }
@@ -832,223 +354,10 @@ public final class LocalStore implements BlockStore {
                 count(save ? Counter.SAVE_FAILURES : Counter.LOAD_FAILURES, 1);
             }
             return new CopyResult(ok ? blocks : 0, 0, ok ? bytes : 0);
-        } finally {
-            lock.unlock();
-        }
+        });
     }
 
-    // ---------------------------------------------------------------- SSD tier (under lock unless said)
-
-    /** Offers a block just sealed to the SSD tier (never blocks; the tier counts what it drops). */
-    private void offerToSsd(Block b) {
-        SsdTier tier = ssd;
-        if (tier == null) {
-            return;
-        }
-        NamespaceIndex ns = b.ns;
-        tier.offer(ns.namespace, b.key.bytes(), ns.slotBytes, dst -> fillFromPool(b, dst));
-    }
-
-    /**
-     * On an SSD writer thread: copies a sealed block's slots, in slot order, into {@code dst},
-     * pinning the block for the copy. False when it was evicted before its turn came.
-     */
-    private boolean fillFromPool(Block b, MemorySegment dst) {
-        long[] offsets;
-        lock.lock();
-        try {
-            if (closed || b.removed || !b.sealed) {
-                return false;
-            }
-            lru.pin(b);
-            offsets = b.slotOffset.clone();
-        } finally {
-            lock.unlock();
-        }
-        try {
-            long[] sizes = b.ns.slotBytes;
-            long at = 0;
-            for (int s = 0; s < sizes.length; s++) {
-                MemorySegment.copy(poolMemory, offsets[s], dst, at, sizes[s]);
-                at += sizes[s];
-            }
-            return true;
-        } finally {
-            lock.lock();
-            try {
-                if (!closed) {
-                    unpin(b);
-                }
-            } finally {
-                lock.unlock();
-            }
-        }
-    }
-
-    /**
-     * The run of blocks after the resident prefix ({@code from}) that continues on SSD or is
-     * being read back: queues reads for what is on SSD (while the pool has unpinned space
-     * for them), starts as many as the prefetch budget allows, and returns the run's length
-     * when any of it is still being read, else 0 (answer with the resident prefix). Prefix
-     * and run together are capped at half the pool, so reading the run's end cannot evict
-     * its start. A queued block is indexed as in flight, so later polls only walk the run.
-     */
-    private int prefetch(NamespaceIndex ns, BlockHashes hashes, int from, long now) {
-        SsdTier tier = ssd;
-        byte[] packed = hashes.packed();
-        int len = hashes.hashLen();
-        long cap = allocator.capacityBytes() / 2 / Math.max(1, ns.blockBytes) - from;
-        long need = allocatedBytes(ns.blockBytes);
-        int run = 0;
-        boolean waiting = false;
-        for (int i = from; i < hashes.count() && run < cap; i++) {
-            Block b = ns.blocks.get(packed, i * len, len);
-            if (b != null) {
-                if (!b.sealed && !b.prefetching) {
-                    break; // being saved
-                }
-                waiting |= b.prefetching;
-                run++;
-                continue;
-            }
-            if (tier == null) {
-                break; // no SSD tier: only blocks fetched from peers are waited for
-            }
-            if (allocator.freeBytes() + lru.evictableBytes() - queuedFetchBytes < need) {
-                count(Counter.SSD_PREFETCH_NO_SPACE, 1);
-                break; // the rest would only evict what this answer needs
-            }
-            if (!tier.contains(ns.namespace, packed, i * len, len)) {
-                break;
-            }
-            b = new Block(ns, HashKey.of(hashes, i), now);
-            ns.blocks.put(b);
-            inflight.add(b);
-            lru.pin(b);
-            b.prefetching = true;
-            fetchQueue.add(b);
-            readsQueued++;
-            queuedFetchBytes += need;
-            waiting = true;
-            run++;
-        }
-        if (tier != null) {
-            pumpFetches();
-        }
-        return waiting ? run : 0;
-    }
-
-    /** Starts queued reads while the prefetch budget allows. */
-    private void pumpFetches() {
-        if (pumping) {
-            return; // a read that completed at once (the tier is closing) called back into this loop
-        }
-        pumping = true;
-        try {
-            pumpFetchesOnce();
-        } finally {
-            pumping = false;
-        }
-    }
-
-    private void pumpFetchesOnce() {
-        SsdTier tier = ssd;
-        int max = tier.config().maxPrefetchBlocks();
-        while (prefetchInFlight < max && !fetchQueue.isEmpty()) {
-            Block b = fetchQueue.poll();
-            NamespaceIndex ns = b.ns;
-            queuedFetchBytes -= allocatedBytes(ns.blockBytes);
-            long bytes = ns.blockBytes;
-            long handle;
-            while ((handle = allocator.allocate(bytes)) == OffsetAllocator.NO_SPACE) {
-                if (!evictOne()) {
-                    break;
-                }
-            }
-            if (handle == OffsetAllocator.NO_SPACE) {
-                count(Counter.SSD_PREFETCH_NO_SPACE, 1);
-                b.prefetching = false;
-                unpin(b); // never allocated: unpin drops it from the index
-                continue;
-            }
-            b.addAllocation(handle, allocator.sizeBytes(handle));
-            long offset = allocator.offsetBytes(handle);
-            long at = offset;
-            for (int s = 0; s < ns.slotBytes.length; s++) {
-                b.slotState[s] = Block.WRITING;
-                b.slotOffset[s] = at;
-                at += ns.slotBytes[s];
-            }
-            prefetchInFlight++;
-            count(Counter.SSD_PREFETCH_BLOCKS, 1);
-            final long h = handle;
-            tier.read(ns.namespace, b.key.bytes(), ns.slotBytes, poolMemory.asSlice(offset, bytes),
-                    outcome -> prefetchDone(b, h, outcome));
-        }
-    }
-
-    /** On an SSD reader thread: seals a block read back and checked, or drops its reservation. */
-    private void prefetchDone(Block b, long handle, SsdTier.ReadOutcome outcome) {
-        lock.lock();
-        try {
-            if (closed) {
-                return;
-            }
-            prefetchInFlight--;
-            boolean ok = outcome == SsdTier.ReadOutcome.OK;
-            if (!ok) {
-                count(Counter.SSD_PREFETCH_FAILURES, 1);
-            }
-            b.fromSsd = ok;
-            endRead(b, handle, ok, clock.getAsLong());
-            pumpFetches();
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    // ---------------------------------------------------------------- other hosts (cross-node sharing)
-
-    /**
-     * Under lock: reports a block that just became resident to the remote tier, and queues it to
-     * be summed ahead of peers' reads unless its checksum is known (checked on arrival).
-     */
-    private void advertise(Block b) {
-        RemoteTier r = remote;
-        if (r != null) {
-            r.resident(b.ns.namespace, b.key.bytes());
-            if (b.crc == BlockChecksum.UNKNOWN && !checksums.offer(b)) {
-                count(Counter.BLOCK_CHECKSUMS_DEFERRED, 1);
-            }
-        }
-    }
-
-    /**
-     * On the background thread of {@link BlockChecksums}: sums a sealed block's slots outside
-     * the lock and keeps the sum with it, unless it left the pool meanwhile (evicted: its space
-     * may hold other bytes by now). A sealed block's slots and bytes never change while it stays,
-     * and a Block is never reused once removed, so "still there" is the whole check.
-     */
-    private void sumAhead(Block b) {
-        lock.lock();
-        try {
-            if (closed || b.removed || !b.sealed || b.crc != BlockChecksum.UNKNOWN) {
-                return;
-            }
-        } finally {
-            lock.unlock();
-        }
-        int crc = BlockChecksum.of(poolMemory, b.slotOffset, b.ns.slotBytes);
-        lock.lock();
-        try {
-            if (!closed && !b.removed) {
-                b.crc = Integer.toUnsignedLong(crc);
-                count(Counter.BLOCK_CHECKSUMS_AHEAD, 1);
-            }
-        } finally {
-            lock.unlock();
-        }
-    }
+    // ---------------------------------------------------------------- other hosts (cross-node sharing: PeerShare)
 
     /**
      * Peer side: pins the resident prefix of {@code hashes} in {@code namespace} for a peer to
@@ -1056,61 +365,12 @@ public final class LocalStore implements BlockStore {
      * namespace is unknown here or its first block is not resident.
      */
     public TransferPin pinForTransfer(String namespace, BlockHashes hashes, java.time.Duration ttl) {
-        if (namespace == null || hashes == null || ttl == null || ttl.isNegative() || ttl.isZero()) {
-            throw new InvalidArgumentException("pinForTransfer(" + namespace + ", " + hashes + ", " + ttl
-                    + "); expected a namespace, hashes and a positive deadline");
-        }
-        lock.lock();
-        try {
-            checkOpen();
-            NamespaceIndex ns = registry.namespace(namespace);
-            if (ns == null) {
-                return null;
-            }
-            Block[] found = new Block[hashes.count()];
-            int hit = ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), hashes.count(), found);
-            if (hit == 0) {
-                return null;
-            }
-            Block[] pinned = Arrays.copyOf(found, hit);
-            List<long[]> offsets = new ArrayList<>(hit);
-            long[] sums = new long[hit];
-            for (int i = 0; i < hit; i++) {
-                Block b = pinned[i];
-                lru.pin(b);
-                offsets.add(b.slotOffset.clone());
-                sums[i] = b.crc;
-            }
-            Token id;
-            do {
-                id = Token.random(ids);
-            } while (transfers.containsKey(id) || open.containsKey(id));
-            transfers.put(id, new PinnedForPeer(pinned, clock.getAsLong() + ttl.toNanos()));
-            return new TransferPin(id, ns.slotBytes.clone(), offsets, sums);
-        } finally {
-            lock.unlock();
-        }
+        return peers.pinForTransfer(namespace, hashes, ttl);
     }
 
     /** Peer side: ends a pin; false when it is unknown (already released or expired). */
     public boolean releaseTransfer(Token id) {
-        if (id == null) {
-            return false;
-        }
-        lock.lock();
-        try {
-            if (closed) {
-                return false;
-            }
-            PinnedForPeer p = transfers.remove(id);
-            if (p == null) {
-                return false;
-            }
-            unpinAll(p.blocks());
-            return true;
-        } finally {
-            lock.unlock();
-        }
+        return peers.releaseTransfer(id);
     }
 
     /**
@@ -1119,23 +379,12 @@ public final class LocalStore implements BlockStore {
      * reused) ends the read instead of sending what the space holds by then.
      */
     public boolean transferLive(Token id) {
-        lock.lock();
-        try {
-            PinnedForPeer p = closed || id == null ? null : transfers.get(id);
-            return p != null && p.deadlineNanos() - clock.getAsLong() > 0;
-        } finally {
-            lock.unlock();
-        }
+        return peers.transferLive(id);
     }
 
     /** Pins held for peers' reads now. */
     public int transferPins() {
-        lock.lock();
-        try {
-            return transfers.size();
-        } finally {
-            lock.unlock();
-        }
+        return lock.locked(peers::pins);
     }
 
     /**
@@ -1146,65 +395,7 @@ public final class LocalStore implements BlockStore {
      * the peer's slot sizes differ from it, or nothing fits.
      */
     public FetchReservation reserveFetch(String namespace, BlockHashes run, int alreadyHit, long[] slotBytes) {
-        if (namespace == null || run == null || slotBytes == null) {
-            throw new InvalidArgumentException("reserveFetch(" + namespace + ", " + run + "); expected a namespace and hashes");
-        }
-        lock.lock();
-        try {
-            checkOpen();
-            NamespaceIndex ns = registry.namespace(namespace);
-            if (ns == null) {
-                return null;
-            }
-            if (!Arrays.equals(ns.slotBytes, slotBytes)) {
-                count(Counter.PEER_FETCH_GEOMETRY_MISMATCH, 1);
-                return null;
-            }
-            long cap = Math.max(0, allocator.capacityBytes() / 2 / Math.max(1, ns.blockBytes) - alreadyHit);
-            int n = (int) Math.min(run.count(), cap);
-            Block[] blocks = new Block[n];
-            long[] handles = new long[n];
-            MemorySegment[] dst = new MemorySegment[n];
-            long now = clock.getAsLong();
-            byte[] packed = run.packed();
-            int len = run.hashLen();
-            int got = 0;
-            for (int i = 0; i < n; i++, got++) {
-                if (ns.blocks.get(packed, i * len, len) != null) {
-                    continue; // resident, read back or being saved here: not fetched
-                }
-                long handle;
-                while ((handle = allocator.allocate(ns.blockBytes)) == OffsetAllocator.NO_SPACE) {
-                    if (!evictOne()) {
-                        break;
-                    }
-                }
-                if (handle == OffsetAllocator.NO_SPACE) {
-                    break;
-                }
-                Block b = new Block(ns, HashKey.of(run, i), now);
-                b.addAllocation(handle, allocator.sizeBytes(handle));
-                long at = allocator.offsetBytes(handle);
-                dst[i] = poolMemory.asSlice(at, ns.blockBytes);
-                for (int sl = 0; sl < ns.slotBytes.length; sl++) {
-                    b.slotState[sl] = Block.WRITING;
-                    b.slotOffset[sl] = at;
-                    at += ns.slotBytes[sl];
-                }
-                ns.blocks.put(b);
-                inflight.add(b);
-                lru.pin(b);
-                b.prefetching = true;
-                blocks[i] = b;
-                handles[i] = handle;
-            }
-            if (got == 0) {
-                return null;
-            }
-            return new FetchReservation(Arrays.copyOf(blocks, got), Arrays.copyOf(handles, got), Arrays.copyOf(dst, got));
-        } finally {
-            lock.unlock();
-        }
+        return peers.reserveFetch(namespace, run, alreadyHit, slotBytes);
     }
 
     /**
@@ -1213,59 +404,7 @@ public final class LocalStore implements BlockStore {
      * local ones and advertised.
      */
     public void completeFetch(FetchReservation r, boolean[] ok) {
-        if (r == null || ok == null || ok.length != r.length()) {
-            throw new InvalidArgumentException("completeFetch: " + (ok == null ? "null" : ok.length) + " outcomes for a reservation of "
-                    + (r == null ? "null" : r.length()) + "; expected one per reserved block");
-        }
-        lock.lock();
-        try {
-            if (closed || r.completed) {
-                return;
-            }
-            r.completed = true;
-            long now = clock.getAsLong();
-            for (int i = 0; i < r.length(); i++) {
-                Block b = r.blocks[i];
-                if (b == null) {
-                    continue;
-                }
-                b.fromPeer = ok[i];
-                if (ok[i]) {
-                    b.crc = r.checksum(i); // checked on arrival: not summed again
-                }
-                endRead(b, r.handles[i], ok[i], now);
-            }
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    /**
-     * Under lock: ends a read back from SSD or a fetch from a peer into {@code b}'s reserved
-     * allocation {@code handle}: seals the block (resident, advertised) when its bytes arrived
-     * and were checked, else releases the allocation; then drops the read's pin (an empty
-     * block leaves the index with it).
-     */
-    private void endRead(Block b, long handle, boolean ok, long now) {
-        b.prefetching = false;
-        if (ok) {
-            Arrays.fill(b.slotState, Block.FILLED);
-            b.filled = b.slotState.length;
-            b.sealed = true;
-            b.touchedNanos = now;
-            inflight.remove(b);
-            residentBlocks++;
-            residentBytes += b.bytes;
-            lru.addPinned();
-            events.append(KvEventLog.Kind.STORED, KvEventLog.CPU, b.ns.namespace, b.key.bytes()); // read back into the pool
-            advertise(b);
-        } else {
-            Arrays.fill(b.slotState, Block.EMPTY);
-            Arrays.fill(b.slotOffset, -1L);
-            allocator.free(handle);
-            b.removeAllocation(handle);
-        }
-        unpin(b);
+        peers.completeFetch(r, ok);
     }
 
     /**
@@ -1273,40 +412,10 @@ public final class LocalStore implements BlockStore {
      * lock, called outside it): a registry that lost its entries advertises them again.
      */
     public void forEachResident(java.util.function.BiConsumer<String, byte[]> each) {
-        List<String> names = new ArrayList<>();
-        List<byte[]> keys = new ArrayList<>();
-        lock.lock();
-        try {
-            checkOpen();
-            for (NamespaceIndex ns : registry.namespaces()) {
-                for (Block b : ns.blocks.values()) {
-                    if (b.sealed) {
-                        names.add(ns.namespace);
-                        keys.add(b.key.bytes());
-                    }
-                }
-            }
-        } finally {
-            lock.unlock();
-        }
-        for (int i = 0; i < keys.size(); i++) {
-            each.accept(names.get(i), keys.get(i));
-        }
+        peers.forEachResident(each);
     }
 
-    /** Under lock: releases pins whose reader neither released them nor finished in time. */
-    private void expireTransfers(long now) {
-        for (Iterator<PinnedForPeer> it = transfers.values().iterator(); it.hasNext(); ) {
-            PinnedForPeer p = it.next();
-            if (p.deadlineNanos() - now <= 0) {
-                it.remove();
-                unpinAll(p.blocks());
-                count(Counter.TRANSFER_PINS_EXPIRED, p.blocks().length);
-            }
-        }
-    }
-
-    // ---------------------------------------------------------------- the operator's calls (pegaflow-server's /admin)
+    // ---------------------------------------------------------------- the operator's calls (pegaflow-server's /admin: OperatorOps)
 
     /** What {@link #clear} did: resident blocks dropped and their bytes, blocks kept because a lease or copy holds them, pins released, SSD records forgotten. */
     public record Cleared(long blocks, long bytes, long referenced, long unpinned, long ssdRecords) {}
@@ -1320,65 +429,13 @@ public final class LocalStore implements BlockStore {
      * (nothing changed).
      */
     public Cleared clear(String namespace, boolean dram, boolean ssd) {
-        long blocks = 0;
-        long bytes = 0;
-        long referenced = 0;
-        long unpinned = 0;
-        boolean known;
-        lock.lock();
-        try {
-            checkOpen();
-            NamespaceIndex only = namespace == null ? null : registry.namespace(namespace);
-            known = namespace == null || only != null;
-            if (dram && known) {
-                for (Block b : adminPins.of(only)) {
-                    adminPins.unpin(b);
-                    unpin(b);
-                    unpinned++;
-                }
-                for (NamespaceIndex ns : only == null ? List.copyOf(registry.namespaces()) : List.of(only)) {
-                    for (Block b : ns.blocks.values()) {
-                        if (!b.sealed) {
-                            continue;
-                        }
-                        if (b.refs > 0) {
-                            referenced++;
-                            continue;
-                        }
-                        lru.remove(b);
-                        bytes += b.bytes;
-                        blocks++;
-                        dropResident(b);
-                    }
-                }
-                count(Counter.ADMIN_CLEARED_BLOCKS, blocks);
-            }
-        } finally {
-            lock.unlock();
-        }
-        // Outside the lock: it walks the whole disk index, and the tier is thread-safe.
-        SsdTier tier = this.ssd;
-        long records = ssd && tier != null ? tier.forget(namespace) : 0;
-        count(Counter.ADMIN_CLEARED_SSD_BLOCKS, records);
-        if (!known && records == 0 && (tier == null || !tier.holds(namespace))) { // nothing changed
-            return null;
-        }
-        return new Cleared(blocks, bytes, referenced, unpinned, records);
+        return operator.clear(namespace, dram, ssd);
     }
 
     /** See {@link BlockStore#resetCache}: {@link #clear} of the instance's namespace, both tiers (nothing when it has no blocks yet). */
     @Override
     public Cleared resetCache(String instanceId) {
-        String namespace;
-        lock.lock();
-        try {
-            checkOpen();
-            namespace = registry.get(instanceId).spec.namespace();
-        } finally {
-            lock.unlock();
-        }
-        Cleared c = clear(namespace, true, true);
-        return c != null ? c : new Cleared(0, 0, 0, 0, 0);
+        return operator.resetCache(instanceId);
     }
 
     /** What {@link #pin} did with the hashes: newly pinned, pinned before, after the resident prefix. */
@@ -1391,29 +448,12 @@ public final class LocalStore implements BlockStore {
      * ({@link QuotaExceededException}), nothing changed. Null when the namespace is unknown.
      */
     public Pinned pin(String namespace, BlockHashes hashes) {
-        return onNamespace("pin", namespace, hashes, null, ns -> {
-            Block[] found = new Block[hashes.count()];
-            int hit = ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), hashes.count(), found);
-            int pinned = adminPins.pinAll(found, hit, lru);
-            return new Pinned(pinned, hit - pinned, hashes.count() - hit);
-        });
+        return operator.pin(namespace, hashes);
     }
 
     /** Releases the operator's pins on any of {@code hashes} in {@code namespace}: how many were pinned; -1 when the namespace is unknown. */
     public int unpin(String namespace, BlockHashes hashes) {
-        return onNamespace("unpin", namespace, hashes, -1, ns -> {
-            byte[] packed = hashes.packed();
-            int len = hashes.hashLen();
-            int n = 0;
-            for (int i = 0; i < hashes.count(); i++) {
-                Block b = ns.blocks.get(packed, i * len, len);
-                if (b != null && adminPins.unpin(b)) {
-                    unpin(b);
-                    n++;
-                }
-            }
-            return n;
-        });
+        return operator.unpin(namespace, hashes);
     }
 
     /** What {@link #warm} found: the resident prefix, and the run after it being read back from SSD. */
@@ -1428,42 +468,7 @@ public final class LocalStore implements BlockStore {
      * {@link InvalidArgumentException}.
      */
     public Warming warm(String namespace, BlockHashes hashes) {
-        return onNamespace("warm", namespace, hashes, null, ns -> {
-            if (ssd == null) {
-                throw new InvalidArgumentException("warm: this store has no SSD tier (pegaflow-server --ssd-cache-path)");
-            }
-            Block[] found = new Block[hashes.count()];
-            int hit = ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), hashes.count(), found);
-            for (int i = 0; i < hit; i++) {
-                lru.pin(found[i]); // as a query does: the read-back must not evict the prefix it continues
-            }
-            try {
-                long before = readsQueued;
-                int reading = hit < hashes.count() ? prefetch(ns, hashes, hit, clock.getAsLong()) : 0;
-                count(Counter.ADMIN_WARMED_BLOCKS, readsQueued - before);
-                return new Warming(hit, reading);
-            } finally {
-                for (int i = 0; i < hit; i++) {
-                    unpin(found[i]);
-                }
-            }
-        });
-    }
-
-    /** An operator's call on {@code namespace} under the lock; {@code unknown} when no sealed instance created it. */
-    private <T> T onNamespace(String what, String namespace, BlockHashes hashes, T unknown,
-            java.util.function.Function<NamespaceIndex, T> call) {
-        if (hashes == null) {
-            throw new InvalidArgumentException(what + ": hashes must not be null");
-        }
-        lock.lock();
-        try {
-            checkOpen();
-            NamespaceIndex ns = namespace == null ? null : registry.namespace(namespace);
-            return ns == null ? unknown : call.apply(ns);
-        } finally {
-            lock.unlock();
-        }
+        return operator.warm(namespace, hashes);
     }
 
     /** One namespace as the operator sees it: blocks indexed (resident, being saved or read back) and pinned. */
@@ -1471,28 +476,12 @@ public final class LocalStore implements BlockStore {
 
     /** Every namespace a sealed instance created, by name (pegaflow-server's {@code GET /admin/status}). */
     public List<NamespaceSummary> namespaces() {
-        lock.lock();
-        try {
-            List<NamespaceSummary> out = new ArrayList<>();
-            for (NamespaceIndex ns : registry.namespaces()) {
-                int pinned = 0;
-                long pinnedBytes = 0;
-                for (Block b : adminPins.of(ns)) {
-                    pinned++;
-                    pinnedBytes += b.bytes;
-                }
-                out.add(new NamespaceSummary(ns.namespace, ns.blocks.size(), pinned, pinnedBytes));
-            }
-            out.sort(java.util.Comparator.comparing(NamespaceSummary::namespace));
-            return out;
-        } finally {
-            lock.unlock();
-        }
+        return operator.namespaces();
     }
 
     /** The most bytes the operator's pins may hold together (half the pool). */
     public long maxPinnedBytes() {
-        return adminPins.maxBytes();
+        return operator.pins().maxBytes();
     }
 
     // ---------------------------------------------------------------- sweeping, stats, close
@@ -1503,25 +492,14 @@ public final class LocalStore implements BlockStore {
      * whose hold ended, and drops partially saved blocks past the in-flight TTL.
      */
     public void sweep() {
-        lock.lock();
-        try {
-            checkOpen();
+        lock.locked(() -> {
+            lock.checkOpen();
             long now = clock.getAsLong();
-            expireLeases(now);
-            expireTransfers(now);
-            expireCopies(now); // before the in-flight blocks: a rolled-back save may leave them unreferenced
-            for (Iterator<Block> it = inflight.iterator(); it.hasNext(); ) {
-                Block b = it.next();
-                if (b.refs == 0 && now - b.touchedNanos > inflightTtlNanos) {
-                    it.remove();
-                    b.ns.blocks.remove(b);
-                    freeAllocations(b);
-                    count(Counter.INFLIGHT_GC, 1);
-                }
-            }
-        } finally {
-            lock.unlock();
-        }
+            loads.expireLeases(now);
+            peers.expireTransfers(now);
+            copies.expire(now); // before the in-flight blocks: a rolled-back save may leave them unreferenced
+            pool.expireInflight(now, inflightTtlNanos);
+        });
     }
 
     private void sweepQuietly() {
@@ -1536,14 +514,11 @@ public final class LocalStore implements BlockStore {
     @Override
     public EngineStats stats() {
         Map<Gauge, Long> g = new EnumMap<>(Gauge.class);
-        lock.lock();
-        try {
+        lock.locked(() -> {
             for (Gauge gauge : Gauge.values()) {
                 g.put(gauge, gaugeValue(gauge));
             }
-        } finally {
-            lock.unlock();
-        }
+        });
         return new EngineStats(g, counters.counters());
     }
 
@@ -1553,51 +528,19 @@ public final class LocalStore implements BlockStore {
      * {@link IllegalStateException} describing the first violation.
      */
     public void verifyInvariants() {
-        lock.lock();
-        try {
-            long bytes = 0;
-            long sealed = 0;
-            long sealedBytes = 0;
-            long pinned = 0;
-            int allocations = 0;
-            Set<Block> inLru = lru.members();
-            for (NamespaceIndex ns : registry.namespaces()) {
-                for (Block b : ns.blocks.values()) {
-                    bytes += b.bytes;
-                    allocations += b.allocationCount;
-                    b.verify();
-                    if (b.sealed) {
-                        sealed++;
-                        sealedBytes += b.bytes;
-                        if (b.refs > 0) {
-                            pinned++;
-                        }
-                        require(inLru.contains(b) == (b.refs == 0), "block " + b.key + " refs " + b.refs + " but inLru=" + inLru.contains(b));
-                    } else {
-                        require(inflight.contains(b), "unsealed block " + b.key + " not tracked in flight");
-                    }
-                }
-            }
+        lock.locked(() -> {
+            PoolSpace.Tally tally = pool.verifyBlocks(registry.namespaces());
             leases.verify();
-            java.util.Map<Instance, Integer> opened = new java.util.IdentityHashMap<>();
-            for (OpenCopy op : open.values()) {
-                opened.merge(op.instance(), 1, Integer::sum);
-            }
+            Map<Instance, Integer> opened = copies.perInstance();
             for (String id : registry.ids()) {
                 Instance inst = registry.get(id);
                 int n = opened.getOrDefault(inst, 0);
                 require(inst.openCopies == n, "instance '" + id + "' has " + n + " open copies but counts " + inst.openCopies);
                 leases.verifyCounts(inst);
             }
-            require(bytes == allocator.usedBytes(), "blocks hold " + bytes + " bytes but the allocator has " + allocator.usedBytes() + " in use");
-            require(allocations == allocator.liveAllocations(), "blocks hold " + allocations + " allocations, allocator " + allocator.liveAllocations());
-            require(sealed == residentBlocks && sealedBytes == residentBytes, "resident " + residentBlocks + "/" + residentBytes
-                    + " but counted " + sealed + "/" + sealedBytes);
-            lru.verify(pinned);
-            adminPins.verify();
-        } finally {
-            lock.unlock();
-        }
+            pool.verifyTotals(tally);
+            operator.pins().verify();
+        });
     }
 
     /** Throws {@link IllegalStateException} unless {@code ok}; also used by the collaborators' checks. */
@@ -1609,32 +552,17 @@ public final class LocalStore implements BlockStore {
 
     /** Whether {@code instanceId} is registered (sealed or not). */
     public boolean isRegistered(String instanceId) {
-        lock.lock();
-        try {
-            return registry.contains(instanceId);
-        } finally {
-            lock.unlock();
-        }
+        return lock.locked(() -> registry.contains(instanceId));
     }
 
     /** Registered instance ids, sorted. */
     public List<String> instanceIds() {
-        lock.lock();
-        try {
-            return registry.ids();
-        } finally {
-            lock.unlock();
-        }
+        return lock.locked(registry::ids);
     }
 
     /** Open reservations and loads (copies the caller has started but not finished). */
     public int openOperations() {
-        lock.lock();
-        try {
-            return open.size();
-        } finally {
-            lock.unlock();
-        }
+        return lock.locked(copies::size);
     }
 
     /**
@@ -1643,217 +571,71 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public void close() {
-        SsdTier tier = ssd;
+        SsdTier tier = readBack.tier();
         if (tier != null) {
             tier.close(); // first, unlocked: its threads finish their copies (they take this lock)
         }
-        BlockChecksums sums = checksums;
-        if (sums != null) {
-            sums.close(); // likewise: its thread reads the pool and takes this lock
-        }
-        lock.lock();
-        try {
-            if (closed) {
+        peers.closeChecksums(); // likewise: its thread reads the pool and takes this lock
+        lock.locked(() -> {
+            if (!lock.markClosed()) {
                 return;
             }
-            closed = true;
             if (sweeper != null) {
                 sweeper.shutdownNow();
             }
             leases.clear();
-            open.clear();
-            orphans.clear();
-            transfers.clear();
-            adminPins.clear();
-            fetchQueue.clear();
+            copies.clear();
+            peers.clear();
+            operator.pins().clear();
+            readBack.clear();
             for (NamespaceIndex ns : registry.namespaces()) {
                 for (Block b : ns.blocks.values()) {
-                    freeAllocations(b);
+                    pool.freeAllocations(b);
                 }
                 ns.blocks.clear();
             }
-            inflight.clear();
-            lru.clear();
-            residentBlocks = residentBytes = 0;
-            if (allocator.usedBytes() != 0 || allocator.liveAllocations() != 0) {
-                throw new IllegalStateException("host pool accounting leak at close: " + allocator.usedBytes()
-                        + " bytes in " + allocator.liveAllocations() + " allocations not returned");
-            }
-        } finally {
-            lock.unlock();
-        }
+            pool.clear();
+        });
     }
 
-    // ---------------------------------------------------------------- internals (under lock)
-
-    private void checkOpen() {
-        if (closed) {
-            throw new EngineClosedException("engine is closed");
-        }
-    }
-
-    private Token newCopyId() {
-        Token id;
-        do {
-            id = Token.random(ids);
-        } while (open.containsKey(id));
-        return id;
-    }
-
-    /**
-     * Ids are unguessable, and bound too: a lease or copy acts only for the instance it was
-     * issued to, so one tenant holding another's id still cannot end, load or release it.
-     */
-    private static void checkOwner(Instance owner, String instanceId, String what) {
-        if (!owner.spec.instanceId().equals(instanceId)) {
-            throw new PermissionDeniedException(what + " was not issued to instance '" + instanceId + "'; refused");
-        }
-    }
+    // ---------------------------------------------------------------- usage, gauges, counters
 
     /** What an instance holds now, against its {@link Quotas}. */
     public record Usage(int leases, long leasedBlocks, int openCopies) {}
 
     /** Every registered instance's {@link Usage} (one snapshot under the lock; /metrics). */
     public Map<String, Usage> usage() {
-        lock.lock();
-        try {
+        return lock.locked(() -> {
             Map<String, Usage> out = new java.util.TreeMap<>();
             for (String id : registry.ids()) {
                 Instance inst = registry.get(id);
                 out.put(id, new Usage(inst.leases, inst.leasedBlocks, inst.openCopies));
             }
             return out;
-        } finally {
-            lock.unlock();
-        }
-    }
-
-    /** Under lock: {@code op} is open under {@code id}, counted for its instance ({@link Quotas}). */
-    private void opened(Token id, OpenCopy op) {
-        open.put(id, op);
-        op.instance().openCopies++;
-    }
-
-    /** Rolls back saves and loads whose copier never ended them (its process died without a session). */
-    private void expireCopies(long now) {
-        for (Iterator<OpenCopy> it = open.values().iterator(); it.hasNext(); ) {
-            OpenCopy op = it.next();
-            if (op.deadlineNanos() - now <= 0) {
-                it.remove();
-                op.instance().openCopies--;
-                abort(op);
-                count(Counter.COPIES_EXPIRED, 1);
-            }
-        }
-        releaseOrphans(now);
-    }
-
-    /** Undoes an open save or load that will never end normally. */
-    private void abort(OpenCopy op) {
-        switch (op) {
-            case Reservation r -> {
-                rollbackSave(r.worker(), r.blocks());
-                count(Counter.SAVE_FAILURES, 1);
-            }
-            case OpenLoad l -> {
-                unpinAll(l.blocks());
-                count(Counter.LOAD_FAILURES, 1);
-            }
-        }
-    }
-
-    private void expireLeases(long now) {
-        count(Counter.LEASES_EXPIRED, leases.expireUntil(now));
-    }
-
-    private void pinAll(Block[] blocks) {
-        for (Block b : blocks) {
-            lru.pin(b);
-        }
-    }
-
-    private void unpin(Block b) {
-        if (lru.unpin(b) && b.filled == 0 && b.allocationCount == 0) {
-            // A failed save left an empty in-flight block behind.
-            inflight.remove(b);
-            b.ns.blocks.remove(b);
-            b.removed = true;
-        }
-    }
-
-    private void unpinAll(Block[] blocks) {
-        for (Block b : blocks) {
-            unpin(b);
-        }
-    }
-
-    /** Pool bytes an allocation of {@code bytes} takes (whole allocator units). */
-    private long allocatedBytes(long bytes) {
-        long unit = allocator.unitBytes();
-        return (bytes + unit - 1) / unit * unit;
-    }
-
-    /** Evicts the least recently used unreferenced block; false when there is none. */
-    private boolean evictOne() {
-        Block b = lru.pollOldest();
-        if (b == null) {
-            return false;
-        }
-        count(Counter.EVICTIONS, 1);
-        count(Counter.EVICTED_BYTES, b.bytes);
-        dropResident(b);
-        return true;
-    }
-
-    /** Under lock: a sealed block already off the LRU list leaves the index, the other hosts' view and the pool. */
-    private void dropResident(Block b) {
-        residentBlocks--;
-        residentBytes -= b.bytes;
-        events.append(KvEventLog.Kind.REMOVED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
-        b.ns.blocks.remove(b);
-        RemoteTier r = remote;
-        if (r != null) {
-            r.evicted(b.ns.namespace, b.key.bytes());
-        }
-        freeAllocations(b);
-    }
-
-    private void freeAllocations(Block b) {
-        for (int i = 0; i < b.allocationCount; i++) {
-            allocator.free(b.allocations[i]);
-        }
-        b.allocationCount = 0;
-        b.bytes = 0;
-        b.removed = true;
+        });
     }
 
     private long gaugeValue(Gauge gauge) {
+        SsdTier ssd = readBack.tier();
         return switch (gauge) {
-            case POOL_CAPACITY_BYTES -> allocator.capacityBytes();
-            case POOL_USED_BYTES -> allocator.usedBytes();
-            case RESIDENT_BLOCKS -> residentBlocks;
-            case RESIDENT_BYTES -> residentBytes;
-            case INFLIGHT_BLOCKS -> inflight.size();
-            case PINNED_BLOCKS -> lru.pinnedBlocks();
+            case POOL_CAPACITY_BYTES -> pool.capacityBytes();
+            case POOL_USED_BYTES -> pool.usedBytes();
+            case RESIDENT_BLOCKS -> pool.residentBlocks();
+            case RESIDENT_BYTES -> pool.residentBytes();
+            case INFLIGHT_BLOCKS -> pool.inflightBlocks();
+            case PINNED_BLOCKS -> pool.lru().pinnedBlocks();
             case ACTIVE_LEASES -> leases.size();
             case SSD_BLOCKS -> ssd == null ? 0 : ssd.blocks();
             case SSD_BYTES -> ssd == null ? 0 : ssd.bytes();
-            case SSD_PREFETCH_INFLIGHT -> prefetchInFlight;
-            case ADMIN_PINNED_BLOCKS -> adminPins.blocks();
-            case ADMIN_PINNED_BYTES -> adminPins.bytes();
+            case SSD_PREFETCH_INFLIGHT -> readBack.inFlight();
+            case ADMIN_PINNED_BLOCKS -> operator.pins().blocks();
+            case ADMIN_PINNED_BYTES -> operator.pins().bytes();
         };
     }
 
     private void registerGauges(MetricsSink sink) {
         for (Gauge gauge : Gauge.values()) {
-            sink.gauge(gauge, () -> {
-                lock.lock();
-                try {
-                    return gaugeValue(gauge);
-                } finally {
-                    lock.unlock();
-                }
-            });
+            sink.gauge(gauge, () -> lock.locked(() -> gaugeValue(gauge)));
         }
     }
 

@@ -37,10 +37,12 @@
  *
  * <h2>Threads</h2>
  * Metadata changes run under one engine lock and never wait for copies. The lock is
- * {@link io.pegaflow.engine.LocalStore}'s; the state it guards lives in package-private
- * collaborators ({@code InstanceRegistry}, {@code LeaseTable}, {@code LruList}, {@code OpenCopy})
- * that are not thread-safe on their own. Copies run on the
- * {@link io.pegaflow.engine.transfer.TransferEngine}'s threads and commit under the lock.
+ * {@link io.pegaflow.engine.LocalStore}'s ({@code StoreLock}); the state it guards lives in
+ * package-private collaborators ({@code InstanceRegistry}, {@code LeaseTable}, {@code LruList},
+ * {@code OpenCopy}, and those the store aggregates: {@code PoolSpace}, {@code SavePath},
+ * {@code LoadPath}, {@code OpenCopies}, {@code SsdReadBack}, {@code PeerShare},
+ * {@code OperatorOps}) that have no lock of their own: they run under that one. Copies run on
+ * the {@link io.pegaflow.engine.transfer.TransferEngine}'s threads and commit under the lock.
  * The optional sweeper thread expires leases (TTL) and drops partially saved blocks.
  */
 package io.pegaflow.engine;
