@@ -24,6 +24,11 @@ record TimedTransfer(TransferEngine delegate, Timeline timeline) implements Tran
     }
 
     @Override
+    public void checkRegions(java.util.List<LayerRegion> regions) {
+        delegate.checkRegions(regions);
+    }
+
+    @Override
     public String name() {
         return delegate.name();
     }

@@ -170,7 +170,7 @@ public record EngineConfig(
             if (quotas == null) {
                 throw new InvalidArgumentException("quotas is null; expected Quotas.DEFAULTS or others");
             }
-            io.pegaflow.engine.metrics.DistinctBlocks.of(hitCeilingWindows); // refuses a bad window here, naming it
+            io.pegaflow.engine.metrics.DistinctBlocks.check(hitCeilingWindows); // refuses a bad window here, naming it
             if (kvEventCapacity < 0 || kvEventCapacity > 1 << 24) {
                 throw new InvalidArgumentException("kvEventCapacity " + kvEventCapacity + "; expected 0..16777216");
             }

@@ -151,16 +151,14 @@ public final class PegaEngine implements AutoCloseable {
 
     /**
      * Registers the worker's regions with the control plane and keeps them for its copies.
-     * Each region is first checked by the copy engine ({@link TransferEngine#checkRegion}: a
+     * Each region is first checked by the copy engine ({@link TransferEngine#checkRegions}: a
      * GPU region against its CUDA allocation); a refused region registers nothing.
      */
     public void registerWorker(String instanceId, WorkerSpec worker) {
         startOp();
         try {
             InstanceRegistry.checkWorker(instanceId, worker);
-            for (LayerRegion layer : worker.layers()) {
-                transfer.checkRegion(layer);
-            }
+            transfer.checkRegions(worker.layers());
             store.registerWorker(instanceId, worker);
             regions.computeIfAbsent(instanceId, k -> new ConcurrentHashMap<>())
                     .put(worker.workerRank(), worker.layers().toArray(new LayerRegion[0]));

@@ -123,14 +123,20 @@ public final class DistinctBlocks {
      * {@link #MAX_WINDOWS} of them, naming the value.
      */
     public static DistinctBlocks of(List<String> lengths) {
+        List<Duration> parsed = check(lengths);
         DistinctBlocks d = new DistinctBlocks();
+        for (int i = 0; i < parsed.size(); i++) {
+            d.windows.add(new Window(lengths.get(i), parsed.get(i)));
+        }
+        return d;
+    }
+
+    /** The windows' lengths, or the refusal {@link #of} would give (a config checks with this, allocating nothing). */
+    public static List<Duration> check(List<String> lengths) {
         if (lengths.size() > MAX_WINDOWS) {
             throw new InvalidArgumentException(lengths.size() + " hit-ceiling windows " + lengths + "; expected at most " + MAX_WINDOWS);
         }
-        for (String text : lengths) {
-            d.windows.add(new Window(text, parse(text)));
-        }
-        return d;
+        return lengths.stream().map(DistinctBlocks::parse).toList();
     }
 
     static Duration parse(String text) {

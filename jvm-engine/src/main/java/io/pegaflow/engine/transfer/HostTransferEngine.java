@@ -47,15 +47,23 @@ public final class HostTransferEngine implements TransferEngine {
      */
     @Override
     public void checkRegion(io.pegaflow.engine.LayerRegion region) {
+        checkRegions(java.util.List.of(region));
+    }
+
+    /** {@link #checkRegion} for each region, the mappings read once for all of them. */
+    @Override
+    public void checkRegions(java.util.List<io.pegaflow.engine.LayerRegion> regions) {
         java.util.List<ProcessMappings.Mapping> maps = ProcessMappings.read();
         if (maps == null) {
             return;
         }
-        String wrong = ProcessMappings.uncovered(maps, region.baseAddress(), region.regionBytes());
-        if (wrong != null) {
-            throw new io.pegaflow.engine.InvalidArgumentException(String.format(
-                    "region '%s' at 0x%x (%d bytes): %s; host copies need memory this process can read and write",
-                    region.layerName(), region.baseAddress(), region.regionBytes(), wrong));
+        for (io.pegaflow.engine.LayerRegion region : regions) {
+            String wrong = ProcessMappings.uncovered(maps, region.baseAddress(), region.regionBytes());
+            if (wrong != null) {
+                throw new io.pegaflow.engine.InvalidArgumentException(String.format(
+                        "region '%s' at 0x%x (%d bytes): %s; host copies need memory this process can read and write",
+                        region.layerName(), region.baseAddress(), region.regionBytes(), wrong));
+            }
         }
     }
 

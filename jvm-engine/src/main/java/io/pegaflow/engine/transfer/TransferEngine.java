@@ -31,6 +31,16 @@ public interface TransferEngine extends AutoCloseable {
      */
     default void checkRegion(LayerRegion region) {}
 
+    /**
+     * {@link #checkRegion} for every region of one registration; an engine whose check reads
+     * something per call (the host engine: the process's mappings) reads it once here.
+     */
+    default void checkRegions(java.util.List<LayerRegion> regions) {
+        for (LayerRegion r : regions) {
+            checkRegion(r);
+        }
+    }
+
     /** A short name for logs and reports, e.g. {@code host} or {@code cuda-kernel}. */
     String name();
 

@@ -72,5 +72,7 @@ class DistinctBlocksTest {
         assertThatThrownBy(() -> DistinctBlocks.of(List.of("1m", "2m", "3m", "4m", "5m", "6m", "7m", "8m", "9m")))
                 .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("expected at most 8");
         assertThat(DistinctBlocks.of(List.of()).windows()).isEmpty();
+        assertThatThrownBy(() -> io.pegaflow.engine.EngineConfig.builder().hitCeilingWindows(List.of("1h", "15x")).build())
+                .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("hit-ceiling window '15x'");
     }
 }

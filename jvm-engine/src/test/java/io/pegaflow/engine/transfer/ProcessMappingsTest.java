@@ -57,6 +57,12 @@ class ProcessMappingsTest {
                     .isInstanceOf(InvalidArgumentException.class)
                     .hasMessageStartingWith(String.format("region 'l0' at 0x%x (%d bytes): 0x", kv.address(), 1L << 40))
                     .hasMessageEndingWith("host copies need memory this process can read and write");
+            // one registration's regions, the mappings read once: the bad one among good ones is named
+            LayerRegion good = region(kv.address(), kv.byteSize());
+            LayerRegion bad = new LayerRegion("l1", KvLayout.COMBINED, 0x2000, 4096, 4, 1024, 1024, 0);
+            engine.checkRegions(List.of(good, good));
+            assertThatThrownBy(() -> engine.checkRegions(List.of(good, bad))).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageStartingWith("region 'l1' at 0x2000 (4096 bytes): 0x2000 is not mapped in this process");
             Path f = dir.resolve("ro");
             Files.write(f, new byte[1 << 16]);
             try (FileChannel ch = FileChannel.open(f, StandardOpenOption.READ)) {
