@@ -5,9 +5,11 @@ naming the executor."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -37,13 +39,56 @@ def test_embedded_across_processes_is_refused_naming_the_executor(backend, tp):
     assert ("CPU platform" in text) == (tp == 1)  # at TP = 1 the cause is vLLM's choice, not parallelism
 
 
-def test_auto_across_processes_uses_a_server_that_answers():
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
-        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=endpoint), config("mp"), "i")
-    assert (resolved.mode, resolved.endpoint) == ("server", endpoint)
+class Listener:
+    """A TCP listener on a free loopback port; ``settings_frame``: it answers a connection the
+    way an HTTP/2 (gRPC) server does, with a SETTINGS frame; else it accepts and stays silent,
+    as another service on the port (vLLM's torch.distributed store, gloo) would."""
+
+    def __init__(self, settings_frame: bool):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.endpoint = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.settings_frame = settings_frame
+        self.accepted = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)
+            if self.settings_frame:
+                conn.sendall(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+
+    def close(self):
+        self.sock.close()
+        for c in self.accepted:
+            c.close()
+
+
+def test_auto_across_processes_uses_a_grpc_server_that_answers():
+    listener = Listener(settings_frame=True)
+    try:
+        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=listener.endpoint), config("mp"), "i")
+    finally:
+        listener.close()
+    assert (resolved.mode, resolved.endpoint) == ("server", listener.endpoint)
+
+
+def test_auto_across_processes_treats_another_service_on_the_port_as_no_server(monkeypatch, tmp_path):
+    """Accepting TCP is not being a server: the instance starts its own instead of waiting for good."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setattr(_private, "private_server", lambda instance_id, pool_size, extra=None: "127.0.0.1:4242")
+    listener = Listener(settings_frame=False)
+    try:
+        assert not _private.answers(listener.endpoint, timeout=0.3)
+        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=listener.endpoint), config("mp"), "i")
+    finally:
+        listener.close()
+    assert (resolved.mode, resolved.endpoint) == ("server", "127.0.0.1:4242")
 
 
 def test_server_mode_is_kept_across_processes():
@@ -82,12 +127,10 @@ def test_the_runtime_dir_is_private(monkeypatch, tmp_path):
 def test_a_live_recorded_server_is_reused_not_restarted(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     root = _private.runtime_dir()
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
-        import hashlib
-
+    listener = Listener(settings_frame=True)
+    try:
         key = hashlib.sha256(b"inst").hexdigest()[:16]
-        (root / f"auto-{key}.json").write_text(json.dumps({"endpoint": endpoint, "pid": os.getpid()}))
-        assert _private.private_server("inst", "32mb") == endpoint
+        (root / f"auto-{key}.json").write_text(json.dumps({"endpoint": listener.endpoint, "pid": os.getpid()}))
+        assert _private.private_server("inst", "32mb") == listener.endpoint
+    finally:
+        listener.close()

@@ -45,12 +45,27 @@ def runtime_dir() -> Path:
     return path
 
 
-def answers(endpoint: str, timeout: float = 0.5) -> bool:
-    """Whether something accepts TCP connections at HOST:PORT (a server there is then asked by the link)."""
+# An HTTP/2 client's connection preface with an empty SETTINGS frame (RFC 9113 section 3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def answers(endpoint: str, timeout: float = 2.0) -> bool:
+    """Whether a gRPC server answers at HOST:PORT: it accepts the connection and replies to an
+    HTTP/2 preface with its SETTINGS frame (the link then asks it for Health). Accepting TCP is
+    not enough: another listener can hold the port (vLLM's own torch.distributed store and gloo
+    take free ports too), and treating it as a server would serve without the cache for good."""
     host, _, port = endpoint.rpartition(":")
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return True
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:
+                chunk = s.recv(9 - len(head))
+                if not chunk:
+                    return False
+                head += chunk
+            return head[3] == 0x04  # frame type SETTINGS
     except (OSError, ValueError):
         return False
 
