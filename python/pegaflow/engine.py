@@ -36,6 +36,14 @@ def ssd_lines(paths: Sequence[str], capacity: str) -> bytes:
     return ("".join(f"ssd_cache_path={p}\n" for p in paths) + f"ssd_cache_capacity={capacity}\n").encode()
 
 
+def _policy_lines(admission: str, eviction: str) -> bytes:
+    """The policies as engine_create's settings lines (checked by the engine, which names a bad one)."""
+    for name, value in (("admission", admission), ("eviction", eviction)):
+        if not isinstance(value, str) or "\n" in value:
+            raise InvalidArgumentError(f"{name} {value!r}; expected a policy name (docs/engine.md)")
+    return f"admission={admission}\neviction={eviction}\n".encode()
+
+
 @dataclass(frozen=True)
 class LayerRegion:
     """One layer's KV cache: segment ``s`` of block ``b`` is at
@@ -166,7 +174,12 @@ class PegaEngine:
         prefault: bool = False,
         ssd_cache_paths: Sequence[str] = (),
         ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY,
+        admission: str = "all",
+        eviction: str = "lru",
     ):
+        """``admission``: ``all``, or ``seen:N`` (a block is saved once lookups asked for it N
+        times); ``eviction``: ``lru``, or ``lfu`` (of the least recently used blocks, the least
+        asked for leaves first). See docs/engine.md, "Policies"."""
         if transfer not in TRANSFERS:
             raise InvalidArgumentError(f"transfer '{transfer}'; expected one of {sorted(TRANSFERS)}")
         api = _bridge.api()
@@ -174,7 +187,7 @@ class PegaEngine:
         ttl_ms = 0 if lease_ttl_s is None else int(lease_ttl_s * 1000)
         api.call(
             "engine_create", str(pool_size).encode(), copy_threads, ttl_ms, TRANSFERS[transfer], device, int(prefault),
-            ssd_lines(ssd_cache_paths, ssd_cache_capacity), ctypes.byref(out),
+            ssd_lines(ssd_cache_paths, ssd_cache_capacity) + _policy_lines(admission, eviction), ctypes.byref(out),
         )
         self._handle: int | None = out.value
 
@@ -301,18 +314,20 @@ def _regions(layers: Sequence[LayerRegion]) -> tuple[bytes, array.array]:
     return "\n".join(layer.name for layer in layers).encode(), array.array("q", [v for layer in layers for v in layer.params()])
 
 
-def text_out(name: str, handle: int, size_hint: int = 8192) -> str:
-    """Calls ``name(handle, buf, cap, &len)`` (a text export) with a buffer that fits."""
+def text_out(name: str, handle: int, *args, size_hint: int = 8192) -> str:
+    """Calls ``name(handle, *args, buf, cap, &len)`` (a text export that changes nothing) with a
+    buffer that fits: one that was too small is called again with the size it asked for, and
+    room to spare for text that grew between the calls."""
     api = _bridge.api()
     size = c_int32()
     buf = ctypes.create_string_buffer(size_hint)
     try:
-        api.call(name, handle, buf, len(buf), ctypes.byref(size))
+        api.call(name, handle, *args, buf, len(buf), ctypes.byref(size))
     except InvalidArgumentError:
         if size.value < len(buf):
             raise
-        buf = ctypes.create_string_buffer(size.value + 1)
-        api.call(name, handle, buf, len(buf), ctypes.byref(size))
+        buf = ctypes.create_string_buffer(size.value + 1 + size.value // 4)
+        api.call(name, handle, *args, buf, len(buf), ctypes.byref(size))
     return buf.value.decode()
 
 

@@ -89,6 +89,28 @@ def test_bad_ssd_settings_are_refused_clearly(tmp_path):
         PegaEngine(pool_size="8mb", ssd_cache_paths=str(tmp_path))
 
 
+def test_seen_two_admission_saves_a_prefix_the_second_time_it_was_asked_for():
+    """PegaEngine(admission=...) reaches the engine: a block is written once lookups asked for it
+    twice; a bad policy is refused naming it."""
+    c = Cache()
+    with PegaEngine(pool_size="8mb", admission="seen:2", eviction="lfu") as e:
+        e.register_instance("inst", "ns", 1, 1)
+        e.register_worker("inst", 0, 0, c.regions())
+        for b in range(2):
+            c.fill(b)
+        h = hashes(2)
+        for asked in (1, 2):
+            assert e.query("inst", h).hit_blocks == 0
+            r = e.save("inst", 0, [0, 1], h).wait(timeout=10)
+            assert r.blocks == (0 if asked == 1 else 2), asked
+        assert e.query("inst", h).hit_blocks == 2
+        assert e.stats()["pegaflow_save_not_admitted_blocks_total"] == 2
+    with pytest.raises(errors.InvalidArgumentError, match=r"admission 'sometimes'; expected all or seen:N"):
+        PegaEngine(pool_size="8mb", admission="sometimes")
+    with pytest.raises(errors.InvalidArgumentError, match=r"eviction 'mru'; expected lru or lfu"):
+        PegaEngine(pool_size="8mb", eviction="mru")
+
+
 def test_a_miss_has_no_lease(engine, cache):
     q = engine.query("inst", hashes(3))
     assert q.hit_blocks == 0 and q.lease is None

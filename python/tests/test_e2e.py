@@ -221,6 +221,49 @@ def test_preemption_under_a_tiny_kv_cache(model, procs, server):
     assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= 12
 
 
+def test_the_stores_block_events_reach_vllms_kv_event_publisher(model, procs, tmp_path):
+    """vLLM's --kv-events-config publisher (ZMQ) carries the store's events beside vLLM's own: the
+    blocks the store saved as BlockStored with medium CPU (the same hashes as vLLM's GPU cache's
+    own BlockStored: the keys agree), and the ones a pool of 16 blocks evicted as BlockRemoved."""
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+    a, _ = procs
+    small = start_server(tmp_path / "pool", pool_size="2mb")  # 16 blocks of the tiny model
+    endpoint = f"ipc://{tmp_path}/kv-events.sock"  # vLLM's publisher binds an ipc endpoint
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    try:
+        a.open(EngineSpec(model, connector={"mode": "server", "endpoint": small.endpoint}, engine_id="events",
+                          extra={"kv_events_config": {"enable_kv_cache_events": True, "publisher": "zmq",
+                                                      "endpoint": endpoint, "topic": "kv"}}))
+        one_by_one(a, prompts(11, n=4, shared=256, tail=224))  # 8 shared + 4 x 7 own blocks: 36 > 16
+        time.sleep(0.3)  # the feed reads the store at most every 0.1 s, at a step: two more steps
+        a.generate([[5] * 40], 2, 0)
+        time.sleep(0.3)
+        a.generate([[6] * 40], 2, 0)
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        events = []
+        while sub.poll(2000):
+            topic, _seq, payload = sub.recv_multipart()
+            events.extend(decoder.decode(payload).events)
+        a.close_engine()
+    finally:
+        sub.close(0)
+        ctx.term()
+        small.stop()
+    stored = {m: {h for e in events if isinstance(e, BlockStored) and e.medium == m for h in e.block_hashes}
+              for m in ("GPU", "CPU")}
+    removed = {h for e in events if isinstance(e, BlockRemoved) and e.medium == "CPU" for h in e.block_hashes}
+    assert len(stored["CPU"]) >= 30, (len(stored["CPU"]), len(events))
+    assert stored["CPU"] <= stored["GPU"], "the store holds what vLLM computed, under vLLM's own hashes"
+    assert len(removed) >= 14 and removed <= stored["CPU"], (len(removed), len(stored["CPU"]))
+    assert all(getattr(e, "group_idx", 0) == 0 for e in events if e.medium == "CPU")  # the one KV-cache group
+
+
 def test_multiprocessing_executor_auto_starts_a_private_server(model, baseline, tmp_path):
     """vLLM's multiprocessing executor (the CPU platform's default): scheduler and worker in
     different processes, no server at the endpoint; the instance starts its own and stops it."""

@@ -211,3 +211,51 @@ def test_none_hash_reproducibility_follows_the_installed_minor(monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "7")
     kv_cache_utils.init_none_hash(sha256)
     assert bytes(kv_cache_utils.NONE_HASH) == bytes(sha256("7")) and _compat.none_hash_is_reproducible("sha256")
+
+
+class _EventsLink:
+    """The store side of ``link_kv_events`` as text, for the feed's conversion alone (the store's
+    own reads are tested in BlockStoreContract and test_e2e's publisher case)."""
+
+    def __init__(self, pages):
+        self.pages = list(pages)
+        self.asked = []
+
+    def kv_events(self, instance_id, after, max_events, size_hint):
+        self.asked.append((instance_id, after))
+        page = self.pages.pop(0)
+        if isinstance(page, Exception):
+            raise page
+        return page
+
+
+def test_the_event_feed_builds_this_minors_kv_events():
+    """BlockStored per stored block, removals of one tier coalesced, the tier as the medium, the
+    group's index where this minor's events carry one; a gap counted; a store that does not answer
+    gives no events, and the next read resumes where the last one ended."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+    from pegaflow.connector import _events
+    from pegaflow.errors import ServerUnavailableError
+
+    k = [bytes([i]) * 32 for i in range(4)]
+    link = _EventsLink([f"next=4 gap=0\nS CPU {k[0].hex()}\nS SSD {k[0].hex()}\nR CPU {k[1].hex()}\nR CPU {k[2].hex()}\n",
+                        ServerUnavailableError("no store bound"),
+                        f"next=9 gap=1\nR SSD {k[3].hex()}\n"])
+    now = [0.0]
+    feed = _events.EventFeed(link, [(1, "inst-g1")], interval_s=0.1, clock=lambda: now[0])
+    first = feed.take()
+    assert [type(e) for e in first] == [BlockStored, BlockStored, BlockRemoved]
+    assert [e.medium for e in first] == ["CPU", "SSD", "CPU"]
+    assert first[2].block_hashes == [_events._hash_converter()(k[1]), _events._hash_converter()(k[2])]
+    assert first[0].token_ids == [] and first[0].parent_block_hash is None
+    if "group_idx" in BlockStored.__struct_fields__:
+        assert {e.group_idx for e in first} == {1}
+    assert feed.take() == []  # within the interval: no read
+    now[0] = 0.2
+    assert feed.take() == []  # the store did not answer
+    now[0] = 0.4
+    last = feed.take()
+    assert [(type(e), e.medium) for e in last] == [(BlockRemoved, "SSD")]
+    assert feed.gaps == 1 and feed.published == 4
+    assert link.asked == [("inst-g1", 0), ("inst-g1", 4), ("inst-g1", 4)]

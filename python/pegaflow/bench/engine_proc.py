@@ -63,6 +63,10 @@ def _open(spec: EngineSpec):
                 max_num_seqs=spec.max_num_seqs, max_num_batched_tokens=spec.max_num_batched_tokens,
                 disable_log_stats=False, distributed_executor_backend="uni" if spec.in_process else "mp")
     args.update(spec.extra)
+    if isinstance(args.get("kv_events_config"), dict):  # a plain dict crosses the process boundary
+        from vllm.config import KVEventsConfig
+
+        args["kv_events_config"] = KVEventsConfig(**args["kv_events_config"])
     return LLM(**args)
 
 

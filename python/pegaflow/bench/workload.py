@@ -134,7 +134,8 @@ def run(args: argparse.Namespace) -> dict:
     _bridge.api()  # start the JVM first: the prefault time below is the pool's alone
     t0 = time.perf_counter()
     engine = PegaEngine(pool_size=args.pool, copy_threads=args.copy_threads, prefault=args.prefault,
-                        ssd_cache_paths=[str(p) for p in args.ssd_path], ssd_cache_capacity=args.ssd_capacity)
+                        ssd_cache_paths=[str(p) for p in args.ssd_path], ssd_cache_capacity=args.ssd_capacity,
+                        admission=args.admission, eviction=args.eviction)
     wait_ns: list[int] = []
     not_yet = 0
     prefault_seconds = time.perf_counter() - t0
@@ -234,6 +235,9 @@ def run(args: argparse.Namespace) -> dict:
         "hit_blocks": hit_total,
         "ideal_hit_blocks": ideal_total,
         "save_skipped_blocks": stats["pegaflow_save_skipped_blocks_total"],
+        "save_not_admitted_blocks": stats["pegaflow_save_not_admitted_blocks_total"],
+        "admission": args.admission,
+        "eviction": args.eviction,
         "saves_refused_pool_exhausted": refused,
         "load_bytes": stats["pegaflow_load_bytes_total"],
         "save_bytes": stats["pegaflow_save_bytes_total"],
@@ -292,6 +296,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ssd-path", type=Path, action="append", default=[],
                    help="directory of an SSD tier below the pool (repeatable; default: none)")
     p.add_argument("--ssd-capacity", default="64gb", help="disk space of the SSD tier (default 64gb)")
+    p.add_argument("--admission", default="all", help="all, or seen:N: save a block once lookups asked for it N times")
+    p.add_argument("--eviction", default="lru", help="lru, or lfu: the least asked for of the least recently used")
     p.add_argument("--verify", choices=["none", "sample", "full"], default="sample")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--json", type=Path, default=Path("out/run-report.json"))

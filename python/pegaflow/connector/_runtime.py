@@ -59,6 +59,11 @@ class Link:
         self._api.call("link_reset_cache", self.handle, instance_id.encode(), out)
         return out[0], out[1]
 
+    def kv_events(self, instance_id: str, after: int, max_events: int, size_hint: int = 65536) -> str:
+        """The bound store's block events of the instance's namespace after ``after``, as
+        ``link_kv_events``'s text (``_events.parse``)."""
+        return text_out("link_kv_events", self.handle, instance_id.encode(), after, max_events, size_hint=size_hint)
+
     def close(self) -> None:
         handle, self.handle = self.handle, 0
         if handle:

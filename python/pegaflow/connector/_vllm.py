@@ -38,7 +38,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from ..errors import PegaflowError
-from . import _compat, _groups, _layout, _private, _runtime
+from . import _compat, _events, _groups, _layout, _private, _runtime
 from ._keys import BlockKeys, has_extra_keys
 from ._brain import SchedulerBrain
 from . import _controls
@@ -211,7 +211,9 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
         self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request
-        self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns"), 0)
+        self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "kv_events",
+                                      "kv_event_gaps"), 0)
+        self._event_feed: _events.EventFeed | None = None
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
                 raise ValueError(
@@ -225,6 +227,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                                          self._load_enabled,
                                          wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer",
                                          in_step=in_step_loads(self._settings))
+            if _events.enabled(vllm_config):  # vLLM publishes KV events: the store's go out with them
+                self._event_feed = _events.EventFeed(self._link, [(i, g.group.instance_id) for i, g in enumerate(self._groups)])
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -514,6 +518,18 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         log.info("reset_cache: instance %s's namespace cleared: %d blocks from the pool, %d SSD records",
                  self._instance_id, sum(c[0] for c in counts), sum(c[1] for c in counts))
         return True
+
+    def take_events(self):
+        """vLLM's KV events from the connector (scheduler side, every step): the store's block events
+        of this instance's namespaces while vLLM publishes events (``_events``)."""
+        feed = self._event_feed
+        if feed is None:
+            return ()
+        gaps = feed.gaps
+        events = feed.take()
+        self._counts["kv_events"] += len(events)
+        self._counts["kv_event_gaps"] += feed.gaps - gaps
+        return events
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         """vLLM >= 0.32: a load restores every group (each group's hit blocks), so none is zeroed."""

@@ -43,7 +43,7 @@ import java.util.List;
  */
 public final class Bridge {
     /** Bumped on any change to the table's layout or a function's signature. */
-    public static final int ABI_VERSION = 7;
+    public static final int ABI_VERSION = 8;
 
     private static volatile long table;
 
@@ -67,7 +67,8 @@ public final class Bridge {
             EngineExports.class, List.of("block_hashes", "completion_on_done", "flush", "query_request", "query_cancel",
                     "register_rank"),
             ConnectorExports.class, List.of("worker_start_step_loads", "worker_wait_layer"),
-            LinkExports.class, List.of("link_reset_cache"));
+            LinkExports.class, List.of("link_reset_cache"),
+            LinkExports.class, List.of("link_kv_events"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();

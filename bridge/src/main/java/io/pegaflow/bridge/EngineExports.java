@@ -109,8 +109,8 @@ final class EngineExports {
                 throw new InvalidArgumentException("engine_create: flags 0x" + Integer.toHexString(flags)
                         + "; expected only bit 0 (prefault)");
             }
-            EngineConfig.Builder b = EngineConfig.builder().poolSize(str(poolSize, "pool_size")).copyThreads(copyThreads)
-                    .prefault((flags & 1) != 0).ssd(io.pegaflow.engine.ssd.SsdConfig.parse(str(ssd, "ssd")));
+            EngineConfig.Builder b = settings(EngineConfig.builder().poolSize(str(poolSize, "pool_size")).copyThreads(copyThreads)
+                    .prefault((flags & 1) != 0), str(ssd, "settings"));
             if (leaseTtlMs > 0) {
                 b.leaseTtl(Duration.ofMillis(leaseTtlMs));
             }
@@ -122,6 +122,25 @@ final class EngineExports {
             MemorySegment out = buffer(outEngine, 8, "out_engine");
             out.set(JAVA_LONG, 0, ENGINES.add(PegaEngine.create(b.build())));
         });
+    }
+
+    /**
+     * engine_create's settings lines ({@code key=value}): {@code admission} and {@code eviction}
+     * ({@link EngineConfig.Builder#admission}, {@link EngineConfig.Builder#eviction}), the rest
+     * the SSD tier's ({@code ssd_cache_path}, {@code ssd_cache_capacity}).
+     */
+    static EngineConfig.Builder settings(EngineConfig.Builder b, String text) {
+        StringBuilder ssd = new StringBuilder();
+        for (String line : text.split("\n")) {
+            String key = line.contains("=") ? line.substring(0, line.indexOf('=')).strip() : line.strip();
+            String value = line.contains("=") ? line.substring(line.indexOf('=') + 1).strip() : "";
+            switch (key) {
+                case "admission" -> b.admission(value);
+                case "eviction" -> b.eviction(value);
+                default -> ssd.append(line).append('\n');
+            }
+        }
+        return b.ssd(io.pegaflow.engine.ssd.SsdConfig.parse(ssd.toString()));
     }
 
     static int pfEngineClose(long engine) {

@@ -100,6 +100,27 @@ final class LinkExports {
         });
     }
 
+    /**
+     * The bound store's block events of {@code instance_id}'s namespace after {@code after}, at
+     * most {@code max} (1..10,000): text, a first line {@code next=N gap=0|1}, then one line per
+     * event: {@code S} (stored) or {@code R} (removed), the tier, the block's key in hex.
+     * NUL-terminated into buf; PF_UNAVAILABLE while no store is bound.
+     */
+    static int pfLinkKvEvents(long link, MemorySegment instanceId, long after, int max, MemorySegment buf, int cap,
+            MemorySegment outLen) {
+        return guard(() -> {
+            io.pegaflow.engine.KvEventLog.Batch b = LINKS.get(link).kvEvents(str(instanceId, "instance_id"), after, max);
+            StringBuilder text = new StringBuilder(32 + b.events().size() * 80);
+            text.append("next=").append(b.next()).append(" gap=").append(b.gap() ? 1 : 0).append('\n');
+            java.util.HexFormat hex = java.util.HexFormat.of();
+            for (io.pegaflow.engine.KvEventLog.Event e : b.events()) {
+                text.append(e.kind() == io.pegaflow.engine.KvEventLog.Kind.STORED ? 'S' : 'R').append(' ').append(e.tier())
+                        .append(' ').append(hex.formatHex(e.hash())).append('\n');
+            }
+            putText(text.toString().getBytes(StandardCharsets.UTF_8), buf, cap, outLen, "KV events");
+        });
+    }
+
     /** Closes the link: its engine or client (copies in flight finish first). */
     static int pfLinkClose(long link) {
         return guard(() -> LINKS.take(link).close());

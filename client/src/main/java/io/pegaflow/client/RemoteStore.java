@@ -38,11 +38,15 @@ import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
 import io.pegaflow.client.proto.ResetCacheRequest;
+import io.pegaflow.client.proto.KvEvent;
+import io.pegaflow.client.proto.KvEventsRequest;
+import io.pegaflow.client.proto.KvEventsResponse;
 import io.pegaflow.client.proto.ResetCacheResponse;
 import io.pegaflow.client.proto.SessionEvent;
 import io.pegaflow.client.proto.SessionRequest;
 import io.pegaflow.client.proto.StatsRequest;
 import io.pegaflow.client.proto.UnregisterInstanceRequest;
+import java.util.ArrayList;
 import java.util.EnumMap;
 import java.util.List;
 import java.util.Map;
@@ -425,6 +429,20 @@ public final class RemoteStore implements BlockStore {
         ResetCacheResponse r = call(s -> s.resetCache(ResetCacheRequest.newBuilder().setInstanceId(instanceId).build()));
         return new io.pegaflow.engine.LocalStore.Cleared(r.getBlocks(), r.getBytes(), r.getReferencedBlocks(),
                 r.getUnpinnedBlocks(), r.getSsdRecords());
+    }
+
+    @Override
+    public io.pegaflow.engine.KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
+        KvEventsResponse r = call(s -> s.kvEvents(KvEventsRequest.newBuilder().setInstanceId(instanceId).setAfter(after)
+                .setMaxEvents(max).build()));
+        String namespace = ""; // the caller's own namespace: the server filtered by it
+        List<io.pegaflow.engine.KvEventLog.Event> events = new ArrayList<>(r.getEventsCount());
+        for (KvEvent e : r.getEventsList()) {
+            events.add(new io.pegaflow.engine.KvEventLog.Event(e.getSeq(), e.getStored() ? io.pegaflow.engine.KvEventLog.Kind.STORED
+                    : io.pegaflow.engine.KvEventLog.Kind.REMOVED, e.getTier(), namespace, e.getHash().toByteArray(),
+                    e.getEpochMillis()));
+        }
+        return new io.pegaflow.engine.KvEventLog.Batch(events, r.getNext(), r.getGap());
     }
 
     @Override

@@ -252,6 +252,11 @@ public final class StoreLink implements EngineSource, AutoCloseable {
         return bound().resetCache(instanceId);
     }
 
+    /** The bound store's block events of {@code instanceId}'s namespace ({@link io.pegaflow.engine.BlockStore#kvEvents}). */
+    public io.pegaflow.engine.KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
+        return bound().kvEvents(instanceId, after, max);
+    }
+
     private PegaEngine bound() {
         PegaEngine e = binding.engine();
         if (e == null) {

@@ -62,6 +62,14 @@ public interface BlockStore extends AutoCloseable {
     LocalStore.Cleared resetCache(String instanceId);
 
     /**
+     * The store's block events of the instance's namespace after sequence number {@code after}
+     * (0: from the oldest kept), at most {@code max} ({@link KvEventLog#MAX_READ}): what vLLM's
+     * KV-event publisher carries for routers. Events of a namespace are the store's, whichever
+     * instance caused them: every instance of a model on the host can load those blocks.
+     */
+    KvEventLog.Batch kvEvents(String instanceId, long after, int max);
+
+    /**
      * The visibility barrier: every save ended before this call is visible to other hosts'
      * queries when it returns (local queries see a save as soon as it ended). Without other
      * hosts it returns at once.

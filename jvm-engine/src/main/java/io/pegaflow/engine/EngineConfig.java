@@ -31,6 +31,8 @@ import java.util.function.LongSupplier;
  * @param hitCeilingWindows windows of the hit-rate ceiling's distinct-block sketch, e.g. {@code 15m}, {@code 1h}
  *                      ({@link io.pegaflow.engine.metrics.DistinctBlocks}; empty: none)
  * @param kvEventCapacity block events the store keeps for readers ({@link KvEventLog}; 0: none)
+ * @param admission     which blocks saves write: {@code all}, or {@code seen:N} (after N lookups; {@link CachePolicy})
+ * @param eviction      which unreferenced block leaves first: {@code lru}, or {@code lfu} (frequency-aware)
  */
 public record EngineConfig(
         long poolBytes,
@@ -46,7 +48,9 @@ public record EngineConfig(
         SsdConfig ssd,
         Quotas quotas,
         java.util.List<String> hitCeilingWindows,
-        int kvEventCapacity) {
+        int kvEventCapacity,
+        String admission,
+        String eviction) {
 
     public static Builder builder() {
         return new Builder();
@@ -68,6 +72,8 @@ public record EngineConfig(
         private Quotas quotas = Quotas.DEFAULTS;
         private java.util.List<String> hitCeilingWindows = java.util.List.of("15m", "1h", "1d");
         private int kvEventCapacity = 65_536;
+        private String admission = "all";
+        private String eviction = "lru";
 
         private Builder() {}
 
@@ -142,6 +148,18 @@ public record EngineConfig(
             return this;
         }
 
+        /** {@code all} (default) or {@code seen:N}: a block is saved once lookups asked for it N times. */
+        public Builder admission(String policy) {
+            this.admission = policy;
+            return this;
+        }
+
+        /** {@code lru} (default) or {@code lfu}: of the least recently used blocks, the least asked for leaves first. */
+        public Builder eviction(String policy) {
+            this.eviction = policy;
+            return this;
+        }
+
         public Builder hitCeilingWindows(java.util.List<String> windows) {
             this.hitCeilingWindows = windows == null ? java.util.List.of() : java.util.List.copyOf(windows);
             return this;
@@ -174,8 +192,9 @@ public record EngineConfig(
             if (kvEventCapacity < 0 || kvEventCapacity > 1 << 24) {
                 throw new InvalidArgumentException("kvEventCapacity " + kvEventCapacity + "; expected 0..16777216");
             }
+            CachePolicy.check(admission, eviction); // refuses a bad policy here, naming it
             return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory,
-                    metrics, nanoClock, ssd, quotas, hitCeilingWindows, kvEventCapacity);
+                    metrics, nanoClock, ssd, quotas, hitCeilingWindows, kvEventCapacity, admission, eviction);
         }
 
         private static void requirePositive(String name, Duration d) {

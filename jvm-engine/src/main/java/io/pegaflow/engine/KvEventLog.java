@@ -8,7 +8,8 @@ import java.util.List;
  * cached: a block stored in a tier or removed from it, with its namespace and vLLM's block
  * hash, numbered in order. A bounded ring: appending never waits for a reader, and a reader
  * that falls more than the ring's capacity behind is told so ({@link Batch#gap}) and resumes
- * at the oldest event kept. Any thread; appends come under the store's lock.
+ * at the oldest event kept. Any thread: the store appends under its lock, the SSD tier from its
+ * writer threads.
  */
 public final class KvEventLog {
     /** vLLM's event names: {@code BlockStored} and {@code BlockRemoved}. */
@@ -22,9 +23,13 @@ public final class KvEventLog {
         }
     }
 
-    /** The tier a block entered or left: host memory ({@code CPU}, vLLM's medium name) or the SSD tier. */
+    /**
+     * The tier a block entered or left: host memory ({@code CPU}, vLLM's medium name), the SSD
+     * tier, or the cluster ({@code REMOTE}: advertised to other hosts, or withdrawn).
+     */
     public static final String CPU = "CPU";
     public static final String SSD = "SSD";
+    public static final String REMOTE = "REMOTE";
 
     /** One event; {@code seq} counts from 1 over the store's life. */
     public record Event(long seq, Kind kind, String tier, String namespace, byte[] hash, long epochMillis) {}
@@ -58,7 +63,16 @@ public final class KvEventLog {
     }
 
     /** Up to {@code max} events with a sequence number above {@code after} (0: from the oldest kept). */
-    public synchronized Batch after(long after, int max) {
+    public Batch after(long after, int max) {
+        return after(after, max, null);
+    }
+
+    /**
+     * {@link #after(long, int)} of one namespace's events ({@code null}: every namespace). The
+     * reader resumes at {@code next} either way: events of other namespaces it skipped are not
+     * read again, and {@code gap} says events were dropped from the ring, of any namespace.
+     */
+    public synchronized Batch after(long after, int max, String namespace) {
         if (after < 0 || max < 1 || max > MAX_READ) {
             throw new InvalidArgumentException("events after " + after + ", at most " + max + "; expected after >= 0 and 1.."
                     + MAX_READ + " events");
@@ -67,10 +81,14 @@ public final class KvEventLog {
         long from = Math.max(after + 1, oldest);
         boolean gap = after + 1 < oldest;
         List<Event> out = new ArrayList<>((int) Math.min(max, Math.max(0, nextSeq - from)));
-        for (long s = from; s < nextSeq && out.size() < max; s++) {
-            out.add(ring[(int) (s % ring.length)]);
+        long s = from;
+        for (; s < nextSeq && out.size() < max; s++) {
+            Event e = ring[(int) (s % ring.length)];
+            if (namespace == null || namespace.equals(e.namespace())) {
+                out.add(e);
+            }
         }
-        long next = out.isEmpty() ? Math.max(after, from - 1) : out.get(out.size() - 1).seq();
+        long next = Math.max(after, s - 1);
         return new Batch(out, next, gap);
     }
 }

@@ -22,6 +22,7 @@ final class LoadPath {
     private final OpenCopies copies;
     private final SsdReadBack readBack;
     private final PeerShare peers;
+    private final CachePolicy policy;
     private final Quotas quotas;
     private final ObjLongConsumer<Counter> count;
     private final LongSupplier clock;
@@ -32,8 +33,8 @@ final class LoadPath {
     private final io.pegaflow.engine.metrics.DistinctBlocks distinct;
 
     LoadPath(StoreLock lock, InstanceRegistry registry, PoolSpace pool, LeaseTable leases, OpenCopies copies,
-            SsdReadBack readBack, PeerShare peers, Quotas quotas, ObjLongConsumer<Counter> count, LongSupplier clock,
-            io.pegaflow.engine.metrics.DistinctBlocks distinct) {
+            SsdReadBack readBack, PeerShare peers, Quotas quotas, CachePolicy policy, ObjLongConsumer<Counter> count,
+            LongSupplier clock, io.pegaflow.engine.metrics.DistinctBlocks distinct) {
         this.lock = lock;
         this.registry = registry;
         this.pool = pool;
@@ -42,6 +43,7 @@ final class LoadPath {
         this.readBack = readBack;
         this.peers = peers;
         this.quotas = quotas;
+        this.policy = policy;
         this.count = count;
         this.clock = clock;
         this.distinct = distinct;
@@ -118,6 +120,7 @@ final class LoadPath {
                 count.accept(Counter.LEASES_CREATED, 1);
             }
             answered = inst.ns.namespace;
+            policy.looked(inst.ns, hashes); // a final answer counts once; "not yet" repeats do not
         } finally {
             lock.unlock();
         }

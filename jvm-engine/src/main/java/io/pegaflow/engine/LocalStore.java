@@ -59,6 +59,8 @@ public final class LocalStore implements BlockStore {
     private final OperatorOps operator;
     /** Blocks stored into and removed from the pool, for routers (pegaflow-server's /admin/events). */
     private final KvEventLog events;
+    /** Admission and eviction beyond "every block, LRU" (flags; both off by default). */
+    private final CachePolicy policy;
     /** Distinct blocks asked for per window: the hit-rate ceiling (queries' final answers only). */
     private final io.pegaflow.engine.metrics.DistinctBlocks distinct;
     // --- end guarded ---
@@ -74,6 +76,7 @@ public final class LocalStore implements BlockStore {
         this.inflightTtlNanos = config.inflightTtl().toNanos();
         this.quotas = config.quotas();
         this.extraSink = config.metrics();
+        this.policy = CachePolicy.of(config.admission(), config.eviction());
         this.pool = new PoolSpace(capacityBytes, this::count, new PoolSpace.Residency() {
             @Override
             public void sealed(Block b, boolean saved) {
@@ -81,15 +84,19 @@ public final class LocalStore implements BlockStore {
                 if (saved) {
                     readBack.offer(b);
                 }
-                peers.advertise(b);
+                if (peers.advertise(b)) {
+                    events.append(KvEventLog.Kind.STORED, KvEventLog.REMOTE, b.ns.namespace, b.key.bytes());
+                }
             }
 
             @Override
             public void dropped(Block b) {
                 events.append(KvEventLog.Kind.REMOVED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
-                peers.evicted(b);
+                if (peers.evicted(b)) {
+                    events.append(KvEventLog.Kind.REMOVED, KvEventLog.REMOTE, b.ns.namespace, b.key.bytes());
+                }
             }
-        });
+        }, policy);
         this.leases = new LeaseTable(config.leaseTtl().toNanos(), pool::pinAll, pool::unpinAll);
         if (config.sweepInterval().isZero()) {
             this.sweeper = null;
@@ -101,10 +108,10 @@ public final class LocalStore implements BlockStore {
             });
         }
         this.copies = new OpenCopies(lock, pool, this::count, clock, config.copyTtl().toNanos(), sweeper);
-        this.saves = new SavePath(lock, registry, pool, copies, quotas, this::count, clock);
-        this.readBack = new SsdReadBack(lock, pool, this::count, clock);
+        this.saves = new SavePath(lock, registry, pool, copies, quotas, policy, this::count, clock);
+        this.readBack = new SsdReadBack(lock, pool, this::count, clock, events);
         this.peers = new PeerShare(lock, pool, registry, copies, this::count, clock);
-        this.loads = new LoadPath(lock, registry, pool, leases, copies, readBack, peers, quotas, this::count, clock,
+        this.loads = new LoadPath(lock, registry, pool, leases, copies, readBack, peers, quotas, policy, this::count, clock,
                 distinct);
         this.operator = new OperatorOps(lock, pool, registry, readBack, this::count, clock);
         if (extraSink != null) {
@@ -436,6 +443,16 @@ public final class LocalStore implements BlockStore {
     @Override
     public Cleared resetCache(String instanceId) {
         return operator.resetCache(instanceId);
+    }
+
+    /** See {@link BlockStore#kvEvents}. */
+    @Override
+    public KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
+        String namespace = lock.locked(() -> {
+            lock.checkOpen();
+            return registry.get(instanceId).spec.namespace();
+        });
+        return events.after(after, max, namespace);
     }
 
     /** What {@link #pin} did with the hashes: newly pinned, pinned before, after the resident prefix. */

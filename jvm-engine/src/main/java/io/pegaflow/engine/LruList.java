@@ -67,6 +67,29 @@ final class LruList {
         return b;
     }
 
+    /**
+     * Takes off the list the block of lowest {@code frequency} among the {@code sample} least
+     * recently used (ties: the oldest), or returns null when the list is empty.
+     */
+    Block pollLeastFrequent(java.util.function.ToIntFunction<Block> frequency, int sample) {
+        Block best = head;
+        if (best == null) {
+            return null;
+        }
+        int least = frequency.applyAsInt(best);
+        Block b = best.lruNext;
+        for (int seen = 1; b != null && seen < sample && least > 0; seen++, b = b.lruNext) {
+            int f = frequency.applyAsInt(b);
+            if (f < least) {
+                least = f;
+                best = b;
+            }
+        }
+        unlink(best);
+        evictableBytes -= best.bytes;
+        return best;
+    }
+
     /** Takes an unreferenced sealed block off the list (an operator's clear drops it). */
     void remove(Block b) {
         unlink(b);

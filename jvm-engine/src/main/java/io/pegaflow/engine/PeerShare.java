@@ -87,24 +87,29 @@ final class PeerShare {
 
     /**
      * Under lock: reports a block that just became resident to the remote tier, and queues it to
-     * be summed ahead of peers' reads unless its checksum is known (checked on arrival).
+     * be summed ahead of peers' reads unless its checksum is known (checked on arrival); false
+     * without a remote tier (nothing advertised).
      */
-    void advertise(Block b) {
+    boolean advertise(Block b) {
         RemoteTier r = remote;
-        if (r != null) {
-            r.resident(b.ns.namespace, b.key.bytes());
-            if (b.crc == BlockChecksum.UNKNOWN && !checksums.offer(b)) {
-                count.accept(Counter.BLOCK_CHECKSUMS_DEFERRED, 1);
-            }
+        if (r == null) {
+            return false;
         }
+        r.resident(b.ns.namespace, b.key.bytes());
+        if (b.crc == BlockChecksum.UNKNOWN && !checksums.offer(b)) {
+            count.accept(Counter.BLOCK_CHECKSUMS_DEFERRED, 1);
+        }
+        return true;
     }
 
-    /** Under lock: reports a resident block that left the pool to the remote tier. */
-    void evicted(Block b) {
+    /** Under lock: reports a resident block that left the pool to the remote tier; false without one. */
+    boolean evicted(Block b) {
         RemoteTier r = remote;
-        if (r != null) {
-            r.evicted(b.ns.namespace, b.key.bytes());
+        if (r == null) {
+            return false;
         }
+        r.evicted(b.ns.namespace, b.key.bytes());
+        return true;
     }
 
     /**

@@ -713,6 +713,16 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
+    /** See {@link BlockStore#kvEvents}. */
+    public KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
+        startOp();
+        try {
+            return store.kvEvents(instanceId, after, max);
+        } finally {
+            endOp();
+        }
+    }
+
     public EngineStats stats() {
         startOp();
         try {

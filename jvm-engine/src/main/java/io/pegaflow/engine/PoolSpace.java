@@ -39,15 +39,18 @@ final class PoolSpace {
     private final Set<Block> inflight = new HashSet<>();
     private final ObjLongConsumer<Counter> count;
     private final Residency residency;
+    /** Which unreferenced block eviction takes ({@link CachePolicy}: the oldest, or the least asked for of the oldest). */
+    private final CachePolicy policy;
     private long residentBlocks;
     private long residentBytes;
     /** The pool's memory as this process maps it (the bytes offsets refer to); set once, by the first tier attached. */
     private volatile MemorySegment memory;
 
-    PoolSpace(long capacityBytes, ObjLongConsumer<Counter> count, Residency residency) {
+    PoolSpace(long capacityBytes, ObjLongConsumer<Counter> count, Residency residency, CachePolicy policy) {
         this.allocator = new OffsetAllocator(capacityBytes);
         this.count = count;
         this.residency = residency;
+        this.policy = policy;
     }
 
     long capacityBytes() {
@@ -246,9 +249,12 @@ final class PoolSpace {
         }
     }
 
-    /** Evicts the least recently used unreferenced block; false when there is none. */
+    /**
+     * Evicts an unreferenced block, the least recently used one (or, with {@code lfu}, the least
+     * asked for of the least recently used); false when there is none.
+     */
     private boolean evictOne() {
-        Block b = lru.pollOldest();
+        Block b = policy.lfu ? lru.pollLeastFrequent(policy::frequency, CachePolicy.SAMPLE) : lru.pollOldest();
         if (b == null) {
             return false;
         }

@@ -24,16 +24,18 @@ final class SavePath {
     private final PoolSpace pool;
     private final OpenCopies copies;
     private final Quotas quotas;
+    private final CachePolicy policy;
     private final ObjLongConsumer<Counter> count;
     private final LongSupplier clock;
 
-    SavePath(StoreLock lock, InstanceRegistry registry, PoolSpace pool, OpenCopies copies, Quotas quotas,
+    SavePath(StoreLock lock, InstanceRegistry registry, PoolSpace pool, OpenCopies copies, Quotas quotas, CachePolicy policy,
             ObjLongConsumer<Counter> count, LongSupplier clock) {
         this.lock = lock;
         this.registry = registry;
         this.pool = pool;
         this.copies = copies;
         this.quotas = quotas;
+        this.policy = policy;
         this.count = count;
         this.clock = clock;
     }
@@ -56,10 +58,11 @@ final class SavePath {
             Limits.checkPlan("save", blockIds.length, regionIdx.length);
             worker.checkBlockIds(regionIdx, blockIds, "blockIds");
             quotas.checkCopy(inst, "a save", copies.size());
-            plan(inst, worker, regionIdx, hashes, planned);
+            int notAdmitted = plan(inst, worker, regionIdx, hashes, planned);
             int skipped = hashes.count() - planned.size();
             count.accept(Counter.SAVE_REQUESTS, 1);
-            count.accept(Counter.SAVE_SKIPPED_BLOCKS, skipped);
+            count.accept(Counter.SAVE_SKIPPED_BLOCKS, skipped - notAdmitted);
+            count.accept(Counter.SAVE_NOT_ADMITTED_BLOCKS, notAdmitted);
             if (planned.isEmpty()) {
                 return CopyPlan.nothing(skipped);
             }
@@ -74,9 +77,10 @@ final class SavePath {
      * Under lock: decides what to write, checks capacity, then allocates and claims slots. The
      * per-region facts (slot, bytes) come from the worker (computed when it was sealed); a block none of whose
      * selected slots exist yet (the usual case) shares the call's region list; a hash repeated
-     * in the call is planned once (its later copies count as skipped).
+     * in the call is planned once (its later copies count as skipped), and a new block the
+     * admission policy does not take yet is skipped ({@link CachePolicy}); returns how many were.
      */
-    private void plan(Instance inst, Instance.Worker worker, int[] regionIdx, BlockHashes hashes, List<PlannedBlock> plans) {
+    private int plan(Instance inst, Instance.Worker worker, int[] regionIdx, BlockHashes hashes, List<PlannedBlock> plans) {
         NamespaceIndex ns = inst.ns;
         int[] slotOf = worker.slots;
         long[] slotBytesOf = worker.slotBytes;
@@ -86,6 +90,7 @@ final class SavePath {
         }
         Set<HashKey> seen = new HashSet<>();
         long needed = 0;
+        int notAdmitted = 0;
         byte[] packed = hashes.packed();
         int len = hashes.hashLen();
         for (int i = 0; i < hashes.count(); i++) {
@@ -96,6 +101,10 @@ final class SavePath {
             HashKey key = b == null ? HashKey.of(hashes, i) : b.key;
             if (!seen.add(key)) {
                 continue; // repeated in this call: its first copy is planned
+            }
+            if (b == null && !policy.admits(ns, key)) {
+                notAdmitted++;
+                continue; // not asked for often enough yet; a block in flight follows its first rank
             }
             int[] todo = regionIdx;
             long bytes = allBytes;
@@ -144,6 +153,7 @@ final class SavePath {
                 pool.pin(b);
             }
         }
+        return notAdmitted;
     }
 
     /** Under lock: fills (ok) or releases the slots of a reservation. */

@@ -32,12 +32,15 @@ final class SsdReadBack {
     /** Reads back from SSD ever queued (an operator's warm counts what it started). */
     private long readsQueued;
     private boolean pumping;
+    /** The store's block events: the tier's records written and dropped go there. */
+    private final KvEventLog events;
 
-    SsdReadBack(StoreLock lock, PoolSpace pool, ObjLongConsumer<Counter> count, LongSupplier clock) {
+    SsdReadBack(StoreLock lock, PoolSpace pool, ObjLongConsumer<Counter> count, LongSupplier clock, KvEventLog events) {
         this.lock = lock;
         this.pool = pool;
         this.count = count;
         this.clock = clock;
+        this.events = events;
     }
 
     /** The attached tier, or null. */
@@ -52,6 +55,17 @@ final class SsdReadBack {
         }
         pool.map(memory);
         tier = SsdTier.open(config, count::accept); // rebuilds its index from the shard files
+        tier.listen(new SsdTier.Listener() {
+            @Override
+            public void stored(String namespace, byte[] hash) {
+                events.append(KvEventLog.Kind.STORED, KvEventLog.SSD, namespace, hash);
+            }
+
+            @Override
+            public void removed(String namespace, byte[] hash) {
+                events.append(KvEventLog.Kind.REMOVED, KvEventLog.SSD, namespace, hash);
+            }
+        });
         return tier;
     }
 

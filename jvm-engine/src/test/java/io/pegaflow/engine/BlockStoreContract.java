@@ -13,6 +13,7 @@ import io.pegaflow.engine.transfer.TransferEngine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.time.Duration;
 import java.util.Arrays;
+import java.util.HexFormat;
 import java.util.List;
 import java.util.Random;
 import java.util.concurrent.CompletableFuture;
@@ -249,19 +250,25 @@ public abstract class BlockStoreContract {
         verifyInvariants();
     }
 
+    /** Registers {@code other} (instance "other" of another namespace) and saves two blocks there; their hashes. */
+    private byte[][] savedInAnotherNamespace(KvWorld other) {
+        other.register(engine);
+        byte[][] o = KvWorld.randomHashes(rnd, 2);
+        for (int i = 0; i < 2; i++) {
+            other.fillPattern(i, o[i]);
+        }
+        engine.save("other", 0, new long[] {0, 1}, BlockHashes.of(o)).join();
+        engine.flush(10_000);
+        return o;
+    }
+
     @Test
     void resetCacheDropsTheNamespacesUnheldBlocksKeepsLeasedOnesAndOtherNamespaces() {
         start(16);
         byte[][] h = KvWorld.randomHashes(rnd, 4);
         saveAll(h, 0);
         try (KvWorld other = new KvWorld("other", "ns-other", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
-            other.register(engine);
-            byte[][] o = KvWorld.randomHashes(rnd, 2);
-            for (int i = 0; i < 2; i++) {
-                other.fillPattern(i, o[i]);
-            }
-            engine.save("other", 0, new long[] {0, 1}, BlockHashes.of(o)).join();
-            engine.flush(10_000);
+            byte[][] o = savedInAnotherNamespace(other);
             QueryResult held = engine.query("inst", BlockHashes.of(h[0]));
             LocalStore.Cleared c = engine.resetCache("inst");
             assertThat(c.blocks()).isEqualTo(3);
@@ -273,6 +280,36 @@ public abstract class BlockStoreContract {
             assertThat(q.hitBlocks()).as("another namespace is untouched").isEqualTo(2);
             engine.release("other", q.lease());
             assertThatThrownBy(() -> engine.resetCache("ghost")).isInstanceOf(UnknownInstanceException.class);
+            engine.unregisterInstance("other");
+        }
+        verifyInvariants();
+    }
+
+    @Test
+    void kvEventsGiveTheNamespacesStoredAndRemovedBlocksInOrderAndNoOtherNamespace() {
+        start(16);
+        byte[][] h = KvWorld.randomHashes(rnd, 3);
+        saveAll(h, 0);
+        try (KvWorld other = new KvWorld("other", "ns-other", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            byte[][] o = savedInAnotherNamespace(other);
+            assertThat(engine.kvEvents("other", 0, 100).events()).extracting(e -> HexFormat.of().formatHex(e.hash()))
+                    .containsExactlyInAnyOrder(HexFormat.of().formatHex(o[0]), HexFormat.of().formatHex(o[1]));
+            KvEventLog.Batch stored = engine.kvEvents("inst", 0, 100);
+            assertThat(stored.events()).extracting(KvEventLog.Event::kind).containsOnly(KvEventLog.Kind.STORED);
+            assertThat(stored.events()).extracting(KvEventLog.Event::tier).containsOnly(KvEventLog.CPU);
+            assertThat(stored.events()).extracting(e -> HexFormat.of().formatHex(e.hash()))
+                    .as("the namespace's own saves, not the other namespace's")
+                    .containsExactlyInAnyOrder(HexFormat.of().formatHex(h[0]), HexFormat.of().formatHex(h[1]),
+                            HexFormat.of().formatHex(h[2]));
+            assertThat(stored.gap()).isFalse();
+            engine.resetCache("inst");
+            KvEventLog.Batch removed = engine.kvEvents("inst", stored.next(), 100);
+            assertThat(removed.events()).hasSize(3).extracting(KvEventLog.Event::kind).containsOnly(KvEventLog.Kind.REMOVED);
+            assertThat(removed.events().get(0).seq()).isGreaterThan(stored.next());
+            assertThat(engine.kvEvents("inst", removed.next(), 100).events()).as("read once").isEmpty();
+            assertThatThrownBy(() -> engine.kvEvents("ghost", 0, 10)).isInstanceOf(UnknownInstanceException.class);
+            assertThatThrownBy(() -> engine.kvEvents("inst", -1, 10)).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("events after -1");
             engine.unregisterInstance("other");
         }
         verifyInvariants();

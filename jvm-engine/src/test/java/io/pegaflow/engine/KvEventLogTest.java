@@ -54,4 +54,21 @@ class KvEventLogTest {
         off.append(KvEventLog.Kind.STORED, KvEventLog.CPU, "ns", hash(1));
         assertThat(off.after(0, 10).events()).isEmpty();
     }
+
+    @Test
+    void aReaderOfOneNamespaceSkipsTheOthersAndResumesPastThem() {
+        KvEventLog log = new KvEventLog(16);
+        log.append(KvEventLog.Kind.STORED, KvEventLog.CPU, "a", hash(1));
+        log.append(KvEventLog.Kind.STORED, KvEventLog.CPU, "b", hash(2));
+        log.append(KvEventLog.Kind.STORED, KvEventLog.SSD, "a", hash(3));
+        log.append(KvEventLog.Kind.REMOVED, KvEventLog.REMOTE, "b", hash(4));
+        KvEventLog.Batch a = log.after(0, 100, "a");
+        assertThat(a.events()).extracting(KvEventLog.Event::seq).containsExactly(1L, 3L);
+        assertThat(a.next()).isEqualTo(4); // past b's last event: nothing to read again
+        assertThat(log.after(a.next(), 100, "a").events()).isEmpty();
+        KvEventLog.Batch firstOfB = log.after(0, 1, "b");
+        assertThat(firstOfB.events()).extracting(KvEventLog.Event::seq).containsExactly(2L);
+        assertThat(firstOfB.next()).isEqualTo(2); // stopped at max: resumes right after it
+        assertThat(log.after(firstOfB.next(), 100, "b").events()).extracting(KvEventLog.Event::tier).containsExactly("REMOTE");
+    }
 }

@@ -30,6 +30,8 @@ final class PlanOnly {
             ids[i] = i;
         }
         CopyPlan p = store.reserveSave(id, 0, null, ids, h);
-        store.endCopy(id, p.id(), true, 0, 0);
+        if (!p.isEmpty()) { // a save with nothing to write opens no copy
+            store.endCopy(id, p.id(), true, 0, 0);
+        }
     }
 }

@@ -14,6 +14,7 @@ import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.Limits;
 import io.pegaflow.engine.Token;
+import io.pegaflow.engine.KvEventLog;
 import io.pegaflow.engine.LocalStore;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.QuotaExceededException;
@@ -40,6 +41,9 @@ import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
 import io.pegaflow.client.proto.ResetCacheRequest;
+import io.pegaflow.client.proto.KvEvent;
+import io.pegaflow.client.proto.KvEventsRequest;
+import io.pegaflow.client.proto.KvEventsResponse;
 import io.pegaflow.client.proto.ResetCacheResponse;
 import io.pegaflow.client.proto.SessionEvent;
 import io.pegaflow.client.proto.SessionRequest;
@@ -332,6 +336,22 @@ final class EngineService extends EngineGrpc.EngineImplBase {
             LocalStore.Cleared c = store.resetCache(id);
             return ResetCacheResponse.newBuilder().setBlocks(c.blocks()).setBytes(c.bytes()).setReferencedBlocks(c.referenced())
                     .setUnpinnedBlocks(c.unpinned()).setSsdRecords(c.ssdRecords()).build();
+        });
+    }
+
+    /** The store's block events of an instance the caller acts for (its namespace only). */
+    @Override
+    public void kvEvents(KvEventsRequest r, StreamObserver<KvEventsResponse> out) {
+        answer(out, () -> {
+            String id = instanceId(r.getInstanceId());
+            tenants.require(id, Credentials.CALLER.get(), "reading KV events");
+            KvEventLog.Batch b = store.kvEvents(id, r.getAfter(), r.getMaxEvents());
+            KvEventsResponse.Builder reply = KvEventsResponse.newBuilder().setNext(b.next()).setGap(b.gap());
+            for (KvEventLog.Event e : b.events()) {
+                reply.addEvents(KvEvent.newBuilder().setSeq(e.seq()).setStored(e.kind() == KvEventLog.Kind.STORED)
+                        .setTier(e.tier()).setHash(ByteString.copyFrom(e.hash())).setEpochMillis(e.epochMillis()));
+            }
+            return reply.build();
         });
     }
 

@@ -32,12 +32,18 @@ public final class PegaflowServer implements AutoCloseable {
     /**
      * Settings, validated in one place. {@code poolGroup}: null for pool and socket files of
      * mode 0600, else the group they are given with mode 0660 ({@code --pool-group}).
+     * {@code admission}, {@code eviction}: the pool's policies ({@code --admission}, {@code --eviction};
+     * null: {@code all}, {@code lru}).
      */
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
             Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
-            int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster, Tenancy tenancy) {
+            int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster, Tenancy tenancy,
+            String admission, String eviction) {
         public Config {
             tenancy = tenancy == null ? Tenancy.DEFAULTS : tenancy;
+            admission = admission == null ? "all" : admission;
+            eviction = eviction == null ? "lru" : eviction;
+            EngineConfig.builder().admission(admission).eviction(eviction).build(); // refuses a bad policy, naming it
             if (prefaultThreads < 0 || prefaultThreads > 256) {
                 throw new InvalidArgumentException("--prefault-threads " + prefaultThreads + "; expected 0 (off) .. 256");
             }
@@ -57,6 +63,20 @@ public final class PegaflowServer implements AutoCloseable {
             }
         }
 
+        /** With the default policies ({@code all}, {@code lru}). */
+        public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
+                Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
+                int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster, Tenancy tenancy) {
+            this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl, authTokenFile,
+                    prefaultThreads, ssd, cluster, tenancy, null, null);
+        }
+
+        /** The same settings with the pool's policies {@code admission} and {@code eviction}. */
+        public Config withPolicies(String admission, String eviction) {
+            return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
+        }
+
         /** With the default tenancy rules ({@link Tenancy#DEFAULTS}). */
         public Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
                 Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
@@ -68,7 +88,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings with the tenancy rules {@code tenancy}. */
         public Config withTenancy(Tenancy tenancy) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
         }
 
         /** Without cross-node sharing. */
@@ -82,7 +102,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings sharing blocks with other hosts as {@code cluster} says (null: alone). */
         public Config withCluster(io.pegaflow.server.cluster.ClusterConfig cluster) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
         }
 
         /** Without an SSD tier. */
@@ -96,7 +116,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings with the SSD tier {@code ssd} (null: none). */
         public Config withSsd(SsdConfig ssd) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
         }
 
         /** Pages of the pool committed as written (no pre-faulting at start). */
@@ -174,6 +194,7 @@ public final class PegaflowServer implements AutoCloseable {
                                 + config.prefaultThreads() + " threads in " + nanos / 1_000_000 + " ms");
             }
             EngineConfig engine = EngineConfig.builder().poolBytes(pool.size()).leaseTtl(config.leaseTtl())
+                    .admission(config.admission()).eviction(config.eviction())
                     .quotas(config.tenancy().quotas())
                     .copyTtl(config.copyTtl())
                     // swept often enough that an abandoned copy is rolled back within ~1.25 copy TTLs

@@ -107,6 +107,14 @@ public final class ServerMain implements Callable<Integer> {
             description = "exercise the control plane on a scratch store before serving, so the first real operation runs at steady speed (default ${DEFAULT-VALUE})")
     boolean warmUp;
 
+    @Option(names = "--admission", defaultValue = "all", paramLabel = "POLICY",
+            description = "which blocks saves write: all, or seen:N (a block once lookups asked for it N times; default ${DEFAULT-VALUE})")
+    String admission;
+
+    @Option(names = "--eviction", defaultValue = "lru", paramLabel = "POLICY",
+            description = "which unreferenced block leaves first under pressure: lru, or lfu (the least asked for of the 16 least recently used; default ${DEFAULT-VALUE})")
+    String eviction;
+
     @Option(names = "--ssd-cache-path", paramLabel = "DIR",
             description = "directory of the SSD tier's shard files (repeatable: one set of shards per path); none: no SSD tier")
     List<Path> ssdPaths;
@@ -217,6 +225,7 @@ public final class ServerMain implements Callable<Integer> {
         if (redisUrl != null) {
             config = config.withCluster(clusterConfig());
         }
+        config = config.withPolicies(admission, eviction);
         config = config.withTenancy(Tenancy.DEFAULTS.operatorToken(operatorTokenFile).instances(maxInstances, maxInstancesPerTenant)
                 .unsessioned(Duration.ofSeconds(unsessionedTtlSecs)).calls(maxCallsPerTenant)
                 .quotas(io.pegaflow.engine.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,

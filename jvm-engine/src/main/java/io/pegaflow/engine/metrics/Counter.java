@@ -5,6 +5,7 @@ public enum Counter {
     SAVE_REQUESTS("pegaflow_save_requests_total", "save calls accepted"),
     SAVE_BLOCKS("pegaflow_save_blocks_total", "blocks whose slots a save wrote"),
     SAVE_SKIPPED_BLOCKS("pegaflow_save_skipped_blocks_total", "blocks a save skipped because they were resident or being saved"),
+    SAVE_NOT_ADMITTED_BLOCKS("pegaflow_save_not_admitted_blocks_total", "blocks a save skipped because the admission policy (seen:N) did not take them yet"),
     SAVE_BYTES("pegaflow_save_bytes_total", "bytes copied into the host pool"),
     SAVE_NANOS("pegaflow_save_transfer_nanoseconds_total", "time spent in save copies, summed over batches"),
     SAVE_FAILURES("pegaflow_save_failures_total", "save batches whose copy failed"),

@@ -73,6 +73,28 @@ public final class SsdTier implements AutoCloseable {
     private final AtomicLong storedBytes = new AtomicLong();
     private final AtomicLong seq = new AtomicLong();
     private final AtomicInteger busyWriters = new AtomicInteger();
+    /** Told of every record indexed and dropped (the store's KV events); any thread, never blocking. */
+    private volatile Listener listener = Listener.NONE;
+
+    /** What happens to records: one indexed after its write, one dropped (overwritten by the ring, forgotten). */
+    public interface Listener {
+        Listener NONE = new Listener() {
+            @Override
+            public void stored(String namespace, byte[] hash) {}
+
+            @Override
+            public void removed(String namespace, byte[] hash) {}
+        };
+
+        void stored(String namespace, byte[] hash);
+
+        void removed(String namespace, byte[] hash);
+    }
+
+    /** Sets who is told of records stored and removed from now on. */
+    public void listen(Listener l) {
+        listener = l == null ? Listener.NONE : l;
+    }
     /**
      * Destinations of the reads queued or running, by start address (disjoint ranges, guarded
      * by itself). A read costs one uncontended lock and an O(log n) floor lookup, n the reads in
@@ -265,6 +287,7 @@ public final class SsdTier implements AutoCloseable {
             }
             count(Counter.SSD_WRITE_BLOCKS, 1);
             count(Counter.SSD_WRITE_BYTES, job.payloadBytes);
+            listener.stored(job.key.namespace(), job.key.hash());
             return;
         }
         count(Counter.SSD_WRITE_SKIPPED, 1); // larger than every shard
@@ -289,6 +312,7 @@ public final class SsdTier implements AutoCloseable {
         if (e.committed && index.remove(e.key, e)) {
             storedBytes.addAndGet(-e.recordBytes());
             count(Counter.SSD_OVERWRITTEN_BLOCKS, 1);
+            listener.removed(e.key.namespace(), e.key.hash());
         }
     }
 
@@ -504,6 +528,7 @@ public final class SsdTier implements AutoCloseable {
         boolean removed = index.remove(e.key, e);
         if (removed) {
             storedBytes.addAndGet(-e.recordBytes());
+            listener.removed(e.key.namespace(), e.key.hash());
         }
         e.shard.forget(e);
         return removed;

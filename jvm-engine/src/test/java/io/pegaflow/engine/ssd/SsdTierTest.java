@@ -120,6 +120,35 @@ class SsdTierTest {
     }
 
     @Test
+    void theListenerHearsEveryRecordIndexedAndEveryOneDroppedByTheRingOrForgotten() throws Exception {
+        List<String> heard = java.util.Collections.synchronizedList(new java.util.ArrayList<>());
+        try (SsdTier tier = open(new SsdConfig(List.of(dir), 64 * 1024, 1, 64, 1, 1, 8))) {
+            tier.listen(new SsdTier.Listener() {
+                @Override
+                public void stored(String namespace, byte[] hash) {
+                    heard.add("+" + namespace + ":" + hash[0]);
+                }
+
+                @Override
+                public void removed(String namespace, byte[] hash) {
+                    heard.add("-" + namespace + ":" + hash[0]);
+                }
+            });
+            for (int i = 0; i < 4; i++) { // room for 3: the 4th write overwrites the first
+                tier.offer("ns", hash(i), SLOTS, pattern(i));
+                assertThat(tier.awaitWritten(10_000)).isTrue();
+            }
+            assertThat(tier.forget("ns")).isEqualTo(3);
+        }
+        int[] first = {hash(0)[0], hash(1)[0], hash(2)[0], hash(3)[0]};
+        assertThat(heard.subList(0, 3)).containsExactly("+ns:" + first[0], "+ns:" + first[1], "+ns:" + first[2]);
+        assertThat(heard.subList(3, 5)).as("the wrap drops the oldest before the 4th is indexed")
+                .containsExactly("-ns:" + first[0], "+ns:" + first[3]);
+        assertThat(heard.subList(5, 8)).containsExactlyInAnyOrder("-ns:" + first[1], "-ns:" + first[2], "-ns:" + first[3]);
+        assertThat(heard).hasSize(8);
+    }
+
+    @Test
     void aFullDiskDegradesToDramOnlyAndTheShardWrapsWhereTheDiskEnded() throws Exception {
         Path mount = dir.resolve("small");
         Files.createDirectories(mount);
