@@ -119,8 +119,13 @@ def test_pin_keeps_a_prefix_through_pressure_and_unpin_lets_it_go(server):
         ns = {n["namespace"]: n for n in server.admin("status")[1]["namespaces"]}
         assert ns["ns-pin"]["pinned_blocks"] == 4
         evictions = server.metric("pegaflow_cache_block_evictions_total")
+        left = server.metric("pegaflow_block_residence_seconds_count")
+        saves = server.metric("pegaflow_save_copy_seconds_count")
         _save(c, cache, "pin-a", hashes(160))  # 2.5 pools' worth: every unpinned block is evicted
         assert server.metric("pegaflow_cache_block_evictions_total") - evictions >= 96
+        # each evicted block's time in the pool, each save's copy time: histograms on /metrics
+        assert server.metric("pegaflow_block_residence_seconds_count") - left >= 96
+        assert server.metric("pegaflow_save_copy_seconds_count") > saves
         assert _hit(c, "pin-a", kept) == 4, "pinned blocks survived"
         status, answer = server.admin("unpin", _prefix("ns-pin", kept))
         assert (status, answer["unpinned"], answer["pinned_blocks"]) == (200, 4, 0), answer

@@ -40,6 +40,8 @@ final class Block {
     /** Pinned by the operator ({@link AdminPins}): one reference held until unpinned or cleared. */
     boolean adminPinned;
     long touchedNanos;
+    /** When the block was sealed (the store's clock): its residence time when it leaves. */
+    long sealedNanos;
     /**
      * {@link BlockChecksum} of the sealed block's bytes once known (summed in the background,
      * or checked on arrival from a peer); {@link BlockChecksum#UNKNOWN} before. Written under

@@ -5,6 +5,7 @@ import io.pegaflow.engine.OpenCopy.Reservation;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.CounterMetrics;
 import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.metrics.Histogram;
 import io.pegaflow.engine.metrics.MetricsSink;
 import io.pegaflow.engine.ssd.SsdConfig;
 import io.pegaflow.engine.ssd.SsdTier;
@@ -80,6 +81,7 @@ public final class LocalStore implements BlockStore {
         this.pool = new PoolSpace(capacityBytes, this::count, new PoolSpace.Residency() {
             @Override
             public void sealed(Block b, boolean saved) {
+                b.sealedNanos = clock.getAsLong();
                 events.append(KvEventLog.Kind.STORED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
                 if (saved) {
                     readBack.offer(b);
@@ -91,6 +93,7 @@ public final class LocalStore implements BlockStore {
 
             @Override
             public void dropped(Block b) {
+                observe(Histogram.BLOCK_RESIDENCE, clock.getAsLong() - b.sealedNanos);
                 events.append(KvEventLog.Kind.REMOVED, KvEventLog.CPU, b.ns.namespace, b.key.bytes());
                 if (peers.evicted(b)) {
                     events.append(KvEventLog.Kind.REMOVED, KvEventLog.REMOTE, b.ns.namespace, b.key.bytes());
@@ -357,6 +360,7 @@ public final class LocalStore implements BlockStore {
                 count(save ? Counter.SAVE_BLOCKS : Counter.LOAD_BLOCKS, blocks);
                 count(save ? Counter.SAVE_BYTES : Counter.LOAD_BYTES, bytes);
                 count(save ? Counter.SAVE_NANOS : Counter.LOAD_NANOS, nanos);
+                observe(save ? Histogram.SAVE_COPY : Histogram.LOAD_COPY, nanos);
             } else {
                 count(save ? Counter.SAVE_FAILURES : Counter.LOAD_FAILURES, 1);
             }
@@ -653,6 +657,12 @@ public final class LocalStore implements BlockStore {
     private void registerGauges(MetricsSink sink) {
         for (Gauge gauge : Gauge.values()) {
             sink.gauge(gauge, () -> lock.locked(() -> gaugeValue(gauge)));
+        }
+    }
+
+    private void observe(Histogram h, long nanos) {
+        if (extraSink != null) {
+            extraSink.observe(h, Math.max(0, nanos));
         }
     }
 

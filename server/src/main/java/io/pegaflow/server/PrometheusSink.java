@@ -18,6 +18,8 @@ final class PrometheusSink implements MetricsSink {
     private final PrometheusRegistry registry;
     private final Map<Counter, io.prometheus.metrics.core.metrics.Counter> counters = new EnumMap<>(Counter.class);
     private final Map<Counter, Double> scale = new EnumMap<>(Counter.class);
+    private final Map<io.pegaflow.engine.metrics.Histogram, io.prometheus.metrics.core.metrics.Histogram> histograms =
+            new EnumMap<>(io.pegaflow.engine.metrics.Histogram.class);
 
     PrometheusSink(PrometheusRegistry registry) {
         this.registry = registry;
@@ -31,6 +33,15 @@ final class PrometheusSink implements MetricsSink {
             counters.put(c, io.prometheus.metrics.core.metrics.Counter.builder().name(name).help(c.help()).register(registry));
             scale.put(c, factor);
         }
+        for (io.pegaflow.engine.metrics.Histogram h : io.pegaflow.engine.metrics.Histogram.values()) {
+            histograms.put(h, io.prometheus.metrics.core.metrics.Histogram.builder().name(h.metricName()).help(h.help())
+                    .classicUpperBounds(h.bounds()).register(registry));
+        }
+    }
+
+    @Override
+    public void observe(io.pegaflow.engine.metrics.Histogram histogram, long nanos) {
+        histograms.get(histogram).observe(nanos * 1e-9);
     }
 
     @Override

@@ -13,4 +13,7 @@ public interface MetricsSink {
 
     /** Registers the callback that yields a gauge's current value. Called once per gauge. */
     void gauge(Gauge gauge, LongSupplier value);
+
+    /** One observation of a distribution, in nanoseconds (a sink without histograms ignores it). */
+    default void observe(Histogram histogram, long nanos) {}
 }
