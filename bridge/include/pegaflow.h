@@ -381,6 +381,13 @@ typedef struct pegaflow_api {
        has no store bound. */
     int32_t (*link_kv_events)(int64_t link, const char *instance_id, int64_t after, int32_t max, char *buf,
                               int32_t cap, int32_t *out_len);
+
+    /* A request's retention hint "low": the n hashes of hash_len bytes packed at `hashes` (n
+       checked against its cap first) go first when the pool needs room, until a query hits them
+       again; *out_blocks: how many the store held (resident or being saved). PF_UNAVAILABLE while
+       the link has no store bound. */
+    int32_t (*link_demote)(int64_t link, const char *instance_id, const uint8_t *hashes, int32_t n,
+                           int32_t hash_len, int32_t *out_blocks);
 } pegaflow_api;
 
 #ifdef __cplusplus

@@ -100,6 +100,7 @@ EXPORTS: list[tuple[str, list]] = [
     ("worker_wait_layer", [c_int64, c_int32, c_int64]),
     ("link_reset_cache", [c_int64, c_char_p, c_void_p]),
     ("link_kv_events", [c_int64, c_char_p, c_int64, c_int32, c_char_p, c_int32, POINTER(c_int32)]),
+    ("link_demote", [c_int64, c_char_p, c_char_p, c_int32, c_int32, POINTER(c_int32)]),
 ]
 
 

@@ -134,6 +134,29 @@ def test_kv_transfer_params_turn_a_requests_saves_and_loads_off_or_cap_them(engi
     assert d.outputs["odd"] == baseline(p, 2)[0]
 
 
+@pytest.mark.parametrize("retention", ["low", "normal"])
+def test_retention_low_makes_a_requests_blocks_go_first_under_pressure(engines, retention):
+    """kv_transfer_params {"pegaflow": {"retention": "low"}}: the one-off request's blocks are
+    evicted before an older prefix; with "normal" the pool's own order (LRU) takes the older one."""
+    pool = {"mode": "embedded", "pool_size": "64kb"}  # 16 blocks of 4 KiB
+    a = engines("a", pool)
+    hot, oneoff = prompt(40, 65), prompt(41, 65)  # 4 full blocks each
+    a.add("hot", hot, max_tokens=1)
+    a.run()
+    a.add("oneoff", oneoff, max_tokens=1, kv_transfer_params={"pegaflow": {"retention": retention}})
+    a.run()
+    for i in range(3):  # 12 more blocks: the pool (16) is full after two, the third evicts 4
+        a.add(f"fill{i}", prompt(42 + i, 65), max_tokens=1)
+        a.run()
+    a.assert_drained()
+    assert store_stats(a)["pegaflow_cache_block_evictions_total"] == 4
+    probe = engines("probe", pool)
+    conn = probe.scheduler.connector
+    kept = {name: conn.get_num_new_matched_tokens(probe.add(name, p, max_tokens=1), 0)[0]
+            for name, p in (("hot", hot), ("oneoff", oneoff))}
+    assert kept == ({"hot": 64, "oneoff": 0} if retention == "low" else {"hot": 0, "oneoff": 64}), kept
+
+
 def test_prefix_extension_hits_the_stored_prefix_then_extends_it(engines):
     p = prompt(2, 40)
     a = engines("a")

@@ -161,6 +161,7 @@ def test_calls_without_or_with_a_wrong_token_are_refused(server, pb, victim):
             h.refused("UnregisterInstance", pb2.UnregisterInstanceRequest(instance_id="victim"), *codes)
             h.refused("ResetCache", pb2.ResetCacheRequest(instance_id="victim"), *codes)
             h.refused("KvEvents", pb2.KvEventsRequest(instance_id="victim", after=0, max_events=10), *codes)
+            h.refused("Demote", pb2.DemoteRequest(instance_id="victim", hashes=b"", hash_len=0), *codes)
             h.refused("Query", pb2.QueryRequest(instance_id="victim", hashes=b"", hash_len=0), *codes)
             h.refused("Stats", pb2.StatsRequest(), *codes)
             h.refused("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id="x",
@@ -335,6 +336,8 @@ def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session
         h.refused("ResetCache", pb2.ResetCacheRequest(instance_id="victim"), g.PERMISSION_DENIED)  # nor its cache to drop
         # nor its namespace's block events to read (they name what the victim cached)
         h.refused("KvEvents", pb2.KvEventsRequest(instance_id="victim", after=0, max_events=10), g.PERMISSION_DENIED)
+        # nor its blocks to push to the front of the eviction order
+        h.refused("Demote", pb2.DemoteRequest(instance_id="victim", hashes=b"\x01" * 32, hash_len=32), g.PERMISSION_DENIED)
         TALLY["cases"] += 1
         with pytest.raises(h.grpc.RpcError) as session:
             next(h.stub.Session(pb2.SessionRequest(instance_id="victim", client_id="ab" * 16), metadata=h.meta,
@@ -739,7 +742,7 @@ def test_seeded_fuzz_of_grpc_messages_and_local_socket_frames(server, pb, victim
     rnd = random.Random(seed)
     h = Hostile(server, pb, client_id="ff" * 16)
     methods = ["RegisterInstance", "RegisterWorker", "UnregisterInstance", "ReserveSave", "Query", "Release",
-               "BeginLoad", "LoadRest", "EndCopy", "Stats", "ResetCache", "KvEvents"]
+               "BeginLoad", "LoadRest", "EndCopy", "Stats", "ResetCache", "KvEvents", "Demote"]
     end = time.monotonic() + 60
     try:
         for i in range(600):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import threading
+from collections.abc import Sequence
 from ctypes import c_int64
 
 from .. import _bridge
@@ -63,6 +64,17 @@ class Link:
         """The bound store's block events of the instance's namespace after ``after``, as
         ``link_kv_events``'s text (``_events.parse``)."""
         return text_out("link_kv_events", self.handle, instance_id.encode(), after, max_events, size_hint=size_hint)
+
+    def demote(self, instance_id: str, hashes: Sequence[bytes]) -> int:
+        """A request's retention hint "low": these blocks go first when the pool needs room; how
+        many the store held."""
+        if not hashes:
+            return 0
+        length = len(hashes[0])
+        out = ctypes.c_int32()
+        self._api.call("link_demote", self.handle, instance_id.encode(), b"".join(hashes), len(hashes), length,
+                       ctypes.byref(out))
+        return out.value
 
     def close(self) -> None:
         handle, self.handle = self.handle, 0

@@ -30,6 +30,7 @@ COUNTERS = {
     "in_step_wait_ns": "nanoseconds vLLM's thread waited in wait_for_layer_load for in-step loads to be submitted",
     "alloc_to_load_starts": "in-step loads whose allocation this process saw (the worker shares the scheduler's process)",
     "alloc_to_load_ns": "nanoseconds from those loads' allocation (update_state_after_alloc) to start_load_kv",
+    "low_retention_blocks": "blocks of requests with retention \"low\" the store was told to evict first",
     "kv_events": "the store's block events handed to vLLM's KV-event publisher (--kv-events-config)",
     "kv_event_gaps": "reads of the store's events that found some dropped from its ring before them (routers may be stale)",
 }

@@ -212,7 +212,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._hashes_sent: dict[str, int] = {}
         self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request
         self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "kv_events",
-                                      "kv_event_gaps"), 0)
+                                      "kv_event_gaps", "low_retention_blocks"), 0)
+        self._low_retention = _controls.LowRetention(self._block_size)
         self._event_feed: _events.EventFeed | None = None
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
@@ -375,6 +376,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         return c
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        n, load_async = self._matched_tokens(request, num_computed_tokens)
+        if n is not None and self._controls_of(request).retention == "low":
+            self._low_retention.looked_up(request.request_id, num_computed_tokens, n)
+        return n, load_async
+
+    def _matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
         hashes = self._keys.of(request)
         if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size \
@@ -488,8 +495,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                                 req_id, self._local_computed[req_id])
                     request.num_computed_tokens = self._local_computed[req_id]
         self._sched.finished(connector_output.finished_sending, connector_output.finished_recving, failed)
+        self._demote(self._low_retention.saves_done(connector_output.finished_sending))
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        low = self._request_controls.get(request.request_id, _controls.DEFAULT).retention == "low"
+        keys = self._keys.of(request) if low else ()
+        saved = self._hashes_sent.get(request.request_id, 0)
         self._requests.pop(request.request_id, None)
         self._request_controls.pop(request.request_id, None)
         self._hashes_sent.pop(request.request_id, None)
@@ -497,7 +508,21 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._local_computed.pop(request.request_id, None)
         _ALLOCATED_NS.pop(request.request_id, None)
         self._tail_probes.discard(request.request_id)
-        return self._sched.request_finished(request.request_id), None
+        held = self._sched.request_finished(request.request_id)
+        if low:
+            self._demote(self._low_retention.finished(request.request_id, keys, saved, held))
+        return held, None
+
+    def _demote(self, keys: list[bytes]) -> None:
+        """A retention hint "low": these blocks go first in every group's store (a hint: a store
+        that cannot take it leaves the pool's order alone)."""
+        if not keys:
+            return
+        for g in self._groups:
+            try:
+                self._counts["low_retention_blocks"] += self._link.demote(g.group.instance_id, keys)
+            except PegaflowError as e:
+                log.debug("retention hint for %d blocks of instance %s not taken: %s", len(keys), g.group.instance_id, e)
 
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:

@@ -68,7 +68,7 @@ public final class Bridge {
                     "register_rank"),
             ConnectorExports.class, List.of("worker_start_step_loads", "worker_wait_layer"),
             LinkExports.class, List.of("link_reset_cache"),
-            LinkExports.class, List.of("link_kv_events"));
+            LinkExports.class, List.of("link_kv_events", "link_demote"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();

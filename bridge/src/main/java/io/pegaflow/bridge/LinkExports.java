@@ -4,6 +4,7 @@ import static io.pegaflow.bridge.Marshal.buffer;
 import static io.pegaflow.bridge.Marshal.guard;
 import static io.pegaflow.bridge.Marshal.putText;
 import static io.pegaflow.bridge.Marshal.str;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
 import static java.lang.foreign.ValueLayout.JAVA_LONG;
 
 import io.pegaflow.client.StoreLink;
@@ -118,6 +119,20 @@ final class LinkExports {
                         .append(' ').append(hex.formatHex(e.hash())).append('\n');
             }
             putText(text.toString().getBytes(StandardCharsets.UTF_8), buf, cap, outLen, "KV events");
+        });
+    }
+
+    /**
+     * A request's retention hint "low": {@code n} hashes of {@code hash_len} bytes packed at
+     * {@code hashes} (n checked against its cap before they are read) go first when the pool
+     * needs room. {@code *out_blocks}: how many the store held. PF_UNAVAILABLE while no store is bound.
+     */
+    static int pfLinkDemote(long link, MemorySegment instanceId, MemorySegment hashes, int n, int hashLen,
+            MemorySegment outBlocks) {
+        return guard(() -> {
+            MemorySegment out = buffer(outBlocks, 4, "out_blocks");
+            io.pegaflow.engine.BlockHashes h = Marshal.hashes(hashes, n, hashLen);
+            out.set(JAVA_INT, 0, LINKS.get(link).demote(str(instanceId, "instance_id"), h));
         });
     }
 

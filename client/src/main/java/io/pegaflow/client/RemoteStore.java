@@ -38,6 +38,7 @@ import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
 import io.pegaflow.client.proto.ResetCacheRequest;
+import io.pegaflow.client.proto.DemoteRequest;
 import io.pegaflow.client.proto.KvEvent;
 import io.pegaflow.client.proto.KvEventsRequest;
 import io.pegaflow.client.proto.KvEventsResponse;
@@ -429,6 +430,15 @@ public final class RemoteStore implements BlockStore {
         ResetCacheResponse r = call(s -> s.resetCache(ResetCacheRequest.newBuilder().setInstanceId(instanceId).build()));
         return new io.pegaflow.engine.LocalStore.Cleared(r.getBlocks(), r.getBytes(), r.getReferencedBlocks(),
                 r.getUnpinnedBlocks(), r.getSsdRecords());
+    }
+
+    @Override
+    public int demote(String instanceId, BlockHashes hashes) {
+        if (hashes == null) {
+            throw new InvalidArgumentException("demote: hashes must not be null");
+        }
+        return call(s -> s.demote(DemoteRequest.newBuilder().setInstanceId(instanceId)
+                .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen()).build())).getBlocks();
     }
 
     @Override

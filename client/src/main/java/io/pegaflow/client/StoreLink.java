@@ -257,6 +257,11 @@ public final class StoreLink implements EngineSource, AutoCloseable {
         return bound().kvEvents(instanceId, after, max);
     }
 
+    /** A request's retention hint "low" on the bound store ({@link io.pegaflow.engine.BlockStore#demote}). */
+    public int demote(String instanceId, io.pegaflow.engine.BlockHashes hashes) {
+        return bound().demote(instanceId, hashes);
+    }
+
     private PegaEngine bound() {
         PegaEngine e = binding.engine();
         if (e == null) {

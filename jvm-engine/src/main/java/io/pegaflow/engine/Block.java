@@ -40,6 +40,11 @@ final class Block {
     /** Pinned by the operator ({@link AdminPins}): one reference held until unpinned or cleared. */
     boolean adminPinned;
     long touchedNanos;
+    /**
+     * A request asked for it to go first under pressure (retention "low", {@link LocalStore#demote}):
+     * it joins the eviction order at its oldest end until a query hits it again.
+     */
+    boolean evictFirst;
     /** When the block was sealed (the store's clock): its residence time when it leaves. */
     long sealedNanos;
     /**

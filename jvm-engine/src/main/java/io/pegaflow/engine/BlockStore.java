@@ -70,6 +70,13 @@ public interface BlockStore extends AutoCloseable {
     KvEventLog.Batch kvEvents(String instanceId, long after, int max);
 
     /**
+     * A request's retention hint "low": the blocks of {@code hashes} in the instance's
+     * namespace (resident or still being saved) go first when the pool needs room, until a
+     * query hits them again. Blocks it does not hold are ignored; the number marked.
+     */
+    int demote(String instanceId, BlockHashes hashes);
+
+    /**
      * The visibility barrier: every save ended before this call is visible to other hosts'
      * queries when it returns (local queries see a save as soon as it ended). Without other
      * hosts it returns at once.

@@ -98,6 +98,7 @@ final class LoadPath {
             int fromSsd = 0;
             int fromPeer = 0;
             for (int i = 0; i < hit; i++) {
+                found[i].evictFirst = false; // asked for again: it proved worth keeping
                 if (found[i].fromSsd) {
                     found[i].fromSsd = false;
                     fromSsd++;

@@ -459,6 +459,18 @@ public final class LocalStore implements BlockStore {
         return events.after(after, max, namespace);
     }
 
+    /** See {@link BlockStore#demote}. */
+    @Override
+    public int demote(String instanceId, BlockHashes hashes) {
+        if (hashes == null) {
+            throw new InvalidArgumentException("demote: hashes must not be null");
+        }
+        return lock.locked(() -> {
+            lock.checkOpen();
+            return pool.demote(registry.sealed(instanceId).ns, hashes);
+        });
+    }
+
     /** What {@link #pin} did with the hashes: newly pinned, pinned before, after the resident prefix. */
     public record Pinned(int pinned, int alreadyPinned, int notResident) {}
 

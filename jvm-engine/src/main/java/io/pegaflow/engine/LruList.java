@@ -35,9 +35,9 @@ final class LruList {
     }
 
     /**
-     * Drops a reference; a sealed block dropping to zero joins the list as its newest member.
-     * Returns true when the block is now unreferenced but not sealed (the caller owns what
-     * happens to blocks in flight).
+     * Drops a reference; a sealed block dropping to zero joins the list as its newest member
+     * (its oldest when it is marked {@link Block#evictFirst}). Returns true when the block is
+     * now unreferenced but not sealed (the caller owns what happens to blocks in flight).
      */
     boolean unpin(Block b) {
         if (--b.refs > 0) {
@@ -45,7 +45,11 @@ final class LruList {
         }
         if (b.sealed) {
             pinnedBlocks--;
-            append(b);
+            if (b.evictFirst) {
+                prepend(b);
+            } else {
+                append(b);
+            }
             evictableBytes += b.bytes;
             return false;
         }
@@ -90,6 +94,12 @@ final class LruList {
         return best;
     }
 
+    /** Moves a block on the list to its oldest end: the next to be evicted. */
+    void moveToOldest(Block b) {
+        unlink(b);
+        prepend(b);
+    }
+
     /** Takes an unreferenced sealed block off the list (an operator's clear drops it). */
     void remove(Block b) {
         unlink(b);
@@ -130,6 +140,17 @@ final class LruList {
             head = b;
         }
         tail = b;
+    }
+
+    private void prepend(Block b) {
+        b.lruNext = head;
+        b.lruPrev = null;
+        if (head != null) {
+            head.lruPrev = b;
+        } else {
+            tail = b;
+        }
+        head = b;
     }
 
     private void unlink(Block b) {

@@ -713,6 +713,16 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
+    /** See {@link BlockStore#demote} (a request's retention hint "low"). */
+    public int demote(String instanceId, BlockHashes hashes) {
+        startOp();
+        try {
+            return store.demote(instanceId, hashes);
+        } finally {
+            endOp();
+        }
+    }
+
     /** See {@link BlockStore#kvEvents}. */
     public KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
         startOp();

@@ -88,6 +88,28 @@ final class PoolSpace {
         return inflight.size();
     }
 
+    /**
+     * Under lock: marks the blocks of {@code hashes} that {@code ns} holds (sealed or in flight)
+     * to go first; an unreferenced sealed one moves to the oldest end of the eviction order now,
+     * the others when their last reference goes. The number marked.
+     */
+    int demote(NamespaceIndex ns, BlockHashes hashes) {
+        int marked = 0;
+        int len = hashes.hashLen();
+        for (int i = 0; i < hashes.count(); i++) {
+            Block b = ns.blocks.get(hashes.packed(), i * len, len);
+            if (b == null || b.removed) {
+                continue;
+            }
+            b.evictFirst = true;
+            marked++;
+            if (b.sealed && b.refs == 0) {
+                lru.moveToOldest(b);
+            }
+        }
+        return marked;
+    }
+
     /** The eviction order, for the operator's pins ({@link AdminPins#pinAll}). */
     LruList lru() {
         return lru;

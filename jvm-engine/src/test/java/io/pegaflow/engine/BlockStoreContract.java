@@ -286,6 +286,27 @@ public abstract class BlockStoreContract {
     }
 
     @Test
+    void demotedBlocksAreEvictedBeforeOlderOnesUntilAQueryHitsThemAgain() {
+        start(4);
+        byte[][] old = KvWorld.randomHashes(rnd, 2);
+        byte[][] oneOff = KvWorld.randomHashes(rnd, 2);
+        saveAll(old, 0);
+        saveAll(oneOff, 2); // the pool (4 blocks) is full; LRU would take `old` first
+        byte[][] unknown = KvWorld.randomHashes(rnd, 1);
+        assertThat(engine.demote("inst", BlockHashes.of(oneOff[0], oneOff[1], unknown[0]))).as("blocks it does not hold are ignored")
+                .isEqualTo(2);
+        byte[][] next = KvWorld.randomHashes(rnd, 1);
+        saveAll(next, 4);
+        assertThat(hits(old)).as("the older blocks stay").isEqualTo(2);
+        assertThat(hits(oneOff)).as("the demoted prefix went first, its last block before its first").isEqualTo(1);
+        saveAll(KvWorld.randomHashes(rnd, 1), 5); // the hit made oneOff[0] the newest: LRU order takes `next`
+        assertThat(hits(oneOff[0])).as("hit again, it is back in LRU order").isEqualTo(1);
+        assertThat(hits(next)).isZero();
+        assertThatThrownBy(() -> engine.demote("ghost", BlockHashes.of(old))).isInstanceOf(UnknownInstanceException.class);
+        verifyInvariants();
+    }
+
+    @Test
     void kvEventsGiveTheNamespacesStoredAndRemovedBlocksInOrderAndNoOtherNamespace() {
         start(16);
         byte[][] h = KvWorld.randomHashes(rnd, 3);

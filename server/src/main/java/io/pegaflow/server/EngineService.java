@@ -41,6 +41,8 @@ import io.pegaflow.client.proto.RegisterWorkerRequest;
 import io.pegaflow.client.proto.ReleaseRequest;
 import io.pegaflow.client.proto.ReserveSaveRequest;
 import io.pegaflow.client.proto.ResetCacheRequest;
+import io.pegaflow.client.proto.DemoteRequest;
+import io.pegaflow.client.proto.DemoteResponse;
 import io.pegaflow.client.proto.KvEvent;
 import io.pegaflow.client.proto.KvEventsRequest;
 import io.pegaflow.client.proto.KvEventsResponse;
@@ -336,6 +338,16 @@ final class EngineService extends EngineGrpc.EngineImplBase {
             LocalStore.Cleared c = store.resetCache(id);
             return ResetCacheResponse.newBuilder().setBlocks(c.blocks()).setBytes(c.bytes()).setReferencedBlocks(c.referenced())
                     .setUnpinnedBlocks(c.unpinned()).setSsdRecords(c.ssdRecords()).build();
+        });
+    }
+
+    /** A request's retention hint "low" for an instance the caller acts for. */
+    @Override
+    public void demote(DemoteRequest r, StreamObserver<DemoteResponse> out) {
+        answer(out, () -> {
+            String id = instanceId(r.getInstanceId());
+            tenants.require(id, Credentials.CALLER.get(), "demoting blocks");
+            return DemoteResponse.newBuilder().setBlocks(store.demote(id, hashes(r.getHashes(), r.getHashLen()))).build();
         });
     }
 
