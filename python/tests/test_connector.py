@@ -720,10 +720,10 @@ def test_a_second_process_with_its_own_none_hash_hits_the_first_ones_saves(engin
     req = b.add("r", p, max_tokens=3)
     conn = b.scheduler.connector
     assert conn.get_num_new_matched_tokens(req, 0) == (64, load_async(b)), "the first process's saves"
-    keys = [bytes(k) for k in conn._keys.of(req)]
+    keys = [bytes(k) for k in conn._scheduler.keys.of(req)]
     b_hashes = [bytes(h) for h in req.block_hashes]
     own = vllm_block_hashes(p, 16, "sha256", "vllm-none-hash")
-    assert conn._keys.own_chain == (not reproducible)
+    assert conn._scheduler.keys.own_chain == (not reproducible)
     assert keys == own
     if reproducible:
         assert keys == b_hashes == a_hashes, "vLLM's hashes agree across processes: they are the keys"
@@ -779,7 +779,7 @@ def test_the_tail_key_is_the_same_on_both_sides_and_only_where_a_tail_is_worth_l
     a prompt's partial last block's key from the same inputs, and none where it would not pay."""
     from types import SimpleNamespace
 
-    from pegaflow.connector._vllm import tail_key
+    from pegaflow.connector.scheduler import tail_key
 
     def request(tokens, hashes, **extra):
         return SimpleNamespace(num_prompt_tokens=len(tokens), prompt_token_ids=tokens, block_hashes=hashes, **extra)

@@ -10,19 +10,19 @@ or, with the package installed, ``"kv_connector":"PegaKVConnector"`` alone (the
 ``kv_connector_extra_config`` (see ``settings.Settings``): ``mode`` (``auto`` | ``embedded`` |
 ``server``), ``endpoint``, ``namespace``, ``pool_size``.
 
-This file only turns vLLM objects into plain data: the request state machine, the per-step
-load and save plans and the leases live in Java (``io.pegaflow.connector``). Loads are
-asynchronous (requests wait in WAITING_FOR_REMOTE_KVS and are released through
-``get_finished``); saves are submitted once per step from the scheduler's plan in
-``wait_for_save`` (so FULL CUDA graphs lose nothing: the per-layer hooks do nothing); a
-failed load is reported per block so vLLM recomputes it; the store being unreachable is a
-miss, never an exception into vLLM.
+This file is the facade, in the shape of vLLM's own ``OffloadingConnector``: each hook is one
+call into the scheduler role (``scheduler.SchedulerCore``) or the worker role
+(``worker.WorkerCore``), which turn vLLM objects into plain data for the Java brain, where the
+request state machine, the per-step load and save plans and the leases live
+(``io.pegaflow.connector``). Loads run inside the step that computes the request's tail, or
+asynchronously (the request waits in WAITING_FOR_REMOTE_KVS until ``get_finished``); saves are
+submitted once per step from the scheduler's plan in ``wait_for_save`` (so FULL CUDA graphs lose
+nothing: the per-layer hooks do nothing); a failed load is reported per block so vLLM recomputes
+it; the store being unreachable is a miss, never an exception into vLLM.
 """
 
 from __future__ import annotations
 
-import array
-import hashlib
 import logging
 import os
 import time
@@ -39,10 +39,9 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from ..errors import PegaflowError
 from . import _compat, _events, _groups, _layout, _private, _runtime
-from ._keys import BlockKeys, has_extra_keys
 from ._brain import SchedulerBrain
-from . import _controls
 from ._stats import PegaConnectorStats, PegaPromMetrics
+from .scheduler import ALLOCATED_NS, SchedulerCore
 from .settings import Settings
 from .worker import WorkerCore
 
@@ -57,10 +56,6 @@ log = logging.getLogger("pegaflow.connector")
 
 TransferResults = _compat.transfer_results_class()  # vLLM's where it has one (>= 0.30)
 
-# When a hit's destination blocks were known (update_state_after_alloc), by request: where the
-# worker shares the scheduler's process (TP = 1), start_load_kv measures how long before its
-# load could have started (the case for starting it there; docs/gpu.md).
-_ALLOCATED_NS: dict[str, int] = {}
 
 
 def _log_through_vllm() -> None:
@@ -139,25 +134,6 @@ def _check_parallelism(vllm_config) -> None:
         )
 
 
-def tail_key(request, block_size: int, hashes=None) -> bytes | None:
-    """The key of a prompt's partial last block (PegaFlow's tail-block flow; docs/cluster.md, P/D):
-    derived from the last full block's hash and the tail's token ids, the same on the prefill
-    and the decode side. None when there is no tail worth it (fewer than 2 tokens: vLLM computes
-    the last prompt token anyway), no full block before it, the full blocks are not all hashed
-    yet, or the request carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt).
-    ``hashes``: the store's keys of its full blocks (default vLLM's own)."""
-    n = request.num_prompt_tokens
-    full = n // block_size
-    hashes = request.block_hashes if hashes is None else hashes
-    if n - full * block_size < 2 or full == 0 or len(hashes) < full:
-        return None
-    if has_extra_keys(request):
-        return None
-    parent = bytes(hashes[full - 1])
-    tokens = array.array("i", request.prompt_token_ids[full * block_size:n]).tobytes()
-    return hashlib.sha256(b"pegaflow-tail\0" + parent + tokens).digest()[:len(parent)]
-
-
 def _kv_role(kv_transfer_config) -> str:
     return getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
 
@@ -187,34 +163,16 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._settings = _private.resolve_settings(Settings.from_extra(vllm_config.kv_transfer_config.kv_connector_extra_config),
                                            vllm_config, self._instance_id)
         self._load_enabled, self._save_enabled = _kv_role_flags(vllm_config.kv_transfer_config)
-        # P/D: the prefill side saves a prompt's partial last block too, the decode side loads it
-        self._role = _kv_role(vllm_config.kv_transfer_config)
-        self._tail_probes: set[str] = set()
-        self._no_blocks = ((),) * len(self._groups)
-        # The partial tail block is one model's KV of a part of a block: a sliding window or a
-        # recurrent state there is not what a block-aligned hit loads, so hybrid models P/D
-        # without it (every full block; the tail's tokens are computed on the decode side).
-        self._tail_flow = len(self._groups) == 1
-        self._keys = BlockKeys(str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256") or "sha256"),
-                               self._block_size)
         # vLLM < 0.30 with several KV-cache groups: failed loads reach the scheduler side in our
         # worker metadata, which rewinds the request to the prefix it had before the hit
         self._failed_meta = None if _compat.has("transfer_results") or len(self._groups) == 1 \
             else _compat.failed_loads_metadata_class()
         self._failed_pending: set[str] = set()
         self._alloc_gap = [0, 0]  # in-step loads seen in start_load_kv, nanoseconds since their allocation
-        self._local_computed: dict[str, int] = {}
         self._link = _runtime.link_for(self._settings)
-        self._sched: SchedulerBrain | None = None
+        self._scheduler: SchedulerCore | None = None
+        self._sched: SchedulerBrain | None = None  # the scheduler side's Java brain (tests read its in_step)
         self._worker: WorkerCore | None = None
-        # scheduler side
-        self._requests: dict[str, Request] = {}
-        self._hashes_sent: dict[str, int] = {}
-        self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request
-        self._counts = dict.fromkeys(("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "kv_events",
-                                      "kv_event_gaps", "low_retention_blocks"), 0)
-        self._low_retention = _controls.LowRetention(self._block_size)
-        self._event_feed: _events.EventFeed | None = None
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
                 raise ValueError(
@@ -223,13 +181,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                     f"process (pid {os.getpid()}; vLLM executor '{vllm_config.parallel_config.distributed_executor_backend}'). "
                     "Use mode 'auto' or 'server'"
                 )
-            # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
-            self._sched = SchedulerBrain(self._link.handle, [g.group for g in self._groups], self._block_size,
-                                         self._load_enabled,
-                                         wait_full_prefix=_kv_role(vllm_config.kv_transfer_config) == "kv_consumer",
-                                         in_step=in_step_loads(self._settings))
-            if _events.enabled(vllm_config):  # vLLM publishes KV events: the store's go out with them
-                self._event_feed = _events.EventFeed(self._link, [(i, g.group.instance_id) for i, g in enumerate(self._groups)])
+            self._scheduler = SchedulerCore(
+                self._link, self._groups, self._block_size,
+                str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256") or "sha256"),
+                _kv_role(vllm_config.kv_transfer_config), self._load_enabled, self._save_enabled,
+                in_step_loads(self._settings), self._failed_meta, _events.enabled(vllm_config))
+            self._sched = self._scheduler.brain
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -301,12 +258,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         plan = self._plan(self._connector_metadata)
         if plan is not None:
             self._worker.start_loads(plan)
-        if _ALLOCATED_NS:
+        if ALLOCATED_NS:
             now = time.perf_counter_ns()
-            for t in _ALLOCATED_NS.values():
+            for t in ALLOCATED_NS.values():
                 self._alloc_gap[0] += 1
                 self._alloc_gap[1] += now - t
-            _ALLOCATED_NS.clear()
+            ALLOCATED_NS.clear()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # In-step loads: this layer's attention waits (on the GPU) for its own layer's bytes;
@@ -363,166 +320,26 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         return errors if len(self._groups) == 1 else set()  # several groups: reported by request
 
     # ================================================================== scheduler side
+    # Each hook is one call into SchedulerCore (scheduler.py), which reads vLLM's objects and
+    # calls the Java brain.
 
     def on_new_request(self, request: Request) -> None:
-        self._requests[request.request_id] = request
-
-    def _controls_of(self, request: Request) -> _controls.Controls:
-        """The request's ``kv_transfer_params`` controls, read once (``_controls``)."""
-        c = self._request_controls.get(request.request_id)
-        if c is None:
-            c = self._request_controls[request.request_id] = _controls.of(
-                request.request_id, getattr(request, "kv_transfer_params", None))
-        return c
+        self._scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        n, load_async = self._matched_tokens(request, num_computed_tokens)
-        if n is not None and self._controls_of(request).retention == "low":
-            self._low_retention.looked_up(request.request_id, num_computed_tokens, n)
-        return n, load_async
-
-    def _matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        self._requests[request.request_id] = request
-        hashes = self._keys.of(request)
-        if not self._load_enabled or len(hashes) <= num_computed_tokens // self._block_size \
-                or not self._controls_of(request).load:
-            return 0, False
-        bs = self._block_size
-        t0 = time.perf_counter_ns()
-        tail = tail_key(request, bs, hashes) if self._tail_flow and self._role == "kv_consumer" \
-            and request.num_tokens == request.num_prompt_tokens \
-            else None
-        try:
-            if tail is not None:
-                # the tail block after the full ones: the brain sees it as one more block (its
-                # window then reaches it), and a hit on it covers every prompt token but the last
-                full = request.num_prompt_tokens // bs
-                n = self._sched.lookup(request.request_id, list(hashes[:full]) + [tail], (full + 1) * bs + 1,
-                                       num_computed_tokens)
-                if n > 0 and num_computed_tokens + n > full * bs:
-                    n = request.num_tokens - 1 - num_computed_tokens
-                    self._tail_probes.add(request.request_id)
-                else:
-                    self._tail_probes.discard(request.request_id)
-            else:
-                n = self._sched.lookup(request.request_id, hashes, request.num_tokens, num_computed_tokens)
-        except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
-            log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
-            return 0, False
-        finally:
-            self._counts["lookup_ns"] += time.perf_counter_ns() - t0
-        if n < 0:
-            # The prefix continues on SSD and is being read back into the pool: "not yet",
-            # vLLM keeps the request waiting and asks again (the brain bounds the wait).
-            self._counts["not_yet"] += 1
-            return None, False
-        self._counts["lookups"] += 1
-        if n > 0:
-            self._counts["hit_requests"] += 1
-            self._counts["hit_tokens"] += n
-            self._local_computed[request.request_id] = num_computed_tokens
-        # in-step: vLLM schedules the tail in this step and the load runs inside it
-        return n, n > 0 and not self._sched.in_step
+        return self._scheduler.matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
-        self._requests[request.request_id] = request
-        if num_external_tokens % self._block_size and request.request_id in self._tail_probes:
-            # the tail block is loaded whole (its bytes past the prompt are never read)
-            num_external_tokens = -(-num_external_tokens // self._block_size) * self._block_size
-        self._sched.after_alloc(request.request_id, blocks.get_block_ids(), num_external_tokens)
-        if num_external_tokens > 0 and self._sched.in_step and len(_ALLOCATED_NS) < 4096:
-            _ALLOCATED_NS[request.request_id] = time.perf_counter_ns()  # no worker here: emptied at request_finished
+        self._scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        sched = self._sched
-        counts = scheduler_output.num_scheduled_tokens
-        if self._save_enabled:
-            for nr in scheduler_output.scheduled_new_reqs:
-                # new, or (V2 model runner) resumed after preemption: the whole block table
-                self._schedule(nr.req_id, nr.block_ids, True, nr.num_computed_tokens, counts.get(nr.req_id, 0))
-            cached = scheduler_output.scheduled_cached_reqs
-            resumed = cached.resumed_req_ids
-            for i, req_id in enumerate(cached.req_ids):
-                new_ids = cached.new_block_ids[i]
-                self._schedule(req_id, new_ids if new_ids is not None else self._no_blocks, req_id in resumed,
-                               cached.num_computed_tokens[i], counts.get(req_id, 0))
-        for req_id in scheduler_output.preempted_req_ids or ():
-            sched.preempted(req_id)
-        return PegaConnectorMetadata(plan=sched.build_plan())
-
-    def _schedule(self, req_id: str, block_ids, resumed: bool, num_computed: int, num_scheduled: int) -> None:
-        request = self._requests.get(req_id)
-        if request is None:
-            return
-        controls = self._controls_of(request)
-        if not controls.save:
-            return  # the request asked for no save (kv_transfer_params)
-        hashes = self._keys.of(request)
-        full = min(len(hashes), (num_computed + num_scheduled) // self._block_size)
-        if controls.save_max_tokens is not None:
-            full = min(full, controls.save_max_tokens // self._block_size)
-        sent = self._hashes_sent.get(req_id, 0)
-        if (self._tail_flow and self._role == "kv_producer" and num_computed + num_scheduled >= request.num_prompt_tokens
-                and full == request.num_prompt_tokens // self._block_size and sent <= full):
-            tail = tail_key(request, self._block_size, hashes)
-            if tail is not None:
-                # the prompt is complete this step: its partial last block is saved under its
-                # tail key as one more block (the brain counts it complete at the block's end)
-                window = list(hashes[sent:full]) + [tail]
-                self._sched.schedule(req_id, window, sent, block_ids, resumed, num_computed,
-                                     (full + 1) * self._block_size - num_computed)
-                self._hashes_sent[req_id] = full + 1
-                return
-        if full <= sent and not any(block_ids) and not resumed:
-            return  # a decode step inside a block: nothing for the brain (no upcall per token)
-        window = hashes[sent:full] if full > sent else []
-        self._sched.schedule(req_id, window, sent, block_ids, resumed, num_computed, num_scheduled)
-        if full > sent:
-            self._hashes_sent[req_id] = full
+        return PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output))
 
     def update_connector_output(self, connector_output: KVConnectorOutput):
-        self._sched.failed_blocks(connector_output.invalid_block_ids or ())
-        failed = getattr(connector_output, "failed_recving", None)
-        meta = getattr(connector_output, "kv_connector_worker_meta", None)
-        if self._failed_meta is not None and isinstance(meta, self._failed_meta) and meta.failed_recving:
-            # vLLM < 0.30: the request restarts from its prefix before the hit (vLLM caches the
-            # blocks up to num_computed_tokens when the load's finish arrives, and computes the rest)
-            failed = set(failed or ()) | meta.failed_recving
-            for req_id in meta.failed_recving:
-                request = self._requests.get(req_id)
-                if request is not None and req_id in self._local_computed:
-                    log.warning("load of request %s failed in some KV-cache group: recomputing it from token %d",
-                                req_id, self._local_computed[req_id])
-                    request.num_computed_tokens = self._local_computed[req_id]
-        self._sched.finished(connector_output.finished_sending, connector_output.finished_recving, failed)
-        self._demote(self._low_retention.saves_done(connector_output.finished_sending))
+        self._scheduler.update_connector_output(connector_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        low = self._request_controls.get(request.request_id, _controls.DEFAULT).retention == "low"
-        keys = self._keys.of(request) if low else ()
-        saved = self._hashes_sent.get(request.request_id, 0)
-        self._requests.pop(request.request_id, None)
-        self._request_controls.pop(request.request_id, None)
-        self._hashes_sent.pop(request.request_id, None)
-        self._keys.forget(request.request_id)
-        self._local_computed.pop(request.request_id, None)
-        _ALLOCATED_NS.pop(request.request_id, None)
-        self._tail_probes.discard(request.request_id)
-        held = self._sched.request_finished(request.request_id)
-        if low:
-            self._demote(self._low_retention.finished(request.request_id, keys, saved, held))
-        return held, None
-
-    def _demote(self, keys: list[bytes]) -> None:
-        """A retention hint "low": these blocks go first in every group's store (a hint: a store
-        that cannot take it leaves the pool's order alone)."""
-        if not keys:
-            return
-        for g in self._groups:
-            try:
-                self._counts["low_retention_blocks"] += self._link.demote(g.group.instance_id, keys)
-            except PegaflowError as e:
-                log.debug("retention hint for %d blocks of instance %s not taken: %s", len(keys), g.group.instance_id, e)
+        return self._scheduler.request_finished(request), None
 
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
@@ -530,31 +347,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         return self.request_finished(request, block_ids[0] if block_ids else [])
 
     def reset_cache(self) -> bool | None:
-        """vLLM's ``reset_prefix_cache(reset_connector=True)`` (scheduler side): clears this instance's
-        namespace in the store, every KV-cache group's, pool and SSD (other instances of the namespace
-        lose those blocks too). False when the store did not do it (vLLM then reports the reset failed)."""
-        if self._sched is None:
-            return None
-        try:
-            counts = [self._link.reset_cache(g.group.instance_id) for g in self._groups]
-        except PegaflowError as e:
-            log.warning("reset_cache: the store kept instance %s's cache: %s", self._instance_id, e)
-            return False
-        log.info("reset_cache: instance %s's namespace cleared: %d blocks from the pool, %d SSD records",
-                 self._instance_id, sum(c[0] for c in counts), sum(c[1] for c in counts))
-        return True
+        """vLLM's ``reset_prefix_cache(reset_connector=True)`` (scheduler side; ``SchedulerCore.reset_cache``)."""
+        return None if self._scheduler is None else self._scheduler.reset_cache(self._instance_id)
 
     def take_events(self):
-        """vLLM's KV events from the connector (scheduler side, every step): the store's block events
-        of this instance's namespaces while vLLM publishes events (``_events``)."""
-        feed = self._event_feed
-        if feed is None:
-            return ()
-        gaps = feed.gaps
-        events = feed.take()
-        self._counts["kv_events"] += len(events)
-        self._counts["kv_event_gaps"] += feed.gaps - gaps
-        return events
+        """vLLM's KV events from the connector (scheduler side, every step; ``_events``)."""
+        return () if self._scheduler is None else self._scheduler.take_events()
 
     def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
         """vLLM >= 0.32: a load restores every group (each group's hit blocks), so none is zeroed."""
@@ -569,8 +367,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             if self._alloc_gap[0]:
                 data["alloc_to_load_starts"], data["alloc_to_load_ns"] = self._alloc_gap
                 self._alloc_gap = [0, 0]
-        elif self._sched is not None:
-            data, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+        elif self._scheduler is not None:
+            data = self._scheduler.take_counts()
         else:
             return None
         return PegaConnectorStats(data=data) if any(data.values()) else None
@@ -586,10 +384,10 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     # ================================================================== both
 
     def shutdown(self):
-        for part in (self._sched, self._worker):
+        for part in (self._scheduler, self._worker):
             if part is not None:
                 try:
                     part.close()
                 except PegaflowError as e:
                     log.debug("closing the connector: %s", e)
-        self._sched = self._worker = None
+        self._scheduler = self._sched = self._worker = None
