@@ -40,8 +40,6 @@ import java.util.Map;
  * states at the block boundaries its steps end on.
  */
 public final class SchedulerSide {
-    /** What {@link #lookup} returns for "not known yet, ask again" (vLLM's None). */
-    public static final long ASK_AGAIN = -1;
     /** {@link #lookup}'s answer while the prefix is read back from a lower tier: vLLM asks again. */
     public static final long NOT_YET = -1;
     /** vLLM's null block: a block table's placeholder for what a group no longer (or never) holds. */
@@ -104,6 +102,18 @@ public final class SchedulerSide {
         long waitingSince; // nanoTime of the first "not yet" answer; 0: not waiting
         long[] inStepTargets = new long[0]; // an in-step load's blocks, until its step's output is seen
         int inStepAge; // update_connector_output calls since its plan
+
+        /**
+         * The one wait for a prefix (read back from a lower tier, or, P/D, the whole of it): starts
+         * at the first "not yet" answer; whether it is still within {@code maxWaitNanos}.
+         */
+        boolean stillWaiting(long maxWaitNanos) {
+            long t = System.nanoTime();
+            if (waitingSince == 0) {
+                waitingSince = t;
+            }
+            return t - waitingSince < maxWaitNanos;
+        }
     }
 
     /** A hit: blocks [base, end) loadable, each group's lease and first leased block; or pending. */
@@ -214,11 +224,7 @@ public final class SchedulerSide {
         }
         int hit = q.end() - base;
         if (waitFullPrefix && !q.pending() && hit < usable && !r.prefixWaitOver) {
-            long t = System.nanoTime();
-            if (r.waitingSince == 0) {
-                r.waitingSince = t;
-            }
-            if (t - r.waitingSince < maxWaitNanos) {
+            if (r.stillWaiting(maxWaitNanos)) {
                 releaseAll(now.engine(), q.leases()); // asked again next step
                 notYetAnswers++;
                 prefixWaits++;
@@ -229,11 +235,7 @@ public final class SchedulerSide {
         } else if (q.pending()) {
             // The prefix continues on SSD or another host and is being read back: vLLM keeps
             // the request waiting and asks again next step, up to the wait limit; then it recomputes.
-            long t = System.nanoTime();
-            if (r.waitingSince == 0) {
-                r.waitingSince = t;
-            }
-            if (t - r.waitingSince < maxWaitNanos) {
+            if (r.stillWaiting(maxWaitNanos)) {
                 notYetAnswers++;
                 return NOT_YET;
             }
