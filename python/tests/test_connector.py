@@ -62,7 +62,7 @@ def load_async(engine: SimEngine) -> bool:
     """The connector's load_kv_async answer for a hit: False where the load runs inside the step
     that computes the tail (setting load_in_step, default on, one KV-cache group), True where the
     request waits for it in WAITING_FOR_REMOTE_KVS."""
-    return not engine.scheduler.connector._sched.in_step
+    return not engine.scheduler.connector._scheduler.brain.in_step
 
 
 @pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])

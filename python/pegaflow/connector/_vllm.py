@@ -39,7 +39,6 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from ..errors import PegaflowError
 from . import _compat, _events, _groups, _layout, _private, _runtime
-from ._brain import SchedulerBrain
 from ._stats import PegaConnectorStats, PegaPromMetrics
 from .scheduler import ALLOCATED_NS, SchedulerCore
 from .settings import Settings
@@ -171,7 +170,6 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._alloc_gap = [0, 0]  # in-step loads seen in start_load_kv, nanoseconds since their allocation
         self._link = _runtime.link_for(self._settings)
         self._scheduler: SchedulerCore | None = None
-        self._sched: SchedulerBrain | None = None  # the scheduler side's Java brain (tests read its in_step)
         self._worker: WorkerCore | None = None
         if role == KVConnectorRole.SCHEDULER:
             if self._link.mode == "embedded" and self._link.status()["engine"] != "1":
@@ -186,7 +184,6 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256") or "sha256"),
                 _kv_role(vllm_config.kv_transfer_config), self._load_enabled, self._save_enabled,
                 in_step_loads(self._settings), self._failed_meta, _events.enabled(vllm_config))
-            self._sched = self._scheduler.brain
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "
@@ -390,4 +387,4 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                     part.close()
                 except PegaflowError as e:
                     log.debug("closing the connector: %s", e)
-        self._scheduler = self._sched = self._worker = None
+        self._scheduler = self._worker = None

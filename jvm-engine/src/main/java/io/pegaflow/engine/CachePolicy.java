@@ -60,9 +60,10 @@ final class CachePolicy {
         return new CachePolicy(admitAfter(admission), lfu(eviction));
     }
 
-    /** Checks both flags (the engine's config does at build time). */
+    /** Checks both flags without building a policy (no sketch is allocated). */
     static void check(String admission, String eviction) {
-        of(admission, eviction);
+        admitAfter(admission);
+        lfu(eviction);
     }
 
     private static int admitAfter(String admission) {

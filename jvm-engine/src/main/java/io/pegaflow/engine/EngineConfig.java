@@ -56,6 +56,15 @@ public record EngineConfig(
         return new Builder();
     }
 
+    /**
+     * Refuses a bad {@code admission} ({@code all}, {@code seen:N}) or {@code eviction}
+     * ({@code lru}, {@code lfu}) naming the value, for callers that check flags before they
+     * build a config (pegaflow-server's settings).
+     */
+    public static void checkPolicies(String admission, String eviction) {
+        CachePolicy.check(admission, eviction);
+    }
+
     /** Builder with the defaults above; {@link #build()} validates. */
     public static final class Builder {
         private long poolBytes = Sizes.parse("1gb");
@@ -192,7 +201,7 @@ public record EngineConfig(
             if (kvEventCapacity < 0 || kvEventCapacity > 1 << 24) {
                 throw new InvalidArgumentException("kvEventCapacity " + kvEventCapacity + "; expected 0..16777216");
             }
-            CachePolicy.check(admission, eviction); // refuses a bad policy here, naming it
+            checkPolicies(admission, eviction);
             return new EngineConfig(poolBytes, leaseTtl, sweepInterval, inflightTtl, copyTtl, copyThreads, prefault, factory,
                     metrics, nanoClock, ssd, quotas, hitCeilingWindows, kvEventCapacity, admission, eviction);
         }

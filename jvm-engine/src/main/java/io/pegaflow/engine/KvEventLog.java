@@ -42,6 +42,8 @@ public final class KvEventLog {
 
     /** The most events one read returns. */
     public static final int MAX_READ = 10_000;
+    /** Events one filtered read may look at, per event it may return. */
+    public static final int SCAN_PER_EVENT = 8;
 
     private final Event[] ring;
     private long nextSeq = 1;
@@ -70,7 +72,10 @@ public final class KvEventLog {
     /**
      * {@link #after(long, int)} of one namespace's events ({@code null}: every namespace). The
      * reader resumes at {@code next} either way: events of other namespaces it skipped are not
-     * read again, and {@code gap} says events were dropped from the ring, of any namespace.
+     * read again, and {@code gap} says events were dropped from the ring, of any namespace. One
+     * read looks at most {@link #SCAN_PER_EVENT} x {@code max} events: the store appends under
+     * its own lock and waits for this monitor, so a reader of a quiet namespace behind a busy
+     * one gets fewer events per read (and asks again from {@code next}), never a long hold.
      */
     public synchronized Batch after(long after, int max, String namespace) {
         if (after < 0 || max < 1 || max > MAX_READ) {
@@ -82,7 +87,8 @@ public final class KvEventLog {
         boolean gap = after + 1 < oldest;
         List<Event> out = new ArrayList<>((int) Math.min(max, Math.max(0, nextSeq - from)));
         long s = from;
-        for (; s < nextSeq && out.size() < max; s++) {
+        long scanEnd = from + (long) max * SCAN_PER_EVENT;
+        for (; s < nextSeq && s < scanEnd && out.size() < max; s++) {
             Event e = ring[(int) (s % ring.length)];
             if (namespace == null || namespace.equals(e.namespace())) {
                 out.add(e);

@@ -452,11 +452,7 @@ public final class LocalStore implements BlockStore {
     /** See {@link BlockStore#kvEvents}. */
     @Override
     public KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
-        String namespace = lock.locked(() -> {
-            lock.checkOpen();
-            return registry.get(instanceId).spec.namespace();
-        });
-        return events.after(after, max, namespace);
+        return events.after(after, max, operator.namespaceOf(instanceId));
     }
 
     /** See {@link BlockStore#demote}. */

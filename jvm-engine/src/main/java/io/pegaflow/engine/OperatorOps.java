@@ -92,13 +92,17 @@ final class OperatorOps {
         return new Cleared(blocks, bytes, referenced, unpinned, records);
     }
 
-    /** See {@link LocalStore#resetCache}. */
-    Cleared resetCache(String instanceId) {
-        String namespace = lock.locked(() -> {
+    /** The namespace of a registered instance (takes the lock). */
+    String namespaceOf(String instanceId) {
+        return lock.locked(() -> {
             lock.checkOpen();
             return registry.get(instanceId).spec.namespace();
         });
-        Cleared c = clear(namespace, true, true);
+    }
+
+    /** See {@link LocalStore#resetCache}. */
+    Cleared resetCache(String instanceId) {
+        Cleared c = clear(namespaceOf(instanceId), true, true);
         return c != null ? c : new Cleared(0, 0, 0, 0, 0);
     }
 

@@ -71,4 +71,26 @@ class KvEventLogTest {
         assertThat(firstOfB.next()).isEqualTo(2); // stopped at max: resumes right after it
         assertThat(log.after(firstOfB.next(), 100, "b").events()).extracting(KvEventLog.Event::tier).containsExactly("REMOTE");
     }
+
+    @Test
+    void aFilteredReadLooksAtABoundedRunAndResumesWhereItStopped() {
+        KvEventLog log = new KvEventLog(1024);
+        for (int i = 0; i < 100; i++) {
+            log.append(KvEventLog.Kind.STORED, KvEventLog.CPU, "busy", hash(i));
+        }
+        log.append(KvEventLog.Kind.STORED, KvEventLog.CPU, "quiet", hash(7));
+        KvEventLog.Batch first = log.after(0, 2, "quiet"); // looks at 2 x SCAN_PER_EVENT events
+        assertThat(first.events()).isEmpty();
+        assertThat(first.next()).isEqualTo(2L * KvEventLog.SCAN_PER_EVENT);
+        long next = first.next();
+        KvEventLog.Batch b;
+        int reads = 1;
+        do {
+            b = log.after(next, 2, "quiet");
+            next = b.next();
+            reads++;
+        } while (b.events().isEmpty() && reads < 100);
+        assertThat(b.events()).extracting(KvEventLog.Event::seq).containsExactly(101L);
+        assertThat(reads).as("the busy namespace's 100 events, 16 a read").isEqualTo(7);
+    }
 }

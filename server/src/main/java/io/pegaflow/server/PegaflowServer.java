@@ -43,7 +43,7 @@ public final class PegaflowServer implements AutoCloseable {
             tenancy = tenancy == null ? Tenancy.DEFAULTS : tenancy;
             admission = admission == null ? "all" : admission;
             eviction = eviction == null ? "lru" : eviction;
-            EngineConfig.builder().admission(admission).eviction(eviction).build(); // refuses a bad policy, naming it
+            EngineConfig.checkPolicies(admission, eviction);
             if (prefaultThreads < 0 || prefaultThreads > 256) {
                 throw new InvalidArgumentException("--prefault-threads " + prefaultThreads + "; expected 0 (off) .. 256");
             }
