@@ -2,6 +2,7 @@ package io.pegaflow.engine;
 
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.LayerSplit;
 import io.pegaflow.engine.transfer.TransferEngine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.util.ArrayList;
@@ -552,15 +553,11 @@ public final class PegaEngine implements AutoCloseable {
      */
     private CompletableFuture<Long> copy(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream,
             LayeredLoad layered) {
+        if (layered != null) {
+            return copyLayered(plan, worker, blockIds, waitStream, layered);
+        }
         CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
                 .waitFor(waitStream);
-        if (layered != null) {
-            int[] groups = layerMajor(plan, worker, blockIds, batch);
-            long bytes = batch.totalBytes();
-            TransferFuture part = transfer.submit(batch);
-            layered.add(part, groups);
-            return part.thenApply(v -> bytes);
-        }
         for (int j = 0; j < plan.runs(); j++) {
             int first = plan.runRegion()[j];
             int count = plan.runCount()[j];
@@ -588,15 +585,61 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
-     * Fills {@code batch} with the plan's pieces region by region (every block's slot of region
-     * 0, then region 1, ...), closing a group after each region that has pieces; returns each
-     * region's group index (-1: none in this plan).
+     * A layered part: its layer groups ({@link #layerMajor}) dealt round-robin over the copy
+     * engine's {@link LayerSplit#lanes()} batches, each submitted on its own (a lane each), so
+     * one layer's copy need not wait for the previous layer's tail on one stream. A batch that
+     * cannot be submitted fails the part after the batches already submitted have finished
+     * (the plan is rolled back only once nothing reads or writes its slots).
      */
-    private static int[] layerMajor(CopyPlan plan, LayerRegion[] worker, long[] blockIds, CopyBatch batch) {
+    private CompletableFuture<Long> copyLayered(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream,
+            LayeredLoad layered) {
+        LayerSplit split = transfer.layerSplit();
+        int lanes = Math.max(1, Math.min(split.lanes(), worker.length));
+        List<TransferFuture> submitted = new ArrayList<>(lanes);
+        long[] bytes = new long[lanes];
+        try {
+            for (int k = 0; k < lanes; k++) {
+                CopyBatch batch = new CopyBatch(plan.direction().batch(),
+                        (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream);
+                int[] groups = layerMajor(plan, worker, blockIds, batch, split.groupBytes(), k, lanes);
+                if (batch.size() == 0) {
+                    continue;
+                }
+                bytes[k] = batch.totalBytes();
+                TransferFuture part = transfer.submit(batch);
+                submitted.add(part);
+                layered.add(part, groups);
+            }
+        } catch (RuntimeException | Error e) {
+            for (TransferFuture f : submitted) {
+                try {
+                    f.join();
+                } catch (RuntimeException ignored) {
+                    // failing anyway
+                }
+            }
+            throw e;
+        }
+        long total = java.util.Arrays.stream(bytes).sum();
+        return CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new)).thenApply(v -> total);
+    }
+
+    /**
+     * Fills {@code batch} with the plan's pieces layer-group by layer-group, closing a group of
+     * the batch after each: consecutive regions join one group until each block's slots of
+     * the group reach {@code groupBytes} (0: one region per group), and within a group the
+     * pieces go block by block, so a block's slots of the group stay one stretch of the pool
+     * (what the CUDA engine's bounce path moves at the line). Of the groups, in order, only
+     * those whose ordinal is {@code lane} modulo {@code lanes} go into this batch. Returns each
+     * region's group index in this batch (-1: no pieces of this batch).
+     */
+    static int[] layerMajor(CopyPlan plan, LayerRegion[] worker, long[] blockIds, CopyBatch batch, long groupBytes,
+            int lane, int lanes) {
         long[] before = new long[worker.length + 1]; // pool offset of each region's slot within a run
         for (int r = 0; r < worker.length; r++) {
             before[r + 1] = before[r] + worker[r].slotBytes();
         }
+        boolean[] used = new boolean[worker.length];
         for (int j = 0; j < plan.runs(); j++) {
             int first = plan.runRegion()[j];
             int count = plan.runCount()[j];
@@ -609,28 +652,47 @@ public final class PegaEngine implements AutoCloseable {
                 throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
                         + blockIds.length);
             }
+            java.util.Arrays.fill(used, first, first + count, true);
         }
         int[] groups = new int[worker.length];
         java.util.Arrays.fill(groups, -1);
-        int next = 0;
-        for (int r = 0; r < worker.length; r++) {
+        int next = 0; // groups in this batch
+        int ordinal = 0; // groups of the plan
+        int from = 0;
+        while (from < worker.length) {
+            if (!used[from]) {
+                from++;
+                continue;
+            }
+            int to = from + 1; // regions [from, to) form this group
+            long stretch = worker[from].slotBytes();
+            while (to < worker.length && used[to] && stretch < groupBytes) {
+                stretch += worker[to].slotBytes();
+                to++;
+            }
+            if (ordinal++ % lanes != lane) {
+                from = to;
+                continue;
+            }
             int start = batch.size();
-            LayerRegion region = worker[r];
             for (int j = 0; j < plan.runs(); j++) {
                 int first = plan.runRegion()[j];
-                if (r < first || r >= first + plan.runCount()[j]) {
-                    continue;
-                }
+                int lo = Math.max(from, first);
+                int hi = Math.min(to, first + plan.runCount()[j]);
                 long blockId = blockIds[plan.runBlock()[j]];
-                long host = plan.runOffset()[j] + before[r] - before[first];
-                for (int s = 0; s < region.segments(); s++) {
-                    batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
+                for (int r = lo; r < hi; r++) {
+                    LayerRegion region = worker[r];
+                    long host = plan.runOffset()[j] + before[r] - before[first];
+                    for (int s = 0; s < region.segments(); s++) {
+                        batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
+                    }
                 }
             }
             if (batch.size() > start) {
                 batch.endGroup();
-                groups[r] = next++;
+                java.util.Arrays.fill(groups, from, to, next++);
             }
+            from = to;
         }
         return groups;
     }

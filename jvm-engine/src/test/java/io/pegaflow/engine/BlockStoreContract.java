@@ -566,6 +566,84 @@ public abstract class BlockStoreContract {
         verifyInvariants();
     }
 
+    /**
+     * A layered load through an engine that asks for layer groups of two layers' slots dealt
+     * over two lanes ({@link TransferEngine#layerSplit}): five per-layer regions make groups
+     * {0,1}, {2,3}, {4}, the first and last in one batch and the middle one in the other of
+     * each part; within a group the pieces go block by block, each block's slots of the group
+     * one stretch of the pool; waiting for any layer returns and every byte lands.
+     */
+    @Test
+    void aLayeredLoadGroupsLayersAndDealsThemOverLanesAsTheCopyEngineAsks() {
+        List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
+        engine = engine(config(512 * 1024L).transfer(pool -> new TransferEngine() {
+            private final HostTransferEngine delegate = new HostTransferEngine(pool, 1);
+
+            @Override
+            public TransferFuture submit(CopyBatch batch) {
+                batches.add(batch);
+                return delegate.submit(batch);
+            }
+
+            @Override
+            public io.pegaflow.engine.transfer.LayerSplit layerSplit() {
+                return new io.pegaflow.engine.transfer.LayerSplit(2 * 2 * 256, 2, 0); // two layers' K and V of 256 bytes
+            }
+
+            @Override
+            public String name() {
+                return "grouped";
+            }
+
+            @Override
+            public void close() {
+                delegate.close();
+            }
+        }).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 5, 256, 256, 0);
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 100);
+        saveAll(h, 0);
+        QueryResult q = engine.query("inst", BlockHashes.of(h));
+        long[] dst = new long[100];
+        Arrays.setAll(dst, i -> 255 - i);
+        batches.clear();
+        PegaEngine.LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+        for (int layer = 4; layer >= 0; layer--) {
+            load.awaitLayer(layer, 0);
+        }
+        assertThat(load.result().join().blocks()).isEqualTo(100);
+        List<LayerRegion> layers = world.workers.get(0).layers();
+        assertThat(batches).as("two lanes for each of head and rest").hasSize(4);
+        int[][][] byLane = {{{0, 1}, {4}}, {{2, 3}}};
+        for (int b = 0; b < batches.size(); b++) {
+            CopyBatch batch = batches.get(b);
+            int[][] expected = byLane[b % 2];
+            assertThat(batch.groupCount()).as("batch %d", b).isEqualTo(expected.length);
+            for (int g = 0; g < expected.length; g++) {
+                int[] members = expected[g];
+                int perBlock = 2 * members.length;
+                assertThat((batch.groupEnd(g) - batch.groupStart(g)) % perBlock).isZero();
+                for (int i = batch.groupStart(g); i < batch.groupEnd(g); i++) {
+                    int k = (i - batch.groupStart(g)) % perBlock; // the piece's place within its block
+                    LayerRegion r = layers.get(members[k / 2]);
+                    long a = batch.deviceAddress(i);
+                    assertThat(a).as("batch %d group %d piece %d", b, g, i)
+                            .isBetween(r.baseAddress(), r.baseAddress() + r.regionBytes() - 1);
+                    if (k > 0) {
+                        assertThat(batch.hostOffset(i)).as("batch %d group %d piece %d follows its block's previous piece", b, g, i)
+                                .isEqualTo(batch.hostOffset(i - 1) + batch.length(i - 1));
+                    }
+                }
+            }
+        }
+        for (int i = 0; i < 100; i++) {
+            assertThat(world.holdsPattern(dst[i], h[i])).as("block %d", i).isTrue();
+        }
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        verifyInvariants();
+    }
+
     @Test
     void aLoadInTwoPartsMovesEveryBlockAndEndsOnce() {
         List<Long> batches = new java.util.concurrent.CopyOnWriteArrayList<>();

@@ -87,6 +87,44 @@ abstract class TransferContract {
         }
     }
 
+    /**
+     * A layered load (vLLM's in-step load: layer by layer, the engine grouping layers as its
+     * copy engine asks) of 40 blocks of 8 per-layer K/V layers, 32 KiB per piece: waiting for
+     * each layer from this thread returns, and every loaded block equals the saved one.
+     */
+    @Test
+    void aLayeredLoadIsByteExactLayerByLayer() {
+        Random rnd = new Random(77);
+        int saved = 40;
+        try (PegaEngine engine = PegaEngine.create(config().poolSize("64mb").build());
+                KvWorld world = new KvWorld(memory(), "inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 8, 2 * saved + 1,
+                        32 << 10, 0)) {
+            world.register(engine);
+            long[] src = new long[saved];
+            long[] dst = new long[saved];
+            for (int i = 0; i < saved; i++) {
+                src[i] = 2L * i;
+                dst[i] = 2L * (saved - 1 - i) + 1;
+            }
+            byte[][] hashes = KvWorld.randomHashes(rnd, saved);
+            for (int i = 0; i < saved; i++) {
+                world.fillPattern(src[i], hashes[i]);
+            }
+            engine.save("inst", 0, src, BlockHashes.of(hashes)).join();
+            QueryResult q = engine.query("inst", BlockHashes.of(hashes));
+            assertThat(q.hitBlocks()).isEqualTo(saved);
+            PegaEngine.LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+            for (int layer = 0; layer < 8; layer++) {
+                load.awaitLayer(layer, 0);
+            }
+            assertThat(load.result().join().blocks()).isEqualTo(saved);
+            for (int i = 0; i < saved; i++) {
+                assertThat(world.holdsPattern(dst[i], hashes[i])).as("block %d loaded into %d", src[i], dst[i]).isTrue();
+            }
+            engine.verifyInvariants();
+        }
+    }
+
     @Test
     void concurrentSavesAndLoadsKeepTheirBytes() throws Exception {
         int threads = 4;

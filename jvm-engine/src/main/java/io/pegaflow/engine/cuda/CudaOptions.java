@@ -1,6 +1,7 @@
 package io.pegaflow.engine.cuda;
 
 import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.transfer.LayerSplit;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
@@ -41,10 +42,20 @@ import java.util.List;
  * @param bounceSlots         slots of the bounce buffer, 2 to 8: one copy engine call per slot,
  *                            so small slots leave gaps between calls; the slot's size matters,
  *                            not the count (docs/gpu.md, "The bounce path's buffer")
+ * @param layerSplit          how a layer-wise load (a load inside vLLM's step) is cut into
+ *                            batches ({@link LayerSplit}): groups of layers long enough in the
+ *                            pool take the bounce path (the copy engine, no SMs taken from the
+ *                            forward beside it), several lanes overlap one layer's kernel tail
+ *                            with the next. Default {@link LayerSplit#PER_LAYER}, the
+ *                            environment's {@code PEGAFLOW_CUDA_LAYER_GROUP_KIB} and
+ *                            {@code PEGAFLOW_CUDA_LAYER_LANES} and
+ *                            {@code PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS} override: groups of 256 KiB
+ *                            stretches were not faster in vLLM on the H200 and took longer to
+ *                            submit (docs/benchmarks/README.md, "Layer groups")
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
         Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch,
-        long bounceBytes, int bounceSlots) {
+        long bounceBytes, int bounceSlots, LayerSplit layerSplit) {
 
     /** The environment variable giving {@link #bounceBytes} in MiB for {@link #defaults()}. */
     public static final String BOUNCE_ENV = "PEGAFLOW_CUDA_BOUNCE_MIB";
@@ -72,6 +83,7 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                     + bounceSlots * 4096 + " (" + bounceSlots + " slots of whole pages) from " + bounceSlots
                     + " MiB to 1 GiB");
         }
+        java.util.Objects.requireNonNull(layerSplit, "layerSplit");
         nvrtcDirs = List.copyOf(nvrtcDirs);
     }
 
@@ -103,37 +115,44 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
         return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false, true,
-                bounceFromEnvironment(System.getenv(BOUNCE_ENV)), 2);
+                bounceFromEnvironment(System.getenv(BOUNCE_ENV)), 2,
+                LayerSplit.fromEnvironment(System.getenv(LayerSplit.GROUP_ENV), System.getenv(LayerSplit.LANES_ENV),
+                        System.getenv(LayerSplit.BLOCKS_ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
     }
 
     public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots);
+                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit);
     }
 
     public CudaOptions withDmaBatch(boolean batch) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots);
+                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit);
+    }
+
+    public CudaOptions withLayerSplit(LayerSplit split) {
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split);
     }
 
     public CudaOptions withBounce(long bytes) {
@@ -142,6 +161,6 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
 
     public CudaOptions withBounce(long bytes, int slots) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bytes, slots);
+                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit);
     }
 }

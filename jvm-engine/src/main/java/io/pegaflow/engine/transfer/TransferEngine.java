@@ -41,6 +41,15 @@ public interface TransferEngine extends AutoCloseable {
         }
     }
 
+    /**
+     * How a load whose compute waits layer by layer ({@code PegaEngine.loadLayered}) is cut
+     * into batches for this engine ({@link LayerSplit}): an engine whose fast path needs long
+     * stretches or several streams asks for them here. Default: one layer per group, one batch.
+     */
+    default LayerSplit layerSplit() {
+        return LayerSplit.PER_LAYER;
+    }
+
     /** A short name for logs and reports, e.g. {@code host} or {@code cuda-kernel}. */
     String name();
 

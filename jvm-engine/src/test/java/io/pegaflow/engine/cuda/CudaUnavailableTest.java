@@ -8,6 +8,7 @@ import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.LayerSplit;
 import org.junit.jupiter.api.Test;
 
 /** On a machine without a GPU, asking for CUDA copies fails at once with a message that says why. */
@@ -52,5 +53,19 @@ class CudaUnavailableTest {
         assertThatThrownBy(() -> CudaOptions.bounceFromEnvironment("lots"))
                 .hasMessageContaining("PEGAFLOW_CUDA_BOUNCE_MIB=lots").hasMessageContaining("0 (off) to 1024");
         assertThatThrownBy(() -> CudaOptions.bounceFromEnvironment("4096")).hasMessageContaining("=4096");
+    }
+
+    @Test
+    void theLayerSplitComesFromTheEnvironmentAndIsCheckedWithItsName() {
+        assertThat(LayerSplit.fromEnvironment(null, " ", null)).isEqualTo(LayerSplit.PER_LAYER);
+        assertThat(CudaOptions.defaults().layerSplit()).isEqualTo(LayerSplit.PER_LAYER);
+        assertThat(LayerSplit.fromEnvironment(" 256 ", "2", "264")).isEqualTo(new LayerSplit(256 << 10, 2, 264));
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment("four", null, null))
+                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_GROUP_KIB=four").hasMessageContaining("0 (one layer per group)");
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, "17", null)).hasMessageContaining("PEGAFLOW_CUDA_LAYER_LANES=17")
+                .hasMessageContaining("1 to 16");
+        assertThatThrownBy(() -> new LayerSplit(0, 0, 0)).hasMessageContaining("layer lanes 0");
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, "70000"))
+                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS=70000");
     }
 }

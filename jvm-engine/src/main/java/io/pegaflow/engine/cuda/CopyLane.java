@@ -1,0 +1,511 @@
+package io.pegaflow.engine.cuda;
+
+import static java.lang.foreign.ValueLayout.ADDRESS;
+import static java.lang.foreign.ValueLayout.JAVA_INT;
+import static java.lang.foreign.ValueLayout.JAVA_LONG;
+
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.TransferFuture;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.concurrent.BlockingQueue;
+import java.util.concurrent.LinkedBlockingQueue;
+
+/**
+ * One lane of the CUDA copy engine: a stream with its events, a reusable pinned descriptor
+ * buffer (mapped, so the kernel reads it directly; optionally uploaded to a device buffer
+ * first) and, with the bounce path on, a second stream and a device bounce buffer in slots.
+ * A batch holds the lane from submit until its copies finish; this class turns the batch into
+ * driver calls: merged runs to the copy engine, scattered pieces to the gather/scatter kernel
+ * in chunks, back-to-back pool stretches through the bounce buffer ({@link CudaTransferEngine}
+ * says when each path is taken and why).
+ */
+final class CopyLane {
+    static final int THREADS = 256;
+    static final int MAX_GRID = 65535;
+    static final long DESC_BYTES = 24;
+    /**
+     * Descriptors per launch ramp up from 256 (the GPU starts after a few microseconds of
+     * host work) to 8192 (256 MiB of 32 KiB pieces, so the gaps between launches stay
+     * negligible beside the copy).
+     */
+    static final int FIRST_CHUNK = 256;
+    static final int MAX_CHUNK = 8192;
+    /** Long runs per cuMemcpyBatchAsync, ramping the same way: 16 (32 MiB of 2 MiB runs) to 1024. */
+    static final int FIRST_RUNS = 16;
+    static final int MAX_RUNS = 1024;
+    /** Average bytes back to back in the pool from which a group takes the bounce path (a block of a small model is 1-2 MiB). */
+    static final long MIN_BOUNCE_STRETCH = 256 << 10;
+
+    private final CudaTransferEngine engine;
+    private final HostPool pool;
+    private final CudaOptions options;
+    private final CudaDevice device;
+    private final long function;
+    final String name;
+    final BlockingQueue<CopyLane> home;
+    final long stream;
+    final long doneEvent;
+    final long callerEvent;
+    long[] groupEvents = new long[0];
+    long staging;
+    long stagingBytes;
+    long deviceDesc;
+    long deviceDescBytes;
+    final MemorySegment params;
+    final MemorySegment argDesc;
+    final MemorySegment argCount;
+    /** Long runs waiting for one cuMemcpyBatchAsync on {@link #stream}. */
+    final CopyRunList runs;
+    final BlockingQueue<Future> pending = new LinkedBlockingQueue<>();
+    final Thread completer;
+    /** The bounce path (0 when off): the kernel's stream, the device buffer and its slots' events. */
+    final long aux;
+    final long bounce;
+    final long slotBytes;
+    final int slots;
+    final long[] filled;
+    final long[] freed;
+    final boolean[] slotUsed;
+    private int slot;
+    private long slotFill;
+    private int slotDescStart;
+    /** The current slot's pool stretches: host address, bounce address, bytes. */
+    private long[] stretchHost = new long[16];
+    private long[] stretchBounce = new long[16];
+    private long[] stretchLen = new long[16];
+    private int stretchCount;
+
+    CopyLane(CudaTransferEngine engine, HostPool pool, CudaOptions options, CudaDevice device, long function, Arena arena,
+            String name, BlockingQueue<CopyLane> home) {
+        this.engine = engine;
+        this.pool = pool;
+        this.options = options;
+        this.device = device;
+        this.function = function;
+        this.slots = options.bounceSlots();
+        this.filled = new long[slots];
+        this.freed = new long[slots];
+        this.slotUsed = new boolean[slots];
+        this.params = arena.allocate(ADDRESS, 2);
+        this.argDesc = arena.allocate(JAVA_LONG);
+        this.argCount = arena.allocate(JAVA_INT);
+        this.runs = new CopyRunList(arena);
+        this.name = name;
+        this.home = home;
+        this.stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+        this.doneEvent = CudaDriver.eventCreate(CudaDriver.CU_EVENT_BLOCKING_SYNC | CudaDriver.CU_EVENT_DISABLE_TIMING);
+        this.callerEvent = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+        params.setAtIndex(ADDRESS, 0, argDesc);
+        params.setAtIndex(ADDRESS, 1, argCount);
+        long bytes = options.bounceBytes();
+        this.slotBytes = bytes / slots;
+        if (bytes > 0) {
+            this.aux = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            this.bounce = CudaDriver.memAlloc(bytes);
+            for (int s = 0; s < slots; s++) {
+                filled[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+                freed[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+            }
+        } else {
+            this.aux = 0;
+            this.bounce = 0;
+        }
+        this.completer = Thread.ofPlatform().daemon().name("pegaflow-cuda-" + name).start(this::complete);
+    }
+
+    /** On the submitting thread, with the device current: queue every copy of the batch. */
+    void enqueue(CopyBatch batch, Future future) {
+        if (batch.waitStream() != 0) {
+            CudaDriver.eventRecord(callerEvent, batch.waitStream());
+            CudaDriver.streamWaitEvent(stream, callerEvent);
+            if (bounce != 0) {
+                CudaDriver.streamWaitEvent(aux, callerEvent); // a save's gathers read what the caller wrote
+            }
+        }
+        boolean toHost = batch.direction() == CopyBatch.Direction.TO_HOST;
+        int groups = Math.max(1, batch.groupCount());
+        // a batch of several groups is a layer-wise load: the forward computes beside it
+        int cap = options.layerSplit().kernelBlocks();
+        grid = groups > 1 && cap > 0 ? cap : MAX_GRID;
+        ensureStaging(batch.size() * DESC_BYTES);
+        if (!options.hostDescriptors()) {
+            ensureDeviceDesc(batch.size() * DESC_BYTES);
+        }
+        ensureGroupEvents(groups > 1 ? groups : 0);
+        java.util.Arrays.fill(slotUsed, false); // the previous batch's work on both streams ended before its done event
+        desc = MemorySegment.ofAddress(staging).reinterpret(stagingBytes);
+        n = 0;
+        chunk = FIRST_CHUNK;
+        runChunk = FIRST_RUNS;
+        for (int g = 0; g < groups; g++) {
+            int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
+            int start = batch.size() == 0 ? 0 : batch.groupStart(g);
+            if (bounce != 0 && worthBouncing(batch, start, end)) {
+                bounced(batch, start, end, toHost);
+            } else {
+                direct(batch, start, end, toHost);
+            }
+            runs.flush(stream);
+            if (groups > 1) {
+                CudaDriver.eventRecord(groupEvents[g], stream);
+            }
+        }
+        CudaDriver.eventRecord(doneEvent, stream);
+    }
+
+    // Per-batch state of enqueue (one batch holds the lane at a time).
+    /** The most thread blocks one launch of this batch takes. */
+    private int grid = MAX_GRID;
+    private MemorySegment desc;
+    /** Descriptors written so far in this batch; each launch covers a range of them. */
+    private int n;
+    private int chunk;
+    private int runChunk;
+
+    /**
+     * Pieces [i, end): merge runs; long ones go to the copy engine at once, short ones
+     * become descriptors the kernel moves over PCIe, launched a chunk at a time so the GPU
+     * copies chunk k while this thread writes chunk k+1 (the host-side work overlaps
+     * instead of adding up).
+     */
+    private void direct(CopyBatch batch, int i, int end, boolean toHost) {
+        long poolBase = pool.address();
+        int chunkStart = n;
+        while (i < end) {
+            long dev = batch.deviceAddress(i);
+            long host = poolBase + batch.hostOffset(i);
+            int j = batch.runEnd(i, end);
+            long len = batch.runBytes(i, j);
+            long src = toHost ? dev : host;
+            long dst = toHost ? host : dev;
+            if (len >= options.dmaThresholdBytes()) {
+                longRun(src, dst, len, toHost);
+            } else {
+                descriptor(src, dst, len);
+                if (n - chunkStart == chunk) {
+                    launch(chunkStart, n, stream);
+                    chunkStart = n;
+                    chunk = Math.min(chunk * 2, MAX_CHUNK);
+                }
+            }
+            i = j;
+        }
+        launch(chunkStart, n, stream);
+    }
+
+    private void longRun(long src, long dst, long len, boolean toHost) {
+        copyRun(src, dst, len, toHost, stream);
+        if (runs.count >= runChunk) { // the copy engine starts on the first runs while the rest are listed
+            runs.flush(stream);
+            runChunk = Math.min(runChunk * 2, MAX_RUNS);
+        }
+    }
+
+    private void descriptor(long src, long dst, long len) {
+        long at = n * DESC_BYTES;
+        desc.set(JAVA_LONG, at, src);
+        desc.set(JAVA_LONG, at + 8, dst);
+        desc.set(JAVA_LONG, at + 16, len);
+        n++;
+    }
+
+    /**
+     * Whether pieces [start, end) lie back to back in the pool in stretches long enough
+     * for the copy engine ({@link #MIN_BOUNCE_STRETCH} on average): a block's layers do
+     * (a load or save of whole blocks), one layer across blocks does not (a layer-wise
+     * batch's group), and those stay on the kernel's direct path.
+     */
+    private boolean worthBouncing(CopyBatch batch, int start, int end) {
+        if (end - start < 2) {
+            return false;
+        }
+        long bytes = batch.length(start);
+        int stretches = 1;
+        for (int i = start + 1; i < end; i++) {
+            long len = batch.length(i);
+            bytes += len;
+            if (batch.hostOffset(i - 1) + batch.length(i - 1) != batch.hostOffset(i)) {
+                stretches++;
+            }
+        }
+        return bytes / stretches >= MIN_BOUNCE_STRETCH;
+    }
+
+    /**
+     * Pieces [i, end) through the bounce buffer. A load: the copy engine moves each slot's
+     * pool stretches into the slot on {@link #stream}, then the kernel scatters the slot
+     * to the pieces' device addresses on {@link #aux}; a save: the kernel gathers into the
+     * slot on {@code aux}, then the copy engine moves it to the pool on {@code stream}.
+     * Events hand each slot between the two streams ({@code filled}, then {@code freed}
+     * before it is filled again), so one slot copies over PCIe while another is scattered
+     * or gathered in device memory. Runs long on both sides still go straight through the
+     * copy engine, and a piece longer than a slot takes the kernel's direct path.
+     */
+    private void bounced(CopyBatch batch, int i, int end, boolean toHost) {
+        long poolBase = pool.address();
+        slotFill = 0;
+        slotDescStart = n;
+        stretchCount = 0;
+        boolean any = false;
+        while (i < end) {
+            long dev = batch.deviceAddress(i);
+            long host = poolBase + batch.hostOffset(i);
+            int j = batch.runEnd(i, end);
+            long len = batch.runBytes(i, j);
+            if (len >= options.dmaThresholdBytes()) {
+                longRun(toHost ? dev : host, toHost ? host : dev, len, toHost);
+            } else if (len > slotBytes) {
+                if (slotFill > 0) {
+                    closeSlot(toHost); // its descriptors end here: the direct one below is not the slot's
+                }
+                int from = n;
+                descriptor(toHost ? dev : host, toHost ? host : dev, len);
+                launch(from, n, stream);
+                slotDescStart = n;
+            } else {
+                if (slotFill + len > slotBytes) {
+                    closeSlot(toHost);
+                }
+                long at = bounce + slot * slotBytes + slotFill;
+                int last = stretchCount - 1;
+                if (last >= 0 && stretchHost[last] + stretchLen[last] == host) {
+                    stretchLen[last] += len;
+                } else {
+                    addStretch(host, at, len);
+                }
+                descriptor(toHost ? dev : at, toHost ? at : dev, len);
+                slotFill += len;
+                any = true;
+            }
+            i = j;
+        }
+        if (slotFill > 0) {
+            closeSlot(toHost);
+        }
+        if (any && !toHost) {
+            // a load's last scatter ran on aux (in order, so it covers the earlier ones)
+            int lastSlot = (slot + slots - 1) % slots;
+            CudaDriver.streamWaitEvent(stream, freed[lastSlot]);
+        }
+    }
+
+    /** Queues the current slot's copy and kernel (see {@link #bounced}) and moves to the next slot. */
+    private void closeSlot(boolean toHost) {
+        int s = slot;
+        runs.flush(stream); // long runs listed so far go first: the waits below must not hold them back
+        if (toHost) {
+            if (slotUsed[s]) {
+                CudaDriver.streamWaitEvent(aux, freed[s]);
+            }
+            launch(slotDescStart, n, aux);
+            CudaDriver.eventRecord(filled[s], aux);
+            CudaDriver.streamWaitEvent(stream, filled[s]);
+            for (int k = 0; k < stretchCount; k++) {
+                copyRun(stretchBounce[k], stretchHost[k], stretchLen[k], true, stream);
+            }
+            runs.flush(stream);
+            CudaDriver.eventRecord(freed[s], stream);
+        } else {
+            if (slotUsed[s]) {
+                CudaDriver.streamWaitEvent(stream, freed[s]);
+            }
+            for (int k = 0; k < stretchCount; k++) {
+                copyRun(stretchHost[k], stretchBounce[k], stretchLen[k], false, stream);
+            }
+            runs.flush(stream);
+            CudaDriver.eventRecord(filled[s], stream);
+            CudaDriver.streamWaitEvent(aux, filled[s]);
+            launch(slotDescStart, n, aux);
+            CudaDriver.eventRecord(freed[s], aux);
+        }
+        engine.countBounced(slotFill);
+        slotUsed[s] = true;
+        slot = (s + 1) % slots;
+        slotFill = 0;
+        slotDescStart = n;
+        stretchCount = 0;
+    }
+
+    private void addStretch(long host, long at, long len) {
+        if (stretchCount == stretchHost.length) {
+            int cap = Math.max(16, 2 * stretchCount);
+            stretchHost = java.util.Arrays.copyOf(stretchHost, cap);
+            stretchBounce = java.util.Arrays.copyOf(stretchBounce, cap);
+            stretchLen = java.util.Arrays.copyOf(stretchLen, cap);
+        }
+        stretchHost[stretchCount] = host;
+        stretchBounce[stretchCount] = at;
+        stretchLen[stretchCount] = len;
+        stretchCount++;
+    }
+
+    /**
+     * One long run through the copy engine, split where the host side crosses from one
+     * pinned chunk into the next: the driver rejects an async copy whose host range spans
+     * two registrations (CUDA_ERROR_INVALID_VALUE, seen on the H200).
+     */
+    private void copyRun(long src, long dst, long len, boolean toHost, long stream) {
+        while (len > 0) {
+            long host = toHost ? dst : src;
+            long part = Math.min(len, engine.bytesToChunkEnd(host));
+            if (engine.dmaBatched()) {
+                runs.add(src, dst, part);
+            } else if (toHost) {
+                CudaDriver.memcpyDtoHAsync(dst, src, part, stream);
+            } else {
+                CudaDriver.memcpyHtoDAsync(dst, src, part, stream);
+            }
+            src += part;
+            dst += part;
+            len -= part;
+        }
+    }
+
+    /** Uploads descriptors [from, to) and launches the kernel over them on {@code on}. */
+    private void launch(int from, int to, long on) {
+        if (to == from) {
+            return;
+        }
+        long offset = from * DESC_BYTES;
+        if (options.hostDescriptors()) {
+            argDesc.set(JAVA_LONG, 0, staging + offset); // pinned and mapped at its host address (UVA)
+        } else {
+            CudaDriver.memcpyHtoDAsync(deviceDesc + offset, staging + offset, (to - from) * DESC_BYTES, on);
+            argDesc.set(JAVA_LONG, 0, deviceDesc + offset);
+        }
+        argCount.set(JAVA_INT, 0, to - from);
+        CudaDriver.launchKernel(function, Math.min(to - from, grid), THREADS, 0, on, params);
+    }
+
+    void ensureStaging(long bytes) {
+        if (bytes <= stagingBytes) {
+            return;
+        }
+        long size = Math.max(bytes, Math.max(1 << 16, stagingBytes * 2));
+        if (staging != 0) {
+            CudaDriver.memFreeHost(staging);
+            staging = 0;
+            stagingBytes = 0;
+        }
+        staging = CudaDriver.memAllocHost(size);
+        stagingBytes = size;
+    }
+
+    void ensureDeviceDesc(long bytes) {
+        if (bytes <= deviceDescBytes) {
+            return;
+        }
+        long size = Math.max(bytes, Math.max(1 << 16, deviceDescBytes * 2));
+        if (deviceDesc != 0) {
+            // The previous batch on this lane completed before the lane was handed out.
+            CudaDriver.memFree(deviceDesc);
+            deviceDesc = 0;
+            deviceDescBytes = 0;
+        }
+        deviceDesc = CudaDriver.memAlloc(size);
+        deviceDescBytes = size;
+    }
+
+    private void ensureGroupEvents(int groups) {
+        if (groups <= groupEvents.length) {
+            return;
+        }
+        long[] more = java.util.Arrays.copyOf(groupEvents, groups);
+        for (int g = groupEvents.length; g < groups; g++) {
+            more[g] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+        }
+        groupEvents = more;
+    }
+
+    /** Completion thread: wait for each batch's done event, free the lane, complete. */
+    private void complete() {
+        boolean current = false;
+        while (true) {
+            Future f;
+            try {
+                f = pending.take();
+            } catch (InterruptedException e) {
+                return;
+            }
+            Throwable failure = null;
+            try {
+                if (!current) {
+                    device.makeCurrent();
+                    current = true;
+                }
+                CudaDriver.eventSynchronize(doneEvent);
+            } catch (Throwable t) {
+                failure = t;
+            }
+            home.add(this);
+            if (failure == null) {
+                f.complete(null);
+            } else {
+                f.completeExceptionally(failure);
+            }
+        }
+    }
+
+    void destroy() {
+        completer.interrupt();
+        try {
+            completer.join(5000);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        CudaDriver.streamSynchronize(stream);
+        for (long e : groupEvents) {
+            CudaDriver.eventDestroy(e);
+        }
+        CudaDriver.eventDestroy(doneEvent);
+        CudaDriver.eventDestroy(callerEvent);
+        CudaDriver.streamDestroy(stream);
+        if (bounce != 0) {
+            CudaDriver.streamSynchronize(aux);
+            for (int s = 0; s < slots; s++) {
+                CudaDriver.eventDestroy(filled[s]);
+                CudaDriver.eventDestroy(freed[s]);
+            }
+            CudaDriver.streamDestroy(aux);
+            CudaDriver.memFree(bounce);
+        }
+
+        if (staging != 0) {
+            CudaDriver.memFreeHost(staging);
+        }
+        if (deviceDesc != 0) {
+            CudaDriver.memFree(deviceDesc);
+        }
+    }
+
+    /** A batch in flight on this lane; group events stay valid until the lane is reused. */
+    final class Future extends TransferFuture {
+        final int groups;
+
+        Future(int groups) {
+            this.groups = groups;
+        }
+
+        @Override
+        public void awaitGroup(int group, long stream) {
+            if (group < 0 || group >= Math.max(1, groups)) {
+                throw new IllegalArgumentException("group " + group + " out of range [0, " + Math.max(1, groups) + ")");
+            }
+            if (isDone()) {
+                join(); // rethrows a failure; nothing left to wait for otherwise
+                return;
+            }
+            // If the lane was reused meanwhile, the event marks a later point of the same
+            // stream: waiting on it over-waits, never under-waits.
+            long event = groups > 1 ? groupEvents[group] : doneEvent;
+            device.makeCurrent();
+            if (stream == 0) {
+                CudaDriver.eventSynchronize(event);
+            } else {
+                CudaDriver.streamWaitEvent(stream, event);
+            }
+        }
+    }
+}
