@@ -41,9 +41,15 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # loads asynchronously (load_in_step false: the request waits a step); "<system>_instep" loads in
 # the step (load_in_step true, which auto leaves off under vLLM's V2 runner); "<system>_v1cross" runs
 # vLLM's V1 model runner, which allocates cross-layer blocks where 0.26-0.28's default runner
-# does not.
-VARIANTS = ("embedded_async", "server_async", "embedded_instep", "server_instep", "embedded_v1cross",
-            "server_v1cross")
+# does not; "<system>_instepg" loads in the step with layers grouped into 256 KiB stretches of
+# each block (the CUDA engine's bounce path) and "<system>_instep2" deals the layers over two
+# copy lanes and "<system>_instepc" caps each copy-kernel launch at 264 thread blocks (two per
+# H200 SM, so the forward's kernels find SMs beside the copy; io.pegaflow.engine.transfer.LayerSplit),
+# where "_instep" copies one layer per group on one lane with the kernel's full grid.
+VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
+               "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
+VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepg", "instep2", "instepc", "v1cross")
+                 for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
 
@@ -117,8 +123,7 @@ class Systems:
 
     def env(self, system: str) -> dict:
         env = dict(os.environ)
-        if system.endswith("_v1cross"):
-            env["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+        env.update(VARIANT_ENV.get(system.partition("_")[2], {}) if system in VARIANTS else {})
         env.pop("PYTHONHASHSEED", None)  # as users run it: processes share without it
         paths = [self.args.pegaflow_site] if system == "pegaflow" else [self.ours]
         paths += [p for p in (self.args.vllm_site, env.get("PYTHONPATH", "")) if p]
@@ -134,8 +139,8 @@ class Systems:
         if variant:
             kv, stop = self.start(base)
             extra = kv["kv_connector_extra_config"]
-            if variant in ("async", "instep"):
-                extra["load_in_step"] = variant == "instep"
+            if variant.startswith(("async", "instep")):
+                extra["load_in_step"] = variant != "async"
             extra["cross_layer_blocks"] = variant == "v1cross" or extra.get("cross_layer_blocks", True)
             return kv, stop
         if system == "none":
@@ -284,10 +289,16 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 row["gpu_hit_p50_ms"] = _p([x["ttft_ms"] for x in r["gpu_hit"]], 0.5)
                 row["outputs_identical"] = [x["token_ids"] for x in r["gpu_hit"]] == [x["token_ids"] for x in r["cold"]]
                 row["gpu_hit_cached_tokens"] = [x["cached_tokens"] for x in r["gpu_hit"]]
+                for k in ("queued_ms", "scheduled_to_first_ms"):
+                    if r["gpu_hit"] and all(k in x for x in r["gpu_hit"]):
+                        row[f"gpu_hit_{k[:-3]}_p50_ms"] = _p([x[k] for x in r["gpu_hit"]], 0.5)
             else:
                 warm = r.get("warm", [])
                 row["warm_p50_ms"] = _p([x["ttft_ms"] for x in warm], 0.5)
                 row["warm_cached_tokens"] = [x["cached_tokens"] for x in warm]
+                for k in ("queued_ms", "scheduled_to_first_ms"):
+                    if all(k in x for x in warm) and warm:
+                        row[f"warm_{k[:-3]}_p50_ms"] = _p([x[k] for x in warm], 0.5)
                 # None: no reference in this run (system none not run)
                 row["outputs_identical"] = None if not ref else [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
                 row["reset_ok"] = r.get("reset_ok")
@@ -301,7 +312,7 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
         if n:
             # the in-step loads' phases, mean ms per load over the whole run (cold, warm, warm-up)
             entry["in_step_phases_ms"] = {k: round(c.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / n / 1e6, 3)
-                                          for k in ("plan", "load", "wait")}
+                                          for k in ("plan", "load", "wait", "step")}
             entry["in_step_loads"] = int(n)
             if c.get("vllm:pegaflow_alloc_to_load_starts"):
                 # how much earlier the load could start if it started at allocation (same process)

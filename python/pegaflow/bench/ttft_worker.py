@@ -50,9 +50,17 @@ def main(spec_path: str, out_path: str) -> int:
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t
-        ttft = float(getattr(out.metrics, "first_token_latency", 0.0) or 0.0) if out.metrics is not None else 0.0
-        return {"ttft_ms": ttft * 1e3, "wall_ms": wall * 1e3, "cached_tokens": int(out.num_cached_tokens or 0),
-                "token_ids": list(out.outputs[0].token_ids)}
+        m = out.metrics
+        ttft = float(getattr(m, "first_token_latency", 0.0) or 0.0) if m is not None else 0.0
+        row = {"ttft_ms": ttft * 1e3, "wall_ms": wall * 1e3, "cached_tokens": int(out.num_cached_tokens or 0),
+               "token_ids": list(out.outputs[0].token_ids)}
+        # where the time went, by vLLM's own request timestamps (engine core, monotonic): waiting
+        # until first scheduled (an asynchronous load waits here), then scheduled to first token
+        queued, scheduled, first = (float(getattr(m, k, 0.0) or 0.0) for k in ("queued_ts", "scheduled_ts", "first_token_ts"))
+        if queued and scheduled and first:
+            row["queued_ms"] = (scheduled - queued) * 1e3
+            row["scheduled_to_first_ms"] = (first - scheduled) * 1e3
+        return row
 
     def reset() -> bool:
         # blocks of finished requests whose saves are still reported free only at a later step

@@ -27,6 +27,7 @@ COUNTERS = {
     "in_step_loads": "loads run inside the step that used them",
     "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
     "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",
+    "in_step_step_ns": "nanoseconds from an in-step load's start until its step's get_finished (the forward, as the worker sees it)",
     "in_step_wait_ns": "nanoseconds vLLM's thread waited in wait_for_layer_load for in-step loads to be submitted",
     "alloc_to_load_starts": "in-step loads whose allocation this process saw (the worker shares the scheduler's process)",
     "alloc_to_load_ns": "nanoseconds from those loads' allocation (update_state_after_alloc) to start_load_kv",

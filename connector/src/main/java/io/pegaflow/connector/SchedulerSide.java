@@ -67,7 +67,7 @@ public final class SchedulerSide {
     private long notYetAnswers;
     private long waitTimeouts;
     private long hitShrinks;
-    private long maxWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(10);
+    private long maxWaitNanos = io.pegaflow.engine.PrefixRequests.DEFAULT_MAX_WAIT_NANOS;
     private long contractViolations;
     private long loadFailures;
     /** Loads run inside the step that uses them (vLLM told the tokens are ready); one KV-cache group only. */

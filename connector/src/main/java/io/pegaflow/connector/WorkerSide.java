@@ -62,18 +62,21 @@ public final class WorkerSide {
      * {@link #drainStats} order: blocks and bytes loaded, saved; blocks whose load failed; saves
      * failed; then the phases of in-step loads: how many, nanoseconds from their start until their
      * copies were submitted (the plan: a round trip in server mode, and the batches' enqueue),
-     * until every byte landed and the load ended, and that vLLM's thread spent waiting for the
-     * submission in {@code wait_for_layer_load} (the GPU-side waits cost it nothing).
+     * until every byte landed and the load ended (seen by the copy's completion), that vLLM's
+     * thread spent waiting for the submission in {@code wait_for_layer_load} (the GPU-side waits
+     * cost it nothing), and until the step's {@code get_finished} (the step's forward as this
+     * worker sees it).
      */
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
             STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_IN_STEP_LOADS = 6, STAT_IN_STEP_PLAN_NANOS = 7,
-            STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_COUNT = 10;
+            STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_IN_STEP_STEP_NANOS = 10,
+            STAT_COUNT = 11;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
     /** A load inside this step: its submission (a store round trip in server mode, off vLLM's thread) and targets. */
-    private record StepLoad(String requestId, CompletableFuture<PegaEngine.LayeredLoad> started, long[] targets,
-            long startNanos) {}
+    private record StepLoad(String requestId, CompletableFuture<PegaEngine.LayeredLoad> started,
+            CompletableFuture<CopyResult> landed, long[] targets, long startNanos) {}
 
     /** This step's in-step loads; ended (their failures recorded) by {@link #getFinished}. */
     private final List<StepLoad> stepLoads = new ArrayList<>();
@@ -132,7 +135,13 @@ public final class WorkerSide {
         for (StepPlan.Load l : plan(plan).loads()) {
             if (l.inStep()) {
                 long t0 = System.nanoTime();
-                stepLoads.add(new StepLoad(l.requestId(), startInStep(l, t0), l.blockIds(), t0));
+                CompletableFuture<PegaEngine.LayeredLoad> started = startInStep(l, t0);
+                // timed where the bytes land (the copy's completion), not where the step ends
+                CompletableFuture<CopyResult> landed = started.thenCompose(PegaEngine.LayeredLoad::result).thenApply(r -> {
+                    stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - t0);
+                    return r;
+                });
+                stepLoads.add(new StepLoad(l.requestId(), started, landed, l.blockIds(), t0));
                 stats.incrementAndGet(STAT_IN_STEP_LOADS);
                 continue;
             }
@@ -211,9 +220,9 @@ public final class WorkerSide {
     private void endStepLoads() {
         for (StepLoad s : stepLoads) {
             try {
-                CopyResult r = s.started().thenCompose(PegaEngine.LayeredLoad::result).join();
+                CopyResult r = s.landed().join();
                 count(STAT_LOADED_BLOCKS, STAT_LOADED_BYTES, r);
-                stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - s.startNanos());
+                stats.addAndGet(STAT_IN_STEP_STEP_NANOS, System.nanoTime() - s.startNanos());
             } catch (CompletionException | java.util.concurrent.CancellationException failed) {
                 Throwable cause = failed.getCause();
                 long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : s.targets();

@@ -273,6 +273,8 @@ class ConnectorBrainTest {
         assertThat(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]).isPositive();
         assertThat(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]).isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended after the bytes landed")
+                .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(sched.requestFinished("warm")).as("nothing saved: no hold, and no wait for a load").isFalse();
         assertThat(sched.trackedRequests()).isZero();
