@@ -326,7 +326,7 @@ typedef struct pegaflow_api {
        same req_id and the same hashes (other hashes: PF_INVALID_ARGUMENT, nothing changes).
        PF_QUERY_READY: hit blocks from hash 0 are leased in out_lease (16 zero bytes when the
        hit is 0); the request is done and its id free again. All-or-nothing answers READY with
-       every block or, after the wait limit (30 s from the first query), with 0 and missing = n.
+       every block or, after the wait limit (10 s from the first query), with 0 and missing = n.
        A request never polled again is dropped after 5 minutes; query_cancel drops it now. */
     int32_t (*query_request)(int64_t engine, const char *instance_id, const char *req_id, int32_t n,
                              const uint8_t *hashes, int32_t hash_len, int32_t flags,

@@ -25,8 +25,14 @@ import java.util.function.LongSupplier;
 public final class PrefixRequests {
     /** Requests tracked at once (each holds its hashes): beyond it a new request is refused. */
     public static final int MAX_REQUESTS = 1 << 16;
-    /** Default wait from a request's first query: the original's cap for a decode node's wait. */
-    public static final long DEFAULT_MAX_WAIT_NANOS = 30_000_000_000L;
+    /**
+     * The one default wait for a prefix, from a request's first "not yet": a native engine's
+     * polled request here and a vLLM request in the connector's scheduler side both wait this
+     * long before taking what is there (a decode node's wait for the prefill host's blocks, a
+     * read-back from SSD or a peer). 10 s: recomputing even a 32K-token prompt costs about a
+     * second on a GPU, so a longer wait only helps when the store is much slower than that.
+     */
+    public static final long DEFAULT_MAX_WAIT_NANOS = 10_000_000_000L;
     /** Default age after which an abandoned request is dropped (the original's stale-prefetch GC). */
     public static final long DEFAULT_STALE_NANOS = 300_000_000_000L;
 
