@@ -3,6 +3,7 @@ package io.pegaflow.connector;
 import io.pegaflow.engine.CopyResult;
 import io.pegaflow.engine.EngineSource;
 import io.pegaflow.engine.InvalidArgumentException;
+import io.pegaflow.engine.LayeredLoad;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.ServerUnavailableException;
@@ -75,7 +76,7 @@ public final class WorkerSide {
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
     /** A load inside this step: its submission (a store round trip in server mode, off vLLM's thread) and targets. */
-    private record StepLoad(String requestId, CompletableFuture<PegaEngine.LayeredLoad> started,
+    private record StepLoad(String requestId, CompletableFuture<LayeredLoad> started,
             CompletableFuture<CopyResult> landed, long[] targets, long startNanos) {}
 
     /** This step's in-step loads; ended (their failures recorded) by {@link #getFinished}. */
@@ -135,9 +136,9 @@ public final class WorkerSide {
         for (StepPlan.Load l : plan(plan).loads()) {
             if (l.inStep()) {
                 long t0 = System.nanoTime();
-                CompletableFuture<PegaEngine.LayeredLoad> started = startInStep(l, t0);
+                CompletableFuture<LayeredLoad> started = startInStep(l, t0);
                 // timed where the bytes land (the copy's completion), not where the step ends
-                CompletableFuture<CopyResult> landed = started.thenCompose(PegaEngine.LayeredLoad::result).thenApply(r -> {
+                CompletableFuture<CopyResult> landed = started.thenCompose(LayeredLoad::result).thenApply(r -> {
                     stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - t0);
                     return r;
                 });
@@ -169,7 +170,7 @@ public final class WorkerSide {
      */
     public void waitLayer(int layer, long stream) {
         for (StepLoad s : stepLoads) {
-            PegaEngine.LayeredLoad h;
+            LayeredLoad h;
             long t0 = System.nanoTime();
             try {
                 h = s.started().join();
@@ -182,13 +183,13 @@ public final class WorkerSide {
         }
     }
 
-    private CompletableFuture<PegaEngine.LayeredLoad> startInStep(StepPlan.Load l, long t0) {
+    private CompletableFuture<LayeredLoad> startInStep(StepPlan.Load l, long t0) {
         try {
             PegaEngine e = current("load of request " + l.requestId());
             String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> {
                 try {
-                    PegaEngine.LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                    LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
                     stats.addAndGet(STAT_IN_STEP_PLAN_NANOS, System.nanoTime() - t0); // before anyone waiting sees it
                     return h;
                 } catch (RuntimeException refused) {

@@ -1,10 +1,7 @@
 package io.pegaflow.engine;
 
 import io.pegaflow.engine.pool.HostPool;
-import io.pegaflow.engine.transfer.CopyBatch;
-import io.pegaflow.engine.transfer.LayerSplit;
 import io.pegaflow.engine.transfer.TransferEngine;
-import io.pegaflow.engine.transfer.TransferFuture;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -37,7 +34,8 @@ import java.util.function.LongSupplier;
  * save into its cache after answering; a load's the same way when its plan promised to hold
  * its pins for longer than the copy took ({@link CopyPlan#holdNanos}), otherwise after the
  * control plane has been told (its end succeeding then proves its slots stayed pinned); a
- * failed copy's after it is rolled back. This engine's own {@link #query}, {@link #stats} and
+ * failed copy's after it is rolled back ({@link CopyEnds} holds these rules in one table, and
+ * {@link CopyBatches} turns plans into the copy engine's batches). This engine's own {@link #query}, {@link #stats} and
  * {@link #flush} wait for those seals, so they see every save whose future completed;
  * another process sees it a round trip later (or after this engine's {@link #flush}, the
  * visibility barrier). {@link #close()}
@@ -54,13 +52,8 @@ public final class PegaEngine implements AutoCloseable {
     private final Map<String, Map<Integer, LayerRegion[]>> regions = new ConcurrentHashMap<>();
     private static final System.Logger LOG = System.getLogger(PegaEngine.class.getName());
     private final Map<String, Set<CompletableFuture<?>>> pending = new ConcurrentHashMap<>();
-    /** Saves that landed whose seal is still being told to the control plane (their settled futures). */
-    private final Set<CompletableFuture<Void>> ending = ConcurrentHashMap.newKeySet();
-    /** Held loads that landed whose end (the unpin) is still being told (their settled futures). */
-    private final Set<CompletableFuture<Void>> unpinning = ConcurrentHashMap.newKeySet();
-    /** Tells the control plane those ends, off the copy engine's completer threads. */
-    private final java.util.concurrent.ExecutorService enders = java.util.concurrent.Executors.newCachedThreadPool(
-            Thread.ofPlatform().daemon().name("pegaflow-end-", 0).factory());
+    /** When each copy ends, and the ends told beside their futures. */
+    private final CopyEnds ends;
     /** Operations hold the read lock while they start; close takes the write lock to stop new ones. */
     private final ReentrantReadWriteLock gate = new ReentrantReadWriteLock();
     private boolean closed;
@@ -71,6 +64,7 @@ public final class PegaEngine implements AutoCloseable {
         this.local = local;
         this.pool = pool;
         this.clock = clock;
+        this.ends = new CopyEnds(store, clock);
         try {
             this.prefaultNanos = prefault ? pool.prefault(threads) : 0;
             this.transfer = transfer.apply(pool);
@@ -120,7 +114,7 @@ public final class PegaEngine implements AutoCloseable {
      * been told the end of every copy whose future completed before the call.
      */
     public LocalStore localStore() {
-        awaitEnds(true);
+        ends.awaitEnds(true);
         return local;
     }
 
@@ -134,7 +128,7 @@ public final class PegaEngine implements AutoCloseable {
      * every save whose future completed before the call has been offered to it.
      */
     public io.pegaflow.engine.ssd.SsdTier ssd() {
-        awaitEnds(false);
+        ends.awaitEnds(false);
         return local == null ? null : local.ssd();
     }
 
@@ -309,12 +303,12 @@ public final class PegaEngine implements AutoCloseable {
         try {
             plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
         } catch (PoolExhaustedException e) {
-            if (ending.isEmpty() && unpinning.isEmpty()) {
+            if (ends.idle()) {
                 throw e;
             }
             // blocks of saves still being sealed, and of loads still being unpinned, beside
             // their futures are not evictable yet
-            awaitEnds(true);
+            ends.awaitEnds(true);
             plan = store.reserveSave(instanceId, workerRank, layerNames, blockIds, hashes);
         }
         if (plan.isEmpty()) {
@@ -327,7 +321,7 @@ public final class PegaEngine implements AutoCloseable {
     public QueryResult query(String instanceId, BlockHashes hashes) {
         startOp();
         try {
-            awaitEnds(false); // its own saves; a held load's unpin does not change what it finds
+            ends.awaitEnds(false); // its own saves; a held load's unpin does not change what it finds
             return store.query(instanceId, hashes);
         } finally {
             endOp();
@@ -372,47 +366,6 @@ public final class PegaEngine implements AutoCloseable {
         return layered;
     }
 
-    /**
-     * The copies of one {@link #loadLayered} load: each part's (a plan can come in two) transfer
-     * and which of its groups holds each region's pieces. Complete once {@code loadLayered}
-     * returned (every part was submitted).
-     */
-    public static final class LayeredLoad {
-        private CompletableFuture<CopyResult> result;
-        private final List<TransferFuture> parts = new java.util.concurrent.CopyOnWriteArrayList<>();
-        private final List<int[]> groupOfRegion = new java.util.concurrent.CopyOnWriteArrayList<>();
-
-        /** Completes when every byte landed and the load ended; fails naming the destination blocks. */
-        public CompletableFuture<CopyResult> result() {
-            return result;
-        }
-
-        /**
-         * Orders CUDA stream {@code stream} (0: blocks this thread) after region {@code region}'s
-         * pieces of every part. A failed copy is not thrown here: {@link #result} reports it
-         * (the caller then marks the blocks invalid), and waiting on it ends at once.
-         */
-        public void awaitLayer(int region, long stream) {
-            for (int p = 0; p < parts.size(); p++) {
-                int[] groups = groupOfRegion.get(p);
-                int g = region >= 0 && region < groups.length ? groups[region] : -1;
-                if (g < 0) {
-                    continue;
-                }
-                try {
-                    parts.get(p).awaitGroup(g, stream);
-                } catch (RuntimeException failed) {
-                    // the result fails with it
-                }
-            }
-        }
-
-        void add(TransferFuture part, int[] groups) {
-            groupOfRegion.add(groups);
-            parts.add(part);
-        }
-    }
-
     private CompletableFuture<CopyResult> load(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds,
             LayeredLoad layered) {
         startOp();
@@ -454,261 +407,23 @@ public final class PegaEngine implements AutoCloseable {
         track(instanceId, settled);
         boolean save = plan.direction() == CopyPlan.Direction.SAVE;
         String what = (save ? "save" : "load") + " copy for instance '" + instanceId + "' worker " + workerRank;
-        long[] failed = save ? distinctBlocks(plan, blockIds) : blockIds;
+        long[] failed = save ? CopyBatches.distinctBlocks(plan, blockIds) : blockIds;
         long start = clock.getAsLong();
         List<CompletableFuture<Long>> copies = new ArrayList<>(2);
         Throwable notStarted = null;
         try {
             LayerRegion[] worker = regionsOf(instanceId, workerRank);
-            copies.add(copy(plan, worker, blockIds, waitStream, layered));
+            copies.add(CopyBatches.copy(transfer, plan, worker, blockIds, waitStream, layered));
             if (rest != null) {
-                copies.add(copy(rest.get(), worker, blockIds, waitStream, layered));
+                copies.add(CopyBatches.copy(transfer, rest.get(), worker, blockIds, waitStream, layered));
             }
         } catch (Throwable t) {
             notStarted = t;
         }
         Throwable startFailure = notStarted;
         // ends once, after every part that started (a running copy still reads or writes the pinned slots)
-        CompletableFuture.allOf(copies.toArray(CompletableFuture[]::new)).whenComplete((x, copyFailure) -> {
-            Throwable err = startFailure != null ? startFailure
-                    : copyFailure instanceof java.util.concurrent.CompletionException c && c.getCause() != null
-                            ? c.getCause() : copyFailure;
-            long bytes = 0;
-            for (CompletableFuture<Long> c : copies) {
-                bytes += c.isDone() && !c.isCompletedExceptionally() ? c.join() : 0;
-            }
-            // A load may end beside its future only when the store promised to hold its pins
-            // for longer than the copy took, counted from before the plan was asked for (half
-            // the hold: margin for the two clocks; the hold is 10 s, a copy milliseconds). The
-            // rest of a two-part load belongs to the same open load and hold, issued later.
-            // Otherwise it ends first: its end succeeding is then what proves its slots stayed
-            // pinned through the copy (a plan rolled back meanwhile may have had its slots
-            // reused by another save, and the load must fail so that vLLM recomputes).
-            boolean held = !save && plan.holdNanos() > 0 && clock.getAsLong() - asked < plan.holdNanos() / 2;
-            if (err == null && (save || held)) {
-                // The caller hears of a copy that landed at once and the plan ends beside it:
-                // the GPU blocks are free to reuse (a save) or hold what the pool held (a
-                // load), and the end, a control-plane round trip, stays off the caller's path
-                // (docs/gpu.md, "Saves seal beside their futures"). This engine's own reads wait
-                // for it (awaitEnds).
-                long moved = bytes;
-                long nanos = clock.getAsLong() - start;
-                Set<CompletableFuture<Void>> ends = save ? ending : unpinning;
-                ends.add(settled);
-                settled.whenComplete((v, e) -> ends.remove(settled));
-                Runnable seal = () -> {
-                    try {
-                        store.endCopy(instanceId, plan.id(), true, moved, nanos);
-                    } catch (Throwable t) {
-                        // the bytes moved; the store's outcome is a save not made visible, its
-                        // reservation rolled back later (recomputed), or a load's pins released
-                        // later: at the end of the plan's hold (its instance unregistered) or at
-                        // the copy TTL
-                        LOG.log(System.Logger.Level.WARNING, "ending the " + what + " (plan " + plan.id()
-                                + ") after its copy landed failed; " + (save ? "its blocks are not made visible"
-                                : "the store releases its pins later"), t);
-                    } finally {
-                        settled.complete(null);
-                    }
-                };
-                try {
-                    enders.execute(seal);
-                } catch (Throwable t) {
-                    seal.run(); // no thread for it (closing, or none could start): seal here
-                }
-                result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), moved));
-                return;
-            }
-            try {
-                if (err == null) {
-                    store.endCopy(instanceId, plan.id(), true, bytes, clock.getAsLong() - start);
-                    settled.complete(null);
-                    result.complete(new CopyResult(plan.blocks(), plan.skippedBlocks(), bytes));
-                    return;
-                }
-                // a failed copy is rolled back before the caller hears of it
-                store.endCopy(instanceId, plan.id(), false, 0, 0);
-                settled.complete(null); // before the caller's callbacks, which may flush or close
-                if (startFailure != null && copies.isEmpty()) {
-                    result.completeExceptionally(new TransferFailedException(what + " could not start: " + err, failed, err));
-                } else {
-                    result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
-                }
-            } catch (Throwable t) {
-                settled.complete(null);
-                if (err != null) {
-                    // the store rejects nothing it handed out; report the copy's failure
-                    result.completeExceptionally(new TransferFailedException(what + " failed: " + err, failed, err));
-                } else {
-                    result.completeExceptionally(t); // a load whose plan the store no longer holds
-                }
-            }
-        });
+        ends.settle(instanceId, plan, save, what, failed, copies, startFailure, start, asked, result, settled);
         return result;
-    }
-
-    /**
-     * Starts the copy of one plan (or part of one); the future holds the bytes moved. With
-     * {@code layered}, the pieces go region by region, each region a group of the batch.
-     */
-    private CompletableFuture<Long> copy(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream,
-            LayeredLoad layered) {
-        if (layered != null) {
-            return copyLayered(plan, worker, blockIds, waitStream, layered);
-        }
-        CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
-                .waitFor(waitStream);
-        for (int j = 0; j < plan.runs(); j++) {
-            int first = plan.runRegion()[j];
-            int count = plan.runCount()[j];
-            if (first < 0 || count < 1 || first + count > worker.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
-                        + (first + count - 1) + " of a worker with " + worker.length);
-            }
-            int index = plan.runBlock()[j];
-            if (index < 0 || index >= blockIds.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
-                        + blockIds.length);
-            }
-            long blockId = blockIds[index];
-            long host = plan.runOffset()[j];
-            for (int r = first; r < first + count; r++) {
-                LayerRegion region = worker[r];
-                for (int s = 0; s < region.segments(); s++) {
-                    batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
-                }
-                host += region.slotBytes();
-            }
-        }
-        long bytes = batch.totalBytes();
-        return transfer.submit(batch).thenApply(v -> bytes);
-    }
-
-    /**
-     * A layered part: its layer groups ({@link #layerMajor}) dealt round-robin over the copy
-     * engine's {@link LayerSplit#lanes()} batches, each submitted on its own (a lane each), so
-     * one layer's copy need not wait for the previous layer's tail on one stream. A batch that
-     * cannot be submitted fails the part after the batches already submitted have finished
-     * (the plan is rolled back only once nothing reads or writes its slots).
-     */
-    private CompletableFuture<Long> copyLayered(CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream,
-            LayeredLoad layered) {
-        LayerSplit split = transfer.layerSplit();
-        int lanes = Math.max(1, Math.min(split.lanes(), worker.length));
-        List<TransferFuture> submitted = new ArrayList<>(lanes);
-        long[] bytes = new long[lanes];
-        try {
-            for (int k = 0; k < lanes; k++) {
-                CopyBatch batch = new CopyBatch(plan.direction().batch(),
-                        (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream);
-                int[] groups = layerMajor(plan, worker, blockIds, batch, split.groupBytes(), k, lanes);
-                if (batch.size() == 0) {
-                    continue;
-                }
-                bytes[k] = batch.totalBytes();
-                TransferFuture part = transfer.submit(batch);
-                submitted.add(part);
-                layered.add(part, groups);
-            }
-        } catch (RuntimeException | Error e) {
-            for (TransferFuture f : submitted) {
-                try {
-                    f.join();
-                } catch (RuntimeException ignored) {
-                    // failing anyway
-                }
-            }
-            throw e;
-        }
-        long total = java.util.Arrays.stream(bytes).sum();
-        return CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new)).thenApply(v -> total);
-    }
-
-    /**
-     * Fills {@code batch} with the plan's pieces layer-group by layer-group, closing a group of
-     * the batch after each: consecutive regions join one group until each block's slots of
-     * the group reach {@code groupBytes} (0: one region per group), and within a group the
-     * pieces go block by block, so a block's slots of the group stay one stretch of the pool
-     * (what the CUDA engine's bounce path moves at the line). Of the groups, in order, only
-     * those whose ordinal is {@code lane} modulo {@code lanes} go into this batch. Returns each
-     * region's group index in this batch (-1: no pieces of this batch).
-     */
-    static int[] layerMajor(CopyPlan plan, LayerRegion[] worker, long[] blockIds, CopyBatch batch, long groupBytes,
-            int lane, int lanes) {
-        long[] before = new long[worker.length + 1]; // pool offset of each region's slot within a run
-        for (int r = 0; r < worker.length; r++) {
-            before[r + 1] = before[r] + worker[r].slotBytes();
-        }
-        boolean[] used = new boolean[worker.length];
-        for (int j = 0; j < plan.runs(); j++) {
-            int first = plan.runRegion()[j];
-            int count = plan.runCount()[j];
-            if (first < 0 || count < 1 || first + count > worker.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
-                        + (first + count - 1) + " of a worker with " + worker.length);
-            }
-            int index = plan.runBlock()[j];
-            if (index < 0 || index >= blockIds.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
-                        + blockIds.length);
-            }
-            java.util.Arrays.fill(used, first, first + count, true);
-        }
-        int[] groups = new int[worker.length];
-        java.util.Arrays.fill(groups, -1);
-        int next = 0; // groups in this batch
-        int ordinal = 0; // groups of the plan
-        int from = 0;
-        while (from < worker.length) {
-            if (!used[from]) {
-                from++;
-                continue;
-            }
-            int to = from + 1; // regions [from, to) form this group
-            long stretch = worker[from].slotBytes();
-            while (to < worker.length && used[to] && stretch < groupBytes) {
-                stretch += worker[to].slotBytes();
-                to++;
-            }
-            if (ordinal++ % lanes != lane) {
-                from = to;
-                continue;
-            }
-            int start = batch.size();
-            for (int j = 0; j < plan.runs(); j++) {
-                int first = plan.runRegion()[j];
-                int lo = Math.max(from, first);
-                int hi = Math.min(to, first + plan.runCount()[j]);
-                long blockId = blockIds[plan.runBlock()[j]];
-                for (int r = lo; r < hi; r++) {
-                    LayerRegion region = worker[r];
-                    long host = plan.runOffset()[j] + before[r] - before[first];
-                    for (int s = 0; s < region.segments(); s++) {
-                        batch.add(region.pieceAddress(blockId, s), host + s * region.segmentBytes(), region.segmentBytes());
-                    }
-                }
-            }
-            if (batch.size() > start) {
-                batch.endGroup();
-                java.util.Arrays.fill(groups, from, to, next++);
-            }
-            from = to;
-        }
-        return groups;
-    }
-
-    /** The caller's block ids a save plan writes, each once, in plan order. */
-    private static long[] distinctBlocks(CopyPlan plan, long[] blockIds) {
-        long[] ids = new long[plan.blocks()];
-        int last = -1;
-        int n = 0;
-        for (int j = 0; j < plan.runs() && n < ids.length; j++) {
-            if (plan.runBlock()[j] != last) {
-                last = plan.runBlock()[j];
-                ids[n++] = blockIds[last];
-            }
-        }
-        return ids;
     }
 
     // ---------------------------------------------------------------- maintenance, stats, close
@@ -798,7 +513,7 @@ public final class PegaEngine implements AutoCloseable {
     public EngineStats stats() {
         startOp();
         try {
-            awaitEnds(true);
+            ends.awaitEnds(true);
             return store.stats();
         } finally {
             endOp();
@@ -820,7 +535,7 @@ public final class PegaEngine implements AutoCloseable {
         if (local == null) {
             throw new UnsupportedOperationException("invariants are checked where the control plane runs (the server)");
         }
-        awaitEnds(true);
+        ends.awaitEnds(true);
         local.verifyInvariants();
     }
 
@@ -839,7 +554,7 @@ public final class PegaEngine implements AutoCloseable {
         List<CompletableFuture<?>> all = new ArrayList<>();
         pending.values().forEach(all::addAll);
         awaitQuietly(all);
-        enders.shutdown();
+        ends.shutdown();
         try {
             store.close();
         } finally {
@@ -877,22 +592,6 @@ public final class PegaEngine implements AutoCloseable {
         Set<CompletableFuture<?>> set = pending.computeIfAbsent(instanceId, k -> ConcurrentHashMap.newKeySet());
         set.add(f);
         f.whenComplete((r, e) -> set.remove(f));
-    }
-
-    /**
-     * Waits until every save whose future has completed has also been sealed with the control
-     * plane (ends never fail: a failed end is logged), so this engine reads its own saves; with
-     * {@code loads}, every held load's end too (its pins: stats, space for a save).
-     */
-    private void awaitEnds(boolean loads) {
-        for (Object end : ending.toArray()) {
-            ((CompletableFuture<?>) end).join();
-        }
-        if (loads) {
-            for (Object end : unpinning.toArray()) {
-                ((CompletableFuture<?>) end).join();
-            }
-        }
     }
 
     private static void awaitQuietly(List<CompletableFuture<?>> futures) {

@@ -540,7 +540,7 @@ public abstract class BlockStoreContract {
         long[] dst = new long[100];
         Arrays.setAll(dst, i -> 120 + i);
         batches.clear();
-        PegaEngine.LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+        LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
         for (int layer = 0; layer < 3; layer++) {
             load.awaitLayer(layer, 0);
         }
@@ -608,7 +608,7 @@ public abstract class BlockStoreContract {
         long[] dst = new long[100];
         Arrays.setAll(dst, i -> 255 - i);
         batches.clear();
-        PegaEngine.LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+        LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
         for (int layer = 4; layer >= 0; layer--) {
             load.awaitLayer(layer, 0);
         }

@@ -113,7 +113,7 @@ abstract class TransferContract {
             engine.save("inst", 0, src, BlockHashes.of(hashes)).join();
             QueryResult q = engine.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(saved);
-            PegaEngine.LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
             for (int layer = 0; layer < 8; layer++) {
                 load.awaitLayer(layer, 0);
             }

@@ -1,0 +1,46 @@
+package io.pegaflow.engine;
+
+import io.pegaflow.engine.transfer.TransferFuture;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+
+/**
+ * The copies of one {@link PegaEngine#loadLayered} load: each part's (a plan can come in two) transfer
+ * and which of its groups holds each region's pieces. Complete once {@code loadLayered}
+ * returned (every part was submitted).
+ */
+public final class LayeredLoad {
+    CompletableFuture<CopyResult> result; // set once by PegaEngine.loadLayered
+    private final List<TransferFuture> parts = new java.util.concurrent.CopyOnWriteArrayList<>();
+    private final List<int[]> groupOfRegion = new java.util.concurrent.CopyOnWriteArrayList<>();
+
+    /** Completes when every byte landed and the load ended; fails naming the destination blocks. */
+    public CompletableFuture<CopyResult> result() {
+        return result;
+    }
+
+    /**
+     * Orders CUDA stream {@code stream} (0: blocks this thread) after region {@code region}'s
+     * pieces of every part. A failed copy is not thrown here: {@link #result} reports it
+     * (the caller then marks the blocks invalid), and waiting on it ends at once.
+     */
+    public void awaitLayer(int region, long stream) {
+        for (int p = 0; p < parts.size(); p++) {
+            int[] groups = groupOfRegion.get(p);
+            int g = region >= 0 && region < groups.length ? groups[region] : -1;
+            if (g < 0) {
+                continue;
+            }
+            try {
+                parts.get(p).awaitGroup(g, stream);
+            } catch (RuntimeException failed) {
+                // the result fails with it
+            }
+        }
+    }
+
+    void add(TransferFuture part, int[] groups) {
+        groupOfRegion.add(groups);
+        parts.add(part);
+    }
+}
