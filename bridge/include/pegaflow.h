@@ -122,7 +122,8 @@ typedef struct pegaflow_api {
 
     /* Saves the worker's slots of block_ids[i] under hash i (layer_names NULL: all of the
        worker's layers, else '\n'-separated names). wait_stream: a CUstream the copy is
-       ordered after (0: none). Returns at once with a completion. CHECKED: n (0..262144,
+       ordered after (0: none; the legacy default stream is CU_STREAM_LEGACY, 1, as the driver
+       names it: PyTorch reports that stream as 0). Returns at once with a completion. CHECKED: n (0..262144,
        Limits.MAX_HASHES_PER_CALL) and hash_len are checked before block_ids or hashes is read
        (PF_INVALID_ARGUMENT naming the cap); the arrays must hold n entries. */
     int32_t (*save)(int64_t engine, const char *instance_id, int32_t worker_rank, int32_t n,
@@ -359,7 +360,8 @@ typedef struct pegaflow_api {
        run inside this step, copied layer by layer) and, before each attention layer reads its
        KV, calls worker_wait_layer with the layer's index among the registered regions and the
        compute stream: the stream waits for that layer's bytes on the GPU (0: the calling thread
-       blocks). worker_get_finished ends the step's in-step loads; a failed one's blocks come
+       blocks; pass CU_STREAM_LEGACY, 1, for the legacy default stream, which PyTorch reports
+       as 0). worker_get_finished ends the step's in-step loads; a failed one's blocks come
        from worker_load_errors (never as "R" lines). */
     int32_t (*worker_start_step_loads)(int64_t worker, const uint8_t *plan, int64_t len, int32_t *out_in_step);
     int32_t (*worker_wait_layer)(int64_t worker, int32_t layer, int64_t stream);

@@ -45,3 +45,14 @@ def test_the_legacy_split_layout_is_bounded_by_its_v_plane():
     t.untyped_storage().resize_(10240 - 512)  # the last V block is gone
     with pytest.raises(InvalidArgumentError, match=r"reach 10240 B .* holds 9728 B there"):
         _layout.describe_layer("l0", t, 10, mla=False)
+
+
+def test_pytorchs_default_stream_reaches_the_store_as_the_legacy_stream_never_as_a_blocking_zero():
+    """PyTorch reports its default stream as 0, which the store's calls take as "block this
+    thread": an in-step load would then stall vLLM's thread layer by layer and a save would not
+    be ordered after the forward's writes."""
+    from pegaflow.connector.worker import CU_STREAM_LEGACY, cuda_stream_handle
+
+    assert CU_STREAM_LEGACY == 1  # cuda.h: #define CU_STREAM_LEGACY ((CUstream)0x1)
+    assert cuda_stream_handle(0) == CU_STREAM_LEGACY
+    assert cuda_stream_handle(0x7F00DEAD) == 0x7F00DEAD

@@ -31,6 +31,18 @@ def flatten_states(kv_caches: dict) -> dict:
     return out
 
 
+CU_STREAM_LEGACY = 1  # the CUDA driver's handle for the legacy default stream (cuda.h)
+
+
+def cuda_stream_handle(torch_handle: int) -> int:
+    """The driver handle of the stream PyTorch reports. PyTorch's default stream reads 0, which
+    the store's calls take as "no stream: block this thread" (host copies), so every layer of an
+    in-step load would block vLLM's thread until its bytes land and a save would not be ordered
+    after the forward's writes at all; on CUDA the default stream is passed as CU_STREAM_LEGACY,
+    which the driver orders on the GPU like any stream."""
+    return torch_handle if torch_handle else CU_STREAM_LEGACY
+
+
 class WorkerCore:
     """One worker (TP rank) of one instance."""
 
@@ -92,7 +104,7 @@ class WorkerCore:
         if transfer == "cuda":
             import torch
 
-            self._stream_of = lambda: torch.cuda.current_stream(device_id).cuda_stream
+            self._stream_of = lambda: cuda_stream_handle(torch.cuda.current_stream(device_id).cuda_stream)
         self.namespace, self.layers = namespaces[0], [x for layers in described for x in layers]
         log.info("PegaKVConnector worker %d: %d layers (%s) in %d KV-cache group(s) %s, namespace %s, mode %s", worker_rank,
                  len(self.layers), described[0][0].region.layout, len(groups), [g.spec for g in groups], namespaces[0],

@@ -163,7 +163,8 @@ public final class WorkerSide {
     }
 
     /**
-     * {@code wait_for_layer_load}: orders CUDA stream {@code stream} (0: blocks this thread)
+     * {@code wait_for_layer_load}: orders CUDA stream {@code stream} (0: blocks this thread;
+     * the legacy default stream is {@code CU_STREAM_LEGACY}, 1)
      * after registered region {@code layer}'s bytes of every in-step load of the step. Blocks
      * only until each load was submitted; a load that could not start is skipped here and
      * reported by {@link #getFinished} (vLLM then discards the step's output for its request).

@@ -20,7 +20,8 @@ public final class LayeredLoad {
     }
 
     /**
-     * Orders CUDA stream {@code stream} (0: blocks this thread) after region {@code region}'s
+     * Orders CUDA stream {@code stream} (0: blocks this thread; the legacy default stream is
+     * {@code CU_STREAM_LEGACY}, 1) after region {@code region}'s
      * pieces of every part. A failed copy is not thrown here: {@link #result} reports it
      * (the caller then marks the blocks invalid), and waiting on it ends at once.
      */
