@@ -7,6 +7,8 @@ checks. Each test ends with vLLM drained: no request left and every GPU block fr
 
 Why one file past 600 lines: every scenario drives the same simulated engines and checks;
 the scenarios read as the connector's specification in one place.
+
+Size: one scenario per connector rule against vLLM's real scheduler, sharing the fixtures of this file.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ Every case adds to ``TALLY``, written to ``out/security.json`` for docs/security
 
 Why one file past 600 lines: the tier's cases share the hostile client, the victim fixture
 and the tally that docs/security.md's counts come from; one file keeps one tally.
+
+Size: the security tier's cases share one hostile client and its server fixtures.
 """
 
 from __future__ import annotations

@@ -37,6 +37,8 @@ difference; each branch cites the file and function it mirrors):
 - the worker loop (``transfer_results``, 0.30+): ``get_transfer_results``; before,
   ``get_finished`` (a hybrid model's failed loads then travel in the connector's worker
   metadata, aggregated by ``KVOutputAggregator``).
+
+Size: a whole vLLM engine loop on CPU (config, allocation, scheduler steps, a forward that writes known bytes, the connector's both roles) kept in one module so every test drives the same loop.
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ import java.util.Map;
  * rightmost such {@code k} within the full-attention prefix; each group's lease covers
  * exactly what it loads. Saves skip vLLM's null block, and a recurrent group saves only the
  * states at the block boundaries its steps end on.
+ *
+ * <p>Size: every per-request rule of vLLM's scheduler hooks (lookup and lease, hit counting, loads, saves, holds, preemption, P/D waits) on one request table; the hooks' Python side is a call each.
  */
 public final class SchedulerSide {
     /** {@link #lookup}'s answer while the prefix is read back from a lower tier: vLLM asks again. */

@@ -29,18 +29,10 @@ final class CopyBatches {
         CopyBatch batch = new CopyBatch(plan.direction().batch(), (int) Math.min(1 << 20, plan.slots() * 2))
                 .waitFor(waitStream);
         for (int j = 0; j < plan.runs(); j++) {
+            checkRun(plan, j, worker, blockIds);
             int first = plan.runRegion()[j];
             int count = plan.runCount()[j];
-            if (first < 0 || count < 1 || first + count > worker.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
-                        + (first + count - 1) + " of a worker with " + worker.length);
-            }
-            int index = plan.runBlock()[j];
-            if (index < 0 || index >= blockIds.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
-                        + blockIds.length);
-            }
-            long blockId = blockIds[index];
+            long blockId = blockIds[plan.runBlock()[j]];
             long host = plan.runOffset()[j];
             for (int r = first; r < first + count; r++) {
                 LayerRegion region = worker[r];
@@ -111,18 +103,8 @@ final class CopyBatches {
         }
         boolean[] used = new boolean[worker.length];
         for (int j = 0; j < plan.runs(); j++) {
-            int first = plan.runRegion()[j];
-            int count = plan.runCount()[j];
-            if (first < 0 || count < 1 || first + count > worker.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
-                        + (first + count - 1) + " of a worker with " + worker.length);
-            }
-            int index = plan.runBlock()[j];
-            if (index < 0 || index >= blockIds.length) {
-                throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
-                        + blockIds.length);
-            }
-            java.util.Arrays.fill(used, first, first + count, true);
+            checkRun(plan, j, worker, blockIds);
+            java.util.Arrays.fill(used, plan.runRegion()[j], plan.runRegion()[j] + plan.runCount()[j], true);
         }
         int[] groups = new int[worker.length];
         java.util.Arrays.fill(groups, -1);
@@ -179,5 +161,20 @@ final class CopyBatches {
             }
         }
         return ids;
+    }
+
+    /** Refuses run {@code j} of {@code plan} when its regions or its block fall outside the worker's. */
+    private static void checkRun(CopyPlan plan, int j, LayerRegion[] worker, long[] blockIds) {
+        int first = plan.runRegion()[j];
+        int count = plan.runCount()[j];
+        if (first < 0 || count < 1 || first + count > worker.length) {
+            throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
+                    + (first + count - 1) + " of a worker with " + worker.length);
+        }
+        int index = plan.runBlock()[j];
+        if (index < 0 || index >= blockIds.length) {
+            throw new InvalidArgumentException("copy plan run " + j + " is for block " + index + " of "
+                    + blockIds.length);
+        }
     }
 }

@@ -38,6 +38,8 @@ import java.util.function.LongSupplier;
  * {@link OpenCopies} (copies between plan and end, and the orphans of unregistered instances),
  * {@link SsdReadBack} (the SSD tier), {@link PeerShare} (other hosts' pools) and
  * {@link OperatorOps} (the operator's calls).
+ *
+ * <p>Size: the arena under its one lock; its parts have their own classes ({@code PoolSpace}, {@code SsdReadBack}, {@code PeerShare}, {@code OpenCopies}).
  */
 public final class LocalStore implements BlockStore {
     private final CounterMetrics counters = new CounterMetrics();

@@ -9,6 +9,7 @@ import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.engine.transfer.LayerSplit;
 import io.pegaflow.engine.transfer.TransferEngine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.time.Duration;
@@ -40,6 +41,9 @@ import org.junit.jupiter.api.Test;
  *
  * <p>Why one file past 600 lines: a contract is written once and run against every
  * implementation; split, a case could be left out of one of them.
+ *
+ * <p>Size: the one contract both control planes must meet, written once so neither can drift;
+ * its cases share the world and engine fixtures below.
  */
 public abstract class BlockStoreContract {
     private final Random rnd = new Random(42);
@@ -505,21 +509,20 @@ public abstract class BlockStoreContract {
      * is submitted, and the rest planned and submitted while the head still copies; the bytes
      * land in every destination block and the load ends once, after both.
      */
-    /**
-     * A layered load (vLLM's in-step load) of a cross-layer world, in two parts: each part's batch
-     * has one group per layer in layer order, every piece of group g is layer g's, waiting for
-     * each layer returns, and the bytes land as a plain load's do.
-     */
-    @Test
-    void aLayeredLoadCopiesLayerByLayerInEveryPart() {
-        List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
-        engine = engine(config(512 * 1024L).transfer(pool -> new TransferEngine() {
+    /** Host copies that record every batch submitted and split layer-wise loads as {@code split} says. */
+    private static TransferEngine recording(io.pegaflow.engine.pool.HostPool pool, List<CopyBatch> batches, LayerSplit split) {
+        return new TransferEngine() {
             private final HostTransferEngine delegate = new HostTransferEngine(pool, 1);
 
             @Override
             public TransferFuture submit(CopyBatch batch) {
                 batches.add(batch);
                 return delegate.submit(batch);
+            }
+
+            @Override
+            public LayerSplit layerSplit() {
+                return split;
             }
 
             @Override
@@ -531,7 +534,18 @@ public abstract class BlockStoreContract {
             public void close() {
                 delegate.close();
             }
-        }).build());
+        };
+    }
+
+    /**
+     * A layered load (vLLM's in-step load) of a cross-layer world, in two parts: each part's batch
+     * has one group per layer in layer order, every piece of group g is layer g's, waiting for
+     * each layer returns, and the bytes land as a plain load's do.
+     */
+    @Test
+    void aLayeredLoadCopiesLayerByLayerInEveryPart() {
+        List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
+        engine = engine(config(512 * 1024L).transfer(pool -> recording(pool, batches, LayerSplit.PER_LAYER)).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.CROSS_LAYER, 1, 1, 3, 256, 256, 0);
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 100);
@@ -576,30 +590,9 @@ public abstract class BlockStoreContract {
     @Test
     void aLayeredLoadGroupsLayersAndDealsThemOverLanesAsTheCopyEngineAsks() {
         List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
-        engine = engine(config(512 * 1024L).transfer(pool -> new TransferEngine() {
-            private final HostTransferEngine delegate = new HostTransferEngine(pool, 1);
-
-            @Override
-            public TransferFuture submit(CopyBatch batch) {
-                batches.add(batch);
-                return delegate.submit(batch);
-            }
-
-            @Override
-            public io.pegaflow.engine.transfer.LayerSplit layerSplit() {
-                return new io.pegaflow.engine.transfer.LayerSplit(2 * 2 * 256, 2, 0); // two layers' K and V of 256 bytes
-            }
-
-            @Override
-            public String name() {
-                return "grouped";
-            }
-
-            @Override
-            public void close() {
-                delegate.close();
-            }
-        }).build());
+        // two layers' K and V of 256 bytes each per group, dealt over two lanes
+        engine = engine(config(512 * 1024L).transfer(pool -> recording(pool, batches, new LayerSplit(2 * 2 * 256, 2, 0)))
+                .build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 5, 256, 256, 0);
         world.register(engine);
         byte[][] h = KvWorld.randomHashes(rnd, 100);

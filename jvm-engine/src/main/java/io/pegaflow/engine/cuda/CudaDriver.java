@@ -29,6 +29,8 @@ import java.util.Optional;
  * <p>Why one file past 600 lines: every driver symbol the project binds, looked up once in one
  * static holder and failing the same way when the library is absent; each binding is a few
  * lines and they share the checking of every {@code CUresult}.
+ *
+ * <p>Size: one Panama binding per driver entry point the engine calls, each with its error translation; kept in one file so the whole boundary to {@code libcuda} is read and audited in one place.
  */
 public final class CudaDriver {
     public static final String LIBRARY = "libcuda.so.1";

@@ -40,6 +40,8 @@ import java.util.zip.CRC32C;
  *   <li>Failures (a full disk, a truncated or unreadable file) drop the records involved,
  *       log one line and count; the tier keeps working with what it has.</li>
  * </ul>
+ *
+ * <p>Size: the write queue, the read-back and the index rebuilt at start share one index and one lock; the shard files' format is in {@code SsdShard}.
  */
 public final class SsdTier implements AutoCloseable {
     private static final System.Logger LOG = System.getLogger(SsdTier.class.getName());
