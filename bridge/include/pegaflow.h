@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define PEGAFLOW_ABI_VERSION 8
+#define PEGAFLOW_ABI_VERSION 9
 #define PEGAFLOW_BOOTSTRAP_CLASS "io/pegaflow/bridge/Bridge"
 #define PEGAFLOW_BOOTSTRAP_METHOD "bootstrap"
 #define PEGAFLOW_BOOTSTRAP_SIGNATURE "()J"
@@ -390,6 +390,25 @@ typedef struct pegaflow_api {
        the link has no store bound. */
     int32_t (*link_demote)(int64_t link, const char *instance_id, const uint8_t *hashes, int32_t n,
                            int32_t hash_len, int32_t *out_blocks);
+
+    /* ---- Since ABI 9: the tail key and the scheduler side's counters in Java. ----
+       sched_lookup with the prompt's partial last block (P/D's tail flow, docs/cluster.md):
+       tail_tokens[0..n_tail) (1..65536, checked before they are read) follow the n full blocks;
+       the tail's key is derived from the last full block's hash (tail_key below) and looked up
+       as one more block; a hit that reaches it answers every prompt token but the last
+       (num_tokens - 1 - num_computed), and sched_after_alloc then loads the tail block whole. */
+    int32_t (*sched_lookup_tail)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
+                                 int32_t hash_len, const int32_t *tail_tokens, int32_t n_tail, int64_t num_tokens,
+                                 int64_t num_computed, int64_t *out_tokens);
+    /* The scheduler side's counters since the last call into out[0..8] (cap >= 9; *out_count says
+       how many): lookups answered, "not yet" answers, requests offered a hit, tokens offered,
+       nanoseconds in lookups, lookups the store failed, waits given up, "not yet" answers of a
+       decode instance waiting for its whole prefix, hits shrunk to what every group held. */
+    int32_t (*sched_stats)(int64_t sched, int64_t *out, int32_t cap, int32_t *out_count);
+    /* The key of a prompt's partial last block into out[0..parent_len): the first parent_len
+       bytes of SHA-256 over "pegaflow-tail\0", the last full block's key parent (1..32 bytes)
+       and the tail's n (1..65536) token ids as 32-bit little-endian integers. */
+    int32_t (*tail_key)(const uint8_t *parent, int32_t parent_len, const int32_t *tokens, int32_t n, uint8_t *out);
 } pegaflow_api;
 
 #ifdef __cplusplus

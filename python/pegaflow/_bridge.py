@@ -30,7 +30,7 @@ from pathlib import Path
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
 from pegaflow.errors import JvmStartError, from_code
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 JNI_VERSION_10 = 0x000A0000
 # Offsets in JNIEnv's function table (checked against jni.h by tests/test_bridge_abi.py).
 JNI_FIND_CLASS = 6
@@ -101,6 +101,10 @@ EXPORTS: list[tuple[str, list]] = [
     ("link_reset_cache", [c_int64, c_char_p, c_void_p]),
     ("link_kv_events", [c_int64, c_char_p, c_int64, c_int32, c_char_p, c_int32, POINTER(c_int32)]),
     ("link_demote", [c_int64, c_char_p, c_char_p, c_int32, c_int32, POINTER(c_int32)]),
+    ("sched_lookup_tail", [c_int64, c_char_p, c_char_p, c_int32, c_int32, c_void_p, c_int32, c_int64, c_int64,
+                           POINTER(c_int64)]),
+    ("sched_stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
+    ("tail_key", [c_char_p, c_int32, c_void_p, c_int32, c_void_p]),
 ]
 
 

@@ -359,3 +359,13 @@ def vllm_block_hashes(tokens: Sequence[int], block_size: int, algo: str = "sha25
                        ctypes.byref(count), ctypes.byref(hash_len))
     raw = out.raw
     return [raw[i * hash_len.value:(i + 1) * hash_len.value] for i in range(count.value)]
+
+
+def tail_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+    """The store's key of a prompt's partial last block (P/D's tail flow), derived in Java (C ABI
+    ``tail_key``, ``VllmBlockHasher.tailKey``) from the last full block's key ``parent`` and the
+    tail's token ids: the same on the prefill and the decode side."""
+    toks = array.array("i", tokens)
+    out = ctypes.create_string_buffer(max(1, len(parent)))
+    _bridge.api().call("tail_key", parent, len(parent), toks.buffer_info()[0], len(toks), out)
+    return out.raw[: len(parent)]

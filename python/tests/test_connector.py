@@ -800,3 +800,9 @@ def test_the_tail_key_is_the_same_on_both_sides_and_only_where_a_tail_is_worth_l
     assert tail_key(request(prompt, hashes, lora_request=object()), 32) is None
     assert tail_key(request(prompt, hashes, cache_salt="s"), 32) is None
     assert len(tail_key(request(prompt, [h[:16] for h in hashes]), 32)) == 16, "as long as vLLM's own hashes"
+    # the derivation (Java's VllmBlockHasher.tailKey) is the one both sides' earlier releases used
+    import array
+    import hashlib
+
+    spec = hashlib.sha256(b"pegaflow-tail\0" + hashes[2] + array.array("i", prompt[96:]).tobytes()).digest()
+    assert key == spec

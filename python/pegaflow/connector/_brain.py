@@ -52,12 +52,30 @@ class SchedulerBrain:
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
 
-    def lookup(self, req_id: str, hashes: Sequence[bytes], num_tokens: int, num_computed: int) -> int:
+    def lookup(self, req_id: str, hashes: Sequence[bytes], num_tokens: int, num_computed: int,
+               tail_tokens: Sequence[int] | None = None) -> int:
+        """The hit in tokens (-1: "not yet"). ``tail_tokens``: the prompt's tokens after its full
+        blocks ``hashes``, for P/D's tail flow (the brain derives the tail's key and answers
+        every prompt token but the last when the hit reaches it)."""
         packed, n, length = _hashes(hashes)
         out = c_int64()
-        self._api.call("sched_lookup", self.handle, req_id.encode(), packed, n, length, num_tokens, num_computed,
-                       ctypes.byref(out))
+        if tail_tokens is None:
+            self._api.call("sched_lookup", self.handle, req_id.encode(), packed, n, length, num_tokens, num_computed,
+                           ctypes.byref(out))
+        else:
+            tail = array.array("i", tail_tokens)
+            self._api.call("sched_lookup_tail", self.handle, req_id.encode(), packed, n, length, tail.buffer_info()[0],
+                           len(tail), num_tokens, num_computed, ctypes.byref(out))
         return out.value
+
+    STATS = ("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "lookup_failures", "wait_timeouts",
+             "prefix_waits", "hit_shrinks")
+
+    def stats(self) -> dict[str, int]:
+        """The brain's counters since the last call (``STATS``, SchedulerSide.STAT_* order)."""
+        buf, count = (c_int64 * len(self.STATS))(), c_int32()
+        self._api.call("sched_stats", self.handle, buf, len(buf), ctypes.byref(count))
+        return dict(zip(self.STATS, buf[: count.value]))
 
     def after_alloc(self, req_id: str, tables: Sequence[Sequence[int]], num_external_tokens: int) -> None:
         """``tables``: the request's block table of each KV-cache group."""

@@ -11,8 +11,6 @@ the counters vLLM's stats report.
 
 from __future__ import annotations
 
-import array
-import hashlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -34,17 +32,17 @@ log = logging.getLogger("pegaflow.connector")
 # could have started (the case for starting it there; docs/gpu.md).
 ALLOCATED_NS: dict[str, int] = {}
 
-COUNTS = ("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "kv_events", "kv_event_gaps",
-          "low_retention_blocks")
+# what this side counts itself (the brain counts its lookups: SchedulerBrain.STATS)
+COUNTS = ("kv_events", "kv_event_gaps", "low_retention_blocks")
 
 
-def tail_key(request, block_size: int, hashes=None) -> bytes | None:
-    """The key of a prompt's partial last block (PegaFlow's tail-block flow; docs/cluster.md, P/D):
-    derived from the last full block's hash and the tail's token ids, the same on the prefill
-    and the decode side. None when there is no tail worth it (fewer than 2 tokens: vLLM computes
-    the last prompt token anyway), no full block before it, the full blocks are not all hashed
-    yet, or the request carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt).
-    ``hashes``: the store's keys of its full blocks (default vLLM's own)."""
+def tail_tokens(request, block_size: int, hashes=None) -> list[int] | None:
+    """The token ids of a prompt's partial last block (PegaFlow's tail-block flow; docs/cluster.md,
+    P/D), whose key the brain derives from the last full block's (``VllmBlockHasher.tailKey``).
+    None when there is no tail worth it (fewer than 2 tokens: vLLM computes the last prompt token
+    anyway), no full block before it, the full blocks are not all hashed yet, or the request
+    carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt). ``hashes``: the
+    store's keys of its full blocks (default vLLM's own)."""
     n = request.num_prompt_tokens
     full = n // block_size
     hashes = request.block_hashes if hashes is None else hashes
@@ -52,9 +50,18 @@ def tail_key(request, block_size: int, hashes=None) -> bytes | None:
         return None
     if has_extra_keys(request):
         return None
-    parent = bytes(hashes[full - 1])
-    tokens = array.array("i", request.prompt_token_ids[full * block_size:n]).tobytes()
-    return hashlib.sha256(b"pegaflow-tail\0" + parent + tokens).digest()[:len(parent)]
+    return list(request.prompt_token_ids[full * block_size:n])
+
+
+def tail_key(request, block_size: int, hashes=None) -> bytes | None:
+    """The store's key of the prompt's partial last block (``tail_tokens``), derived in Java."""
+    tokens = tail_tokens(request, block_size, hashes)
+    if tokens is None:
+        return None
+    hashes = request.block_hashes if hashes is None else hashes
+    from ..engine import tail_key as derive
+
+    return derive(bytes(hashes[request.num_prompt_tokens // block_size - 1]), tokens)
 
 
 class SchedulerCore:
@@ -75,7 +82,6 @@ class SchedulerCore:
         # recurrent state there is not what a block-aligned hit loads, so hybrid models P/D
         # without it (every full block; the tail's tokens are computed on the decode side).
         self._tail_flow = len(groups) == 1
-        self._tail_probes: set[str] = set()
         self._no_blocks = ((),) * len(groups)
         self.keys = BlockKeys(hash_algo, block_size)
         # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
@@ -118,38 +124,25 @@ class SchedulerCore:
                 or not self.controls_of(request).load:
             return 0, False
         bs = self._block_size
-        t0 = time.perf_counter_ns()
-        tail = tail_key(request, bs, hashes) if self._tail_flow and self._role == "kv_consumer" \
+        tail = tail_tokens(request, bs, hashes) if self._tail_flow and self._role == "kv_consumer" \
             and request.num_tokens == request.num_prompt_tokens \
             else None
         try:
             if tail is not None:
-                # the tail block after the full ones: the brain sees it as one more block (its
-                # window then reaches it), and a hit on it covers every prompt token but the last
-                full = request.num_prompt_tokens // bs
-                n = self.brain.lookup(request.request_id, list(hashes[:full]) + [tail], (full + 1) * bs + 1,
-                                      num_computed_tokens)
-                if n > 0 and num_computed_tokens + n > full * bs:
-                    n = request.num_tokens - 1 - num_computed_tokens
-                    self._tail_probes.add(request.request_id)
-                else:
-                    self._tail_probes.discard(request.request_id)
+                # the tail block after the full ones: the brain derives its key and looks it up
+                # as one more block; a hit on it covers every prompt token but the last
+                n = self.brain.lookup(request.request_id, list(hashes[:request.num_prompt_tokens // bs]),
+                                      request.num_tokens, num_computed_tokens, tail)
             else:
                 n = self.brain.lookup(request.request_id, hashes, request.num_tokens, num_computed_tokens)
         except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
             log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
             return 0, False
-        finally:
-            self._counts["lookup_ns"] += time.perf_counter_ns() - t0
         if n < 0:
             # The prefix continues on SSD and is being read back into the pool: "not yet",
             # vLLM keeps the request waiting and asks again (the brain bounds the wait).
-            self._counts["not_yet"] += 1
             return None, False
-        self._counts["lookups"] += 1
         if n > 0:
-            self._counts["hit_requests"] += 1
-            self._counts["hit_tokens"] += n
             self._local_computed[request.request_id] = num_computed_tokens
         # in-step: vLLM schedules the tail in this step and the load runs inside it
         return n, n > 0 and not self.brain.in_step
@@ -157,9 +150,6 @@ class SchedulerCore:
     def after_alloc(self, request: Request, block_ids, num_external_tokens: int) -> None:
         """``update_state_after_alloc`` (``block_ids``: vLLM's block ids per group)."""
         self._requests[request.request_id] = request
-        if num_external_tokens % self._block_size and request.request_id in self._tail_probes:
-            # the tail block is loaded whole (its bytes past the prompt are never read)
-            num_external_tokens = -(-num_external_tokens // self._block_size) * self._block_size
         self.brain.after_alloc(request.request_id, block_ids, num_external_tokens)
         if num_external_tokens > 0 and self.brain.in_step and len(ALLOCATED_NS) < 4096:
             ALLOCATED_NS[request.request_id] = time.perf_counter_ns()  # emptied at request_finished
@@ -239,7 +229,6 @@ class SchedulerCore:
         self.keys.forget(request.request_id)
         self._local_computed.pop(request.request_id, None)
         ALLOCATED_NS.pop(request.request_id, None)
-        self._tail_probes.discard(request.request_id)
         held = self.brain.request_finished(request.request_id)
         if low:
             self._demote(self._low_retention.finished(request.request_id, keys, saved, held))
@@ -283,6 +272,7 @@ class SchedulerCore:
     def take_counts(self) -> dict[str, int]:
         """The counters since the last call (vLLM's connector stats)."""
         data, self._counts = self._counts, dict.fromkeys(COUNTS, 0)
+        data.update(self.brain.stats())
         return data
 
     def close(self) -> None:

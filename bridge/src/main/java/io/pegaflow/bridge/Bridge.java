@@ -43,7 +43,7 @@ import java.util.List;
  */
 public final class Bridge {
     /** Bumped on any change to the table's layout or a function's signature. */
-    public static final int ABI_VERSION = 8;
+    public static final int ABI_VERSION = 9;
 
     private static volatile long table;
 
@@ -68,7 +68,8 @@ public final class Bridge {
                     "register_rank"),
             ConnectorExports.class, List.of("worker_start_step_loads", "worker_wait_layer"),
             LinkExports.class, List.of("link_reset_cache"),
-            LinkExports.class, List.of("link_kv_events", "link_demote"));
+            LinkExports.class, List.of("link_kv_events", "link_demote"),
+            ConnectorExports.class, List.of("sched_lookup_tail", "sched_stats", "tail_key"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();

@@ -283,4 +283,50 @@ final class ConnectorExports {
             MemorySegment.copy(stats, 0, buffer(out, 8L * stats.length, "out"), JAVA_LONG, 0, stats.length);
         });
     }
+
+    /**
+     * {@code sched_lookup} with the prompt's partial last block (P/D's tail flow): {@code
+     * tail_tokens[0..n_tail)} after the {@code n} full blocks' hashes; the tail's key is derived
+     * in Java ({@code VllmBlockHasher.tailKey}). Since ABI 9.
+     */
+    static int pfSchedLookupTail(long sched, MemorySegment reqId, MemorySegment hashes, int n, int hashLen,
+            MemorySegment tailTokens, int nTail, long numTokens, long numComputed, MemorySegment outTokens) {
+        return guard(() -> {
+            if (nTail < 1 || nTail > io.pegaflow.engine.hash.VllmBlockHasher.MAX_TAIL_TOKENS) {
+                throw new InvalidArgumentException("sched_lookup_tail: n_tail " + nTail + "; expected 1 to "
+                        + io.pegaflow.engine.hash.VllmBlockHasher.MAX_TAIL_TOKENS);
+            }
+            int[] tail = buffer(tailTokens, 4L * nTail, "tail_tokens").toArray(JAVA_INT);
+            buffer(outTokens, 8, "out_tokens").set(JAVA_LONG, 0, sched(sched).lookup(str(reqId, "req_id"),
+                    hashes(hashes, n, hashLen), tail, numTokens, numComputed));
+        });
+    }
+
+    /** The scheduler side's counters since the last call ({@code SchedulerSide.STAT_*} order). Since ABI 9. */
+    static int pfSchedStats(long sched, MemorySegment out, int cap, MemorySegment outCount) {
+        return guard(() -> {
+            if (cap < SchedulerSide.STAT_COUNT) {
+                throw new InvalidArgumentException("sched_stats cap " + cap + "; expected >= " + SchedulerSide.STAT_COUNT);
+            }
+            long[] stats = sched(sched).drainStats();
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, stats.length);
+            MemorySegment.copy(stats, 0, buffer(out, 8L * stats.length, "out"), JAVA_LONG, 0, stats.length);
+        });
+    }
+
+    /** The key of a prompt's partial last block ({@code VllmBlockHasher.tailKey}) into out[0..parent_len). Since ABI 9. */
+    static int pfTailKey(MemorySegment parent, int parentLen, MemorySegment tokens, int n, MemorySegment out) {
+        return guard(() -> {
+            if (parentLen < 1 || parentLen > 32) {
+                throw new InvalidArgumentException("tail_key: parent_len " + parentLen + "; expected 1 to 32");
+            }
+            if (n < 1 || n > io.pegaflow.engine.hash.VllmBlockHasher.MAX_TAIL_TOKENS) {
+                throw new InvalidArgumentException("tail_key: n " + n + "; expected 1 to "
+                        + io.pegaflow.engine.hash.VllmBlockHasher.MAX_TAIL_TOKENS);
+            }
+            byte[] key = io.pegaflow.engine.hash.VllmBlockHasher.tailKey(bytes(parent, parentLen, "parent"),
+                    buffer(tokens, 4L * n, "tokens").toArray(JAVA_INT));
+            MemorySegment.copy(key, 0, buffer(out, key.length, "out"), JAVA_BYTE, 0, key.length);
+        });
+    }
 }

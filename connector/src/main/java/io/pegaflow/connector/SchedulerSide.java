@@ -7,6 +7,7 @@ import io.pegaflow.engine.Token;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.QueryResult;
+import io.pegaflow.engine.hash.VllmBlockHasher;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -60,15 +61,23 @@ public final class SchedulerSide {
     private final boolean loadEnabled;
     /** A P/D decode instance: a partial hit answers "not yet" until the whole prefix is there (or maxWait). */
     private final boolean waitFullPrefix;
-    private long prefixWaits;
+    /**
+     * The scheduler side's counters, one scheme for all ({@link #drainStats} order): lookups
+     * answered (any answer but "not yet"), "not yet" answers, requests offered a hit and the
+     * tokens offered, nanoseconds spent in lookups, lookups the store failed (answered 0),
+     * requests that stopped waiting for a prefix and recomputed, "not yet" answers of a decode
+     * instance waiting for its whole prefix, and hits shrunk to what every group held.
+     */
+    public static final int STAT_LOOKUPS = 0, STAT_NOT_YET = 1, STAT_HIT_REQUESTS = 2, STAT_HIT_TOKENS = 3,
+            STAT_LOOKUP_NANOS = 4, STAT_LOOKUP_FAILURES = 5, STAT_WAIT_TIMEOUTS = 6, STAT_PREFIX_WAITS = 7,
+            STAT_HIT_SHRINKS = 8, STAT_COUNT = 9;
+    /** Totals since creation; {@link #drainStats} hands out what grew since its last call. */
+    private final long[] totals = new long[STAT_COUNT];
+    private final long[] drained = new long[STAT_COUNT];
     private final Map<String, Req> requests = new HashMap<>();
     private final Map<String, List<StepPlan.Load>> pendingLoads = new LinkedHashMap<>();
     private final List<StepPlan.Save> stepSaves = new ArrayList<>();
     private final List<String> stepPreempted = new ArrayList<>();
-    private long lookupFailures;
-    private long notYetAnswers;
-    private long waitTimeouts;
-    private long hitShrinks;
     private long maxWaitNanos = io.pegaflow.engine.PrefixRequests.DEFAULT_MAX_WAIT_NANOS;
     private long contractViolations;
     private long loadFailures;
@@ -104,6 +113,7 @@ public final class SchedulerSide {
         long waitingSince; // nanoTime of the first "not yet" answer; 0: not waiting
         long[] inStepTargets = new long[0]; // an in-step load's blocks, until its step's output is seen
         int inStepAge; // update_connector_output calls since its plan
+        boolean tailProbe; // its last lookup's hit reaches the prompt's partial last block (P/D tail)
 
         /**
          * The one wait for a prefix (read back from a lower tier, or, P/D, the whole of it): starts
@@ -203,6 +213,56 @@ public final class SchedulerSide {
      * Returns 0 on any store failure (server down, instance not registered yet).
      */
     public long lookup(String requestId, BlockHashes hashes, long numTokens, long numComputedTokens) {
+        return lookup(requestId, hashes, null, numTokens, numComputedTokens);
+    }
+
+    /**
+     * As {@link #lookup(String, BlockHashes, long, long)}, and with {@code tailTokens} (the
+     * prompt's tokens after its last full block; null: none) the partial last block too, P/D's
+     * tail flow (docs/cluster.md): its key is derived here ({@link VllmBlockHasher#tailKey}) from
+     * the last full block's and looked up as one more block; a hit that reaches it covers every
+     * prompt token but the last ({@code numTokens - 1}), and the allocation after it loads the
+     * tail block whole ({@link #afterAlloc}). Counted once, here, as vLLM is answered.
+     */
+    public long lookup(String requestId, BlockHashes hashes, int[] tailTokens, long numTokens, long numComputedTokens) {
+        long t0 = System.nanoTime();
+        try {
+            long n;
+            if (tailTokens == null || hashes.count() == 0) {
+                n = answer(requestId, hashes, numTokens, numComputedTokens);
+                Req r = requests.get(requestId);
+                if (r != null) {
+                    r.tailProbe = false;
+                }
+            } else {
+                int full = hashes.count();
+                byte[] tail = VllmBlockHasher.tailKey(hashes.slice(full - 1, full).packed(), tailTokens);
+                byte[] packed = Arrays.copyOf(hashes.packed(), hashes.packed().length + tail.length);
+                System.arraycopy(tail, 0, packed, hashes.packed().length, tail.length);
+                n = answer(requestId, new BlockHashes(packed, hashes.hashLen()), (long) (full + 1) * blockSize + 1,
+                        numComputedTokens);
+                boolean reachesTail = n > 0 && numComputedTokens + n > (long) full * blockSize;
+                if (reachesTail) {
+                    n = numTokens - 1 - numComputedTokens;
+                }
+                req(requestId).tailProbe = reachesTail;
+            }
+            if (n == NOT_YET) {
+                totals[STAT_NOT_YET]++;
+            } else {
+                totals[STAT_LOOKUPS]++;
+                if (n > 0) {
+                    totals[STAT_HIT_REQUESTS]++;
+                    totals[STAT_HIT_TOKENS] += n;
+                }
+            }
+            return n;
+        } finally {
+            totals[STAT_LOOKUP_NANOS] += System.nanoTime() - t0;
+        }
+    }
+
+    private long answer(String requestId, BlockHashes hashes, long numTokens, long numComputedTokens) {
         Req r = req(requestId);
         int base = (int) (numComputedTokens / blockSize);
         int usable = (int) Math.min(hashes.count(), Math.max(0, (numTokens - 1) / blockSize)) - base;
@@ -220,7 +280,7 @@ public final class SchedulerSide {
         try {
             q = findHit(now.engine(), hashes, base, base + usable);
         } catch (PegaflowException e) {
-            lookupFailures++;
+            totals[STAT_LOOKUP_FAILURES]++;
             r.waitingSince = 0;
             return 0; // the store is unavailable or not ready: recompute
         }
@@ -228,20 +288,18 @@ public final class SchedulerSide {
         if (waitFullPrefix && !q.pending() && hit < usable && !r.prefixWaitOver) {
             if (r.stillWaiting(maxWaitNanos)) {
                 releaseAll(now.engine(), q.leases()); // asked again next step
-                notYetAnswers++;
-                prefixWaits++;
+                totals[STAT_PREFIX_WAITS]++;
                 return NOT_YET;
             }
-            waitTimeouts++;
+            totals[STAT_WAIT_TIMEOUTS]++;
             r.prefixWaitOver = true; // take what is there from now on
         } else if (q.pending()) {
             // The prefix continues on SSD or another host and is being read back: vLLM keeps
             // the request waiting and asks again next step, up to the wait limit; then it recomputes.
             if (r.stillWaiting(maxWaitNanos)) {
-                notYetAnswers++;
                 return NOT_YET;
             }
-            waitTimeouts++;
+            totals[STAT_WAIT_TIMEOUTS]++;
             r.waitingSince = 0;
             r.loadFailed = true; // no more waiting for this request
             return 0;
@@ -331,7 +389,7 @@ public final class SchedulerSide {
                     releaseQuietly(e, g, leases[g]);
                     leases[g] = q.lease();
                     to[g] = k;
-                    hitShrinks++;
+                    totals[STAT_HIT_SHRINKS]++;
                     if (q.hitBlocks() != k - base) {
                         return new Hit(base, leases, from, false); // not the store's contract; released in finally
                     }
@@ -392,6 +450,10 @@ public final class SchedulerSide {
     public void afterAlloc(String requestId, long[][] tables, long numExternalTokens) {
         checkGroups(requestId, tables);
         Req r = req(requestId);
+        if (numExternalTokens % blockSize != 0 && r.tailProbe) {
+            // the tail block is loaded whole (its bytes past the prompt are never read)
+            numExternalTokens = (numExternalTokens + blockSize - 1) / blockSize * blockSize;
+        }
         r.tables = copy(tables);
         if (numExternalTokens <= 0) {
             if (r.probed) {
@@ -698,7 +760,7 @@ public final class SchedulerSide {
 
     /** Hits that shrank below the full-attention prefix to where every other group had its blocks. */
     public long hitShrinks() {
-        return hitShrinks;
+        return totals[STAT_HIT_SHRINKS];
     }
 
     /** The KV-cache groups this side serves, in vLLM's order. */
@@ -708,21 +770,31 @@ public final class SchedulerSide {
 
     /** "Not yet" answers of a decode instance waiting for the whole prefix. */
     public long prefixWaits() {
-        return prefixWaits;
+        return totals[STAT_PREFIX_WAITS];
     }
 
     /** Lookups answered "not yet" (prefix being read back from SSD or another host). */
     public long notYetAnswers() {
-        return notYetAnswers;
+        return totals[STAT_NOT_YET];
     }
 
     /** Requests that stopped waiting for a read back and recomputed. */
     public long waitTimeouts() {
-        return waitTimeouts;
+        return totals[STAT_WAIT_TIMEOUTS];
     }
 
     public long lookupFailures() {
-        return lookupFailures;
+        return totals[STAT_LOOKUP_FAILURES];
+    }
+
+    /** The counters ({@code STAT_*} order) grown since the last call: vLLM's connector stats. */
+    public long[] drainStats() {
+        long[] out = new long[STAT_COUNT];
+        for (int i = 0; i < STAT_COUNT; i++) {
+            out[i] = totals[i] - drained[i];
+            drained[i] = totals[i];
+        }
+        return out;
     }
 
     /** Requests whose load failed (they recompute from then on). */

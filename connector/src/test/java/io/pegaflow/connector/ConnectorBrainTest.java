@@ -336,6 +336,42 @@ class ConnectorBrainTest {
         // a kv_both instance never waits
         assertThat(sched.lookup("both", other, 4 * BLOCK + 1, 0)).isEqualTo(BLOCK);
         sched.requestFinished("both");
+        long[] stats = decode.drainStats();
+        assertThat(stats[SchedulerSide.STAT_LOOKUPS]).as("answers but 'not yet'").isEqualTo(2);
+        assertThat(stats[SchedulerSide.STAT_NOT_YET]).isEqualTo(1);
+        assertThat(stats[SchedulerSide.STAT_HIT_REQUESTS]).isEqualTo(2);
+        assertThat(stats[SchedulerSide.STAT_HIT_TOKENS]).isEqualTo(5 * BLOCK);
+        assertThat(stats[SchedulerSide.STAT_PREFIX_WAITS]).isEqualTo(1);
+        assertThat(stats[SchedulerSide.STAT_WAIT_TIMEOUTS]).isEqualTo(1);
+        assertThat(stats[SchedulerSide.STAT_LOOKUP_NANOS]).isPositive();
+        assertThat(decode.drainStats()).as("drained: counted once").containsOnly(0L);
+        assertThat(decode.notYetAnswers()).as("the totals stay").isEqualTo(1);
+    }
+
+    /**
+     * P/D's tail flow in the brain: the partial last block's key is derived here from the last
+     * full block's; a hit that reaches it answers every prompt token but the last, and the
+     * allocation after it loads the tail block whole (no contract violation).
+     */
+    @Test
+    void aTailLookupDerivesTheTailKeyAndAnswersEveryPromptTokenButTheLast() {
+        SchedulerSide decode = new SchedulerSide(bound::get, "vllm", BLOCK, true, true);
+        BlockHashes full = hashes(2);
+        int[] tail = {5, 6, 7};
+        byte[] tailKey = io.pegaflow.engine.hash.VllmBlockHasher.tailKey(full.slice(1, 2).packed(), tail);
+        for (int i = 0; i < 3; i++) {
+            fill(i);
+        }
+        engine.save("vllm", 0, ids(0, 2), full).join();
+        long promptTokens = 2L * BLOCK + tail.length;
+        assertThat(decode.lookup("t0", full, tail, promptTokens, 0)).as("the tail is not stored yet: not yet")
+                .isEqualTo(SchedulerSide.NOT_YET);
+        engine.save("vllm", 0, ids(2, 1), BlockHashes.of(tailKey)).join();
+        assertThat(decode.lookup("t0", full, tail, promptTokens, 0)).isEqualTo(promptTokens - 1);
+        decode.afterAlloc("t0", new long[] {10, 11, 12}, promptTokens - 1);
+        assertThat(decode.contractViolations()).isZero();
+        assertThat(decode.drainStats()[SchedulerSide.STAT_HIT_TOKENS]).isEqualTo(promptTokens - 1);
+        decode.requestFinished("t0");
     }
 
     @Test

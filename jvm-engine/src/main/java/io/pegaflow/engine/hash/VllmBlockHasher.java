@@ -127,6 +127,45 @@ public final class VllmBlockHasher {
         }
     }
 
+
+    /** The most tokens a tail key covers: a partial block is shorter than any block size vLLM takes. */
+    public static final int MAX_TAIL_TOKENS = 1 << 16;
+
+    /**
+     * The key of a prompt's partial last block (PegaFlow's tail-block flow, docs/cluster.md,
+     * P/D): the first {@code parent.length} bytes of SHA-256 over {@code "pegaflow-tail\0"},
+     * the last full block's key {@code parent}, and the tail's token ids as 32-bit
+     * little-endian integers. The same on the prefill and the decode side, whatever the hash
+     * algorithm of the full blocks (their key only seeds it); never equal to a full block's key
+     * in practice (another prefix, another digest input).
+     */
+    public static byte[] tailKey(byte[] parent, int[] tokens) {
+        if (parent == null || parent.length == 0 || parent.length > 32) {
+            throw new InvalidArgumentException("tail key parent of " + (parent == null ? "no" : parent.length)
+                    + " bytes; expected the last full block's key, 1 to 32 bytes");
+        }
+        if (tokens == null || tokens.length == 0 || tokens.length > MAX_TAIL_TOKENS) {
+            throw new InvalidArgumentException("tail of " + (tokens == null ? "no" : tokens.length) + " tokens; expected 1 to "
+                    + MAX_TAIL_TOKENS);
+        }
+        try {
+            MessageDigest sha = MessageDigest.getInstance("SHA-256");
+            sha.update("pegaflow-tail\0".getBytes(StandardCharsets.US_ASCII));
+            sha.update(parent);
+            byte[] le = new byte[4 * tokens.length];
+            for (int i = 0; i < tokens.length; i++) {
+                int t = tokens[i];
+                le[4 * i] = (byte) t;
+                le[4 * i + 1] = (byte) (t >>> 8);
+                le[4 * i + 2] = (byte) (t >>> 16);
+                le[4 * i + 3] = (byte) (t >>> 24);
+            }
+            sha.update(le);
+            return java.util.Arrays.copyOf(sha.digest(), parent.length);
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("SHA-256 missing from this JVM", e);
+        }
+    }
     /** Canonical CBOR (cbor2's {@code dumps(..., canonical=True)}) of what vLLM hashes. */
     static final class Cbor {
         private Cbor() {}
