@@ -45,6 +45,8 @@ final class Block {
      * it joins the eviction order at its oldest end until a query hits it again.
      */
     boolean evictFirst;
+    /** The tenant whose save made it (LocalStore.assignOwner; -1: none): its pool share counts it. */
+    int owner = -1;
     /** When the block was sealed (the store's clock): its residence time when it leaves. */
     long sealedNanos;
     /**

@@ -13,6 +13,8 @@ import java.util.Set;
 final class Instance {
     final InstanceSpec spec;
     final Worker[] workers;
+    /** The tenant its saves count against ({@link Quotas#tenantPoolBytes}; -1: none). Under the store's lock. */
+    int owner = -1;
     int registeredWorkers;
     /** Non-null once sealed. */
     NamespaceIndex ns;

@@ -38,7 +38,6 @@ import java.util.function.LongSupplier;
  * {@link OpenCopies} (copies between plan and end, and the orphans of unregistered instances),
  * {@link SsdReadBack} (the SSD tier), {@link PeerShare} (other hosts' pools) and
  * {@link OperatorOps} (the operator's calls).
- *
  * <p>Size: the arena under its one lock; its parts have their own classes ({@code PoolSpace}, {@code SsdReadBack}, {@code PeerShare}, {@code OpenCopies}).
  */
 public final class LocalStore implements BlockStore {
@@ -213,6 +212,18 @@ public final class LocalStore implements BlockStore {
             lock.checkOpen();
             registry.addWorker(instanceId, worker);
         });
+    }
+
+    /** Counts the instance's saves against tenant {@code owner} (-1: none; {@link Quotas#tenantPoolBytes}). */
+    public void assignOwner(String instanceId, int owner) {
+        lock.locked(() -> {
+            registry.get(instanceId).owner = Math.max(-1, owner);
+        });
+    }
+
+    /** Resident pool bytes by owner ({@link #assignOwner}): what each tenant's saves hold. */
+    public java.util.Map<Integer, Long> ownedPoolBytes() {
+        return lock.locked(() -> pool.ownedBytes());
     }
 
     /** Whether every worker of the instance has registered. */

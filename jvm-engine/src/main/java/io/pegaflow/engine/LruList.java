@@ -94,6 +94,21 @@ final class LruList {
         return best;
     }
 
+    /**
+     * Takes the least recently used block owned by {@code owner} off the list, looking at the
+     * {@code scan} oldest at most; null when none of those is.
+     */
+    Block pollOldestOwnedBy(int owner, int scan) {
+        Block b = head;
+        for (int seen = 0; b != null && seen < scan; seen++, b = b.lruNext) {
+            if (b.owner == owner) {
+                remove(b);
+                return b;
+            }
+        }
+        return null;
+    }
+
     /** Moves a block on the list to its oldest end: the next to be evicted. */
     void moveToOldest(Block b) {
         unlink(b);

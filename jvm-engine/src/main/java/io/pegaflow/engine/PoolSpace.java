@@ -43,6 +43,10 @@ final class PoolSpace {
     private final CachePolicy policy;
     private long residentBlocks;
     private long residentBytes;
+    /** Resident bytes by owner (a tenant's saves: {@link Block#owner}); owners without bytes are absent. */
+    private final java.util.Map<Integer, Long> owned = new java.util.HashMap<>();
+    /** How far {@link #keepShare} looks along the eviction order for an owner's own blocks. */
+    static final int SHARE_SCAN = 65_536;
     /** The pool's memory as this process maps it (the bytes offsets refer to); set once, by the first tier attached. */
     private volatile MemorySegment memory;
 
@@ -178,6 +182,35 @@ final class PoolSpace {
         return handle;
     }
 
+    /** Resident bytes of blocks {@code owner}'s saves made. */
+    long ownedBytes(int owner) {
+        return owned.getOrDefault(owner, 0L);
+    }
+
+    /** Resident bytes by owner, a copy (metrics). */
+    java.util.Map<Integer, Long> ownedBytes() {
+        return java.util.Map.copyOf(owned);
+    }
+
+    /**
+     * Before {@code owner}'s save claims {@code bytes} more (plus {@code planned}, claimed by the
+     * same save already but not resident yet): evicts the owner's own least recently used
+     * unreferenced blocks while it would pass {@code share}; false when its own evictable
+     * blocks ran out first (the save must be refused: other tenants' blocks are not taken for it).
+     */
+    boolean keepShare(int owner, long bytes, long planned, long share) {
+        while (ownedBytes(owner) + planned + bytes > share) {
+            Block v = lru.pollOldestOwnedBy(owner, SHARE_SCAN);
+            if (v == null) {
+                return false;
+            }
+            count.accept(Counter.EVICTIONS, 1);
+            count.accept(Counter.EVICTED_BYTES, v.bytes);
+            dropResident(v);
+        }
+        return true;
+    }
+
     /** Undoes {@link #claim} (same worker and regions): the slots are empty again and the allocation freed. */
     void unclaim(Block b, long handle, Instance.Worker worker, int[] regions) {
         if (worker == null) {
@@ -220,6 +253,9 @@ final class PoolSpace {
         inflight.remove(b);
         residentBlocks++;
         residentBytes += b.bytes;
+        if (b.owner >= 0) {
+            owned.merge(b.owner, b.bytes, Long::sum);
+        }
         lru.addPinned(); // the filler's own reference; its unpin may make it evictable
         if (saved) {
             count.accept(Counter.BLOCKS_SEALED, 1);
@@ -296,6 +332,9 @@ final class PoolSpace {
     private void dropResident(Block b) {
         residentBlocks--;
         residentBytes -= b.bytes;
+        if (b.owner >= 0) {
+            owned.computeIfPresent(b.owner, (k, v) -> v - b.bytes == 0 ? null : v - b.bytes);
+        }
         b.ns.blocks.remove(b);
         residency.dropped(b);
         freeAllocations(b);

@@ -15,10 +15,15 @@ package io.pegaflow.engine;
  * @param leases                  all instances' leases
  * @param leasedBlocks            all instances' leased blocks
  * @param openCopies              all instances' open copies
+ * @param tenantPoolBytes         pool bytes one tenant's saves may hold resident (0: no share):
+ *                                a tenant's instances are given an owner ({@code
+ *                                LocalStore.assignOwner}); a save that would take its owner past
+ *                                the share evicts the owner's own least recently used blocks
+ *                                first, and is refused naming the share when those are all in use
  */
 public record Quotas(int leasesPerInstance, long leasedBlocksPerInstance, int openCopiesPerInstance, int leases,
-        long leasedBlocks, int openCopies) {
-    /** 16,384 leases, 4M leased blocks and 4,096 open copies per instance; 256K, 16M and 64K in all. */
+        long leasedBlocks, int openCopies, long tenantPoolBytes) {
+    /** 16,384 leases, 4M leased blocks and 4,096 open copies per instance; 256K, 16M and 64K in all; no pool share. */
     public static final Quotas DEFAULTS = new Quotas(16_384, 4L << 20, 4_096, 262_144, 16L << 20, 65_536);
 
     public Quotas {
@@ -26,12 +31,27 @@ public record Quotas(int leasesPerInstance, long leasedBlocksPerInstance, int op
                 || leasedBlocks < leasedBlocksPerInstance || openCopies < openCopiesPerInstance) {
             throw new InvalidArgumentException("quotas " + this + "; expected each >= 1 and each total >= its per-instance quota");
         }
+        if (tenantPoolBytes < 0) {
+            throw new InvalidArgumentException("tenant pool share " + tenantPoolBytes + " bytes; expected 0 (none) or more");
+        }
+    }
+
+    /** Without a pool share per tenant. */
+    public Quotas(int leasesPerInstance, long leasedBlocksPerInstance, int openCopiesPerInstance, int leases,
+            long leasedBlocks, int openCopies) {
+        this(leasesPerInstance, leasedBlocksPerInstance, openCopiesPerInstance, leases, leasedBlocks, openCopies, 0);
+    }
+
+    /** The same quotas with a pool share of {@code bytes} per tenant (0: none). */
+    public Quotas tenantPoolShare(long bytes) {
+        return new Quotas(leasesPerInstance, leasedBlocksPerInstance, openCopiesPerInstance, leases, leasedBlocks, openCopies,
+                bytes);
     }
 
     /** The same totals, with these per-instance quotas (each total raised to at least its per-instance one). */
     public Quotas perInstance(int leasesPerInstance, long leasedBlocksPerInstance, int openCopiesPerInstance) {
         return new Quotas(leasesPerInstance, leasedBlocksPerInstance, openCopiesPerInstance, Math.max(leases, leasesPerInstance),
-                Math.max(leasedBlocks, leasedBlocksPerInstance), Math.max(openCopies, openCopiesPerInstance));
+                Math.max(leasedBlocks, leasedBlocksPerInstance), Math.max(openCopies, openCopiesPerInstance), tenantPoolBytes);
     }
 
     /** Refuses a lease of up to {@code blocks} more blocks for {@code inst}; {@code totalLeases}, {@code totalBlocks}: all instances'. */

@@ -132,10 +132,27 @@ final class SavePath {
             throw refused;
         }
         long now = clock.getAsLong();
+        long share = quotas.tenantPoolBytes();
+        long ownClaimed = 0; // bytes this save claimed so far for blocks its tenant owns
         for (int p = 0; p < plans.size(); p++) {
             PlannedBlock plan = plans.get(p);
             // A hash repeated in this call was filtered above, so a new block's key is still absent.
             Block b = plan.block != null ? plan.block : new Block(ns, plan.key, now);
+            if (plan.block == null) {
+                b.owner = inst.owner;
+            }
+            if (share > 0 && inst.owner >= 0 && b.owner == inst.owner) {
+                long claiming = pool.allocatedBytes(plan.bytes); // what the block will count when sealed
+                if (!pool.keepShare(inst.owner, claiming, ownClaimed, share)) {
+                    pool.rollBack(worker, plans.subList(0, p));
+                    plans.clear();
+                    throw new QuotaExceededException("a save of instance '" + inst.spec.instanceId() + "': its tenant's blocks "
+                            + "hold " + Sizes.format(pool.ownedBytes(inst.owner) + ownClaimed) + " of the pool, its share is "
+                            + Sizes.format(share) + " (Quotas.tenantPoolBytes, --tenant-pool-share), and its own blocks "
+                            + "left to evict are in use; release or load some first");
+                }
+                ownClaimed += claiming;
+            }
             long handle = pool.claim(b, plan.bytes, worker, plan.regions);
             if (handle == OffsetAllocator.NO_SPACE) {
                 pool.rollBack(worker, plans.subList(0, p));

@@ -110,4 +110,50 @@ class QuotasTest {
         store.unregisterInstance("a"); // its leases go, and with them its share of the totals
         assertThat(store.query("b", h).hitBlocks()).isEqualTo(1);
     }
+
+    /**
+     * A pool share per tenant ({@link Quotas#tenantPoolBytes}): a tenant over its share evicts
+     * its own least recently used blocks first, never another tenant's; with its own blocks all
+     * in use the save is refused naming the share, and nothing is reserved.
+     */
+    @Test
+    void aTenantOverItsPoolShareEvictsItsOwnBlocksFirstThenIsRefused() {
+        store(Quotas.DEFAULTS);
+        register("probe");
+        store.assignOwner("probe", 7);
+        saved("probe", hashes(1));
+        long block = store.ownedPoolBytes().get(7); // one block's pool bytes
+        store = null;
+        store(Quotas.DEFAULTS.tenantPoolShare(8 * block));
+        register("a");
+        register("b");
+        store.assignOwner("a", 0);
+        store.assignOwner("b", 1);
+        BlockHashes theirs = hashes(4);
+        saved("b", theirs);
+        BlockHashes first = hashes(8);
+        saved("a", first);
+        assertThat(store.ownedPoolBytes()).containsEntry(0, 8 * block).containsEntry(1, 4 * block);
+        BlockHashes more = hashes(4);
+        saved("a", more); // over its share: its own 4 oldest go
+        assertThat(store.ownedPoolBytes()).as("a stays within its share").containsEntry(0, 8 * block);
+        assertThat(store.query("a", first.slice(0, 4)).hitBlocks()).as("a's oldest were evicted").isZero();
+        QueryResult bHit = store.query("b", theirs);
+        assertThat(bHit.hitBlocks()).as("b's blocks untouched").isEqualTo(4);
+        store.release("b", bHit.lease());
+        // every block of a's share leased: nothing of its own left to evict
+        QueryResult held = store.query("a", first.slice(4, 8));
+        QueryResult held2 = store.query("a", more);
+        assertThat(held.hitBlocks() + held2.hitBlocks()).isEqualTo(8);
+        long used = store.stats().get(Gauge.POOL_USED_BYTES);
+        assertThatThrownBy(() -> saved("a", hashes(1))).isInstanceOf(QuotaExceededException.class)
+                .hasMessageContaining("a save of instance 'a'").hasMessageContaining("Quotas.tenantPoolBytes")
+                .hasMessageContaining("--tenant-pool-share");
+        assertThat(store.stats().get(Gauge.POOL_USED_BYTES)).as("nothing reserved").isEqualTo(used);
+        assertThat(store.query("b", theirs).hitBlocks()).as("and b still holds its blocks").isEqualTo(4);
+        store.release("a", held.lease());
+        store.release("a", held2.lease());
+        saved("a", hashes(1)); // its own unleased blocks are evictable again
+        assertThat(store.ownedPoolBytes()).containsEntry(0, 8 * block);
+    }
 }

@@ -165,6 +165,7 @@ final class EngineService extends EngineGrpc.EngineImplBase {
                         () -> store.registerInstance(spec));
             }
             if (done.created()) {
+                store.assignOwner(spec.instanceId(), tenants.ownerOf(caller.tenant()));
                 sessions.expireUnlessHeld(spec.instanceId(), done.generation());
             }
             return RegisterInstanceResponse.newBuilder().setJoinSecret(ByteString.copyFrom(done.secret())).build();

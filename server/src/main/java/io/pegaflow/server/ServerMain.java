@@ -81,6 +81,11 @@ public final class ServerMain implements Callable<Integer> {
             description = "blocks one instance's leases may hold (default ${DEFAULT-VALUE})")
     long maxLeasedBlocksPerInstance;
 
+    @Option(names = "--tenant-pool-share", defaultValue = "0",
+            description = "pool bytes one tenant's saves may hold (e.g. 8gb; 0: no share): a tenant over it evicts its own "
+                    + "least recently used blocks first, and its save is refused while those are all in use (default ${DEFAULT-VALUE})")
+    String tenantPoolShare;
+
     @Option(names = "--max-open-copies-per-instance", defaultValue = "4096",
             description = "saves and loads one instance may have open (default ${DEFAULT-VALUE})")
     int maxOpenCopiesPerInstance;
@@ -229,7 +234,7 @@ public final class ServerMain implements Callable<Integer> {
         config = config.withTenancy(Tenancy.DEFAULTS.operatorToken(operatorTokenFile).instances(maxInstances, maxInstancesPerTenant)
                 .unsessioned(Duration.ofSeconds(unsessionedTtlSecs)).calls(maxCallsPerTenant)
                 .quotas(io.pegaflow.engine.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
-                        maxOpenCopiesPerInstance)));
+                        maxOpenCopiesPerInstance).tenantPoolShare(Sizes.parse(tenantPoolShare))));
         if (warmUp) {
             long nanos = Warmup.run();
             Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");

@@ -184,6 +184,36 @@ final class Tenants {
     }
 
     /** Each tenant's instances (/metrics). */
+    /** Owners of the store's pool share, by tenant: a small index each tenant keeps ({@link #ownerOf}). */
+    private final Map<String, Integer> owners = new java.util.HashMap<>();
+    /** Tenants given an owner at most; later ones count against no share (-1). */
+    static final int MAX_OWNERS = 1 << 16;
+
+    /**
+     * The index {@code tenant}'s saves are counted under in the store ({@code
+     * LocalStore.assignOwner}, {@code Quotas.tenantPoolBytes}): the same for every instance of
+     * the tenant, kept while the server runs (its blocks outlive its instances); -1 past
+     * {@link #MAX_OWNERS} tenants.
+     */
+    synchronized int ownerOf(String tenant) {
+        Integer o = owners.get(tenant);
+        if (o == null) {
+            if (owners.size() >= MAX_OWNERS) {
+                return -1;
+            }
+            o = owners.size();
+            owners.put(tenant, o);
+        }
+        return o;
+    }
+
+    /** The tenant of each owner index handed out ({@link #ownerOf}). */
+    synchronized Map<Integer, String> ownerTenants() {
+        Map<Integer, String> out = new java.util.HashMap<>();
+        owners.forEach((t, o) -> out.put(o, t));
+        return out;
+    }
+
     synchronized Map<String, java.util.List<String>> byTenant() {
         Map<String, java.util.List<String>> out = new java.util.TreeMap<>();
         instances.forEach((id, m) -> out.computeIfAbsent(m.tenant, k -> new java.util.ArrayList<>()).add(id));

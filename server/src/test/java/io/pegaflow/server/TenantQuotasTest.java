@@ -247,4 +247,57 @@ class TenantQuotasTest {
                     .containsPattern("pegaflow_tenant_usage\\{resource=\"leases\",tenant=\"s[0-9a-f]{16}\"} 1.0");
         }
     }
+
+    /**
+     * A pool share per tenant from the server's settings ({@code --tenant-pool-share}): tenant
+     * a's saves past its share evict a's own oldest blocks, never b's, and /metrics shows each
+     * tenant's pool bytes.
+     */
+    @Test
+    void aTenantsSavesPastItsPoolShareEvictItsOwnBlocksNotAnothers() throws Exception {
+        start(Tenancy.DEFAULTS.quotas(Quotas.DEFAULTS.tenantPoolShare(4 * 4096)));
+        try (java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofShared()) {
+            RemoteStore a = tenant("tenant-a-launch-secret");
+            RemoteStore b = tenant("tenant-b-launch-secret");
+            for (RemoteStore t : List.of(a, b)) {
+                String id = t == a ? "a" : "b";
+                long base = arena.allocate(16 * 4096, 4096).address();
+                t.registerInstance(new InstanceSpec(id, "ns", 1, 1));
+                t.registerWorker(id, new WorkerSpec(0, 0, 0, List.of(new LayerRegion("l", KvLayout.MLA, base, 16 * 4096, 16,
+                        4096, 4096, 0))));
+            }
+            java.util.Random rnd = new java.util.Random(7);
+            BlockHashes bs = hashes(rnd, 3);
+            BlockHashes as = hashes(rnd, 8);
+            save(b, "b", bs);
+            for (int i = 0; i < 8; i++) {
+                save(a, "a", as.slice(i, i + 1));
+            }
+            var bHit = b.query("b", bs);
+            assertThat(bHit.hitBlocks()).as("b's blocks untouched by a's saves").isEqualTo(3);
+            b.release("b", bHit.lease());
+            var aOld = a.query("a", as.slice(0, 4));
+            assertThat(aOld.hitBlocks()).as("a's oldest four were evicted for its own newer ones").isZero();
+            var aNew = a.query("a", as.slice(4, 8));
+            assertThat(aNew.hitBlocks()).isEqualTo(4);
+            a.release("a", aNew.lease());
+            assertThat(metrics()).containsPattern("pegaflow_tenant_usage\\{resource=\"pool_bytes\",tenant=\"s[0-9a-f]{16}\"} "
+                    + (4 * 4096) + "\\.0");
+        }
+    }
+
+    private static BlockHashes hashes(java.util.Random rnd, int n) {
+        byte[][] h = new byte[n][32];
+        for (byte[] x : h) {
+            rnd.nextBytes(x);
+        }
+        return BlockHashes.of(h);
+    }
+
+    private static void save(RemoteStore t, String id, BlockHashes h) {
+        long[] ids = new long[h.count()];
+        java.util.Arrays.setAll(ids, i -> i);
+        var plan = t.reserveSave(id, 0, null, ids, h);
+        t.endCopy(id, plan.id(), true, 0, 0);
+    }
 }
