@@ -1,7 +1,7 @@
-"""Where the store lives for each executor layout (``connector._private``), without vLLM:
-in-process executors keep the settings; multiprocess ones turn ``auto`` into server mode
-(the configured server when it answers, else a private one) and refuse ``embedded``,
-naming the executor."""
+"""Where the store lives for each executor layout (``connector._private``, the one place the
+mode is decided), without vLLM: in-process executors turn ``auto`` into server mode when a
+server answers, else embedded; multiprocess ones turn it into server mode (the configured
+server when it answers, else a private one) and refuse ``embedded``, naming the executor."""
 
 from __future__ import annotations
 
@@ -24,10 +24,13 @@ def config(backend, tp=1, pp=1):
 
 
 @pytest.mark.parametrize("backend", ["uni", "external_launcher"])
-def test_in_process_executors_keep_the_settings(backend):
-    s = Settings(mode="auto")
+def test_in_process_executors_decide_auto_and_keep_explicit_modes(backend):
     assert _private.workers_elsewhere(config(backend)) is None
-    assert _private.resolve_settings(s, config(backend), "i") is s
+    closed = Settings(mode="auto", endpoint="127.0.0.1:1")
+    assert _private.resolve_settings(closed, config(backend), "i").mode == "embedded", "no server: embedded"
+    for mode in ("embedded", "server"):
+        s = Settings(mode=mode, endpoint="127.0.0.1:1")
+        assert _private.resolve_settings(s, config(backend), "i") is s
 
 
 @pytest.mark.parametrize("backend,tp", [("mp", 1), ("mp", 2), ("ray", 4)])
@@ -134,3 +137,12 @@ def test_a_live_recorded_server_is_reused_not_restarted(monkeypatch, tmp_path):
         assert _private.private_server("inst", "32mb") == listener.endpoint
     finally:
         listener.close()
+
+
+def test_auto_in_process_uses_a_grpc_server_that_answers():
+    listener = Listener(settings_frame=True)
+    try:
+        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=listener.endpoint), config("uni"), "i")
+    finally:
+        listener.close()
+    assert (resolved.mode, resolved.endpoint) == ("server", listener.endpoint)

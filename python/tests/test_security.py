@@ -532,6 +532,50 @@ def test_the_local_socket_acts_only_for_the_instances_of_its_first_frames_client
     victim()
 
 
+def test_a_tenant_saving_past_its_pool_share_evicts_its_own_blocks_never_the_victims(pb, tmp_path):
+    """Without a share, eviction in LRU order let one tenant's saves flush every other tenant's
+    blocks out of the pool. With --tenant-pool-share, a tenant past its share evicts its own
+    least recently used blocks first: a hostile tenant saving four times the pool leaves the honest
+    tenant's blocks resident and byte for byte; its own resident bytes stay within the share."""
+    share = 4 << 20
+    s = start_server(tmp_path / "pool", pool_size="32mb", grace_ms=100,
+                     extra=["--copy-timeout-secs", "2", "--tenant-pool-share", "4mb"])
+    try:
+        cache = Cache()
+        client = EngineClient(s.endpoint, deadline_s=5)
+        client.register_instance("victim", "ns", 1, 1)
+        client.register_worker("victim", 0, 0, cache.regions())
+        h_victim = hashes(2)
+        saved = [cache.fill(i) for i in range(2)]
+        client.save("victim", 0, [0, 1], h_victim).wait()
+        pb2 = pb[0]
+        h = Hostile(s, pb)
+        try:
+            _register_raw(h, pb2, "flooder", "ns-flood")  # another model: its own namespace, the same pool
+            for batch in range(160):  # 160 x 16 blocks of 16 KiB: 40 MiB, more than the 32 MiB pool
+                hs = hashes(BLOCKS)
+                plan = h.call("ReserveSave", pb2.ReserveSaveRequest(instance_id="flooder", worker_rank=0,
+                                                                    block_ids=list(range(BLOCKS)), hashes=b"".join(hs),
+                                                                    hash_len=32))
+                h.call("EndCopy", pb2.EndCopyRequest(instance_id="flooder", id=plan.id, ok=True))
+                TALLY["cases"] += 1
+            flooded = s.metric("pegaflow_cache_resident_bytes")
+        finally:
+            h.close()
+        q = client.query("victim", h_victim)
+        assert q.hit_blocks == 2, "the victim's blocks were evicted by another tenant's saves"
+        client.load("victim", 0, q.lease, [BLOCKS - 2, BLOCKS - 1]).wait()
+        for i, want in enumerate(saved):
+            if cache.block(BLOCKS - 2 + i) != want:
+                TALLY["bytes_changed"] += 1
+                raise AssertionError("the victim's bytes changed")
+        assert flooded <= share + 2 * (64 << 10), f"resident {flooded} bytes: the flooder kept more than its share"
+        assert 'resource="pool_bytes"' in s.http("/metrics")[1], "each tenant's pool bytes on /metrics"
+        client.close()
+    finally:
+        s.stop()
+
+
 def test_a_registration_flood_under_fresh_client_ids_stops_at_the_cap_and_expires(pb, tmp_path):
     """~116,600 RegisterInstance calls (no worker, no session) used to fill the 2 GiB heap in 50 s and
     leave the server dead. Now each tenant has --max-instances-per-tenant, all together --max-instances,

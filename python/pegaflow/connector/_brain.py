@@ -72,7 +72,9 @@ class SchedulerBrain:
              "prefix_waits", "hit_shrinks")
 
     def stats(self) -> dict[str, int]:
-        """The brain's counters since the last call (``STATS``, SchedulerSide.STAT_* order)."""
+        """The brain's counters since the last call (``STATS``, SchedulerSide.STAT_* order); none once closed."""
+        if self.handle is None:
+            return {}
         buf, count = (c_int64 * len(self.STATS))(), c_int32()
         self._api.call("sched_stats", self.handle, buf, len(buf), ctypes.byref(count))
         return dict(zip(self.STATS, buf[: count.value]))

@@ -138,10 +138,23 @@ def workers_elsewhere(vllm_config) -> str | None:
 
 
 def resolve_settings(settings: Settings, vllm_config, instance_id: str) -> Settings:
-    """``mode: auto`` with the workers in other processes: the server at the endpoint when one
-    answers, else a private one this instance starts for itself (``_private``). Embedded mode
-    there is refused, naming the cause."""
-    elsewhere = workers_elsewhere(vllm_config)
+    """The connector's mode, decided here alone (the store link takes ``embedded`` or ``server``):
+    ``auto`` is the server at the endpoint when one answers, else, with the workers in this
+    process, an embedded engine, and with them in other processes a private server this
+    instance starts for itself. Embedded mode with the workers elsewhere is refused, naming the
+    cause."""
+    return resolve_mode(settings, workers_elsewhere(vllm_config), instance_id)
+
+
+def resolve_mode(settings: Settings, elsewhere: str | None, instance_id: str = "") -> Settings:
+    """``resolve_settings`` given why the workers run in other processes (None: they share this
+    one); the settings as they are unless their mode is ``auto`` or ``embedded`` across processes."""
+    if settings.mode == "auto" and elsewhere is None:
+        if answers(settings.endpoint):
+            return dataclasses.replace(settings, mode="server")
+        log.info("PegaKVConnector: no pegaflow-server at %s: using an embedded engine (pool %s) in this process",
+                 settings.endpoint, settings.pool_size)
+        return dataclasses.replace(settings, mode="embedded")
     if elsewhere is None:
         return settings
     if settings.mode == "embedded":

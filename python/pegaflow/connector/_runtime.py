@@ -34,7 +34,7 @@ class Link:
                        settings.copy_threads, settings.deadline_ms, int(settings.health_interval_s * 1000),
                        settings.ssd_lines(), ctypes.byref(out))
         self.handle: int = out.value
-        self.mode: str = self.status()["mode"]  # auto resolved: embedded | server
+        self.mode: str = self.status()["mode"]  # embedded | server
 
     def status(self) -> dict[str, str]:
         """mode, generation, detached, engine, server_id, registrations (as text)."""
@@ -87,10 +87,15 @@ _links_lock = threading.Lock()
 
 
 def link_for(settings: Settings) -> Link:
-    """This process's link for ``settings`` (created on first use)."""
+    """This process's link for ``settings`` (created on first use; ``auto`` decided by
+    ``_private.resolve_mode`` as for an in-process executor)."""
     key = (settings.mode, settings.endpoint, settings.pool_size, settings.ssd_cache_paths, settings.ssd_cache_capacity)
     with _links_lock:
         if key not in _links:
+            if settings.mode == "auto":
+                from . import _private
+
+                settings = _private.resolve_mode(settings, None)
             _links[key] = Link(settings)
         return _links[key]
 

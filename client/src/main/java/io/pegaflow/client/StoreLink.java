@@ -69,8 +69,8 @@ public final class StoreLink implements EngineSource, AutoCloseable {
     }
 
     /**
-     * The link's settings. {@code mode}: {@code auto} (server when one answers at
-     * {@code endpoint} at start, else embedded), {@code embedded} or {@code server}.
+     * The link's settings. {@code mode}: {@code embedded} or {@code server} (the connector
+     * resolves its {@code auto} setting first, in one place: {@code _private.resolve_mode}).
      * {@code joinSecret}: what the link's server client presents (null: none), so that the
      * processes of one vLLM instance (its TP ranks and its scheduler) act for the instances
      * any of them registers ({@link RemoteStore}, Identity).
@@ -90,8 +90,9 @@ public final class StoreLink implements EngineSource, AutoCloseable {
         }
 
         public Settings {
-            if (!List.of("auto", "embedded", "server").contains(mode)) {
-                throw new InvalidArgumentException("mode '" + mode + "'; expected one of [auto, embedded, server]");
+            if (!List.of("embedded", "server").contains(mode)) {
+                throw new InvalidArgumentException("mode '" + mode + "'; expected embedded or server (the connector decides "
+                        + "'auto' before it opens a link: pegaflow.connector._private.resolve_mode)");
             }
             Wire.hostPort(endpoint, "endpoint");
             if (copyThreads < 1 || copyThreads > 64) {
@@ -157,22 +158,17 @@ public final class StoreLink implements EngineSource, AutoCloseable {
     }
 
     /**
-     * A link for {@code settings}. {@code auto} resolves now: server when one answers, else
-     * embedded. In server mode an absent server is not an error: the link starts detached
-     * and keeps trying at every tick.
+     * A link for {@code settings}. In server mode an absent server is not an error: the link
+     * starts detached and keeps trying at every tick.
      */
     public static StoreLink open(Settings settings, Connector connector, LongSupplier nanoClock) {
         Mode mode = settings.mode().equals("embedded") ? Mode.EMBEDDED : Mode.SERVER;
         StoreLink link = new StoreLink(settings, mode, connector, nanoClock);
         if (mode == Mode.SERVER) {
             synchronized (link.lock) {
-                EngineClient.Connection c = link.tryConnect(settings.mode().equals("server"));
+                EngineClient.Connection c = link.tryConnect(true);
                 if (c != null) {
                     link.replace(c);
-                } else if (settings.mode().equals("auto")) {
-                    LOG.log(System.Logger.Level.INFO, "no pegaflow-server at {0}: using an embedded engine (pool {1}) in "
-                            + "this process", settings.endpoint(), settings.poolSize());
-                    return new StoreLink(settings, Mode.EMBEDDED, connector, nanoClock);
                 }
             }
         }
