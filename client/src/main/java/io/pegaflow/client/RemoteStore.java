@@ -194,7 +194,7 @@ public final class RemoteStore implements BlockStore {
         if (deadlineMs <= 0) {
             throw new InvalidArgumentException("deadline " + deadlineMs + " ms; expected > 0");
         }
-        ManagedChannel channel = NettyChannelBuilder.forTarget(endpoint).usePlaintext()
+        ManagedChannel channel = channelBuilder(endpoint, System.getenv(TLS_CA_ENV))
                 .maxInboundMessageSize(Wire.MAX_RESPONSE_BYTES)
                 // twice the server's permitted ping interval (5 s): a client pinging at the limit
                 // risks a too_many_pings GOAWAY, which ends its liveness sessions
@@ -203,6 +203,26 @@ public final class RemoteStore implements BlockStore {
                 .keepAliveWithoutCalls(true)
                 .build();
         return new RemoteStore(endpoint, channel, deadlineMs, joinSecret);
+    }
+
+    /** The environment variable naming the CA file (PEM) a TLS server's certificate must chain to; unset: plaintext. */
+    public static final String TLS_CA_ENV = "PEGAFLOW_TLS_CA";
+
+    /**
+     * A channel to {@code endpoint}: TLS trusting the CA file {@code ca} (pegaflow-server's
+     * {@code --tls-cert}), or plaintext when {@code ca} is null or blank (a server on loopback).
+     */
+    public static NettyChannelBuilder channelBuilder(String endpoint, String ca) {
+        if (ca == null || ca.isBlank()) {
+            return NettyChannelBuilder.forTarget(endpoint).usePlaintext();
+        }
+        java.io.File file = new java.io.File(ca.strip());
+        try {
+            return NettyChannelBuilder.forTarget(endpoint, io.grpc.TlsChannelCredentials.newBuilder().trustManager(file).build());
+        } catch (java.io.IOException | IllegalArgumentException e) {
+            throw new InvalidArgumentException(TLS_CA_ENV + "=" + ca + ": " + e.getMessage() + "; expected a readable PEM file of "
+                    + "the CA that signed pegaflow-server's --tls-cert");
+        }
     }
 
     /** Over a caller's channel (in-process transport in tests). */

@@ -17,6 +17,7 @@ import io.pegaflow.engine.ssd.SsdConfig;
 import io.pegaflow.client.proto.HealthResponse;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.io.IOException;
+import java.net.InetSocketAddress;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.UUID;
@@ -38,9 +39,10 @@ public final class PegaflowServer implements AutoCloseable {
     public record Config(String addr, String httpAddr, long poolBytes, Path poolPath, Duration leaseTtl,
             Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
             int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster, Tenancy tenancy,
-            String admission, String eviction) {
+            String admission, String eviction, GrpcTls tls) {
         public Config {
             tenancy = tenancy == null ? Tenancy.DEFAULTS : tenancy;
+            tls = tls == null ? GrpcTls.NONE : tls;
             admission = admission == null ? "all" : admission;
             eviction = eviction == null ? "lru" : eviction;
             EngineConfig.checkPolicies(admission, eviction);
@@ -68,13 +70,19 @@ public final class PegaflowServer implements AutoCloseable {
                 Duration sessionGrace, boolean prometheus, String poolGroup, Duration copyTtl, Path authTokenFile,
                 int prefaultThreads, SsdConfig ssd, io.pegaflow.server.cluster.ClusterConfig cluster, Tenancy tenancy) {
             this(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl, authTokenFile,
-                    prefaultThreads, ssd, cluster, tenancy, null, null);
+                    prefaultThreads, ssd, cluster, tenancy, null, null, null);
+        }
+
+        /** The same settings with TLS on the gRPC port, or plaintext allowed beyond loopback ({@link GrpcTls}). */
+        public Config withTls(GrpcTls tls) {
+            return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction, tls);
         }
 
         /** The same settings with the pool's policies {@code admission} and {@code eviction}. */
         public Config withPolicies(String admission, String eviction) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction, tls);
         }
 
         /** With the default tenancy rules ({@link Tenancy#DEFAULTS}). */
@@ -88,7 +96,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings with the tenancy rules {@code tenancy}. */
         public Config withTenancy(Tenancy tenancy) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction, tls);
         }
 
         /** Without cross-node sharing. */
@@ -102,7 +110,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings sharing blocks with other hosts as {@code cluster} says (null: alone). */
         public Config withCluster(io.pegaflow.server.cluster.ClusterConfig cluster) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction, tls);
         }
 
         /** Without an SSD tier. */
@@ -116,7 +124,7 @@ public final class PegaflowServer implements AutoCloseable {
         /** The same settings with the SSD tier {@code ssd} (null: none). */
         public Config withSsd(SsdConfig ssd) {
             return new Config(addr, httpAddr, poolBytes, poolPath, leaseTtl, sessionGrace, prometheus, poolGroup, copyTtl,
-                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction);
+                    authTokenFile, prefaultThreads, ssd, cluster, tenancy, admission, eviction, tls);
         }
 
         /** Pages of the pool committed as written (no pre-faulting at start). */
@@ -306,7 +314,12 @@ public final class PegaflowServer implements AutoCloseable {
         // waits on I/O or copies, and skipping the hop to an executor removes thread handoffs from
         // every call (docs/server.md, "Why a local socket next to gRPC"). Flush, which may wait on
         // Redis, hands itself to EngineService.waitingPool().
-        NettyServerBuilder builder = NettyServerBuilder.forAddress(Wire.hostPort(config.addr(), "--addr"))
+        InetSocketAddress at = Wire.hostPort(config.addr(), "--addr");
+        config.tls().check(at, config.addr());
+        NettyServerBuilder builder = (config.tls().enabled()
+                ? NettyServerBuilder.forAddress(at, io.grpc.TlsServerCredentials.create(config.tls().cert().toFile(),
+                        config.tls().key().toFile()))
+                : NettyServerBuilder.forAddress(at))
                 .directExecutor()
                 .keepAliveTime(30, TimeUnit.SECONDS)
                 .keepAliveTimeout(20, TimeUnit.SECONDS)

@@ -81,6 +81,17 @@ public final class ServerMain implements Callable<Integer> {
             description = "blocks one instance's leases may hold (default ${DEFAULT-VALUE})")
     long maxLeasedBlocksPerInstance;
 
+    @Option(names = "--tls-cert", paramLabel = "PEM",
+            description = "TLS on the gRPC port: this server's certificate chain (with --tls-key; clients set PEGAFLOW_TLS_CA)")
+    Path tlsCert;
+
+    @Option(names = "--tls-key", paramLabel = "PEM", description = "the private key of --tls-cert (PEM, PKCS#8)")
+    Path tlsKey;
+
+    @Option(names = "--allow-plaintext-remote",
+            description = "listen beyond loopback without TLS (the tenants' token then crosses the network in clear)")
+    boolean allowPlaintextRemote;
+
     @Option(names = "--tenant-pool-share", defaultValue = "0",
             description = "pool bytes one tenant's saves may hold (e.g. 8gb; 0: no share): a tenant over it evicts its own "
                     + "least recently used blocks first, and its save is refused while those are all in use (default ${DEFAULT-VALUE})")
@@ -230,7 +241,7 @@ public final class ServerMain implements Callable<Integer> {
         if (redisUrl != null) {
             config = config.withCluster(clusterConfig());
         }
-        config = config.withPolicies(admission, eviction);
+        config = config.withPolicies(admission, eviction).withTls(new GrpcTls(tlsCert, tlsKey, allowPlaintextRemote));
         config = config.withTenancy(Tenancy.DEFAULTS.operatorToken(operatorTokenFile).instances(maxInstances, maxInstancesPerTenant)
                 .unsessioned(Duration.ofSeconds(unsessionedTtlSecs)).calls(maxCallsPerTenant)
                 .quotas(io.pegaflow.engine.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
