@@ -29,8 +29,8 @@ public final class PrefixRequests {
      * The one default wait for a prefix, from a request's first "not yet": a native engine's
      * polled request here and a vLLM request in the connector's scheduler side both wait this
      * long before taking what is there (a decode node's wait for the prefill host's blocks, a
-     * read-back from SSD or a peer). 10 s: recomputing even a 32K-token prompt costs about a
-     * second on a GPU, so a longer wait only helps when the store is much slower than that.
+     * read-back from SSD or a peer). 10 s: far beyond what recomputing a long prompt costs on a
+     * GPU (docs/benchmarks/README.md, the TTFT records), so a longer wait helps no request.
      */
     public static final long DEFAULT_MAX_WAIT_NANOS = 10_000_000_000L;
     /** Default age after which an abandoned request is dropped (the original's stale-prefetch GC). */
