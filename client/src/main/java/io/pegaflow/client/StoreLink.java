@@ -39,7 +39,8 @@ import java.util.function.LongSupplier;
  * <p>The link owns the mode, the engine or client, and every registration made through it,
  * and in server mode checks the server every health interval ({@link #tick}):
  * <ul>
- *   <li>unreachable (or slower than the deadline): <em>detached</em>: the binding has no
+ *   <li>unreachable (refused, or slower than the deadline at {@link #MISSES_TO_DETACH} checks in a
+ *       row): <em>detached</em>: the binding has no
  *       engine, so lookups miss at once and loads fail fast (vLLM recomputes); the client is
  *       kept;</li>
  *   <li>answering again with the same server id: the kept client is bound again, same
@@ -146,6 +147,15 @@ public final class StoreLink implements EngineSource, AutoCloseable {
     private final List<Registration> registrations = new ArrayList<>();
     private long nextCheck;
     private boolean downLogged;
+    /** Health checks of the bound server that missed their deadline in a row (it detaches at {@link #MISSES_TO_DETACH}). */
+    private int misses;
+    /**
+     * Health checks in a row that must run past their deadline before a bound link detaches:
+     * under load (a busy host, a slow server) one late answer is the store slowing down, not
+     * gone, and the link keeps serving through it. A check refused at once (nothing listens)
+     * detaches at the first miss, as before.
+     */
+    static final int MISSES_TO_DETACH = 2;
     private boolean closed;
     // --- end guarded ---
     private ScheduledExecutorService ticker;
@@ -369,10 +379,18 @@ public final class StoreLink implements EngineSource, AutoCloseable {
             }
             nextCheck = nowNanos + settings.healthInterval().toNanos();
             if (engine != null && !detached) {
+                long t0 = System.nanoTime();
                 try {
                     check(engine);
+                    misses = 0;
                     return;
                 } catch (ServerUnavailableException e) {
+                    boolean late = System.nanoTime() - t0 >= TimeUnit.MILLISECONDS.toNanos(settings.deadlineMs()) / 2;
+                    if (late && ++misses < MISSES_TO_DETACH) {
+                        LOG.log(System.Logger.Level.INFO, "pegaflow-server at " + settings.endpoint() + " was slow to answer ("
+                                + e.getMessage() + "); the cache stays on, checking again in " + settings.healthInterval());
+                        return;
+                    }
                     detach();
                 } catch (PegaflowException e) {
                     LOG.log(System.Logger.Level.INFO, "pegaflow-server at " + settings.endpoint() + ": " + e.getMessage()
@@ -494,6 +512,7 @@ public final class StoreLink implements EngineSource, AutoCloseable {
      * of each waiting for its deadline; the client is kept for the same server's return.
      */
     private void detach() {
+        misses = 0;
         if (!detached) {
             detached = true;
             binding = new Binding(null, generation);
