@@ -200,13 +200,9 @@ final class PoolSpace {
      */
     boolean keepShare(int owner, long bytes, long planned, long share) {
         while (ownedBytes(owner) + planned + bytes > share) {
-            Block v = lru.pollOldestOwnedBy(owner, SHARE_SCAN);
-            if (v == null) {
+            if (!evict(lru.pollOldestOwnedBy(owner, SHARE_SCAN))) {
                 return false;
             }
-            count.accept(Counter.EVICTIONS, 1);
-            count.accept(Counter.EVICTED_BYTES, v.bytes);
-            dropResident(v);
         }
         return true;
     }
@@ -312,7 +308,11 @@ final class PoolSpace {
      * asked for of the least recently used); false when there is none.
      */
     private boolean evictOne() {
-        Block b = policy.lfu ? lru.pollLeastFrequent(policy::frequency, CachePolicy.SAMPLE) : lru.pollOldest();
+        return evict(policy.lfu ? lru.pollLeastFrequent(policy::frequency, CachePolicy.SAMPLE) : lru.pollOldest());
+    }
+
+    /** Evicts {@code b}, already taken off the LRU list (counted); false when there is none. */
+    private boolean evict(Block b) {
         if (b == null) {
             return false;
         }
