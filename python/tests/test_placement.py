@@ -72,10 +72,11 @@ class Listener:
             c.close()
 
 
-def test_auto_across_processes_uses_a_grpc_server_that_answers():
+@pytest.mark.parametrize("backend", ["mp", "uni"])
+def test_auto_uses_a_grpc_server_that_answers_in_or_across_processes(backend):
     listener = Listener(settings_frame=True)
     try:
-        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=listener.endpoint), config("mp"), "i")
+        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=listener.endpoint), config(backend), "i")
     finally:
         listener.close()
     assert (resolved.mode, resolved.endpoint) == ("server", listener.endpoint)
@@ -137,12 +138,3 @@ def test_a_live_recorded_server_is_reused_not_restarted(monkeypatch, tmp_path):
         assert _private.private_server("inst", "32mb") == listener.endpoint
     finally:
         listener.close()
-
-
-def test_auto_in_process_uses_a_grpc_server_that_answers():
-    listener = Listener(settings_frame=True)
-    try:
-        resolved = _private.resolve_settings(Settings(mode="auto", endpoint=listener.endpoint), config("uni"), "i")
-    finally:
-        listener.close()
-    assert (resolved.mode, resolved.endpoint) == ("server", listener.endpoint)

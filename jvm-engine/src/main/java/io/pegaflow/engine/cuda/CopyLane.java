@@ -379,33 +379,38 @@ final class CopyLane {
         CudaDriver.launchKernel(function, Math.min(to - from, grid), THREADS, 0, on, params);
     }
 
+    /** The pinned descriptor buffer holds at least {@code bytes}. */
     void ensureStaging(long bytes) {
-        if (bytes <= stagingBytes) {
-            return;
-        }
-        long size = Math.max(bytes, Math.max(1 << 16, stagingBytes * 2));
-        if (staging != 0) {
-            CudaDriver.memFreeHost(staging);
-            staging = 0;
+        if (bytes > stagingBytes) {
+            long size = regrow(staging, stagingBytes, bytes, CudaDriver::memFreeHost);
+            staging = 0; // freed: a failed allocation below leaves nothing to free twice
             stagingBytes = 0;
+            staging = CudaDriver.memAllocHost(size);
+            stagingBytes = size;
         }
-        staging = CudaDriver.memAllocHost(size);
-        stagingBytes = size;
     }
 
+    /** The device copy of the descriptors holds at least {@code bytes}. */
     void ensureDeviceDesc(long bytes) {
-        if (bytes <= deviceDescBytes) {
-            return;
-        }
-        long size = Math.max(bytes, Math.max(1 << 16, deviceDescBytes * 2));
-        if (deviceDesc != 0) {
-            // The previous batch on this lane completed before the lane was handed out.
-            CudaDriver.memFree(deviceDesc);
+        if (bytes > deviceDescBytes) {
+            long size = regrow(deviceDesc, deviceDescBytes, bytes, CudaDriver::memFree);
             deviceDesc = 0;
             deviceDescBytes = 0;
+            deviceDesc = CudaDriver.memAlloc(size);
+            deviceDescBytes = size;
         }
-        deviceDesc = CudaDriver.memAlloc(size);
-        deviceDescBytes = size;
+    }
+
+    /**
+     * Frees a buffer of {@code had} bytes at {@code address} (0: none) that must grow to hold
+     * {@code bytes}, and returns the size to allocate instead (at least double, 64 KiB at least).
+     * The previous batch on this lane completed before the lane was handed out, so nothing reads it.
+     */
+    private static long regrow(long address, long had, long bytes, java.util.function.LongConsumer free) {
+        if (address != 0) {
+            free.accept(address);
+        }
+        return Math.max(bytes, Math.max(1 << 16, had * 2));
     }
 
     private void ensureGroupEvents(int groups) {
