@@ -2,7 +2,7 @@ package io.pegaflow.bench;
 
 import io.pegaflow.client.RemoteStore;
 import io.pegaflow.engine.EngineConfig;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.cuda.CudaDevice;

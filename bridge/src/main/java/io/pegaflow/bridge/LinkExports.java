@@ -95,7 +95,7 @@ final class LinkExports {
     static int pfLinkResetCache(long link, MemorySegment instanceId, MemorySegment outCounts) {
         return guard(() -> {
             MemorySegment out = buffer(outCounts, 16, "out_counts");
-            io.pegaflow.engine.LocalStore.Cleared c = LINKS.get(link).resetCache(str(instanceId, "instance_id"));
+            io.pegaflow.engine.store.LocalStore.Cleared c = LINKS.get(link).resetCache(str(instanceId, "instance_id"));
             out.set(JAVA_LONG, 0, c.blocks());
             out.set(JAVA_LONG, 8, c.ssdRecords());
         });
@@ -110,12 +110,12 @@ final class LinkExports {
     static int pfLinkKvEvents(long link, MemorySegment instanceId, long after, int max, MemorySegment buf, int cap,
             MemorySegment outLen) {
         return guard(() -> {
-            io.pegaflow.engine.KvEventLog.Batch b = LINKS.get(link).kvEvents(str(instanceId, "instance_id"), after, max);
+            io.pegaflow.engine.store.KvEventLog.Batch b = LINKS.get(link).kvEvents(str(instanceId, "instance_id"), after, max);
             StringBuilder text = new StringBuilder(32 + b.events().size() * 80);
             text.append("next=").append(b.next()).append(" gap=").append(b.gap() ? 1 : 0).append('\n');
             java.util.HexFormat hex = java.util.HexFormat.of();
-            for (io.pegaflow.engine.KvEventLog.Event e : b.events()) {
-                text.append(e.kind() == io.pegaflow.engine.KvEventLog.Kind.STORED ? 'S' : 'R').append(' ').append(e.tier())
+            for (io.pegaflow.engine.store.KvEventLog.Event e : b.events()) {
+                text.append(e.kind() == io.pegaflow.engine.store.KvEventLog.Kind.STORED ? 'S' : 'R').append(' ').append(e.tier())
                         .append(' ').append(hex.formatHex(e.hash())).append('\n');
             }
             putText(text.toString().getBytes(StandardCharsets.UTF_8), buf, cap, outLen, "KV events");

@@ -448,9 +448,9 @@ public final class RemoteStore implements BlockStore {
     }
 
     @Override
-    public io.pegaflow.engine.LocalStore.Cleared resetCache(String instanceId) {
+    public io.pegaflow.engine.store.LocalStore.Cleared resetCache(String instanceId) {
         ResetCacheResponse r = call(s -> s.resetCache(ResetCacheRequest.newBuilder().setInstanceId(instanceId).build()));
-        return new io.pegaflow.engine.LocalStore.Cleared(r.getBlocks(), r.getBytes(), r.getReferencedBlocks(),
+        return new io.pegaflow.engine.store.LocalStore.Cleared(r.getBlocks(), r.getBytes(), r.getReferencedBlocks(),
                 r.getUnpinnedBlocks(), r.getSsdRecords());
     }
 
@@ -464,17 +464,17 @@ public final class RemoteStore implements BlockStore {
     }
 
     @Override
-    public io.pegaflow.engine.KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
+    public io.pegaflow.engine.store.KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
         KvEventsResponse r = call(s -> s.kvEvents(KvEventsRequest.newBuilder().setInstanceId(instanceId).setAfter(after)
                 .setMaxEvents(max).build()));
         String namespace = ""; // the caller's own namespace: the server filtered by it
-        List<io.pegaflow.engine.KvEventLog.Event> events = new ArrayList<>(r.getEventsCount());
+        List<io.pegaflow.engine.store.KvEventLog.Event> events = new ArrayList<>(r.getEventsCount());
         for (KvEvent e : r.getEventsList()) {
-            events.add(new io.pegaflow.engine.KvEventLog.Event(e.getSeq(), e.getStored() ? io.pegaflow.engine.KvEventLog.Kind.STORED
-                    : io.pegaflow.engine.KvEventLog.Kind.REMOVED, e.getTier(), namespace, e.getHash().toByteArray(),
-                    e.getEpochMillis()));
+            events.add(new io.pegaflow.engine.store.KvEventLog.Event(e.getSeq(),
+                    e.getStored() ? io.pegaflow.engine.store.KvEventLog.Kind.STORED : io.pegaflow.engine.store.KvEventLog.Kind.REMOVED,
+                    e.getTier(), namespace, e.getHash().toByteArray(), e.getEpochMillis()));
         }
-        return new io.pegaflow.engine.KvEventLog.Batch(events, r.getNext(), r.getGap());
+        return new io.pegaflow.engine.store.KvEventLog.Batch(events, r.getNext(), r.getGap());
     }
 
     @Override

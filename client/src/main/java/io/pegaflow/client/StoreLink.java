@@ -254,12 +254,12 @@ public final class StoreLink implements EngineSource, AutoCloseable {
     }
 
     /** vLLM's reset_cache for {@code instanceId} on the bound store ({@link io.pegaflow.engine.BlockStore#resetCache}). */
-    public io.pegaflow.engine.LocalStore.Cleared resetCache(String instanceId) {
+    public io.pegaflow.engine.store.LocalStore.Cleared resetCache(String instanceId) {
         return bound().resetCache(instanceId);
     }
 
     /** The bound store's block events of {@code instanceId}'s namespace ({@link io.pegaflow.engine.BlockStore#kvEvents}). */
-    public io.pegaflow.engine.KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
+    public io.pegaflow.engine.store.KvEventLog.Batch kvEvents(String instanceId, long after, int max) {
         return bound().kvEvents(instanceId, after, max);
     }
 

@@ -17,9 +17,9 @@ public record BlockHashes(byte[] packed, int hashLen) {
         if (packed == null) {
             throw new InvalidArgumentException("hashes are null; expected packed hash bytes");
         }
-        if (packed.length > 0 && (hashLen < 1 || hashLen > HashKey.MAX_BYTES || packed.length % hashLen != 0)) {
+        if (packed.length > 0 && (hashLen < 1 || hashLen > Limits.MAX_HASH_BYTES || packed.length % hashLen != 0)) {
             throw new InvalidArgumentException(packed.length + " bytes of hashes with hash_len " + hashLen
-                    + "; expected 1 <= hash_len <= " + HashKey.MAX_BYTES + " dividing the byte count");
+                    + "; expected 1 <= hash_len <= " + Limits.MAX_HASH_BYTES + " dividing the byte count");
         }
         Limits.checkHashes(packed.length, hashLen);
     }
@@ -39,7 +39,7 @@ public record BlockHashes(byte[] packed, int hashLen) {
         int len = hashes[0] == null ? 0 : hashes[0].length;
         byte[] out = new byte[hashes.length * len];
         for (int i = 0; i < hashes.length; i++) {
-            HashKey.validate(hashes[i], i, "hashes");
+            validate(hashes[i], i, "hashes");
             if (hashes[i].length != len) {
                 throw new InvalidArgumentException("hashes[" + i + "] is " + hashes[i].length + " bytes but hashes[0] is "
                         + len + "; expected one length per call");
@@ -47,6 +47,14 @@ public record BlockHashes(byte[] packed, int hashLen) {
             System.arraycopy(hashes[i], 0, out, i * len, len);
         }
         return new BlockHashes(out, len);
+    }
+
+    /** Checks one hash of a request; {@code index} and {@code what} name it in the message. */
+    private static void validate(byte[] hash, int index, String what) {
+        if (hash == null || hash.length == 0 || hash.length > Limits.MAX_HASH_BYTES) {
+            throw new InvalidArgumentException(what + "[" + index + "] is "
+                    + (hash == null ? "null" : hash.length + " bytes") + "; expected 1.." + Limits.MAX_HASH_BYTES + " bytes");
+        }
     }
 
     public int count() {

@@ -1,5 +1,7 @@
 package io.pegaflow.engine;
 
+import io.pegaflow.engine.store.KvEventLog;
+import io.pegaflow.engine.store.LocalStore;
 import java.util.List;
 
 /**

@@ -52,11 +52,6 @@ public record CopyPlan(Token id, Direction direction, int blocks, int skippedBlo
         }
     }
 
-    /** A save with nothing to copy. */
-    static CopyPlan nothing(int skippedBlocks) {
-        return new CopyPlan(Token.NONE, Direction.SAVE, 0, skippedBlocks, new int[0], new int[0], new int[0], new long[0], 0);
-    }
-
     /** Whether there is nothing to copy (and nothing to end). */
     public boolean isEmpty() {
         return id.equals(Token.NONE);

@@ -103,16 +103,6 @@ public record LayerRegion(
         }
     }
 
-    /** Checks that every id in {@code ids} (named {@code what} in the message) is a block of this layer. */
-    void checkBlockIds(long[] ids, String what) {
-        for (int i = 0; i < ids.length; i++) {
-            if (ids[i] < 0 || ids[i] >= numBlocks) {
-                throw new InvalidArgumentException(what + "[" + i + "] = " + ids[i] + " out of range [0, "
-                        + numBlocks + ") for layer '" + layerName + "'");
-            }
-        }
-    }
-
     /**
      * Whether any piece of this region overlaps any piece of {@code other}. Regions whose spans
      * interleave are compared exactly when their block strides are equal (one tensor holding

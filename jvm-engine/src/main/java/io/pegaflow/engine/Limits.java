@@ -26,7 +26,7 @@ public final class Limits {
     /** UTF-8 bytes of an instance id, a namespace or a layer name. */
     public static final int MAX_NAME_BYTES = 256;
     /** Bytes of one block hash. */
-    public static final int MAX_HASH_BYTES = HashKey.MAX_BYTES;
+    public static final int MAX_HASH_BYTES = 64;
     /**
      * Hashes in one save or query, hence block ids in one save or load (a load's ids pair with
      * its lease's blocks, which a query found): 4M tokens at 16 tokens a block.

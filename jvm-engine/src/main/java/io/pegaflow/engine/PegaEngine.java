@@ -1,6 +1,8 @@
 package io.pegaflow.engine;
 
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.store.KvEventLog;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.transfer.TransferEngine;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -41,6 +43,11 @@ import java.util.function.LongSupplier;
  * visibility barrier). {@link #close()}
  * and {@link #unregisterInstance} wait for copies in flight and their ends, so the caller
  * may free its regions afterwards.
+ *
+ * <p>Size: one method per call of the engine's public API (registration, save, query, load,
+ * release, the operator's calls, stats, close), each a few lines around the one rule of
+ * tracking calls in flight ({@code startOp}/{@code endOp}); the rules of a copy's end are in
+ * {@code CopyEnds}, its batches in {@code CopyBatches}, the control plane in {@code LocalStore}.
  */
 public final class PegaEngine implements AutoCloseable {
     private final BlockStore store;
@@ -152,7 +159,7 @@ public final class PegaEngine implements AutoCloseable {
     public void registerWorker(String instanceId, WorkerSpec worker) {
         startOp();
         try {
-            InstanceRegistry.checkWorker(instanceId, worker);
+            WorkerSpec.check(instanceId, worker);
             transfer.checkRegions(worker.layers());
             store.registerWorker(instanceId, worker);
             regions.computeIfAbsent(instanceId, k -> new ConcurrentHashMap<>())

@@ -1,6 +1,8 @@
 package io.pegaflow.engine;
 
+import java.util.HashSet;
 import java.util.List;
+import java.util.Set;
 
 /**
  * One worker (GPU process) of an instance: its rank in [0, worldSize), its tensor-parallel
@@ -14,5 +16,38 @@ public record WorkerSpec(int workerRank, int tpRank, int deviceId, List<LayerReg
                     "MAX_LAYERS_PER_WORKER");
         }
         layers = layers == null ? null : List.copyOf(layers);
+    }
+
+    /**
+     * Checks a worker spec on its own (non-null, named non-overlapping valid regions), before
+     * the store takes its lock; the store's registry then checks it against the instance.
+     */
+    public static void check(String instanceId, WorkerSpec worker) {
+        if (worker == null) {
+            throw new InvalidArgumentException("worker spec for instance '" + instanceId + "' is null");
+        }
+        if (worker.layers() == null || worker.layers().isEmpty()) {
+            throw new InvalidArgumentException("worker " + worker.workerRank() + " of instance '" + instanceId
+                    + "' registers no layers; expected at least one LayerRegion");
+        }
+        Set<String> names = new HashSet<>();
+        List<LayerRegion> regions = worker.layers();
+        for (LayerRegion r : regions) {
+            if (r == null) {
+                throw new InvalidArgumentException("worker " + worker.workerRank() + " of instance '" + instanceId
+                        + "' has a null layer region");
+            }
+            r.validate();
+            if (!names.add(r.layerName())) {
+                throw new InvalidArgumentException("layer '" + r.layerName() + "' appears twice in worker "
+                        + worker.workerRank() + " of instance '" + instanceId + "'");
+            }
+        }
+        int[] overlap = LayerOverlaps.find(regions); // O(n log n): a worker may bring thousands of layers
+        if (overlap != null) {
+            throw new InvalidArgumentException("layers '" + regions.get(overlap[0]).layerName() + "' and '"
+                    + regions.get(overlap[1]).layerName() + "' of worker " + worker.workerRank()
+                    + " overlap in memory; expected disjoint regions");
+        }
     }
 }

@@ -37,12 +37,17 @@
  *
  * <h2>Threads</h2>
  * Metadata changes run under one engine lock and never wait for copies. The lock is
- * {@link io.pegaflow.engine.LocalStore}'s ({@code StoreLock}); the state it guards lives in
+ * {@link io.pegaflow.engine.store.LocalStore}'s ({@code StoreLock}); the state it guards lives in
  * package-private collaborators ({@code InstanceRegistry}, {@code LeaseTable}, {@code LruList},
  * {@code OpenCopy}, and those the store aggregates: {@code PoolSpace}, {@code SavePath},
  * {@code LoadPath}, {@code OpenCopies}, {@code SsdReadBack}, {@code PeerShare},
- * {@code OperatorOps}) that have no lock of their own: they run under that one. Copies run on
- * the {@link io.pegaflow.engine.transfer.TransferEngine}'s threads and commit under the lock.
- * The optional sweeper thread expires leases (TTL) and drops partially saved blocks.
+ * {@code OperatorOps}) that have no lock of their own: they run under that one. The store,
+ * its lock and those parts (with the blocks, the index and the leases of the model above) are
+ * a package of their own, {@code io.pegaflow.engine.store}, so nothing else in the engine can
+ * reach a part without the lock; this package keeps the vocabulary they share with callers
+ * (specs, plans, tokens, hashes, limits, exceptions) and {@link io.pegaflow.engine.PegaEngine}.
+ * Copies run on the {@link io.pegaflow.engine.transfer.TransferEngine}'s threads and commit
+ * under the lock. The optional sweeper thread expires leases (TTL) and drops partially saved
+ * blocks.
  */
 package io.pegaflow.engine;

@@ -6,6 +6,7 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.ssd.SsdConfig;
+import io.pegaflow.engine.store.LocalStore;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.Arrays;

@@ -7,6 +7,8 @@ import static org.junit.jupiter.api.Assumptions.assumeTrue;
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.store.KvEventLog;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.LayerSplit;

@@ -5,6 +5,7 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.metrics.Counter;
 import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.store.LocalStore;
 import java.time.Duration;
 import java.util.Random;
 import org.junit.jupiter.api.AfterEach;

@@ -5,6 +5,7 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.metrics.Gauge;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.TransferEngine;

@@ -1,5 +1,6 @@
 package io.pegaflow.engine;
 
+import io.pegaflow.engine.store.LocalStore;
 import java.util.List;
 import java.util.Random;
 

@@ -4,6 +4,7 @@ import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.store.RemoteTier;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;

@@ -4,6 +4,8 @@ import static org.assertj.core.api.Assertions.assertThat;
 import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.store.LocalStore;
+import io.pegaflow.engine.store.Quotas;
 import java.time.Duration;
 import java.util.Random;
 import org.junit.jupiter.api.AfterEach;

@@ -15,7 +15,7 @@ import io.pegaflow.engine.EngineClosedException;
 import io.pegaflow.engine.EngineStats;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.Limits;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.QuotaExceededException;
 import io.pegaflow.engine.UnknownInstanceException;
 import io.pegaflow.engine.metrics.Gauge;
@@ -196,7 +196,7 @@ final class AdminEndpoints {
 
     /**
      * {@code GET /admin/events?after=SEQ&max=N}: the store's block events after {@code SEQ} (0:
-     * from the oldest kept), at most N (default 1,000, at most {@link io.pegaflow.engine.KvEventLog#MAX_READ}),
+     * from the oldest kept), at most N (default 1,000, at most {@link io.pegaflow.engine.store.KvEventLog#MAX_READ}),
      * every namespace on the host; {@code next} is the {@code after} of the following call and
      * {@code gap} says that events were dropped before this reader came for them.
      */
@@ -222,10 +222,10 @@ final class AdminEndpoints {
                 }
             }
         }
-        io.pegaflow.engine.KvEventLog.Batch b = store.events().after(after, max);
+        io.pegaflow.engine.store.KvEventLog.Batch b = store.events().after(after, max);
         JsonArray list = new JsonArray();
         HexFormat hex = HexFormat.of();
-        for (io.pegaflow.engine.KvEventLog.Event e : b.events()) {
+        for (io.pegaflow.engine.store.KvEventLog.Event e : b.events()) {
             JsonObject o = new JsonObject();
             o.addProperty("seq", e.seq());
             o.addProperty("type", e.kind().vllmName);

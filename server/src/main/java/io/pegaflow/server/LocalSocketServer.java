@@ -5,7 +5,7 @@ import io.pegaflow.client.Wire;
 
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.pool.PoolFiles;
 import io.pegaflow.client.proto.BeginLoadRequest;

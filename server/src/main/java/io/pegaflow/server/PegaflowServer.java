@@ -9,7 +9,7 @@ import io.grpc.ServerInterceptors;
 import io.grpc.netty.shaded.io.grpc.netty.NettyServerBuilder;
 import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.Sizes;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.pool.PoolFiles;

@@ -244,7 +244,7 @@ public final class ServerMain implements Callable<Integer> {
         config = config.withPolicies(admission, eviction).withTls(new GrpcTls(tlsCert, tlsKey, allowPlaintextRemote));
         config = config.withTenancy(Tenancy.DEFAULTS.operatorToken(operatorTokenFile).instances(maxInstances, maxInstancesPerTenant)
                 .unsessioned(Duration.ofSeconds(unsessionedTtlSecs)).calls(maxCallsPerTenant)
-                .quotas(io.pegaflow.engine.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
+                .quotas(io.pegaflow.engine.store.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
                         maxOpenCopiesPerInstance).tenantPoolShare(Sizes.parse(tenantPoolShare))));
         if (warmUp) {
             long nanos = Warmup.run();

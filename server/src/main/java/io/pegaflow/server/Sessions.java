@@ -1,6 +1,6 @@
 package io.pegaflow.server;
 
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.UnknownInstanceException;
 import java.time.Duration;
 import java.util.Map;

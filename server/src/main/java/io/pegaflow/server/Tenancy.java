@@ -1,7 +1,7 @@
 package io.pegaflow.server;
 
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.Quotas;
+import io.pegaflow.engine.store.Quotas;
 import java.nio.file.Path;
 import java.time.Duration;
 

@@ -1,6 +1,6 @@
 package io.pegaflow.server;
 
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.prometheus.metrics.core.metrics.GaugeWithCallback;
 import io.prometheus.metrics.model.registry.PrometheusRegistry;
 import java.util.List;
@@ -11,7 +11,7 @@ import java.util.Map;
  * {@link Caller#tenant}, never a secret or an id), its instances, the leases, leased blocks
  * and open copies they hold in the store, its calls in flight, and the pool bytes its saves
  * hold resident (its pool share's use): what each of its quotas
- * ({@link Tenancy}, {@link io.pegaflow.engine.Quotas}) is measured against. One store
+ * ({@link Tenancy}, {@link io.pegaflow.engine.store.Quotas}) is measured against. One store
  * snapshot per scrape.
  */
 final class TenantMetrics {

@@ -13,7 +13,7 @@ import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.client.Wire;
 import java.io.IOException;

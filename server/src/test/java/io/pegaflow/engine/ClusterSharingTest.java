@@ -2,6 +2,9 @@ package io.pegaflow.engine;
 
 import static org.assertj.core.api.Assertions.assertThat;
 
+import io.pegaflow.engine.store.BlockChecksum;
+import io.pegaflow.engine.store.LocalStore;
+import io.pegaflow.engine.store.TransferPin;
 import io.pegaflow.server.cluster.ClusterConfig;
 import io.pegaflow.server.cluster.ClusterTier;
 import io.pegaflow.server.cluster.RedisBlockRegistry;

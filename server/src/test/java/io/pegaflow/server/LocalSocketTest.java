@@ -11,7 +11,7 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.CopyPlan;
 import io.pegaflow.engine.ServerUnavailableException;

@@ -15,7 +15,7 @@ import io.pegaflow.client.proto.EngineGrpc;
 import io.pegaflow.client.proto.FlushRequest;
 import io.pegaflow.client.proto.HealthRequest;
 import io.pegaflow.engine.BlockHashes;
-import io.pegaflow.engine.RemoteTier;
+import io.pegaflow.engine.store.RemoteTier;
 import io.pegaflow.engine.pool.HostPool;
 import java.nio.file.Files;
 import java.nio.file.Path;

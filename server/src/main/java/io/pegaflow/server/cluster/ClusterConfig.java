@@ -2,7 +2,7 @@ package io.pegaflow.server.cluster;
 
 import io.pegaflow.client.Wire;
 import io.pegaflow.engine.InvalidArgumentException;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import java.io.IOException;
 import java.lang.foreign.MemorySegment;
 import java.net.InetSocketAddress;

@@ -1,9 +1,9 @@
 package io.pegaflow.server.cluster;
 
 import io.pegaflow.engine.BlockHashes;
-import io.pegaflow.engine.FetchReservation;
-import io.pegaflow.engine.LocalStore;
-import io.pegaflow.engine.RemoteTier;
+import io.pegaflow.engine.store.FetchReservation;
+import io.pegaflow.engine.store.LocalStore;
+import io.pegaflow.engine.store.RemoteTier;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 import java.time.Duration;

@@ -1,10 +1,10 @@
 package io.pegaflow.server.cluster;
 
-import io.pegaflow.engine.BlockChecksum;
+import io.pegaflow.engine.store.BlockChecksum;
 import io.pegaflow.engine.BlockHashes;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.Token;
-import io.pegaflow.engine.TransferPin;
+import io.pegaflow.engine.store.TransferPin;
 import java.io.IOException;
 import java.lang.foreign.MemorySegment;
 import java.net.InetSocketAddress;

@@ -1,7 +1,7 @@
 package io.pegaflow.server.cluster;
 
 import io.pegaflow.engine.BlockHashes;
-import io.pegaflow.engine.FetchReservation;
+import io.pegaflow.engine.store.FetchReservation;
 import java.io.IOException;
 import java.time.Duration;
 
@@ -9,7 +9,7 @@ import java.time.Duration;
  * Reads blocks out of another host's pool, in the shape of a one-sided read
  * (docs/cluster.md, "Transport"): {@link #pin} asks the peer to pin the blocks under a transfer
  * lock with a deadline and returns what a reader needs; {@link #read} moves the bytes into this
- * host's pool and checks each block's CRC32 ({@link io.pegaflow.engine.BlockChecksum}); {@link #release} ends the lock. An RDMA
+ * host's pool and checks each block's CRC32 ({@link io.pegaflow.engine.store.BlockChecksum}); {@link #release} ends the lock. An RDMA
  * transport would return remote addresses and keys from {@code pin} and post READs in
  * {@code read}; only TCP ({@link TcpPeerTransport}) is implemented.
  */

@@ -45,7 +45,7 @@ final class PeerWire {
      * hand the payloads to the kernel straight from its pool file (sendfile) after one header write.
      */
     static final int BATCH_HEAD_BYTES = 6 + 2 + 8;
-    /** One block's entry in a batch header: u32 index, u32 {@link io.pegaflow.engine.BlockChecksum} (CRC32). */
+    /** One block's entry in a batch header: u32 index, u32 {@link io.pegaflow.engine.store.BlockChecksum} (CRC32). */
     static final int ENTRY_BYTES = 8;
     /** Blocks per batch: one header write and one scattering read (16 x 64 KiB: 1 MiB a system call). */
     static final int BATCH = 16;

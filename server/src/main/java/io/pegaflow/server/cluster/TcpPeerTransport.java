@@ -1,8 +1,8 @@
 package io.pegaflow.server.cluster;
 
-import io.pegaflow.engine.BlockChecksum;
+import io.pegaflow.engine.store.BlockChecksum;
 import io.pegaflow.engine.BlockHashes;
-import io.pegaflow.engine.FetchReservation;
+import io.pegaflow.engine.store.FetchReservation;
 import java.io.IOException;
 import java.lang.foreign.MemorySegment;
 import java.net.InetSocketAddress;

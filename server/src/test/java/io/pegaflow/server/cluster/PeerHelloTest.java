@@ -5,7 +5,7 @@ import static org.assertj.core.api.Assertions.assertThatThrownBy;
 
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.EngineConfig;
-import io.pegaflow.engine.LocalStore;
+import io.pegaflow.engine.store.LocalStore;
 import java.io.ByteArrayOutputStream;
 import java.io.DataInputStream;
 import java.io.IOException;
