@@ -1,6 +1,7 @@
 """Console scripts. ``pegaflow-bench``: ``bridge``, ``workload`` (the engine alone,
 ``make run-engine``), ``vllm-run`` (real vLLM engines, ``make run``), ``ttft`` (a real vLLM on the
-GPU against vLLM's own offloading and the original PegaFlow) and ``vllm-workload`` (vLLM's
+GPU against vLLM's own offloading and the original PegaFlow), ``overlap`` (an in-step load beside a
+stand-in forward, no vLLM) and ``vllm-workload`` (vLLM's
 scheduler with a simulated forward, ``make run-sim``) run
 in Python (``pegaflow.bench``); ``rpc``, ``transfer`` and ``jmh`` run the Java benchmark CLI
 (``rpc`` first starts a server from this package, ``transfer`` then adds the PyTorch baseline)."""
@@ -109,6 +110,10 @@ def bench_main(argv: list[str] | None = None) -> int:
             return main(args[1:])
         if args and args[0] == "ttft":
             from pegaflow.bench.ttft import main
+
+            return main(args[1:])
+        if args and args[0] == "overlap":
+            from pegaflow.bench.overlap import main
 
             return main(args[1:])
         if args and args[0] == "vllm-workload":

@@ -302,6 +302,12 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 # None: no reference in this run (system none not run)
                 row["outputs_identical"] = None if not ref else [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
                 row["reset_ok"] = r.get("reset_ok")
+                d = r.get("warm_counters") or {}
+                if d.get("vllm:pegaflow_in_step_loads"):
+                    # this length's warm in-step loads alone, mean ms per load
+                    row["warm_in_step_phases_ms"] = {k: round(d.get(f"vllm:pegaflow_in_step_{k}_ns", 0)
+                                                              / d["vllm:pegaflow_in_step_loads"] / 1e6, 3)
+                                                     for k in ("plan", "load", "wait", "step")}
             if line:
                 row["line_floor_ms"] = round(n * bytes_per_token / (line * 1e9) * 1e3, 2)
             entry[_label(n)] = row

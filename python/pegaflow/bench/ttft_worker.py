@@ -71,6 +71,14 @@ def main(spec_path: str, out_path: str) -> int:
             time.sleep(0.005)
         return False
 
+    def counters() -> dict:
+        """This project's connector counters (vllm:pegaflow_*); empty for other connectors."""
+        try:
+            return {m.name: float(m.value) for m in llm.get_metrics()
+                    if m.name.startswith("vllm:pegaflow_") and isinstance(getattr(m, "value", None), (int, float))}
+        except Exception:  # noqa: BLE001 - a report without them
+            return {}
+
     # warm-up: kernels and the connector's first operations, not counted
     for w in range(2):
         run(prompt_set(min(2048, min(spec["lengths"])), 1, 99 + w, vocab)[0])
@@ -84,16 +92,16 @@ def main(spec_path: str, out_path: str) -> int:
         if spec.get("kv_transfer"):
             time.sleep(spec.get("settle_s", 0.5))  # saves land (an idle engine still finishes them)
             entry["reset_ok"] = reset()
+            before = counters()
             entry["warm"] = [run(p) for p in ps]
+            after = counters()
+            # this length's warm requests alone: the connector's counters they moved
+            entry["warm_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
         assert reset()
         result["lengths"][str(length)] = entry
         print(f"ttft worker: {length} tokens done", file=sys.stderr, flush=True)
     # this project's connector counters (vllm:pegaflow_*: hits, bytes, the in-step loads' phases)
-    try:
-        result["connector"] = {m.name: float(m.value) for m in llm.get_metrics()
-                               if m.name.startswith("vllm:pegaflow_") and isinstance(getattr(m, "value", None), (int, float))}
-    except Exception as e:  # noqa: BLE001 - a report without them
-        result["connector"] = {"error": str(e)}
+    result["connector"] = counters()
     with open(out_path, "w") as f:
         json.dump(result, f)
     try:
