@@ -402,6 +402,23 @@ def test_legacy_split_kv_tensor_is_two_segments():
     assert r.base_address == t.data_ptr() and r.region_bytes == 10240
 
 
+def test_layers_are_described_in_forward_order_whatever_their_addresses():
+    """vLLM 0.26 allocates each layer's tensor on its own and the allocator may hand them out
+    downwards: a layer-wise load copies regions in the described order, so layer 0 must come
+    first (else every layer's attention waits for the whole load), and every process must
+    agree on the order whatever addresses it got."""
+    import torch
+
+    buf = torch.zeros(10, 12, 2, 16, 32, dtype=torch.float16)
+    names = [f"model.layers.{i}.self_attn.attn" for i in range(12)]
+    down = {n: buf[:, 11 - i] for i, n in enumerate(names)}  # layer 0 at the highest address
+    described = _layout.describe_kv_caches(down, 10, mla=False)
+    assert [g.region.name for g in described] == names
+    assert int(described[0].region.base_address) > int(described[-1].region.base_address)
+    up = {n: buf[:, i] for i, n in enumerate(reversed(names))}  # another process, other addresses
+    assert [g.region.name for g in _layout.describe_kv_caches(up, 10, mla=False)] == names
+
+
 def test_a_layer_sharing_another_layers_kv_cache_is_stored_once():
     import torch
 
@@ -512,7 +529,7 @@ def test_cross_layer_views_are_described_as_one_run_per_block_in_memory_order():
             assert (kv[n].data_ptr(), kv[n].shape, kv[n].stride()) == \
                 (model_views[n].data_ptr(), model_views[n].shape, model_views[n].stride())
     described = _layout.describe_kv_caches(kv, blocks, mla=False)
-    assert [g.region.name for g in described] == names  # memory order, not name order
+    assert [g.region.name for g in described] == names  # forward order (numbers as numbers) is memory order here
     for i, g in enumerate(described):
         r = g.region
         assert (r.layout, r.segment_bytes, r.block_stride) == ("combined", page, layers * page)

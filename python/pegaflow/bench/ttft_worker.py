@@ -79,6 +79,28 @@ def main(spec_path: str, out_path: str) -> int:
         except Exception:  # noqa: BLE001 - a report without them
             return {}
 
+    def profiled(length: int, kind: str, tokens: list[int]) -> None:
+        """With $PEGAFLOW_TTFT_PROFILE (a folder): the longest length's last prompt once more
+        under torch's profiler (its warm copy first made cold in vLLM's own cache again), its
+        trace written there as <kind>-<length>.json.gz, beside the timed runs, not among them."""
+        folder = os.environ.get("PEGAFLOW_TTFT_PROFILE")
+        if not folder or length != max(spec["lengths"]):
+            return
+        import gzip
+
+        import torch
+
+        if kind == "warm":
+            reset()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            run(tokens)
+        path = os.path.join(folder, f"{kind}-{length}.json")
+        prof.export_chrome_trace(path)
+        with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:
+            g.write(f.read())
+        os.unlink(path)
+
     # warm-up: kernels and the connector's first operations, not counted
     for w in range(2):
         run(prompt_set(min(2048, min(spec["lengths"])), 1, 99 + w, vocab)[0])
@@ -89,12 +111,14 @@ def main(spec_path: str, out_path: str) -> int:
         entry = {"cold": [run(p) for p in ps]}
         if spec.get("gpu_hit"):
             entry["gpu_hit"] = [run(p) for p in ps]
+            profiled(length, "gpu_hit", ps[-1])
         if spec.get("kv_transfer"):
             time.sleep(spec.get("settle_s", 0.5))  # saves land (an idle engine still finishes them)
             entry["reset_ok"] = reset()
             before = counters()
             entry["warm"] = [run(p) for p in ps]
             after = counters()
+            profiled(length, "warm", ps[-1])
             # this length's warm requests alone: the connector's counters they moved
             entry["warm_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
         assert reset()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from ..engine import LayerRegion
@@ -130,16 +131,26 @@ def cross_layer_views(kv_cache, attn_backend, kv_cache_config) -> dict:
     return {name: logical[i] for i, t in enumerate(tensors) for name in t.shared_by}
 
 
+def layer_order(name: str) -> tuple:
+    """Sort key of a layer name in the model's forward order: its numbers compared as numbers
+    (``model.layers.9`` before ``model.layers.10``), the rest as text."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part)
+
+
 def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[LayerGeometry]:
-    """Every registered layer in the order of its memory (by base address, then name), so a
-    block's slots in the pool follow its bytes on the device: under the cross-layer layout
-    (BLNHC) a block's layers are one run on both sides and copy as one piece. They must
-    share one device and dtype."""
+    """Every registered layer in the model's forward order (``layer_order`` of its name, then
+    its base address). A layer-wise load copies the regions in this order, so the first layer
+    vLLM's forward waits for lands first; address order put layer 0 last where vLLM allocates
+    each layer's tensor on its own (0.26: the allocator's addresses descend), and every layer's
+    attention then waited for the whole load. The order is also the same in every process of
+    one model, whatever addresses each got, so they share the pool's slot order. Under the
+    cross-layer layout (BLNHC) forward order is memory order: a block's layers stay one run on
+    both sides and copy as one piece. They must share one device and dtype."""
     if not kv_caches:
         raise InvalidArgumentError("no KV cache tensors were registered; expected one per attention layer")
     out = []
     seen: dict[tuple, str] = {}
-    for name in sorted(kv_caches, key=lambda n: (int(kv_caches[n].data_ptr()), n)):
+    for name in sorted(kv_caches, key=lambda n: (layer_order(n), int(kv_caches[n].data_ptr()))):
         t = kv_caches[name]
         key = (int(t.data_ptr()), tuple(t.shape), tuple(t.stride()), str(t.dtype))
         if key in seen:
@@ -172,7 +183,10 @@ def derive_namespace(facts: dict, layers: list[LayerGeometry], store_tp_size: in
     different algorithms never meet, but the namespace keeps their pools apart), per-layer
     geometry and byte order, and the store's TP split."""
     geometry = sorted({(g.region.layout, g.region.segment_bytes, g.dtype, g.inner_order) for g in layers})
-    payload = dict(facts, geometry=geometry, layers=len(layers), tp=store_tp_size)
+    # slot_order: how a block's slots follow each other in the pool (forward order since the
+    # slots stopped following device addresses); a change gives a new namespace, never bytes
+    # of one order read in another
+    payload = dict(facts, geometry=geometry, layers=len(layers), tp=store_tp_size, slot_order="forward")
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
     model = str(facts.get("model", "model")).rstrip("/").rsplit("/", 1)[-1] or "model"
     return f"{model}:bs{facts.get('block_size', '?')}:tp{store_tp_size}:{digest}"
