@@ -46,18 +46,32 @@ public final class WorkerSide {
     /** Since the last {@link #drainStats}, indexed by the {@code STAT_*} constants (copy threads add). */
     private final AtomicLongArray stats = new AtomicLongArray(STAT_COUNT);
     /**
-     * Starts loads and host saves off vLLM's thread, in plan order: starting one asks the store
-     * for a copy plan, which in server mode is a round trip to pegaflow-server, and vLLM's
-     * {@code start_load_kv} and {@code wait_for_save} run on its critical path ({@code
-     * wait_for_save} before the step's tokens are returned: docs/connector.md, "Modes, failures,
-     * restarts", says what it cost). A CUDA save still starts on the caller's thread, where its
-     * copy is ordered after the work queued on the caller's stream.
+     * Starts loads off vLLM's thread, in plan order: starting one asks the store for a copy
+     * plan, which in server mode is a round trip to pegaflow-server, and vLLM's {@code
+     * start_load_kv} runs on its critical path (docs/connector.md, "Modes, failures, restarts",
+     * says what it cost).
      */
-    private final ExecutorService starter = Executors.newSingleThreadExecutor(r -> {
-        Thread t = new Thread(r, "pegaflow-copy-start");
-        t.setDaemon(true);
-        return t;
-    });
+    private final ExecutorService starter = daemon("pegaflow-copy-start");
+    /**
+     * Starts saves off vLLM's thread, in plan order, on a thread of their own so a large save's
+     * plan never delays the next step's in-step load. {@code wait_for_save} runs before the
+     * step's tokens are returned: planning a save there (a round trip in server mode, then every
+     * piece's descriptor) delayed each cold request's first token and every decode step that
+     * saved. A CUDA save started here is ordered after what the caller's stream holds when it is
+     * submitted, which includes everything queued before {@code wait_for_save} returned (the
+     * forward that wrote the blocks) and perhaps later work: waiting for more is safe, the saved
+     * blocks do not change until vLLM frees them, which it does only once the save is reported
+     * (or, for a preempted request, once {@link #awaitPreempted} waited for it).
+     */
+    private final ExecutorService saver = daemon("pegaflow-save-start");
+
+    private static ExecutorService daemon(String name) {
+        return Executors.newSingleThreadExecutor(r -> {
+            Thread t = new Thread(r, name);
+            t.setDaemon(true);
+            return t;
+        });
+    }
 
     /**
      * {@link #drainStats} order: blocks and bytes loaded, saved; blocks whose load failed; saves
@@ -295,11 +309,8 @@ public final class WorkerSide {
         try {
             PegaEngine e = current("save of request " + s.requestId());
             String instanceId = instance(s.group(), s.requestId());
-            if (stream != 0) {
-                return e.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream);
-            }
-            return CompletableFuture.supplyAsync(() -> e.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), 0),
-                    starter).thenCompose(x -> x);
+            return CompletableFuture.supplyAsync(() -> e.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream),
+                    saver).thenCompose(x -> x);
         } catch (PegaflowException e) {
             return CompletableFuture.failedFuture(e);
         }
@@ -422,5 +433,6 @@ public final class WorkerSide {
             f.handle((r, e) -> null).join();
         }
         starter.shutdown();
+        saver.shutdown();
     }
 }

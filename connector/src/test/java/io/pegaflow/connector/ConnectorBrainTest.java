@@ -114,6 +114,64 @@ class ConnectorBrainTest {
         worker.submitSaves(plan, 0);
     }
 
+    /**
+     * A save on a CUDA stream (handle 1, the legacy default stream) is planned and submitted on
+     * the worker's save thread, not on vLLM's (wait_for_save precedes the step's tokens), and
+     * still asks its copy to wait for that stream; the bytes land as on the caller's thread.
+     */
+    @Test
+    void aStreamOrderedSaveIsPlannedOffTheCallersThreadAndStillWaitsForTheStream() throws Exception {
+        engine.close();
+        List<String> threads = new java.util.concurrent.CopyOnWriteArrayList<>();
+        List<Long> streams = new java.util.concurrent.CopyOnWriteArrayList<>();
+        engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
+                .transfer(pool -> new io.pegaflow.engine.transfer.TransferEngine() {
+                    private final io.pegaflow.engine.transfer.HostTransferEngine host =
+                            new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1);
+
+                    @Override
+                    public io.pegaflow.engine.transfer.TransferFuture submit(io.pegaflow.engine.transfer.CopyBatch batch) {
+                        threads.add(Thread.currentThread().getName());
+                        streams.add(batch.waitStream());
+                        return host.submit(batch);
+                    }
+
+                    @Override
+                    public String name() {
+                        return "recorded-host";
+                    }
+
+                    @Override
+                    public void close() {
+                        host.close();
+                    }
+                }).build());
+        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
+        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
+        bound.set(new EngineSource.Binding(engine, 2));
+        BlockHashes h = hashes(2);
+        assertThat(sched.lookup("a", h, 2 * BLOCK + 1, 0)).isZero();
+        sched.afterAlloc("a", ids(0, 3), 0);
+        fill(0);
+        fill(1);
+        byte[][] want = {block(0), block(1)};
+        sched.schedule("a", h, 0, new long[0], false, 0, 2 * BLOCK + 1);
+        byte[] plan = sched.buildPlan();
+        worker.startLoads(plan);
+        worker.submitSaves(plan, 1);
+        sched.requestFinished("a");
+        assertThat(finishedSendingAfter(List.of("a"))).containsExactly("a");
+        assertThat(threads).isNotEmpty().allMatch("pegaflow-save-start"::equals);
+        assertThat(streams).isNotEmpty().allMatch(s -> s == 1L);
+        // the stored bytes are the blocks' bytes: loaded into other blocks, they match
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        sched.afterAlloc("b", ids(10, 3), 2 * BLOCK);
+        worker.startLoads(sched.buildPlan());
+        assertThat(recvingAfter(List.of(), new ArrayList<>())).containsExactly("b");
+        assertThat(block(10)).isEqualTo(want[0]);
+        assertThat(block(11)).isEqualTo(want[1]);
+    }
+
     /** Stores two blocks through a cold request "a" whose saves finish; returns their hashes. */
     private BlockHashes storedTwoBlocks() throws InterruptedException {
         BlockHashes h = hashes(2);
