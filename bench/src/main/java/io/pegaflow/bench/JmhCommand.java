@@ -29,6 +29,10 @@ final class JmhCommand implements Callable<Integer> {
     @Option(names = "--quick", description = "1 warm-up and 2 measured iterations (smoke runs)")
     boolean quick;
 
+    @Option(names = "--include", defaultValue = "io\\.pegaflow\\.bench\\.jmh\\..*",
+            description = "which benchmarks run (a regular expression over their names; default: all)")
+    String include;
+
     @Override
     public Integer call() throws Exception {
         Path raw = json.resolveSibling(json.getFileName().toString().replace(".json", "") + "-raw.json");
@@ -36,7 +40,7 @@ final class JmhCommand implements Callable<Integer> {
             Files.createDirectories(raw.toAbsolutePath().getParent());
         }
         ChainedOptionsBuilder opts = new OptionsBuilder()
-                .include("io\\.pegaflow\\.bench\\.jmh\\..*")
+                .include(include)
                 .forks(1)
                 .jvmArgsAppend("--enable-native-access=ALL-UNNAMED", "--sun-misc-unsafe-memory-access=allow", "-Xmx1g")
                 .warmupIterations(quick ? 1 : 5)
@@ -65,6 +69,10 @@ final class JmhCommand implements Callable<Integer> {
         summary.put("host_copy_scattered_32k_gbps", scattered);
         summary.put("host_copy_bulk_gbps", bulk);
         summary.put("scattered_over_bulk", scattered / bulk);
+        // the engine's share of an in-step load's plan: 1,024 Llama blocks, 32 layers (LayeredPlanBenchmark)
+        summary.put("layered_plan_1024_ms", ms.getOrDefault("queryThenLoadLayered", Double.NaN));
+        summary.put("plain_load_plan_1024_ms", ms.getOrDefault("queryThenLoad", Double.NaN));
+        summary.put("query_release_1024_ms", ms.getOrDefault("queryAndRelease", Double.NaN));
         summary.put("jmh_raw", raw.toString());
         summary.put("cpus", Runtime.getRuntime().availableProcessors());
         summary.put("java", System.getProperty("java.vm.version"));
