@@ -11,10 +11,13 @@ timings on the same GPU stream:
 - ``overlap``: the load started, then the forward, each layer waiting for its own bytes
   (``wait_layer``, as vLLM's ``wait_for_layer_load`` does) before its kernels.
 
-If layer waits order the GPU and not the thread, ``overlap`` is near ``max(compute, load)``; if
-something serializes them it is near their sum. ``launch_ms``: the thread's time to issue the
-overlapped forward (waits included): near ``compute``'s own launch time when no wait blocks
-the thread. Every round checks the loaded bytes. Prints JSON.
+``launch_ms`` (the thread's time to issue the overlapped forward) and ``in_waits_ms`` (its time
+inside the layer waits) say whether the waits hold the thread. The stand-in's kernels do little
+GPU work, so ``overlap`` beside ``load`` does not show GPU overlap; on CUDA the overlapped
+forward records an event after each layer's kernels, and ``layer_done_ms`` (first, middle,
+last layer, from the load's start) shows when each layer could run: a layer whose bytes came
+early finishes early, one that waited for the whole load finishes with the last. Every round
+checks the loaded bytes. Prints JSON.
 
     pegaflow-bench overlap --tokens 16384 --json out/overlap.json
 """
@@ -68,6 +71,7 @@ def main(argv: list[str]) -> int:
     x = torch.ones(1 << 16, device=dev)
 
     waited = [0.0]
+    marks: list = []  # CUDA events: the start, then one after each layer of the overlapped forward
 
     def forward(wait=None) -> float:
         t = time.perf_counter()
@@ -79,6 +83,9 @@ def main(argv: list[str]) -> int:
             for _ in range(args.kernels_per_layer):
                 x.mul_(1.0000001)
             x.add_(kv[n][0, dst[0], 0, 0, 0].float())  # reads the layer's loaded bytes
+            if wait is not None and marks:
+                marks.append(torch.cuda.Event(enable_timing=True))
+                marks[-1].record()
         return (time.perf_counter() - t) * 1e3
 
     def sync():
@@ -142,6 +149,10 @@ def main(argv: list[str]) -> int:
             end(f"l{r}")
 
             plan = start(f"o{r}")
+            marks.clear()
+            if cuda:
+                marks.append(torch.cuda.Event(enable_timing=True))
+                marks[0].record()
             t = time.perf_counter()
             core.start_loads(plan)
             waited[0] = 0.0
@@ -150,8 +161,12 @@ def main(argv: list[str]) -> int:
             overlap = (time.perf_counter() - t) * 1e3
             end(f"o{r}")
             if r:
-                rows.append({"compute_ms": compute, "compute_launch_ms": compute_launch, "load_ms": load,
-                             "overlap_ms": overlap, "launch_ms": launch, "in_waits_ms": waited[0] * 1e3})
+                row = {"compute_ms": compute, "compute_launch_ms": compute_launch, "load_ms": load,
+                       "overlap_ms": overlap, "launch_ms": launch, "in_waits_ms": waited[0] * 1e3}
+                if len(marks) == len(names) + 1:
+                    for label, i in (("first", 1), ("middle", len(names) // 2), ("last", len(names))):
+                        row[f"layer_done_{label}_ms"] = marks[0].elapsed_time(marks[i])
+                rows.append(row)
     finally:
         sched.close()
         core.close()

@@ -134,7 +134,8 @@ def cross_layer_views(kv_cache, attn_backend, kv_cache_config) -> dict:
 def layer_order(name: str) -> tuple:
     """Sort key of a layer name in the model's forward order: its numbers compared as numbers
     (``model.layers.9`` before ``model.layers.10``), the rest as text."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name) if part)
+    # re.split with a group alternates text and digit runs: odd indices are the digits
+    return tuple((0, int(part), "") if i % 2 else (1, 0, part) for i, part in enumerate(re.split(r"([0-9]+)", name)) if part)
 
 
 def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[LayerGeometry]:
@@ -142,8 +143,7 @@ def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[Laye
     its base address). A layer-wise load copies the regions in this order, so the first layer
     vLLM's forward waits for lands first; address order put layer 0 last where vLLM allocates
     each layer's tensor on its own (0.26: the allocator's addresses descend), and every layer's
-    attention then waited for the whole load. The order is also the same in every process of
-    one model, whatever addresses each got, so they share the pool's slot order. Under the
+    attention then waited for the whole load. Under the
     cross-layer layout (BLNHC) forward order is memory order: a block's layers stay one run on
     both sides and copy as one piece. They must share one device and dtype."""
     if not kv_caches:
@@ -183,10 +183,9 @@ def derive_namespace(facts: dict, layers: list[LayerGeometry], store_tp_size: in
     different algorithms never meet, but the namespace keeps their pools apart), per-layer
     geometry and byte order, and the store's TP split."""
     geometry = sorted({(g.region.layout, g.region.segment_bytes, g.dtype, g.inner_order) for g in layers})
-    # slot_order: how a block's slots follow each other in the pool (forward order since the
-    # slots stopped following device addresses); a change gives a new namespace, never bytes
-    # of one order read in another
-    payload = dict(facts, geometry=geometry, layers=len(layers), tp=store_tp_size, slot_order="forward")
+    # not the regions' order: the store names a block's slots by layer name and keeps each
+    # block's own slot offsets, so a block saved in one region order reads back in any other
+    payload = dict(facts, geometry=geometry, layers=len(layers), tp=store_tp_size)
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
     model = str(facts.get("model", "model")).rstrip("/").rsplit("/", 1)[-1] or "model"
     return f"{model}:bs{facts.get('block_size', '?')}:tp{store_tp_size}:{digest}"

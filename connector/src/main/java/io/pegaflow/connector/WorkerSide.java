@@ -61,9 +61,15 @@ public final class WorkerSide {
      * submitted, which includes everything queued before {@code wait_for_save} returned (the
      * forward that wrote the blocks) and perhaps later work: waiting for more is safe, the saved
      * blocks do not change until vLLM frees them, which it does only once the save is reported
-     * (or, for a preempted request, once {@link #awaitPreempted} waited for it).
+     * (or, for a preempted request, once {@link #awaitPreempted} waited for it; saves that must
+     * end within their step are joined in {@link #submitSaves} while vLLM's thread waits). A
+     * shared stream means the same on any thread of the process; the calling thread's own
+     * per-thread stream ({@link #CU_STREAM_PER_THREAD}) does not, so such a save starts on the
+     * caller's thread.
      */
     private final ExecutorService saver = daemon("pegaflow-save-start");
+    /** The CUDA driver's handle of the calling thread's own default stream (cuda.h). */
+    static final long CU_STREAM_PER_THREAD = 2;
 
     private static ExecutorService daemon(String name) {
         return Executors.newSingleThreadExecutor(r -> {
@@ -309,6 +315,10 @@ public final class WorkerSide {
         try {
             PegaEngine e = current("save of request " + s.requestId());
             String instanceId = instance(s.group(), s.requestId());
+            if (stream == CU_STREAM_PER_THREAD) {
+                // the caller's own per-thread stream means nothing on the save thread: ordered here
+                return e.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream);
+            }
             return CompletableFuture.supplyAsync(() -> e.save(instanceId, workerRank, null, s.blockIds(), s.hashes(), stream),
                     saver).thenCompose(x -> x);
         } catch (PegaflowException e) {
