@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
         core.wait_reported("S", "save", 120)
         sched.finished(["save"], [])
 
-        def start(req: str) -> None:
+        def start(req: str) -> bytes:
             for t in kv.values():
                 t[:, dst].zero_()
             sync()
@@ -174,11 +175,6 @@ def main(argv: list[str]) -> int:
     med = {k: round(statistics.median(row[k] for row in rows), 2) for k in rows[0]}
     nbytes = blocks * args.layers * 2 * args.block_size * args.heads * args.head_dim * 2
     med["load_gbps"] = round(nbytes / (med["load_ms"] / 1e3) / 1e9, 2)
-    med["floor_ms"] = max(med["compute_ms"], med["load_ms"])
-    med["sum_ms"] = round(med["compute_ms"] + med["load_ms"], 2)
-    med["overlap_of_floor"] = round(med["overlap_ms"] / med["floor_ms"], 3)
-    import os
-
     report = {"command": "pegaflow-bench overlap " + " ".join(argv), "device": args.device, "tokens": args.tokens,
               "layers": args.layers, "bytes": nbytes, "kernels_per_layer": args.kernels_per_layer,
               "stream_handle": stream_handle,

@@ -141,9 +141,9 @@ def layer_order(name: str) -> tuple:
 def describe_kv_caches(kv_caches: dict, num_blocks: int, mla: bool) -> list[LayerGeometry]:
     """Every registered layer in the model's forward order (``layer_order`` of its name, then
     its base address). A layer-wise load copies the regions in this order, so the first layer
-    vLLM's forward waits for lands first; address order put layer 0 last where vLLM allocates
-    each layer's tensor on its own (0.26: the allocator's addresses descend), and every layer's
-    attention then waited for the whole load. Under the
+    vLLM's forward waits for lands first. Address order copied layer 0 last on the H200 with
+    vLLM 0.26, which allocates each layer's tensor on its own, and every layer's attention then
+    waited for the whole load (docs/benchmarks/README.md, "Sixth H200 run"). Under the
     cross-layer layout (BLNHC) forward order is memory order: a block's layers stay one run on
     both sides and copy as one piece. They must share one device and dtype."""
     if not kv_caches:

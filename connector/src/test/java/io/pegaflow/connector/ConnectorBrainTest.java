@@ -114,37 +114,44 @@ class ConnectorBrainTest {
         worker.submitSaves(plan, 0);
     }
 
+    /** Host copies that note, for every batch, the thread that submitted it and the stream it waits for. */
+    private record RecordingTransfer(io.pegaflow.engine.transfer.HostTransferEngine host, List<String> threads,
+            List<Long> streams) implements io.pegaflow.engine.transfer.TransferEngine {
+        @Override
+        public io.pegaflow.engine.transfer.TransferFuture submit(io.pegaflow.engine.transfer.CopyBatch batch) {
+            threads.add(Thread.currentThread().getName());
+            streams.add(batch.waitStream());
+            return host.submit(batch);
+        }
+
+        @Override
+        public String name() {
+            return "recorded-host";
+        }
+
+        @Override
+        public void close() {
+            host.close();
+        }
+    }
+
+    /** The threads that submitted a request's save batches, and the streams the batches wait for. */
+    private record SaveSubmits(List<String> threads, List<Long> streams) {}
+
     /**
-     * A save on a CUDA stream (handle 1, the legacy default stream) is planned and submitted on
-     * the worker's save thread, not on vLLM's (wait_for_save precedes the step's tokens), and
-     * still asks its copy to wait for that stream; the bytes land as on the caller's thread.
+     * Binds a fresh engine whose copies are recorded, saves two blocks through a cold request
+     * "a" whose plan {@link WorkerSide#submitSaves} gets with {@code stream}, waits until the
+     * saves are reported, then loads them into other blocks and checks the bytes.
      */
-    @Test
-    void aStreamOrderedSaveIsPlannedOffTheCallersThreadAndStillWaitsForTheStream() throws Exception {
+    private SaveSubmits saveOnStreamThenLoad(long stream) throws InterruptedException {
         engine.close();
-        List<String> threads = new java.util.concurrent.CopyOnWriteArrayList<>();
-        List<Long> streams = new java.util.concurrent.CopyOnWriteArrayList<>();
+        List<RecordingTransfer> made = new ArrayList<>();
         engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
-                .transfer(pool -> new io.pegaflow.engine.transfer.TransferEngine() {
-                    private final io.pegaflow.engine.transfer.HostTransferEngine host =
-                            new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1);
-
-                    @Override
-                    public io.pegaflow.engine.transfer.TransferFuture submit(io.pegaflow.engine.transfer.CopyBatch batch) {
-                        threads.add(Thread.currentThread().getName());
-                        streams.add(batch.waitStream());
-                        return host.submit(batch);
-                    }
-
-                    @Override
-                    public String name() {
-                        return "recorded-host";
-                    }
-
-                    @Override
-                    public void close() {
-                        host.close();
-                    }
+                .transfer(pool -> {
+                    RecordingTransfer t = new RecordingTransfer(new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1),
+                            new java.util.concurrent.CopyOnWriteArrayList<>(), new java.util.concurrent.CopyOnWriteArrayList<>());
+                    made.add(t);
+                    return t;
                 }).build());
         engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
         engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
@@ -158,11 +165,10 @@ class ConnectorBrainTest {
         sched.schedule("a", h, 0, new long[0], false, 0, 2 * BLOCK + 1);
         byte[] plan = sched.buildPlan();
         worker.startLoads(plan);
-        worker.submitSaves(plan, 1);
+        worker.submitSaves(plan, stream);
         sched.requestFinished("a");
         assertThat(finishedSendingAfter(List.of("a"))).containsExactly("a");
-        assertThat(threads).isNotEmpty().allMatch("pegaflow-save-start"::equals);
-        assertThat(streams).isNotEmpty().allMatch(s -> s == 1L);
+        SaveSubmits saves = new SaveSubmits(List.copyOf(made.get(0).threads()), List.copyOf(made.get(0).streams()));
         // the stored bytes are the blocks' bytes: loaded into other blocks, they match
         assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         sched.afterAlloc("b", ids(10, 3), 2 * BLOCK);
@@ -170,6 +176,31 @@ class ConnectorBrainTest {
         assertThat(recvingAfter(List.of(), new ArrayList<>())).containsExactly("b");
         assertThat(block(10)).isEqualTo(want[0]);
         assertThat(block(11)).isEqualTo(want[1]);
+        return saves;
+    }
+
+    /**
+     * A save on a shared CUDA stream (handle 1, the legacy default stream) is planned and
+     * submitted on the worker's save thread, not on vLLM's (wait_for_save precedes the step's
+     * tokens), and still asks its copy to wait for that stream.
+     */
+    @Test
+    void aStreamOrderedSaveIsPlannedOffTheCallersThreadAndStillWaitsForTheStream() throws Exception {
+        SaveSubmits saves = saveOnStreamThenLoad(1);
+        assertThat(saves.threads()).isNotEmpty().allMatch("pegaflow-save-start"::equals);
+        assertThat(saves.streams()).isNotEmpty().allMatch(s -> s == 1L);
+    }
+
+    /**
+     * The caller's per-thread default stream (handle 2) is the save thread's own stream there,
+     * not the caller's: such a save is submitted on the caller's thread, waiting for that stream.
+     */
+    @Test
+    void aSaveOnTheCallersPerThreadStreamIsSubmittedOnTheCallersThread() throws Exception {
+        String caller = Thread.currentThread().getName();
+        SaveSubmits saves = saveOnStreamThenLoad(WorkerSide.CU_STREAM_PER_THREAD);
+        assertThat(saves.threads()).isNotEmpty().allMatch(caller::equals);
+        assertThat(saves.streams()).isNotEmpty().allMatch(s -> s == WorkerSide.CU_STREAM_PER_THREAD);
     }
 
     /** Stores two blocks through a cold request "a" whose saves finish; returns their hashes. */
