@@ -125,7 +125,7 @@ for w in sorted(chosen, key=lambda w: -w.stat().st_size):
 print(f"shipping {len(chosen)} wheels, {sum(w.stat().st_size for w in chosen) / 2**20:.1f} MiB; "
       f"the image's own {len(kept)}", file=sys.stderr)
 PY
-  du -sh "$stage"/c5 "$stage"/c6 2>/dev/null
+  du -sh "$stage"/c5 "$stage"/c6 2>/dev/null || true  # c6 exists only when needed
   ;;
 *) echo "usage: ci/gpu-vllm/stage.sh prepare | select FREEZE" >&2; exit 2 ;;
 esac

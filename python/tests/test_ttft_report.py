@@ -40,3 +40,33 @@ def test_a_load_only_run_joins_the_earlier_report_without_losing_its_figures():
     assert merged["line_h2d_gbps"] == 55.0
     assert merged["merged_runs"][0]["command"] == "pegaflow-bench ttft --load-only"
     assert "merged_runs" not in earlier
+
+
+def test_profile_summary_reads_a_trace(tmp_path):
+    """The profile summary finds each layer's attention start, the first token's copy to the host
+    and the load's copy kernels per stream (with their first launch) in a chrome trace."""
+    import gzip
+    import json
+
+    from pegaflow.bench.profile_summary import main, summarize
+
+    ev = [{"ts": 1000.0, "cat": "cpu_op", "name": "start", "dur": 1}]
+    for i in range(3):  # three layers, 2 ms apart from 5 ms on
+        ev.append({"ts": 1000.0 + 5000 + 2000 * i, "dur": 100, "cat": "kernel",
+                   "name": "void cutlass::device_kernel<flash::enable_sm90_or_later<x>>", "args": {"stream": 7}})
+    for i, (stream, start) in enumerate([(9, 3000), (9, 4000), (11, 3500)]):
+        ev.append({"ts": 1000.0 + start, "dur": 500, "cat": "kernel", "name": "pega_copy",
+                   "args": {"stream": stream, "grid": [64 * (i + 1), 1, 1], "correlation": 50 + i}})
+        ev.append({"ts": 1000.0 + start - 200, "dur": 5, "cat": "cuda_driver", "name": "cuLaunchKernel",
+                   "args": {"correlation": 50 + i}})
+    ev.append({"ts": 1000.0 + 10500, "dur": 2, "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)"})
+    path = tmp_path / "warm-16384.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    s = summarize(str(path), layers=3)
+    assert s["first_forward_attention_kernel_starts_by_layer"] == [5.0, 7.0, 9.0]
+    assert s["first_token_to_host_copy"] == 10.5
+    c = s["load_copy_kernels"]
+    assert (c["count"], c["first_launch"], c["first_start"], c["last_end"], c["busy_ms"]) == (3, 2.8, 3.0, 4.5, 1.5)
+    assert c["streams"]["9"] == {"count": 2, "first_start": 3.0, "last_end": 4.5, "grids": [64, 128]}
+    assert main([]) == 2

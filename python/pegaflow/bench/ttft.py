@@ -307,7 +307,7 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                     # this length's warm in-step loads alone, mean ms per load
                     row["warm_in_step_phases_ms"] = {k: round(d.get(f"vllm:pegaflow_in_step_{k}_ns", 0)
                                                               / d["vllm:pegaflow_in_step_loads"] / 1e6, 3)
-                                                     for k in ("plan", "load", "wait", "step")}
+                                                     for k in ("plan", "hop", "store", "load", "wait", "step")}
             if line:
                 row["line_floor_ms"] = round(n * bytes_per_token / (line * 1e9) * 1e3, 2)
             entry[_label(n)] = row
@@ -318,7 +318,7 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
         if n:
             # the in-step loads' phases, mean ms per load over the whole run (cold, warm, warm-up)
             entry["in_step_phases_ms"] = {k: round(c.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / n / 1e6, 3)
-                                          for k in ("plan", "load", "wait", "step")}
+                                          for k in ("plan", "hop", "store", "load", "wait", "step")}
             entry["in_step_loads"] = int(n)
             if c.get("vllm:pegaflow_alloc_to_load_starts"):
                 # how much earlier the load could start if it started at allocation (same process)

@@ -86,12 +86,14 @@ public final class WorkerSide {
      * until every byte landed and the load ended (seen by the copy's completion), that vLLM's
      * thread spent waiting for the submission in {@code wait_for_layer_load} (the GPU-side waits
      * cost it nothing), and until the step's {@code get_finished} (the step's forward as this
-     * worker sees it).
+     * worker sees it); then two parts of the plan: from the start until the plan's thread took
+     * the load up (a thread hop), and from there until the store's plan returned (the rest of
+     * the plan phase is the batches' enqueue).
      */
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
             STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_IN_STEP_LOADS = 6, STAT_IN_STEP_PLAN_NANOS = 7,
             STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_IN_STEP_STEP_NANOS = 10,
-            STAT_COUNT = 11;
+            STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_COUNT = 13;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
@@ -209,8 +211,11 @@ public final class WorkerSide {
             PegaEngine e = current("load of request " + l.requestId());
             String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> {
+                long began = System.nanoTime();
                 try {
                     LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                    stats.addAndGet(STAT_IN_STEP_HOP_NANOS, began - t0);
+                    stats.addAndGet(STAT_IN_STEP_STORE_NANOS, Math.max(0, h.plannedNanos() - began));
                     stats.addAndGet(STAT_IN_STEP_PLAN_NANOS, System.nanoTime() - t0); // before anyone waiting sees it
                     return h;
                 } catch (RuntimeException refused) {

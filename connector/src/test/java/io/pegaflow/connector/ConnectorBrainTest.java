@@ -360,6 +360,9 @@ class ConnectorBrainTest {
         assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
         assertThat(stats[WorkerSide.STAT_IN_STEP_LOADS]).as("its phases, for the TTFT benchmark").isEqualTo(1);
         assertThat(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]).isPositive();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_STORE_NANOS]).as("the store's plan, a part of the plan phase").isPositive()
+                .isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS] - stats[WorkerSide.STAT_IN_STEP_HOP_NANOS]);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_HOP_NANOS]).as("the hop to the plan's thread").isNotNegative();
         assertThat(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]).isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
         assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended after the bytes landed")

@@ -13,6 +13,16 @@ public final class LayeredLoad {
     CompletableFuture<CopyResult> result; // set once by PegaEngine.loadLayered
     private final List<TransferFuture> parts = new java.util.concurrent.CopyOnWriteArrayList<>();
     private final List<int[]> groupOfRegion = new java.util.concurrent.CopyOnWriteArrayList<>();
+    private volatile long plannedNanos;
+
+    /** {@link System#nanoTime} when the store's plan returned (0: it never did); the rest of the start is the enqueue. */
+    public long plannedNanos() {
+        return plannedNanos;
+    }
+
+    void planned() {
+        plannedNanos = System.nanoTime();
+    }
 
     /** Completes when every byte landed and the load ended; fails naming the destination blocks. */
     public CompletableFuture<CopyResult> result() {

@@ -365,7 +365,8 @@ public final class PegaEngine implements AutoCloseable {
      * A load whose copies go layer by layer (one group of the copy batch per registered
      * region, in region order), so a compute stream can wait for one layer alone ({@link
      * LayeredLoad#awaitLayer}) while later layers still copy: vLLM's {@code
-     * wait_for_layer_load} for a load inside the step. Otherwise as {@link #load}.
+     * wait_for_layer_load} for a load inside the step. Otherwise as {@link #load}, but planned
+     * in one part (no head).
      */
     public LayeredLoad loadLayered(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
         LayeredLoad layered = new LayeredLoad();
@@ -377,10 +378,17 @@ public final class PegaEngine implements AutoCloseable {
             LayeredLoad layered) {
         startOp();
         try {
-            int head = dstBlockIds == null ? 0 : headBlocks(dstBlockIds.length);
+            // A layer-wise load goes in one part: layer i waits for every part's group i, so a
+            // head planned first lets no layer start sooner; it adds a lane beside the rest's
+            // (both contending for the GPU's SMs with the forward) and delays the rest's group 0
+            // by the head's enqueue (docs/benchmarks, the seventh H200 run).
+            int head = dstBlockIds == null || layered != null ? 0 : headBlocks(dstBlockIds.length);
             long asked = clock.getAsLong(); // before the store issued the plan: its hold runs from later
             if (head == 0) {
                 CopyPlan plan = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds);
+                if (layered != null) {
+                    layered.planned();
+                }
                 return submit(instanceId, workerRank, plan, null, dstBlockIds.clone(), 0, asked, layered);
             }
             CopyPlan first = store.beginLoad(instanceId, workerRank, leaseId, dstBlockIds, head);

@@ -46,7 +46,8 @@ import java.util.List;
  *                            batches ({@link LayerSplit}): groups of layers long enough in the
  *                            pool take the bounce path (the copy engine, no SMs taken from the
  *                            forward beside it), several lanes overlap one layer's kernel tail
- *                            with the next. Default {@link LayerSplit#PER_LAYER}, the
+ *                            with the next, a cap on each copy kernel's thread blocks leaves
+ *                            SMs to the forward. Default {@link LayerSplit#PER_LAYER}, the
  *                            environment's {@code PEGAFLOW_CUDA_LAYER_GROUP_KIB} and
  *                            {@code PEGAFLOW_CUDA_LAYER_LANES} and
  *                            {@code PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS} override: groups of 256 KiB

@@ -1,0 +1,77 @@
+"""Summarizes the torch.profiler traces the ttft worker writes with $PEGAFLOW_TTFT_PROFILE.
+
+``python -m pegaflow.bench.profile_summary TRACE.json.gz [...] > summary.json``: for each trace,
+the first forward's timeline in ms from the trace's start: when each layer's attention kernel
+started, when the first token was copied to the host, and this project's load copies
+(``pega_copy`` kernels: per CUDA stream, when they started and ended, and how long they ran), and
+when the thread that launched them made its first launch. No GPU needed; it reads the files only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from collections import defaultdict
+
+COPY_KERNEL = "pega_copy"
+
+
+def _attention(name: str) -> bool:
+    # FlashAttention 3's forward kernel on Hopper (vLLM 0.26's default backend there)
+    return "flash::enable_sm90" in name or "flash_fwd" in name
+
+
+def summarize(path: str, layers: int = 32) -> dict:
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    stamped = [e for e in events if "ts" in e]
+    if not stamped:
+        raise ValueError(f"{path}: no timed events; expected a torch.profiler chrome trace")
+    t0 = min(e["ts"] for e in stamped)
+
+    def ms(us: float) -> float:
+        return round((us - t0) / 1e3, 2)
+
+    kernels = sorted((e for e in stamped if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    attention = [e for e in kernels if _attention(e["name"])][:layers]
+    out: dict = {"first_forward_attention_kernel_starts_by_layer": [ms(e["ts"]) for e in attention]}
+    to_host = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")
+               and attention and e["ts"] > attention[-1]["ts"]]
+    if to_host:
+        out["first_token_to_host_copy"] = ms(min(e["ts"] for e in to_host))
+    copies = [e for e in kernels if e["name"] == COPY_KERNEL]
+    if copies:
+        by_stream: dict = defaultdict(list)
+        for e in copies:
+            by_stream[str(e.get("args", {}).get("stream"))].append(e)
+        launches = {e.get("args", {}).get("correlation"): e for e in stamped
+                    if e.get("cat") == "cuda_driver" and e.get("name") == "cuLaunchKernel"}
+        first = [launches[c] for c in (e.get("args", {}).get("correlation") for e in copies) if c in launches]
+        out["load_copy_kernels"] = {
+            "count": len(copies),
+            "first_launch": ms(min(e["ts"] for e in first)) if first else None,
+            "first_start": ms(copies[0]["ts"]),
+            "last_end": ms(max(e["ts"] + e["dur"] for e in copies)),
+            "busy_ms": round(sum(e["dur"] for e in copies) / 1e3, 2),
+            "streams": {s: {"count": len(v), "first_start": ms(v[0]["ts"]),
+                            "last_end": ms(max(e["ts"] + e["dur"] for e in v)),
+                            "grids": sorted({e.get("args", {}).get("grid", [0])[0] for e in v})}
+                        for s, v in by_stream.items()},
+        }
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: python -m pegaflow.bench.profile_summary TRACE.json.gz [...]", file=sys.stderr)
+        return 2
+    json.dump({"what": "torch.profiler traces (PEGAFLOW_TTFT_PROFILE): the first forward's timeline, ms from "
+                       "each trace's start", "traces": {p: summarize(p) for p in argv}}, sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
