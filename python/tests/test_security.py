@@ -16,10 +16,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shutil
 import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -27,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from pegaflow import errors
-from pegaflow._server import start_server
+from pegaflow._server import Server, start_server
 from pegaflow.engine import EngineClient
 
 from bridge_helpers import BLOCKS, Cache, hashes
@@ -570,6 +573,113 @@ def test_a_tenant_saving_past_its_pool_share_evicts_its_own_blocks_never_the_vic
         victim.client.close()
     finally:
         s.stop()
+
+
+_GROUP_LINE = re.compile(r"trust group (\S+) serving grpc=127\.0\.0\.1:(\d+) http=127\.0\.0\.1:(\d+) pool=(\S+)")
+
+_ATTACKER = textwrap.dedent("""
+    import json, mmap, os, socket, sys
+    a_pool, b_pool = sys.argv[1], sys.argv[2]
+    out = {"uid": os.getuid(), "groups": sorted(os.getgroups())}
+    def attempt(path, mode):
+        try:
+            with open(path, mode):
+                return "opened"
+        except PermissionError:
+            return "denied"
+    for name, pool in (("a", a_pool), ("b", b_pool)):
+        out[name + "_pool_rw"] = attempt(pool, "r+b")
+        out[name + "_pool_ro"] = attempt(pool, "rb")
+        out[name + "_token"] = attempt(pool + ".token", "rb")
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(pool + ".sock")
+            out[name + "_socket"] = "connected"
+        except PermissionError:
+            out[name + "_socket"] = "denied"
+        finally:
+            s.close()
+    # what a hostile tenant of group b can do to bytes: overwrite its own group's whole pool
+    with open(b_pool, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[:] = bytes([255]) * len(m)
+        out["b_scribbled"] = len(m)
+    print(json.dumps(out))
+""")
+
+
+def test_tenants_of_another_trust_group_can_neither_map_its_pool_nor_reach_its_blocks(pb, tmp_path):
+    """Every tenant used to map the one shared pool read-write, so any tenant process could read or
+    overwrite any other tenant's sealed blocks. With --trust-group each group has a pool file of its
+    own shared with its Unix group alone: a process of another group's user (uid nobody, group bin)
+    cannot open group a's pool, token or socket while it can open its own group's; it overwrites its
+    own group's whole pool and group a's victim reads its blocks back byte for byte; group b's server
+    has no block of group a's (a query of the victim's hashes through it misses), and group b's token
+    is refused by group a's server."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the attacker runs as another user (uid nobody) to meet the file modes")
+    import grp
+
+    system_python = shutil.which("python3", path="/usr/bin:/bin")
+    if system_python is None:
+        pytest.skip("no /usr/bin/python3 for the attacker process (another user than the venv's)")
+    a_unix, b_unix = grp.getgrnam("daemon"), grp.getgrnam("bin")
+    # a directory other users can enter (pytest's tmp_path is root's alone), under /dev/shm like the default pools
+    shared = Path(tempfile.mkdtemp(prefix="pegaflow-trust-", dir="/dev/shm"))
+    os.chmod(shared, 0o755)
+    s = start_server(shared / "pool", pool_size="16mb", grace_ms=100, extra=[
+        "--trust-group", f"name=a,size=16mb,unix-group={a_unix.gr_name},addr=127.0.0.1:0,http=127.0.0.1:0",
+        "--trust-group", f"name=b,size=16mb,unix-group={b_unix.gr_name},addr=127.0.0.1:0,http=127.0.0.1:0"])
+    try:
+        groups = {}
+        for line in s.log:
+            m = _GROUP_LINE.search(line)
+            if m:
+                groups[m.group(1)] = Server(s.proc, int(m.group(2)), int(m.group(3)), Path(m.group(4)), 0.0)
+        assert set(groups) == {"a", "b"}, "both groups serving:\n" + "".join(s.log)
+        a, b = groups["a"], groups["b"]
+        assert a.pool_path != b.pool_path != s.pool_path
+        victim = honest_tenant(a)
+        try:
+            # the system's interpreter: the attacker script needs the standard library alone, and
+            # another user may not be able to reach this venv's
+            r = subprocess.run([system_python, "-I", "-c", _ATTACKER, str(a.pool_path), str(b.pool_path)], user=65534,
+                               group=b_unix.gr_gid, extra_groups=[b_unix.gr_gid], capture_output=True, text=True,
+                               timeout=60, cwd="/")
+            assert r.returncode == 0, r.stderr
+            seen = json.loads(r.stdout)
+            assert seen["uid"] == 65534 and b_unix.gr_gid in seen["groups"] and a_unix.gr_gid not in seen["groups"]
+            for what in ("pool_rw", "pool_ro", "token", "socket"):
+                TALLY["cases"] += 1
+                assert seen["a_" + what] == "denied", f"group a's {what}: {seen}"
+                TALLY["refused"] += 1
+                assert seen["b_" + what] in ("opened", "connected"), f"its own group's {what} (the control): {seen}"
+            assert seen["b_scribbled"] == 16 << 20
+            victim()  # group a's blocks, byte for byte
+            # group b's store is not group a's: the victim's hashes miss there
+            thief = EngineClient(b.endpoint, deadline_s=5)
+            try:
+                thief.register_instance("thief", "ns", 1, 1)
+                thief_cache = Cache()
+                thief.register_worker("thief", 0, 0, thief_cache.regions())
+                TALLY["cases"] += 1
+                assert thief.query("thief", victim.hashes).hit_blocks == 0
+                TALLY["refused"] += 1
+            finally:
+                thief.close()
+            # group b's token does not open group a's server
+            h = Hostile(a, pb, token=b.token)
+            try:
+                h.refused("Query", pb[0].QueryRequest(instance_id="victim", hashes=b"".join(victim.hashes), hash_len=32),
+                          h.grpc.StatusCode.UNAUTHENTICATED)
+            finally:
+                h.close()
+            victim()
+        finally:
+            victim.client.close()
+    finally:
+        s.stop()
+        shutil.rmtree(shared, ignore_errors=True)
+    assert not (shared / "pool.group-a").exists()
 
 
 def test_a_registration_flood_under_fresh_client_ids_stops_at_the_cap_and_expires(pb, tmp_path):

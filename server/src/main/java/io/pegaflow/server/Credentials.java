@@ -152,6 +152,11 @@ final class Credentials implements ServerInterceptor {
         this.rejections = r;
     }
 
+    /** The file holding the operator's secret (the one Shutdown and /admin need). */
+    Path operatorFile() {
+        return operatorFile;
+    }
+
     Path tokenFile() {
         return tokenFile;
     }

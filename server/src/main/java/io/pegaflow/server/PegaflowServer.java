@@ -365,6 +365,16 @@ public final class PegaflowServer implements AutoCloseable {
         return pool.file();
     }
 
+    /** The file holding the operator's secret: {@code --operator-token-file}, or the one this server wrote. */
+    public Path operatorTokenFile() {
+        return credentials.operatorFile();
+    }
+
+    /** The file holding the tenants' secret (mode 0600, or 0640 with the pool group). */
+    public Path tokenFile() {
+        return credentials.tokenFile();
+    }
+
     /** Cross-node sharing, or null when this host works alone. */
     public io.pegaflow.server.cluster.ClusterConfig.Cluster cluster() {
         return cluster;

@@ -37,6 +37,12 @@ public final class ServerMain implements Callable<Integer> {
             description = "share the pool and socket files with this group (mode 0660); default: this user only (0600)")
     String poolGroup;
 
+    @Option(names = "--trust-group", paramLabel = "SPEC",
+            description = "a trust group (repeatable, up to 16): name=NAME,size=SIZE,unix-group=GROUP,addr=HOST:PORT[,http=HOST:PORT]."
+                    + " Its tenants get a pool file of their own (<pool-path>.group-NAME), shared with GROUP alone, its own token"
+                    + " and store, served at addr; tenants outside GROUP can neither map its pool nor read its token (docs/security.md)")
+    List<String> trustGroups;
+
     @Option(names = "--lease-ttl-secs", defaultValue = "600", description = "seconds an unconsumed lease pins its blocks")
     long leaseTtlSecs;
 
@@ -255,7 +261,24 @@ public final class ServerMain implements Callable<Integer> {
             owner = ProcessHandle.of(ownerPid).orElseThrow(() -> new IllegalArgumentException("--owner-pid " + ownerPid
                     + " is not a running process; expected the pid of the process that owns this server"));
         }
+        List<TrustGroup> groups = new java.util.ArrayList<>();
+        for (String spec : trustGroups == null ? List.<String>of() : trustGroups) {
+            groups.add(TrustGroup.parse(spec));
+        }
+        TrustGroup.checkApart(groups, poolGroup); // every group refused before any file is made
         PegaflowServer server = PegaflowServer.start(config, localSocket, busyPollUs);
+        List<PegaflowServer> grouped = new java.util.ArrayList<>();
+        try {
+            for (TrustGroup g : groups) {
+                PegaflowServer s = PegaflowServer.start(groupConfig(config, g, server.operatorTokenFile()), localSocket, busyPollUs);
+                grouped.add(s);
+                System.out.println("pegaflow-server trust group " + g.name() + " serving " + s.describe() + " token=" + s.tokenFile());
+            }
+        } catch (RuntimeException | java.io.IOException e) {
+            grouped.forEach(PegaflowServer::close);
+            server.close();
+            throw e;
+        }
         if (injectLoadFailures != 0) {
             server.store().injectLoadFailures(injectLoadFailures);
         }
@@ -266,12 +289,29 @@ public final class ServerMain implements Callable<Integer> {
                 server.close();
             });
         }
-        Runtime.getRuntime().addShutdownHook(new Thread(server::close, "pegaflow-server-stop"));
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+            grouped.forEach(PegaflowServer::close);
+            server.close();
+        }, "pegaflow-server-stop"));
         System.out.println("pegaflow-server " + Version.VERSION + " ready " + server.describe());
         System.out.flush();
         server.awaitTermination();
+        grouped.forEach(PegaflowServer::close); // the server's Shutdown (the operator's) stops every group
         server.close();
         return 0;
+    }
+
+    /**
+     * A trust group's server: the server's settings but its own pool (beside the server's), its
+     * own token (beside its pool, 0640 to its Unix group), its Unix group for every file, its
+     * addresses, the server's operator token, and neither the SSD tier nor the cluster (they
+     * serve the server's pool).
+     */
+    static PegaflowServer.Config groupConfig(PegaflowServer.Config server, TrustGroup g, Path operatorToken) {
+        return new PegaflowServer.Config(g.addr(), g.httpAddr(), g.poolBytes(), g.poolPath(server.poolPath()),
+                server.leaseTtl(), server.sessionGrace(), server.prometheus() && g.httpAddr() != null, g.unixGroup(),
+                server.copyTtl(), null, server.prefaultThreads(), null, null,
+                server.tenancy().operatorToken(operatorToken), server.admission(), server.eviction(), server.tls());
     }
 
     private io.pegaflow.server.cluster.ClusterConfig clusterConfig() {
