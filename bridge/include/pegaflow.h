@@ -362,7 +362,11 @@ typedef struct pegaflow_api {
        compute stream: the stream waits for that layer's bytes on the GPU (0: the calling thread
        blocks; pass CU_STREAM_LEGACY, 1, for the legacy default stream, which PyTorch reports
        as 0). worker_get_finished ends the step's in-step loads; a failed one's blocks come
-       from worker_load_errors (never as "R" lines). */
+       from worker_load_errors (never as "R" lines). With 4, load_mode may add 8 too: where
+       this process holds the instance's worker (the newest created here), such a load
+       starts in sched_after_alloc, when vLLM allocated its blocks, and the step's
+       worker_start_step_loads takes it up instead of starting it (accepted since ABI 9's
+       wave 3 builds; older ones refuse the mode). */
     int32_t (*worker_start_step_loads)(int64_t worker, const uint8_t *plan, int64_t len, int32_t *out_in_step);
     int32_t (*worker_wait_layer)(int64_t worker, int32_t layer, int64_t stream);
 

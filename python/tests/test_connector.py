@@ -67,9 +67,13 @@ def load_async(engine: SimEngine) -> bool:
     return not engine.scheduler.connector._scheduler.brain.in_step
 
 
-@pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])
+@pytest.mark.parametrize("in_step", [True, False, "at_alloc"], ids=["in_step", "async", "in_step_at_alloc"])
 def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_effects(engines, in_step):
-    extra = {**EMBEDDED, "load_in_step": in_step}
+    """at_alloc: the in-step load starts where vLLM allocates the blocks (load_at_alloc; the sim's
+    worker shares the scheduler's process, as vLLM's engine core with its worker in-process)."""
+    at_alloc = in_step == "at_alloc"
+    in_step = bool(in_step)
+    extra = {**EMBEDDED, "load_in_step": in_step, "load_at_alloc": at_alloc}
     p = prompt(1, 70)
     a = engines("a", extra)
     a.add("r", p, max_tokens=3)
@@ -95,7 +99,10 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
         assert b.block_matches(0, b_table[i], p, i)
     stats = store_stats(b)
     assert stats["pegaflow_active_leases"] == 0
-    assert stats["pegaflow_load_blocks_total"] == 4
+    assert stats["pegaflow_load_blocks_total"] == 4, "one load: the step took up the allocation's"
+    worker = b.ranks[0].connector._worker.brain.stats()
+    assert worker["in_step_at_alloc"] == (1 if at_alloc else 0)
+    assert worker["in_step_loads"] == (1 if in_step else 0)
 
 
 def test_kv_transfer_params_turn_a_requests_saves_and_loads_off_or_cap_them(engines, caplog):

@@ -54,3 +54,11 @@ def test_cuda_graphs_go_piecewise_only_where_loads_run_in_the_step():
     assert PegaKVConnector.requires_piecewise_for_cudagraph({"load_in_step": True}) is True
     assert PegaKVConnector.requires_piecewise_for_cudagraph({}) is False  # auto: asynchronous on the GPU
     assert PegaKVConnector.requires_piecewise_for_cudagraph({"load_in_step": False}) is False
+
+
+def test_load_at_alloc_is_off_unless_asked_for():
+    assert Settings.from_extra({}, {}).load_at_alloc is False
+    assert Settings.from_extra({"load_at_alloc": True}, {}).load_at_alloc is True
+    assert Settings.from_extra({}, {"PEGAFLOW_LOAD_AT_ALLOC": "1"}).load_at_alloc is True
+    with pytest.raises(InvalidArgumentError, match=r"load_at_alloc 'sometimes'; expected true or false"):
+        Settings.from_extra({"load_at_alloc": "sometimes"}, {})

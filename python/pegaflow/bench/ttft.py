@@ -44,11 +44,12 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # does not; "<system>_instepg" loads in the step with layers grouped into 256 KiB stretches of
 # each block (the CUDA engine's bounce path) and "<system>_instep2" deals the layers over two
 # copy lanes and "<system>_instepc" caps each copy-kernel launch at 264 thread blocks (two per
-# H200 SM, so the forward's kernels find SMs beside the copy; io.pegaflow.engine.transfer.LayerSplit),
-# where "_instep" copies one layer per group on one lane with the kernel's full grid.
+# H200 SM; io.pegaflow.engine.transfer.LayerSplit) where "_instep" copies one layer per group on one
+# lane with kernels of 32 thread blocks (the default); "<system>_instepa" starts each in-step load
+# where vLLM allocates its blocks (load_at_alloc, the worker in the scheduler's process).
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
-VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepg", "instep2", "instepc", "v1cross")
+VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepa", "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
@@ -141,6 +142,8 @@ class Systems:
             extra = kv["kv_connector_extra_config"]
             if variant.startswith(("async", "instep")):
                 extra["load_in_step"] = variant != "async"
+            if variant == "instepa":
+                extra["load_at_alloc"] = True
             extra["cross_layer_blocks"] = variant == "v1cross" or extra.get("cross_layer_blocks", True)
             return kv, stop
         if system == "none":

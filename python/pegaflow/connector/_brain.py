@@ -41,13 +41,15 @@ def _tables(tables: Sequence[Sequence[int]]) -> tuple[array.array, array.array, 
 
 class SchedulerBrain:
     def __init__(self, link_handle: int, groups: Sequence[Group], block_size: int, load_enabled: bool,
-                 wait_full_prefix: bool = False, in_step: bool = False):
+                 wait_full_prefix: bool = False, in_step: bool = False, at_alloc: bool = False):
         out = c_int64()
         self._api = _bridge.api()
         mode = (2 if wait_full_prefix else 1) if load_enabled else 0  # sched_create's load mode (pegaflow.h)
         # loads inside the step: one KV-cache group only (the Java side keeps the others asynchronous)
         self.in_step = bool(in_step and load_enabled and len(groups) == 1)
         mode |= 4 if self.in_step else 0
+        # ...started where vLLM allocates their blocks, when this process holds the worker too
+        mode |= 8 if self.in_step and at_alloc else 0
         self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
@@ -184,7 +186,7 @@ class WorkerBrain:
 
     STATS = ("loaded_blocks", "loaded_bytes", "saved_blocks", "saved_bytes", "load_failed_blocks", "save_failures",
              "in_step_loads", "in_step_plan_ns", "in_step_load_ns", "in_step_wait_ns", "in_step_step_ns",
-             "in_step_hop_ns", "in_step_store_ns")
+             "in_step_hop_ns", "in_step_store_ns", "in_step_at_alloc")
 
     def stats(self) -> dict[str, int]:
         """Counters since the last call (``STATS``; vLLM's connector stats)."""

@@ -70,7 +70,7 @@ class SchedulerCore:
     metadata class for failed loads of several groups (None where vLLM reports them itself)."""
 
     def __init__(self, link, groups, block_size: int, hash_algo: str, role: str, load_enabled: bool,
-                 save_enabled: bool, in_step: bool, failed_meta, events_enabled: bool):
+                 save_enabled: bool, in_step: bool, failed_meta, events_enabled: bool, at_alloc: bool = False):
         self._link = link
         self._groups = groups
         self._block_size = block_size
@@ -86,7 +86,7 @@ class SchedulerCore:
         self.keys = BlockKeys(hash_algo, block_size)
         # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
         self.brain = SchedulerBrain(link.handle, [g.group for g in groups], block_size, load_enabled,
-                                    wait_full_prefix=role == "kv_consumer", in_step=in_step)
+                                    wait_full_prefix=role == "kv_consumer", in_step=in_step, at_alloc=at_alloc)
         self._requests: dict[str, Request] = {}
         self._hashes_sent: dict[str, int] = {}
         self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request

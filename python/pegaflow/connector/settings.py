@@ -27,6 +27,9 @@ _KEYS = {
     "layer, each attention layer waiting for its own (true), or asynchronously, the request waiting in "
     "WAITING_FOR_REMOTE_KVS (false); default auto: in the step on vLLM's CPU runner, asynchronous on a GPU, where "
     "vLLM's model runners mishandle a failed in-step load (docs/connector.md) (env PEGAFLOW_LOAD_IN_STEP)",
+    "load_at_alloc": "true | false: with load_in_step, start a hit's load when vLLM allocates its blocks "
+    "(update_state_after_alloc) rather than in the step's start_load_kv, where the worker runs in the scheduler's "
+    "process (TP 1); default false until measured on a GPU (env PEGAFLOW_LOAD_AT_ALLOC)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -43,6 +46,7 @@ class Settings:
     health_interval_s: float = 1.0
     cross_layer_blocks: bool = True
     load_in_step: bool | None = None  # None: auto (in_step_default)
+    load_at_alloc: bool = False
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
 
@@ -85,9 +89,9 @@ class Settings:
         namespace = raw.get("namespace")
         if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
             raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
-        def boolean(key: str, env_name: str, auto: bool = False) -> bool | None:
+        def boolean(key: str, env_name: str, auto: bool = False, default: bool = True) -> bool | None:
             """The flag (None: 'auto', where ``auto`` allows it; that is then its default)."""
-            flag = raw.get(key, env.get(env_name, "auto" if auto else True))
+            flag = raw.get(key, env.get(env_name, "auto" if auto else default))
             expected = "auto, true or false" if auto else "true or false"
             if isinstance(flag, str):
                 word = flag.strip().lower()
@@ -102,6 +106,7 @@ class Settings:
 
         flag = boolean("cross_layer_blocks", "PEGAFLOW_CROSS_LAYER_BLOCKS")
         in_step = boolean("load_in_step", "PEGAFLOW_LOAD_IN_STEP", auto=True)
+        at_alloc = boolean("load_at_alloc", "PEGAFLOW_LOAD_AT_ALLOC", default=False)
         paths = raw.get("ssd_cache_path", env.get("PEGAFLOW_SSD_CACHE_PATH", ""))
         if isinstance(paths, str):
             paths = [p.strip() for p in paths.split(",") if p.strip()]
@@ -114,6 +119,7 @@ class Settings:
             ssd_cache_capacity=str(raw.get("ssd_cache_capacity", DEFAULT_SSD_CAPACITY)),
             cross_layer_blocks=flag,
             load_in_step=in_step,
+            load_at_alloc=at_alloc,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,
             pool_size=str(raw.get("pool_size", env.get("PEGAFLOW_POOL_SIZE", "8gb"))),

@@ -91,15 +91,16 @@ final class ConnectorExports {
     static int pfSchedCreate(long link, MemorySegment groups, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            int mode = loadEnabled & ~IN_STEP;
+            int mode = loadEnabled & ~(IN_STEP | AT_ALLOC);
             if (mode < 0 || mode > 2) {
                 throw new io.pegaflow.engine.InvalidArgumentException("sched_create load mode " + loadEnabled
                         + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode"
-                        + " instance), plus 4 for loads inside the step");
+                        + " instance), plus 4 for loads inside the step, plus 8 to start those where their blocks are allocated");
             }
             SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), groups(groups), blockSize,
                     mode != 0, mode == 2);
             s.inStepLoads((loadEnabled & IN_STEP) != 0);
+            s.loadsAtAlloc((loadEnabled & AT_ALLOC) != 0);
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
     }
@@ -196,6 +197,8 @@ final class ConnectorExports {
 
     /** sched_create's load-mode bit: hits are loaded inside the step that uses them (ABI 6). */
     static final int IN_STEP = 4;
+    /** sched_create mode bit: in-step loads start where their blocks are allocated (a worker in this process). */
+    static final int AT_ALLOC = 8;
 
     /** start_load_kv: as worker_start_loads; *out_in_step gets the step's loads that run inside it (ABI 6). */
     static int pfWorkerStartStepLoads(long worker, MemorySegment plan, long len, MemorySegment outInStep) {

@@ -83,6 +83,7 @@ public final class SchedulerSide {
     private long loadFailures;
     /** Loads run inside the step that uses them (vLLM told the tokens are ready); one KV-cache group only. */
     private boolean inStepLoads;
+    private boolean loadsAtAlloc;
     /** Requests whose in-step load was in a recent plan: their targets are matched against failed blocks. */
     private final java.util.Set<Req> inStepRecent = new java.util.HashSet<>();
 
@@ -185,6 +186,20 @@ public final class SchedulerSide {
      */
     public void inStepLoads(boolean on) {
         inStepLoads = on && groups.size() == 1;
+    }
+
+    /**
+     * Whether in-step loads start when vLLM allocates their blocks ({@code update_state_after_alloc})
+     * rather than in the step's {@code start_load_kv}, where this process holds the instance's
+     * worker too (vLLM's engine core with its worker in-process, TP 1): see {@link
+     * WorkerSide#startAtAlloc}. Off by default until measured on the GPU.
+     */
+    public void loadsAtAlloc(boolean on) {
+        loadsAtAlloc = on;
+    }
+
+    public boolean loadsAtAlloc() {
+        return loadsAtAlloc;
     }
 
     /** Whether hits are loaded inside the step (see {@link #inStepLoads(boolean)}). */
@@ -512,6 +527,12 @@ public final class SchedulerSide {
         r.loadTargets = targets.stream().flatMapToLong(Arrays::stream).toArray();
         pendingLoads.put(requestId, loads);
         r.loading = true;
+        if (inStepLoads && loadsAtAlloc && r.loadEngine != null) { // a load offered (not a contract violation's)
+            WorkerSide w = WorkerSide.colocated(groups.get(0).instanceId());
+            if (w != null) {
+                w.startAtAlloc(loads);
+            }
+        }
     }
 
     /**

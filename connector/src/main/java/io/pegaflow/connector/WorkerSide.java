@@ -88,12 +88,13 @@ public final class WorkerSide {
      * cost it nothing), and until the step's {@code get_finished} (the step's forward as this
      * worker sees it); then two parts of the plan: from the start until the plan's thread took
      * the load up (a thread hop), and from there until the store's plan returned (the rest of
-     * the plan phase is the batches' enqueue).
+     * the plan phase is the batches' enqueue); then how many in-step loads started when the
+     * scheduler allocated their blocks ({@link #startAtAlloc}), their phases timed from there.
      */
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
             STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_IN_STEP_LOADS = 6, STAT_IN_STEP_PLAN_NANOS = 7,
             STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_IN_STEP_STEP_NANOS = 10,
-            STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_COUNT = 13;
+            STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_IN_STEP_AT_ALLOC = 13, STAT_COUNT = 14;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
@@ -103,6 +104,18 @@ public final class WorkerSide {
 
     /** This step's in-step loads; ended (their failures recorded) by {@link #getFinished}. */
     private final List<StepLoad> stepLoads = new ArrayList<>();
+
+    /**
+     * The worker of each store instance in this process (the newest created here): where a
+     * scheduler side in the same process (vLLM's engine core with the worker in-process) starts
+     * in-step loads when it allocates their blocks ({@link #startAtAlloc}).
+     */
+    private static final Map<String, WorkerSide> COLOCATED = new java.util.concurrent.ConcurrentHashMap<>();
+    /** In-step loads started at allocation, by request and group, until the step's plan claims them. */
+    private record Early(StepPlan.Load load, CompletableFuture<LayeredLoad> started, long startNanos) {}
+    private final Map<String, Early> early = new java.util.concurrent.ConcurrentHashMap<>();
+    /** Loads started at allocation waiting for their step at most (more are started with their step). */
+    static final int MAX_EARLY = 1024;
 
     public WorkerSide(EngineSource source, String instanceId, int workerRank) {
         this(source, List.of(CacheGroup.full(instanceId)), workerRank);
@@ -120,6 +133,40 @@ public final class WorkerSide {
         this.source = source;
         this.groups = List.copyOf(groups);
         this.workerRank = workerRank;
+        COLOCATED.put(this.groups.get(0).instanceId(), this); // the newest (a restarted connector's)
+    }
+
+    /** The worker of store instance {@code instanceId} in this process, or null. */
+    static WorkerSide colocated(String instanceId) {
+        return COLOCATED.get(instanceId);
+    }
+
+    /**
+     * Starts in-step loads where the scheduler allocated their blocks, before the step that
+     * uses them (vLLM's scheduling and input preparation, ~4.5 ms on the H200, then overlap the
+     * plan and the first layers' copy). The blocks are the request's own from allocation on: no
+     * forward reads them before this load's layers land, which the step's {@code
+     * wait_for_layer_load} waits for as for a load started in the step. The step's {@link
+     * #startLoads} claims each by request and group; a load started here with other blocks than
+     * the plan's (never expected) is waited for and started again.
+     */
+    void startAtAlloc(List<StepPlan.Load> loads) {
+        for (StepPlan.Load l : loads) {
+            if (!l.inStep() || early.size() >= MAX_EARLY) {
+                continue;
+            }
+            String key = l.requestId() + "\u0000" + l.group();
+            if (!early.containsKey(key)) { // vLLM allocates on its scheduler thread, before the step's plan
+                long t0 = System.nanoTime();
+                early.put(key, new Early(l, startInStep(l, t0), t0));
+            }
+        }
+    }
+
+    /** Loads started at allocation whose step never came (the request was aborted) and that landed long ago. */
+    private void dropStaleEarly() {
+        long now = System.nanoTime();
+        early.values().removeIf(e -> now - e.startNanos() > 60_000_000_000L && e.started().thenCompose(LayeredLoad::result).isDone());
     }
 
     /** The store instance of the plan's group {@code group}. */
@@ -158,13 +205,26 @@ public final class WorkerSide {
         for (StepPlan.Load l : plan(plan).loads()) {
             if (l.inStep()) {
                 long t0 = System.nanoTime();
-                CompletableFuture<LayeredLoad> started = startInStep(l, t0);
+                Early e = early.remove(l.requestId() + "\u0000" + l.group());
+                CompletableFuture<LayeredLoad> started;
+                if (e != null && java.util.Arrays.equals(e.load().blockIds(), l.blockIds())) {
+                    started = e.started();
+                    t0 = e.startNanos();
+                    stats.incrementAndGet(STAT_IN_STEP_AT_ALLOC);
+                } else {
+                    if (e != null) {
+                        // not the plan's blocks: let it land (it writes into them) before starting the plan's
+                        e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+                    }
+                    started = startInStep(l, t0);
+                }
+                long from = t0;
                 // timed where the bytes land (the copy's completion), not where the step ends
                 CompletableFuture<CopyResult> landed = started.thenCompose(LayeredLoad::result).thenApply(r -> {
-                    stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - t0);
+                    stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - from);
                     return r;
                 });
-                stepLoads.add(new StepLoad(l.requestId(), started, landed, l.blockIds(), t0));
+                stepLoads.add(new StepLoad(l.requestId(), started, landed, l.blockIds(), from));
                 stats.incrementAndGet(STAT_IN_STEP_LOADS);
                 continue;
             }
@@ -180,6 +240,9 @@ public final class WorkerSide {
                 }
             });
             loads.computeIfAbsent(l.requestId(), k -> new ArrayList<>()).add(new PendingLoad(f, l.blockIds()));
+        }
+        if (!early.isEmpty()) {
+            dropStaleEarly();
         }
         return stepLoads.size();
     }
@@ -440,7 +503,12 @@ public final class WorkerSide {
 
     /** Waits for every load and save in flight (connector shutdown). */
     public void shutdown() {
+        COLOCATED.remove(groups.get(0).instanceId(), this);
         endStepLoads();
+        for (Early e : early.values()) {
+            e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+        }
+        early.clear();
         Set<CompletableFuture<?>> all = new HashSet<>();
         loads.values().forEach(l -> l.forEach(p -> all.add(p.future())));
         saves.values().forEach(all::addAll);

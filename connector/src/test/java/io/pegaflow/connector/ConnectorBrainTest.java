@@ -372,6 +372,51 @@ class ConnectorBrainTest {
         assertThat(sched.trackedRequests()).isZero();
     }
 
+    /**
+     * With loads at allocation (the worker in the scheduler's process), the in-step load starts in
+     * update_state_after_alloc: its bytes land before the step's plan is even built, the step takes
+     * the same load up (no second copy, no second use of the lease), waits for it layer by layer
+     * and counts it.
+     */
+    @Test
+    void anInStepLoadStartedAtAllocationIsTakenUpByItsStep() throws Exception {
+        BlockHashes h = hashes(4);
+        runCold("cold", h, 4 * BLOCK + 3, 0);
+        byte[][] saved = {block(0), block(1), block(2), block(3)};
+        sched.requestFinished("cold");
+        finishedSendingAfter(List.of("cold"));
+        sched.finished(List.of("cold"), List.of());
+        sched.inStepLoads(true);
+        sched.loadsAtAlloc(true);
+        assertThat(WorkerSide.colocated("vllm")).as("this process's worker of the instance").isSameAs(worker);
+        assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (!java.util.Arrays.equals(block(23), saved[3]) && System.nanoTime() < deadline) {
+            Thread.sleep(2);
+        }
+        for (int i = 0; i < 4; i++) {
+            assertThat(block(20 + i)).as("block %d landed before the step's plan was built", i).isEqualTo(saved[i]);
+        }
+        sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5);
+        byte[] plan = sched.buildPlan();
+        assertThat(worker.startLoads(plan)).as("the allocation's load, inside this step").isEqualTo(1);
+        for (int layer = 0; layer < layers.size(); layer++) {
+            worker.waitLayer(layer, 0);
+        }
+        WorkerSide.Finished f = worker.getFinished(List.of());
+        assertThat(f.recving()).isEmpty();
+        assertThat(worker.drainLoadErrors()).as("one load: the lease was used once").isEmpty();
+        long[] stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_AT_ALLOC]).isEqualTo(1);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_LOADS]).isEqualTo(1);
+        assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThat(sched.requestFinished("warm")).isFalse();
+        assertThat(sched.trackedRequests()).isZero();
+    }
+
     @Test
     void aFailedInStepLoadIsReportedByItsBlocksInItsStepAndTheRequestGetsNoMoreHits() throws Exception {
         BlockHashes h = storedTwoBlocks();
