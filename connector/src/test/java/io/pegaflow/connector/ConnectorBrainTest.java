@@ -331,15 +331,21 @@ class ConnectorBrainTest {
         assertThat(worker.drainStats()[WorkerSide.STAT_LOAD_FAILED_BLOCKS]).as("vLLM's connector stats").isEqualTo(2);
     }
 
-    @Test
-    void anInStepLoadIsWaitedForLayerByLayerAndNeverReportedAsRecving() throws Exception {
-        BlockHashes h = hashes(4);
+    /** A cold request stores {@code h}'s four blocks (their bytes returned) and ends; later hits load in the step. */
+    private byte[][] storedFourBlocksThenInStep(BlockHashes h) throws Exception {
         runCold("cold", h, 4 * BLOCK + 3, 0);
         byte[][] saved = {block(0), block(1), block(2), block(3)};
         sched.requestFinished("cold");
         finishedSendingAfter(List.of("cold"));
         sched.finished(List.of("cold"), List.of());
         sched.inStepLoads(true);
+        return saved;
+    }
+
+    @Test
+    void anInStepLoadIsWaitedForLayerByLayerAndNeverReportedAsRecving() throws Exception {
+        BlockHashes h = hashes(4);
+        byte[][] saved = storedFourBlocksThenInStep(h);
         assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
         sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
         sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5); // the tail, in the same step
@@ -381,12 +387,7 @@ class ConnectorBrainTest {
     @Test
     void anInStepLoadStartedAtAllocationIsTakenUpByItsStep() throws Exception {
         BlockHashes h = hashes(4);
-        runCold("cold", h, 4 * BLOCK + 3, 0);
-        byte[][] saved = {block(0), block(1), block(2), block(3)};
-        sched.requestFinished("cold");
-        finishedSendingAfter(List.of("cold"));
-        sched.finished(List.of("cold"), List.of());
-        sched.inStepLoads(true);
+        byte[][] saved = storedFourBlocksThenInStep(h);
         sched.loadsAtAlloc(true);
         assertThat(WorkerSide.colocated("vllm")).as("this process's worker of the instance").isSameAs(worker);
         assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
