@@ -274,10 +274,13 @@ typedef struct pegaflow_api {
     /* get_block_ids_with_load_errors: drains the failed destination block ids. */
     int32_t (*worker_load_errors)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
     int32_t (*worker_close)(int64_t worker);
-    /* vLLM's connector stats: counters since the last call into out[0..9] (cap >= 10; *out_count
-       says how many): blocks and bytes loaded, blocks and bytes saved, blocks whose load failed,
-       saves that failed, then in-step loads (since ABI 6): how many, and nanoseconds to submit
-       them, to finish them, and that the caller waited in worker_wait_layer. */
+    /* vLLM's connector stats: counters since the last call into out[0..n) (cap >= 10; *out_count
+       = n, the lesser of cap and this build's count, 14 now): blocks and bytes loaded, blocks and
+       bytes saved, blocks whose load failed, saves that failed, then in-step loads (since ABI 6):
+       how many, and nanoseconds to submit them, to finish them, and that the caller waited in
+       worker_wait_layer; then (wave 3 builds) nanoseconds to the step's get_finished, of the
+       submission's thread hop and of the store's plan, and how many started at allocation
+       (sched_create's mode 8). Counters past cap are drained unseen. */
     int32_t (*worker_stats)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
 
     /* ---- vLLM's prefix-caching block hash, for engines that are not vLLM (since ABI 4). ----

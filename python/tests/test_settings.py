@@ -62,3 +62,20 @@ def test_load_at_alloc_is_off_unless_asked_for():
     assert Settings.from_extra({}, {"PEGAFLOW_LOAD_AT_ALLOC": "1"}).load_at_alloc is True
     with pytest.raises(InvalidArgumentError, match=r"load_at_alloc 'sometimes'; expected true or false"):
         Settings.from_extra({"load_at_alloc": "sometimes"}, {})
+
+
+def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
+    """Under vLLM's asynchronous scheduling the previous step's forward may still write into a
+    block allocated for the next: an early copy into it would race, so the setting is refused
+    there with a log line naming the way out."""
+    from types import SimpleNamespace
+
+    from pegaflow.connector._vllm import loads_at_alloc
+
+    on = Settings.from_extra({"load_at_alloc": True}, {})
+    sync, asyn = (SimpleNamespace(scheduler_config=SimpleNamespace(async_scheduling=v)) for v in (False, True))
+    assert loads_at_alloc(on, sync) is True
+    assert loads_at_alloc(Settings.from_extra({}, {}), sync) is False
+    with caplog.at_level("WARNING", logger="pegaflow.connector"):
+        assert loads_at_alloc(on, asyn) is False
+    assert "--no-async-scheduling" in caplog.text

@@ -5,6 +5,8 @@ the first forward's timeline in ms from the trace's start: when each layer's att
 started, when the first token was copied to the host, and this project's load copies
 (``pega_copy`` kernels: per CUDA stream, when they started and ended, and how long they ran), and
 when the thread that launched them made its first launch. No GPU needed; it reads the files only.
+Every ``pega_copy`` kernel in the trace counts, saves' included: the ttft worker profiles a warm
+request, whose prompt is stored already (no saves run beside its first forward).
 """
 
 from __future__ import annotations

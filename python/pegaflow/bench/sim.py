@@ -226,7 +226,9 @@ class SimEngine:
             model_config=model_config,
             scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                              max_model_len=4096, enable_chunked_prefill=True,
-                                             is_encoder_decoder=False),
+                                             is_encoder_decoder=False,
+                                             # this loop schedules, runs and takes each step's output in turn
+                                             async_scheduling=False),
             cache_config=cache_config, kv_transfer_config=kv_transfer, device_config=DeviceConfig("cpu"),
         )
         if mla:

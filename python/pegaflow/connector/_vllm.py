@@ -72,6 +72,19 @@ def _log_through_vllm() -> None:
 _log_through_vllm()
 
 
+def loads_at_alloc(settings: Settings, vllm_config) -> bool:
+    """Whether in-step loads start where vLLM allocates their blocks (setting ``load_at_alloc``):
+    never under asynchronous scheduling, where the previous step's forward may still write into a
+    block vLLM hands out again (the early copy is not ordered after it; docs/connector.md)."""
+    if not settings.load_at_alloc:
+        return False
+    if getattr(getattr(vllm_config, "scheduler_config", None), "async_scheduling", False):
+        log.warning("load_at_alloc is off under vLLM's asynchronous scheduling (--no-async-scheduling turns that off): "
+                    "the previous step's forward may still write into blocks allocated for the next")
+        return False
+    return True
+
+
 def in_step_loads(settings: Settings, gpu: bool | None = None) -> bool:
     """Whether hits load inside the step (setting ``load_in_step``; auto: on vLLM's CPU model
     runner only, never on a CUDA or ROCm GPU). ``gpu``: whether vLLM runs on one (None: ask
@@ -184,7 +197,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256") or "sha256"),
                 _kv_role(vllm_config.kv_transfer_config), self._load_enabled, self._save_enabled,
                 in_step_loads(self._settings), self._failed_meta, _events.enabled(vllm_config),
-                at_alloc=self._settings.load_at_alloc)
+                at_alloc=loads_at_alloc(self._settings, vllm_config))
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "

@@ -275,15 +275,20 @@ final class ConnectorExports {
         });
     }
 
+    /** The counters pegaflow.h promised since ABI 6: a smaller cap is refused, a larger one takes what this build has. */
+    static final int WORKER_STATS_ABI6 = 10;
+
     static int pfWorkerStats(long worker, MemorySegment out, int cap, MemorySegment outCount) {
         return guard(() -> {
             WorkerSide w = workerSide(worker);
-            if (cap < WorkerSide.STAT_COUNT) {
-                throw new InvalidArgumentException("worker_stats cap " + cap + "; expected >= " + WorkerSide.STAT_COUNT);
+            if (cap < WORKER_STATS_ABI6) {
+                throw new InvalidArgumentException("worker_stats cap " + cap + "; expected >= " + WORKER_STATS_ABI6
+                        + " (this build has " + WorkerSide.STAT_COUNT + " counters)");
             }
             long[] stats = w.drainStats();
-            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, stats.length);
-            MemorySegment.copy(stats, 0, buffer(out, 8L * stats.length, "out"), JAVA_LONG, 0, stats.length);
+            int n = Math.min(cap, stats.length); // a caller built against an older header gets the counters it knows
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, n);
+            MemorySegment.copy(stats, 0, buffer(out, 8L * n, "out"), JAVA_LONG, 0, n);
         });
     }
 

@@ -530,7 +530,12 @@ public final class SchedulerSide {
         if (inStepLoads && loadsAtAlloc && r.loadEngine != null) { // a load offered (not a contract violation's)
             WorkerSide w = WorkerSide.colocated(groups.get(0).instanceId());
             if (w != null) {
-                w.startAtAlloc(loads);
+                try {
+                    w.startAtAlloc(loads);
+                } catch (RuntimeException e) {
+                    // the worker is shutting down (its executor refuses): the step starts the load, or
+                    // reports it failed; vLLM's scheduler thread never sees this
+                }
             }
         }
     }

@@ -114,6 +114,8 @@ public final class WorkerSide {
     /** In-step loads started at allocation, by request and group, until the step's plan claims them. */
     private record Early(StepPlan.Load load, CompletableFuture<LayeredLoad> started, long startNanos) {}
     private final Map<String, Early> early = new java.util.concurrent.ConcurrentHashMap<>();
+    /** Set by {@link #shutdown}: no load starts at allocation any more. */
+    private volatile boolean closed;
     /** Loads started at allocation waiting for their step at most (more are started with their step). */
     static final int MAX_EARLY = 1024;
 
@@ -148,11 +150,17 @@ public final class WorkerSide {
      * forward reads them before this load's layers land, which the step's {@code
      * wait_for_layer_load} waits for as for a load started in the step. The step's {@link
      * #startLoads} claims each by request and group; a load started here with other blocks than
-     * the plan's (never expected) is waited for and started again.
+     * the plan's (never expected) is waited for and the plan's blocks are reported as failed (its
+     * lease share is used; vLLM recomputes them).
+     *
+     * <p>Assumes what vLLM's synchronous scheduling gives: a block it allocates has no forward
+     * or copy of the previous steps still reading or writing it (a finished or preempted
+     * request's blocks are freed only once its saves were reported). The Python connector turns
+     * this off under asynchronous scheduling, where the previous step's forward may still run.
      */
     void startAtAlloc(List<StepPlan.Load> loads) {
         for (StepPlan.Load l : loads) {
-            if (!l.inStep() || early.size() >= MAX_EARLY) {
+            if (!l.inStep() || early.size() >= MAX_EARLY || closed) {
                 continue;
             }
             String key = l.requestId() + "\u0000" + l.group();
@@ -213,10 +221,15 @@ public final class WorkerSide {
                     stats.incrementAndGet(STAT_IN_STEP_AT_ALLOC);
                 } else {
                     if (e != null) {
-                        // not the plan's blocks: let it land (it writes into them) before starting the plan's
+                        // not the plan's blocks (never expected): it used this worker's share of the
+                        // lease, so the plan's blocks cannot load now; let it land (it writes into its
+                        // blocks), then report the plan's as failed (vLLM recomputes them)
                         e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+                        started = CompletableFuture.failedFuture(new InvalidArgumentException("in-step load of request "
+                                + l.requestId() + " was started at allocation into other blocks than its step's plan"));
+                    } else {
+                        started = startInStep(l, t0);
                     }
-                    started = startInStep(l, t0);
                 }
                 long from = t0;
                 // timed where the bytes land (the copy's completion), not where the step ends
@@ -503,6 +516,7 @@ public final class WorkerSide {
 
     /** Waits for every load and save in flight (connector shutdown). */
     public void shutdown() {
+        closed = true;
         COLOCATED.remove(groups.get(0).instanceId(), this);
         endStepLoads();
         for (Early e : early.values()) {

@@ -546,7 +546,7 @@ public abstract class BlockStoreContract {
      * for each layer returns, and the bytes land as a plain load's do.
      */
     @Test
-    void aLayeredLoadCopiesLayerByLayerInEveryPart() {
+    void aLayeredLoadCopiesLayerByLayerInOnePart() {
         List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
         engine = engine(config(512 * 1024L).transfer(pool -> recording(pool, batches, LayerSplit.PER_LAYER)).build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.CROSS_LAYER, 1, 1, 3, 256, 256, 0);

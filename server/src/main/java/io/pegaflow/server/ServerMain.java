@@ -274,7 +274,7 @@ public final class ServerMain implements Callable<Integer> {
                 grouped.add(s);
                 System.out.println("pegaflow-server trust group " + g.name() + " serving " + s.describe() + " token=" + s.tokenFile());
             }
-        } catch (RuntimeException | java.io.IOException e) {
+        } catch (Throwable e) { // whatever stopped a group's start: nothing of this start is left behind
             grouped.forEach(PegaflowServer::close);
             server.close();
             throw e;

@@ -16,9 +16,10 @@ import java.util.regex.Pattern;
 /**
  * A trust group ({@code --trust-group}): tenants whose bytes are kept apart from every other
  * group's by the host itself. The group has a pool file of its own ({@code <pool>.group-NAME}),
- * its socket, lock and token files beside it, all shared with one Unix group of its own (mode
- * 0660, the token 0640) and with nobody else, its own store and its own gRPC address; the
- * server's operator token serves every group. A tenant process outside that Unix group can
+ * its socket and token files beside it, shared with one Unix group of its own (mode 0660, the
+ * token 0640) and with nobody else, its lock file (0600, the server's own), its own store and its
+ * own gRPC address; the server's operator token serves every group (Shutdown at a group's
+ * address stops that group, at the server's address the server and every group). A tenant process outside that Unix group can
  * neither map the pool nor read the token, so no call or memory access of it reaches the
  * group's blocks (docs/security.md, "Trust groups").
  *
@@ -52,6 +53,7 @@ public record TrustGroup(String name, long poolBytes, String unixGroup, String a
                     + "tenants' users belong to (without one its files would be the server user's alone, and that user "
                     + "can read every pool already)");
         }
+        numeric(unixGroup, "--trust-group " + name + " unix-group");
         PoolFiles.group(unixGroup); // an unknown group is refused here, naming it
         Wire.hostPort(addr, "--trust-group " + name + " addr");
         if (httpAddr != null) {
@@ -84,6 +86,13 @@ public record TrustGroup(String name, long poolBytes, String unixGroup, String a
                 fields.get("addr"), fields.get("http"));
     }
 
+    private static void numeric(String group, String what) {
+        if (group.chars().allMatch(Character::isDigit)) {
+            throw new InvalidArgumentException(what + " " + group + " is a number; expected the Unix group's name (a gid "
+                    + "and a name can be one group, which the check that groups are apart compares by name)");
+        }
+    }
+
     /** The group's pool file: beside the server's, {@code <pool>.group-NAME}. */
     public Path poolPath(Path serverPool) {
         return Path.of(serverPool + ".group-" + name);
@@ -99,8 +108,11 @@ public record TrustGroup(String name, long poolBytes, String unixGroup, String a
             throw new InvalidArgumentException(groups.size() + " --trust-group flags; expected at most " + MAX_GROUPS);
         }
         Set<String> names = new HashSet<>();
+        // Groups are compared by name; a number is also looked up as a gid, and "2" and "bin" can
+        // be one group, so numbers are refused where trust groups must be told apart.
         Map<String, String> unix = new LinkedHashMap<>();
-        if (serverPoolGroup != null) {
+        if (serverPoolGroup != null && !groups.isEmpty()) {
+            numeric(serverPoolGroup, "--pool-group");
             unix.put(serverPoolGroup, "--pool-group");
         }
         for (TrustGroup g : groups) {

@@ -65,7 +65,7 @@ class TrustGroupTest {
     }
 
     @Test
-    void groupsThatWouldShareAUnixGroupAreRefused() {
+    void groupsThatWouldShareAUnixGroupAreRefused() throws Exception {
         TrustGroup a = new TrustGroup("a", 1 << 20, UNIX_A, "127.0.0.1:0", null);
         TrustGroup b = new TrustGroup("b", 1 << 20, UNIX_B, "127.0.0.1:0", null);
         TrustGroup.checkApart(List.of(a, b), null);
@@ -74,11 +74,27 @@ class TrustGroupTest {
                 .hasMessageContaining("--trust-group a");
         assertThatThrownBy(() -> TrustGroup.checkApart(List.of(a, b), UNIX_B))
                 .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("with --pool-group");
+        int binGid = gidOf(UNIX_B);
+        assertThatThrownBy(() -> new TrustGroup("d", 1 << 20, String.valueOf(binGid), "127.0.0.1:0", null))
+                .as("a gid can name another group's group: names only").isInstanceOf(InvalidArgumentException.class)
+                .hasMessageContaining("unix-group " + binGid + " is a number");
+        assertThatThrownBy(() -> TrustGroup.checkApart(List.of(a), String.valueOf(binGid)))
+                .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("--pool-group " + binGid + " is a number");
         assertThatThrownBy(() -> TrustGroup.checkApart(List.of(a, a), null))
                 .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("name a given twice");
         List<TrustGroup> many = new ArrayList<>(Collections.nCopies(17, a));
         assertThatThrownBy(() -> TrustGroup.checkApart(many, null))
                 .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("at most 16");
+    }
+
+    private static int gidOf(String group) throws java.io.IOException {
+        for (String line : Files.readAllLines(Path.of("/etc/group"))) {
+            String[] f = line.split(":");
+            if (f.length > 2 && f[0].equals(group)) {
+                return Integer.parseInt(f[2]);
+            }
+        }
+        throw new AssertionError("no group " + group + " in /etc/group");
     }
 
     @Test
