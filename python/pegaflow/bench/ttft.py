@@ -355,6 +355,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--prompts", type=int, default=6, help="prompts per length (default 6)")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--pool-size", default="28gb", help="host bytes of every store (default 28gb)")
+    ap.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
+                    help="vLLM's asynchronous scheduling for every system (auto: vLLM's default, on on GPUs); "
+                         "off lets <system>_instepa start loads at allocation (load_at_alloc stays off under it)")
     ap.add_argument("--pool-dir", default="/dev/shm", help="where pegaflow-server keeps its pool (default /dev/shm)")
     ap.add_argument("--pegaflow-site", help="the original PegaFlow's wheel unpacked (system pegaflow)")
     ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
@@ -392,7 +395,8 @@ def main(argv: list[str]) -> int:
     print(f"ttft: line {line} GB/s, {bpt} KV bytes per token", file=sys.stderr)
     spec = {"model": model, "max_model_len": max(lengths, default=0) + 256, "lengths": lengths, "prompts": args.prompts,
             "seed": args.seed, "vocab": int(config.get("vocab_size", 128256)), "dtype": args.dtype,
-            "block_size": args.block_size}
+            "block_size": args.block_size,
+            "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling]}
     results = {}
     with tempfile.TemporaryDirectory(prefix="pegaflow-ttft-") as tmp:
         systems = Systems(args, Path(tmp))

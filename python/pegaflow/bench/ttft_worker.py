@@ -37,6 +37,8 @@ def main(spec_path: str, out_path: str) -> int:
     extra = {"block_size": spec["block_size"]} if spec.get("block_size") else {}
     if spec.get("kv_cache_memory_bytes"):
         extra["kv_cache_memory_bytes"] = spec["kv_cache_memory_bytes"]
+    if spec.get("async_scheduling") is not None:  # pegaflow-bench ttft --async-scheduling on|off
+        extra["async_scheduling"] = spec["async_scheduling"]
     llm = LLM(model=spec["model"], load_format="dummy", skip_tokenizer_init=True, dtype=spec.get("dtype", "bfloat16"),
               max_model_len=spec["max_model_len"], enforce_eager=spec.get("enforce_eager", True),
               enable_prefix_caching=True, gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.85),
