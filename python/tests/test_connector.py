@@ -88,6 +88,9 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     answers = {conn.get_num_new_matched_tokens(req, 0) for _ in range(3)}
     assert answers == {(64, not in_step)}  # 4 full blocks; the 70th token is always computed
     assert store_stats(b)["pegaflow_active_leases"] == 1, "repeated lookups pin one lease, not three"
+    metas = []
+    build = conn.build_connector_meta
+    conn.build_connector_meta = lambda out: metas.append(build(out)) or metas[-1]
     b.run()
     b.assert_drained()
     assert b.outputs["r"] == a.outputs["r"]
@@ -102,6 +105,7 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert stats["pegaflow_load_blocks_total"] == 4, "one load: the step took up the allocation's"
     worker = b.ranks[0].connector._worker.brain.stats()
     assert worker["in_step_at_alloc"] == (1 if at_alloc else 0)
+    assert [m.loads for m in metas].count(True) == 1, "one step's plan says it loads (the worker then orders it)"
     assert worker["in_step_loads"] == (1 if in_step else 0)
 
 

@@ -105,9 +105,21 @@ def in_step_loads(settings: Settings, gpu: bool | None = None) -> bool:
 @dataclass
 class PegaConnectorMetadata(KVConnectorMetadata):
     """One step's plan from the scheduler-side brain, opaque to Python (it pickles as bytes
-    to the worker processes)."""
+    to the worker processes); ``loads``: whether the step loads anything into GPU blocks."""
 
     plan: bytes
+    loads: bool = False
+
+
+def loads_wait_for_compute(loads: bool, async_scheduling: bool, cuda: bool) -> bool:
+    """Whether ``start_load_kv`` first waits for the compute stream's earlier work. vLLM (0.33)
+    may zero a block in an earlier step, on its compute stream, that it then hands to a load,
+    and under asynchronous scheduling that step's forward can still run when the next step's
+    loads start: the copy engine's streams are not ordered after it (vLLM's own offloading
+    connector orders its loads after the compute stream for this reason). Until the stream is
+    passed to the engine, the worker's thread waits for the compute stream, and only in steps
+    that load under asynchronous scheduling on a GPU."""
+    return loads and async_scheduling and cuda
 
 
 def _parallel_ranks(vllm_config) -> tuple[int, int, int, int]:
@@ -268,6 +280,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         plan = self._plan(self._connector_metadata)
         if plan is not None:
+            loads = bool(getattr(self._connector_metadata, "loads", False))
+            if loads and getattr(self._vllm_config.scheduler_config, "async_scheduling", False):
+                import torch
+
+                if loads_wait_for_compute(loads, True, torch.cuda.is_available()):
+                    torch.cuda.current_stream().synchronize()
             self._worker.start_loads(plan)
         if ALLOCATED_NS:
             now = time.perf_counter_ns()
@@ -344,7 +362,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        return PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output))
+        loads = self._scheduler.take_loads()
+        return PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output), loads=loads)
 
     def update_connector_output(self, connector_output: KVConnectorOutput):
         self._scheduler.update_connector_output(connector_output)

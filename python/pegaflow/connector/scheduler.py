@@ -88,6 +88,7 @@ class SchedulerCore:
         self.brain = SchedulerBrain(link.handle, [g.group for g in groups], block_size, load_enabled,
                                     wait_full_prefix=role == "kv_consumer", in_step=in_step, at_alloc=at_alloc)
         self._requests: dict[str, Request] = {}
+        self._loads = False  # a load committed since the last plan (take_loads)
         self._hashes_sent: dict[str, int] = {}
         self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request
         self._local_computed: dict[str, int] = {}
@@ -151,8 +152,14 @@ class SchedulerCore:
         """``update_state_after_alloc`` (``block_ids``: vLLM's block ids per group)."""
         self._requests[request.request_id] = request
         self.brain.after_alloc(request.request_id, block_ids, num_external_tokens)
+        self._loads |= num_external_tokens > 0
         if num_external_tokens > 0 and self.brain.in_step and len(ALLOCATED_NS) < 4096:
             ALLOCATED_NS[request.request_id] = time.perf_counter_ns()  # emptied at request_finished
+
+    def take_loads(self) -> bool:
+        """Whether a load was committed since the last call (the next plan loads into GPU blocks)."""
+        loads, self._loads = self._loads, False
+        return loads
 
     def build_plan(self, scheduler_output: SchedulerOutput) -> bytes:
         """``build_connector_meta``: this step's plan, bytes for the workers."""
