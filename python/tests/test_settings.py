@@ -82,13 +82,12 @@ def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
 
 
 def test_loads_wait_for_the_compute_stream_only_where_they_could_race_it():
-    """vLLM may zero a block on its compute stream in one step and hand it to a load in the next;
-    under asynchronous scheduling that step can still run on the GPU, so a step that loads waits
-    for the compute stream first, and only then (no cost in steps without loads or with
-    synchronous scheduling, nor without CUDA)."""
+    """vLLM may zero a block on its compute stream (an earlier step's, under asynchronous
+    scheduling, or the same step's for an in-step load where the cache needs zeroing) and hand it
+    to a load: a step that loads waits for the compute stream's work before its forward, on a GPU
+    (no cost in steps without loads, nor without CUDA)."""
     from pegaflow.connector._vllm import loads_wait_for_compute
 
-    assert loads_wait_for_compute(True, True, True) is True
-    assert not loads_wait_for_compute(False, True, True)
-    assert not loads_wait_for_compute(True, False, True)
-    assert not loads_wait_for_compute(True, True, False)
+    assert loads_wait_for_compute(True, True) is True
+    assert not loads_wait_for_compute(False, True)
+    assert not loads_wait_for_compute(True, False)

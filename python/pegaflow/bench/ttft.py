@@ -235,6 +235,8 @@ def load_test(systems: Systems, system: str, args, model: str, timeout: float) -
            "--num-gpu-blocks-override", str(args.load_gpu_blocks), "--max-num-seqs", str(max(args.concurrency, 8))]
     if kv is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv)]
+    if args.async_scheduling != "auto":  # as for every other system of the run
+        cmd += ["--async-scheduling" if args.async_scheduling == "on" else "--no-async-scheduling"]
     env = systems.env(system)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=systems.work)

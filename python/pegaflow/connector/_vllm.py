@@ -111,15 +111,17 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     loads: bool = False
 
 
-def loads_wait_for_compute(loads: bool, async_scheduling: bool, cuda: bool) -> bool:
-    """Whether ``start_load_kv`` first waits for the compute stream's earlier work. vLLM (0.33)
-    may zero a block in an earlier step, on its compute stream, that it then hands to a load,
-    and under asynchronous scheduling that step's forward can still run when the next step's
-    loads start: the copy engine's streams are not ordered after it (vLLM's own offloading
-    connector orders its loads after the compute stream for this reason). Until the stream is
-    passed to the engine, the worker's thread waits for the compute stream, and only in steps
-    that load under asynchronous scheduling on a GPU."""
-    return loads and async_scheduling and cuda
+def loads_wait_for_compute(loads: bool, cuda: bool) -> bool:
+    """Whether a step's loads first wait for the compute stream's work queued before the step's
+    forward. vLLM (0.33) zeroes blocks on its compute stream: in an earlier step for a block it
+    then hands to a load (under asynchronous scheduling that step can still run when the next
+    step's loads start), and in the same step for an in-step load's blocks where the KV cache
+    needs zeroing (Mamba-align hybrids). The engine's copy streams are not ordered after either
+    (vLLM's own offloading connector orders its loads after the compute stream for this reason).
+    Until the stream is passed to the engine, ``bind_connector_metadata`` records an event on
+    the compute stream (after vLLM's zeroing, before the forward) and ``start_load_kv`` waits
+    for it on the worker's thread: in steps that load, on a GPU."""
+    return loads and cuda
 
 
 def _parallel_ranks(vllm_config) -> tuple[int, int, int, int]:
@@ -277,15 +279,23 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         if plan is not None:
             self._worker.handle_preemptions(plan)
 
+    _load_fence = None  # an event on the compute stream, recorded where a step that loads is bound
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and getattr(connector_metadata, "loads", False):
+            import torch
+
+            if loads_wait_for_compute(True, torch.cuda.is_available()):
+                self._load_fence = torch.cuda.Event()
+                self._load_fence.record()  # the current stream: vLLM's compute stream, after its zeroing
+
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         plan = self._plan(self._connector_metadata)
         if plan is not None:
-            loads = bool(getattr(self._connector_metadata, "loads", False))
-            if loads and getattr(self._vllm_config.scheduler_config, "async_scheduling", False):
-                import torch
-
-                if loads_wait_for_compute(loads, True, torch.cuda.is_available()):
-                    torch.cuda.current_stream().synchronize()
+            fence, self._load_fence = self._load_fence, None
+            if fence is not None:
+                fence.synchronize()  # the compute stream's work before this step's forward (zeroing) is done
             self._worker.start_loads(plan)
         if ALLOCATED_NS:
             now = time.perf_counter_ns()
