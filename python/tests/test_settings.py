@@ -80,14 +80,3 @@ def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
         assert loads_at_alloc(on, asyn) is False
     assert "--no-async-scheduling" in caplog.text
 
-
-def test_loads_wait_for_the_compute_stream_only_where_they_could_race_it():
-    """vLLM may zero a block on its compute stream (an earlier step's, under asynchronous
-    scheduling, or the same step's for an in-step load where the cache needs zeroing) and hand it
-    to a load: a step that loads waits for the compute stream's work before its forward, on a GPU
-    (no cost in steps without loads, nor without CUDA)."""
-    from pegaflow.connector._vllm import loads_wait_for_compute
-
-    assert loads_wait_for_compute(True, True) is True
-    assert not loads_wait_for_compute(False, True)
-    assert not loads_wait_for_compute(True, False)

@@ -70,3 +70,14 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert (c["count"], c["first_launch"], c["first_start"], c["last_end"], c["busy_ms"]) == (3, 2.8, 3.0, 4.5, 1.5)
     assert c["streams"]["9"] == {"count": 2, "first_start": 3.0, "last_end": 4.5, "grids": [64, 128]}
     assert main([]) == 2
+
+
+def test_instepa_systems_need_async_scheduling_off():
+    """load_at_alloc stays off under vLLM's asynchronous scheduling, so a *_instepa system run
+    without --async-scheduling off would be *_instep under another name: refused, naming the flag."""
+    import pytest
+
+    from pegaflow.bench.ttft import main
+
+    with pytest.raises(SystemExit, match="need --async-scheduling off.*got --async-scheduling auto"):
+        main(["--lengths", "256", "--systems", "none,embedded_instepa"])

@@ -388,6 +388,10 @@ def main(argv: list[str]) -> int:
     for s in systems_wanted:
         if s not in SYSTEMS + VARIANTS:
             raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS + VARIANTS)}")
+    if any(s.endswith("_instepa") for s in systems_wanted) and args.async_scheduling != "off":
+        # load_at_alloc stays off under vLLM's asynchronous scheduling: the system would be "_instep" under another name
+        raise SystemExit("pegaflow-bench ttft: the *_instepa systems need --async-scheduling off (load_at_alloc is off "
+                         f"under vLLM's asynchronous scheduling); got --async-scheduling {args.async_scheduling}")
     config = shapes.LLAMA_31_8B
     model = str(Path(args.model).resolve()) if args.model else str(shapes.write(Path("out/llama-3.1-8b-shape").resolve(), config))
     if args.model:

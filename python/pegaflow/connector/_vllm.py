@@ -111,19 +111,6 @@ class PegaConnectorMetadata(KVConnectorMetadata):
     loads: bool = False
 
 
-def loads_wait_for_compute(loads: bool, cuda: bool) -> bool:
-    """Whether a step's loads first wait for the compute stream's work queued before the step's
-    forward. vLLM (0.33) zeroes blocks on its compute stream: in an earlier step for a block it
-    then hands to a load (under asynchronous scheduling that step can still run when the next
-    step's loads start), and in the same step for an in-step load's blocks where the KV cache
-    needs zeroing (Mamba-align hybrids). The engine's copy streams are not ordered after either
-    (vLLM's own offloading connector orders its loads after the compute stream for this reason).
-    Until the stream is passed to the engine, ``bind_connector_metadata`` records an event on
-    the compute stream (after vLLM's zeroing, before the forward) and ``start_load_kv`` waits
-    for it on the worker's thread: in steps that load, on a GPU."""
-    return loads and cuda
-
-
 def _parallel_ranks(vllm_config) -> tuple[int, int, int, int]:
     """(tp_rank, tp_size, pp_rank, pp_size) of this worker."""
     pc = vllm_config.parallel_config
@@ -282,11 +269,19 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     _load_fence = None  # an event on the compute stream, recorded where a step that loads is bound
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """In a step that loads, on a GPU: an event on the compute stream, which ``start_load_kv``
+        waits for before the loads start. vLLM (0.33) zeroes blocks on that stream, in an earlier
+        step for a block it then hands to a load (under asynchronous scheduling that step can
+        still run when the next step's loads start) and in the same step for an in-step load's
+        blocks where the KV cache needs zeroing (Mamba-align hybrids), and the engine's copy
+        streams are not ordered after either (vLLM's own offloading connector orders its loads
+        after the compute stream for this reason). Recorded here: after vLLM's zeroing, before
+        the forward. Until the stream is passed to the engine, the worker's thread waits."""
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None and getattr(connector_metadata, "loads", False):
             import torch
 
-            if loads_wait_for_compute(True, torch.cuda.is_available()):
+            if torch.cuda.is_available():
                 self._load_fence = torch.cuda.Event()
                 self._load_fence.record()  # the current stream: vLLM's compute stream, after its zeroing
 

@@ -198,10 +198,6 @@ public final class SchedulerSide {
         loadsAtAlloc = on;
     }
 
-    public boolean loadsAtAlloc() {
-        return loadsAtAlloc;
-    }
-
     /** Whether hits are loaded inside the step (see {@link #inStepLoads(boolean)}). */
     public boolean inStepLoads() {
         return inStepLoads;

@@ -145,8 +145,8 @@ public final class WorkerSide {
 
     /**
      * Starts in-step loads where the scheduler allocated their blocks, before the step that
-     * uses them (vLLM's scheduling and input preparation, ~4.5 ms on the H200, then overlap the
-     * plan and the first layers' copy). The blocks are the request's own from allocation on: no
+     * uses them, so the copy overlaps vLLM's scheduling and input preparation, then the plan and
+     * the first layers' copy (docs/benchmarks/README.md: {@code alloc_to_start}). The blocks are the request's own from allocation on: no
      * forward reads them before this load's layers land, which the step's {@code
      * wait_for_layer_load} waits for as for a load started in the step. The step's {@link
      * #startLoads} claims each by request and group; a load started here with other blocks than

@@ -21,11 +21,9 @@ import io.pegaflow.engine.InvalidArgumentException;
 public record LayerSplit(long groupBytes, int lanes, int kernelBlocks) {
     /**
      * One layer per group, one batch, kernels of at most 32 thread blocks: the default. Without
-     * the cap one layer's copy kernel (a thread block per piece, ~1,000 at 16K tokens) filled
-     * the H200's SMs and each of the forward's kernels queued behind it: the first layers'
-     * attention started ~6.6 ms apart instead of one layer's copy (1.3 ms) apart; with 32 the
-     * copy ran as fast and the forward followed it layer by layer (docs/benchmarks, the
-     * seventh H200 run).
+     * the cap one layer's copy kernel (a thread block per piece) filled the GPU's SMs and each
+     * of the forward's kernels beside it queued behind it; with 32 the copy ran as fast and the
+     * forward followed it layer by layer (docs/benchmarks/README.md, seventh and eighth H200 runs).
      */
     public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32);
     /** The environment variables {@link #fromEnvironment} reads (KiB, a count, a count). */
