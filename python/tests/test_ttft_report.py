@@ -81,3 +81,32 @@ def test_instepa_systems_need_async_scheduling_off():
 
     with pytest.raises(SystemExit, match="need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
+
+
+def test_summary_puts_cold_ttft_and_decode_beside_no_connector():
+    """Cold requests' TTFT and their decode (mean time between tokens while saves go out), each
+    against no connector's in the same run: the 1.02x and 1.05x targets read off the record."""
+    def cold(ttfts, itls):
+        return [{"ttft_ms": t, "itl_ms": i, "cached_tokens": 0, "token_ids": [1]} for t, i in zip(ttfts, itls)]
+
+    results = {
+        "none": {"lengths": {"8192": {"cold": cold([200, 210, 220], [10.0, 10.0, 12.0]),
+                                      "gpu_hit": run([40, 50, 60], [8176] * 3, [1])}}},
+        "server": {"lengths": {"8192": {"cold": cold([204, 214, 230], [10.5, 10.6, 11.0]), "reset_ok": True,
+                                        "warm": run([60, 70, 80], [8176] * 3, [1])}}},
+        "vllm_native": {"lengths": {"8192": {"cold": run([205], [0], [1]), "warm": run([90], [8176], [1])}}},
+    }
+    s = ttft.summarize(results, [8192], 131072, 55.0)
+    assert s["none"]["8k"]["cold_itl_p50_ms"] == 10.0
+    assert s["server"]["8k"]["cold_vs_none"] == round(214 / 210, 3)
+    assert s["server"]["8k"]["cold_itl_vs_none"] == round(10.6 / 10.0, 3)
+    # a run whose answers carried no decode timestamps: no ratio made up for it
+    assert s["vllm_native"]["8k"]["cold_itl_p50_ms"] is None
+    assert "cold_itl_vs_none" not in s["vllm_native"]["8k"]
+
+
+def test_cold_start_names_a_bad_pool_size():
+    from pegaflow.bench.ttft import main
+
+    with pytest.raises(SystemExit, match="--cold-start 'sixty'; expected a pool size such as 60gb"):
+        main(["--lengths", "256", "--systems", "none", "--cold-start", "sixty"])

@@ -198,27 +198,31 @@ def _bytes(text: str) -> int:
     return int(t)
 
 
+def _worker_process(systems: Systems, name: str, system: str, spec: dict, timeout: float) -> dict:
+    """``ttft_worker.py`` in a fresh process with ``system``'s environment: its report."""
+    spec_path = systems.work / f"{name}.spec.json"
+    out_path = systems.work / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    log = systems.work / f"{name}.log"
+    # run from the work folder: a script's own folder leads sys.path, and ours holds other modules
+    worker = systems.work / WORKER.name
+    worker.write_text(WORKER.read_text())
+    t = time.perf_counter()
+    with log.open("w") as f:
+        rc = subprocess.call([sys.executable, str(worker), str(spec_path), str(out_path)],
+                             env=systems.env(system), stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                             cwd=systems.work)
+    if rc != 0:
+        raise RuntimeError(f"system {name}: worker exited with {rc}:\n{log.read_text()[-4000:]}")
+    out = json.loads(out_path.read_text())
+    out["process_s"] = round(time.perf_counter() - t, 1)
+    return out
+
+
 def run_worker(systems: Systems, system: str, spec: dict, timeout: float) -> dict:
     kv, stop = systems.start(system)
     try:
-        spec = dict(spec, kv_transfer=kv, gpu_hit=system == "none")
-        spec_path = systems.work / f"{system}.spec.json"
-        out_path = systems.work / f"{system}.out.json"
-        spec_path.write_text(json.dumps(spec))
-        log = systems.work / f"{system}.log"
-        # run from the work folder: a script's own folder leads sys.path, and ours holds other modules
-        worker = systems.work / WORKER.name
-        worker.write_text(WORKER.read_text())
-        t = time.perf_counter()
-        with log.open("w") as f:
-            rc = subprocess.call([sys.executable, str(worker), str(spec_path), str(out_path)],
-                                 env=systems.env(system), stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
-                                 cwd=systems.work)
-        if rc != 0:
-            raise RuntimeError(f"system {system}: worker exited with {rc}:\n{log.read_text()[-4000:]}")
-        out = json.loads(out_path.read_text())
-        out["process_s"] = round(time.perf_counter() - t, 1)
-        return out
+        return _worker_process(systems, system, system, dict(spec, kv_transfer=kv, gpu_hit=system == "none"), timeout)
     finally:
         stop()
 
@@ -277,6 +281,40 @@ def load_test(systems: Systems, system: str, args, model: str, timeout: float) -
         stop()
 
 
+def cold_start(args, work: Path, spec: dict, length: int) -> dict:
+    """The first request after a cold start (``--cold-start POOL``): a fresh ``pegaflow-server``
+    with a pool of POOL bytes under ``--pool-dir``, a fresh vLLM (the writer) answers one prompt
+    and exits after its saves landed, then another fresh vLLM (the reader) asks the same prompt as
+    its very first request, no warm-up before it. Timed: the server until it listens, each
+    engine until ready (``LLM()`` returned: the pool attached and registered), and the reader's
+    first answer from its engine being ready (target: within 5 s, from the store)."""
+    import argparse as _argparse
+
+    cold_args = _argparse.Namespace(**dict(vars(args), pool_size=args.cold_start))
+    systems = Systems(cold_args, work)
+    t = time.perf_counter()
+    kv, stop = systems.start("server")
+    out = {"pool_size": args.cold_start, "pool_dir": args.pool_dir, "length": length,
+           "server_ready_s": round(time.perf_counter() - t, 2)}
+    try:
+        for role in ("writer", "reader"):
+            one = dict(spec, kv_transfer=kv, gpu_hit=False, cold_start={"length": length, "role": role},
+                       max_model_len=length + 256)
+            res = _worker_process(systems, f"cold-{role}", "server", one, args.timeout)
+            first = res["first"]
+            out[role] = {"start_s": round(res["start_s"], 2), "ttft_ms": round(first["ttft_ms"], 1),
+                         "ready_to_answer_s": round(first["ready_to_answer_s"], 3),
+                         "cached_tokens": first["cached_tokens"], "token_ids": first["token_ids"][:8]}
+            out[role]["_ids"] = first["token_ids"]
+        reader, writer = out["reader"], out["writer"]
+        reader["from_store"] = reader["cached_tokens"] > 0  # its own prefix cache is empty: any hit is the store's
+        out["outputs_identical"] = reader.pop("_ids") == writer.pop("_ids")
+        out["within_5s"] = reader["from_store"] and reader["ready_to_answer_s"] <= 5.0
+    finally:
+        stop()
+    return out
+
+
 def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: float | None) -> dict:
     none = results.get("none", {}).get("lengths", {})
     systems = {}
@@ -289,7 +327,17 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             r = res["lengths"][str(n)]
             cold = [x["ttft_ms"] for x in r["cold"]]
             row = {"cold_p50_ms": _p(cold, 0.5)}
+            # decode while this request's saves go out: its mean time between tokens
+            itl = [x["itl_ms"] for x in r["cold"] if "itl_ms" in x]
+            row["cold_itl_p50_ms"] = _p(itl, 0.5) if itl else None
             ref = none.get(str(n), {}).get("gpu_hit")
+            base = none.get(str(n), {}).get("cold")
+            if system != "none" and base:
+                # against no connector in this run (the targets: 1.02x cold TTFT, 1.05x decode)
+                row["cold_vs_none"] = round(row["cold_p50_ms"] / _p([x["ttft_ms"] for x in base], 0.5), 3)
+                base_itl = [x["itl_ms"] for x in base if "itl_ms" in x]
+                if itl and base_itl:
+                    row["cold_itl_vs_none"] = round(row["cold_itl_p50_ms"] / _p(base_itl, 0.5), 3)
             if system == "none":
                 row["gpu_hit_p50_ms"] = _p([x["ttft_ms"] for x in r["gpu_hit"]], 0.5)
                 row["outputs_identical"] = [x["token_ids"] for x in r["gpu_hit"]] == [x["token_ids"] for x in r["cold"]]
@@ -375,6 +423,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--block-size", type=int, help="vLLM's block size (default: the platform's)")
+    ap.add_argument("--max-tokens", type=int, default=16,
+                    help="tokens each answer generates (default 16; their mean spacing is the decode figure)")
+    ap.add_argument("--cold-start", metavar="POOL_SIZE",
+                    help="also time the first request after a cold start: a fresh pegaflow-server with a pool of "
+                         "POOL_SIZE (e.g. 60gb) under --pool-dir, a fresh vLLM saving one prompt of the longest "
+                         "length, another fresh vLLM asking it first")
     ap.add_argument("--json", default="out/vllm-gpu-ttft.json")
     args = ap.parse_args(argv)
     from pegaflow.models import shapes
@@ -392,6 +446,12 @@ def main(argv: list[str]) -> int:
         # load_at_alloc stays off under vLLM's asynchronous scheduling: the system would be "_instep" under another name
         raise SystemExit("pegaflow-bench ttft: the *_instepa systems need --async-scheduling off (load_at_alloc is off "
                          f"under vLLM's asynchronous scheduling); got --async-scheduling {args.async_scheduling}")
+    if args.cold_start:
+        try:
+            if _bytes(args.cold_start) <= 0:
+                raise ValueError
+        except ValueError:
+            raise SystemExit(f"pegaflow-bench ttft: --cold-start '{args.cold_start}'; expected a pool size such as 60gb")
     config = shapes.LLAMA_31_8B
     model = str(Path(args.model).resolve()) if args.model else str(shapes.write(Path("out/llama-3.1-8b-shape").resolve(), config))
     if args.model:
@@ -401,7 +461,7 @@ def main(argv: list[str]) -> int:
     print(f"ttft: line {line} GB/s, {bpt} KV bytes per token", file=sys.stderr)
     spec = {"model": model, "max_model_len": max(lengths, default=0) + 256, "lengths": lengths, "prompts": args.prompts,
             "seed": args.seed, "vocab": int(config.get("vocab_size", 128256)), "dtype": args.dtype,
-            "block_size": args.block_size,
+            "block_size": args.block_size, "max_tokens": args.max_tokens,
             "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling]}
     results = {}
     with tempfile.TemporaryDirectory(prefix="pegaflow-ttft-") as tmp:
@@ -424,6 +484,13 @@ def main(argv: list[str]) -> int:
             partial.parent.mkdir(parents=True, exist_ok=True)
             partial.write_text(json.dumps({"line_h2d_gbps": line, "kv_bytes_per_token": bpt,
                                            "systems": summarize(results, lengths, bpt, line)}, indent=1))
+        cold = None
+        if args.cold_start:
+            print(f"ttft: cold start, a {args.cold_start} pool", file=sys.stderr, flush=True)
+            try:
+                cold = cold_start(args, Path(tmp), spec, max(lengths, default=_tokens("16k")))
+            except (RuntimeError, subprocess.TimeoutExpired, KeyError) as e:
+                cold = {"error": str(e)[-1200:]}
         for f in Path(tmp).glob("*.log"):
             print(f"--- {f.name}\n{f.read_text()[-1500:]}", file=sys.stderr)
     import torch
@@ -435,7 +502,7 @@ def main(argv: list[str]) -> int:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)",
         "line_h2d_gbps": line, "kv_bytes_per_token": bpt, "model_shape": "Llama-3.1-8B (random weights)",
         "prompts_per_length": args.prompts, "pool_size": args.pool_size, "torch": torch.__version__,
-        "systems": summarize(results, lengths, bpt, line), "raw": results,
+        "systems": summarize(results, lengths, bpt, line), "raw": results, "cold_start": cold,
         "command": "pegaflow-bench ttft " + " ".join(argv),
     }
     for r in report["raw"].values():
@@ -450,5 +517,5 @@ def main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     Path(args.json).with_suffix(".partial.json").unlink(missing_ok=True)
-    print(json.dumps(report["systems"], indent=1))
-    return 0 if all("error" not in r for r in results.values()) else 1
+    print(json.dumps({"systems": report["systems"], "cold_start": cold}, indent=1))
+    return 0 if all("error" not in r for r in results.values()) and not (cold or {}).get("error") else 1

@@ -6,7 +6,8 @@ on ``PYTHONPATH`` and this file must not import ours. It imports vLLM only.
 
 SPEC (JSON): ``model``, ``max_model_len``, ``kv_transfer`` (vLLM's KVTransferConfig fields, or
 null), ``lengths`` (tokens), ``prompts`` (per length), ``seed``, ``gpu_hit`` (also time vLLM's own
-prefix-cache hit), ``gpu_memory_utilization``, ``max_tokens``. OUT gets, per length, each
+prefix-cache hit), ``gpu_memory_utilization``, ``max_tokens``, ``cold_start`` (``length``, ``role``: a fresh
+process's first request alone, timed from the engine being ready). OUT gets, per length, each
 prompt's cold and warm TTFT (vLLM's own first-token latency, and the wall time of the call),
 the tokens vLLM did not compute, and the generated token ids.
 """
@@ -62,6 +63,10 @@ def main(spec_path: str, out_path: str) -> int:
         if queued and scheduled and first:
             row["queued_ms"] = (scheduled - queued) * 1e3
             row["scheduled_to_first_ms"] = (first - scheduled) * 1e3
+        # decode: the mean time between this answer's tokens (engine core timestamps)
+        last, n = float(getattr(m, "last_token_ts", 0.0) or 0.0), int(getattr(m, "num_generation_tokens", 0) or 0)
+        if first and last > first and n > 1:
+            row["itl_ms"] = (last - first) / (n - 1) * 1e3
         return row
 
     def reset() -> bool:
@@ -72,6 +77,13 @@ def main(spec_path: str, out_path: str) -> int:
             llm.generate([{"prompt_token_ids": [7]}], SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
             time.sleep(0.005)
         return False
+
+    def shutdown() -> int:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # noqa: BLE001 - exiting anyway
+            pass
+        return 0
 
     def counters() -> dict:
         """This project's connector counters (vllm:pegaflow_*); empty for other connectors."""
@@ -103,6 +115,20 @@ def main(spec_path: str, out_path: str) -> int:
             g.write(f.read())
         os.unlink(path)
 
+    if spec.get("cold_start"):
+        # pegaflow-bench ttft --cold-start: this process is fresh and its first request is timed,
+        # no warm-up before it (the writer saves the prompt, a fresh reader then asks for it)
+        length = spec["cold_start"]["length"]
+        tokens = prompt_set(length, 1, spec["seed"] + 7, vocab)[0]
+        ready = time.perf_counter()
+        row = run(tokens)
+        row["ready_to_answer_s"] = time.perf_counter() - ready
+        if spec["cold_start"]["role"] == "writer":
+            time.sleep(spec.get("settle_s", 0.5))  # its saves land (an idle engine still finishes them)
+            assert reset(), "vLLM's prefix cache could not be reset after the writer's request"
+        with open(out_path, "w") as f:
+            json.dump({"start_s": start_s, "first": row, "connector": counters()}, f)
+        return shutdown()
     # warm-up, not counted: kernels and the connector's first operations, then one prompt of the
     # longest length cold and again from the store (every system: buffers sized for the largest
     # load, such as a copy lane's descriptors, grow here rather than in a timed request)
@@ -139,11 +165,7 @@ def main(spec_path: str, out_path: str) -> int:
     result["connector"] = counters()
     with open(out_path, "w") as f:
         json.dump(result, f)
-    try:
-        llm.llm_engine.engine_core.shutdown()
-    except Exception:  # noqa: BLE001 - exiting anyway
-        pass
-    return 0
+    return shutdown()
 
 
 if __name__ == "__main__":
