@@ -29,7 +29,7 @@ _KEYS = {
     "vLLM's model runners mishandle a failed in-step load (docs/connector.md) (env PEGAFLOW_LOAD_IN_STEP)",
     "load_at_alloc": "true | false: with load_in_step, start a hit's load when vLLM allocates its blocks "
     "(update_state_after_alloc) rather than in the step's start_load_kv, where the worker runs in the scheduler's "
-    "process (TP 1); default false until measured on a GPU (env PEGAFLOW_LOAD_AT_ALLOC)",
+    "process (TP 1); default false (env PEGAFLOW_LOAD_AT_ALLOC)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
