@@ -110,3 +110,10 @@ def test_cold_start_names_a_bad_pool_size():
 
     with pytest.raises(SystemExit, match="--cold-start 'sixty'; expected a pool size such as 60gb"):
         main(["--lengths", "256", "--systems", "none", "--cold-start", "sixty"])
+
+
+def test_max_tokens_must_be_positive():
+    from pegaflow.bench.ttft import main
+
+    with pytest.raises(SystemExit, match="--max-tokens 0; expected at least 1"):
+        main(["--lengths", "256", "--systems", "none", "--max-tokens", "0"])

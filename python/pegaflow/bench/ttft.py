@@ -424,7 +424,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--block-size", type=int, help="vLLM's block size (default: the platform's)")
     ap.add_argument("--max-tokens", type=int, default=16,
-                    help="tokens each answer generates (default 16; their mean spacing is the decode figure)")
+                    help="tokens each answer generates (default 16; their mean spacing is the decode figure, "
+                         "which reads steadily from 64 on the H200: docs/benchmarks, ninth run)")
     ap.add_argument("--cold-start", metavar="POOL_SIZE",
                     help="also time the first request after a cold start: a fresh pegaflow-server with a pool of "
                          "POOL_SIZE (e.g. 60gb) under --pool-dir, a fresh vLLM saving one prompt of the longest "
@@ -446,6 +447,8 @@ def main(argv: list[str]) -> int:
         # load_at_alloc stays off under vLLM's asynchronous scheduling: the system would be "_instep" under another name
         raise SystemExit("pegaflow-bench ttft: the *_instepa systems need --async-scheduling off (load_at_alloc is off "
                          f"under vLLM's asynchronous scheduling); got --async-scheduling {args.async_scheduling}")
+    if args.max_tokens < 1:
+        raise SystemExit(f"pegaflow-bench ttft: --max-tokens {args.max_tokens}; expected at least 1")
     if args.cold_start:
         try:
             if _bytes(args.cold_start) <= 0:
