@@ -32,7 +32,7 @@ COUNTERS = {
     "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
     "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",
     "in_step_step_ns": "nanoseconds from an in-step load's start until its step's get_finished (the forward, as the worker sees it)",
-    "in_step_wait_ns": "nanoseconds vLLM's thread waited in wait_for_layer_load for in-step loads to be submitted",
+    "in_step_wait_ns": "nanoseconds vLLM's thread waited in wait_for_layer_load for in-step loads' layers to be queued",
     "in_step_hop_ns": "nanoseconds from an in-step load's start until the plan's thread took it up (part of in_step_plan_ns)",
     "in_step_store_ns": "nanoseconds the store's plan of in-step loads took (part of in_step_plan_ns; a round trip in server mode)",
     "in_step_at_alloc": "in-step loads started where vLLM allocated their blocks (load_at_alloc), their phases timed from there",

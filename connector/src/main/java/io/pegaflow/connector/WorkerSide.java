@@ -264,21 +264,19 @@ public final class WorkerSide {
      * {@code wait_for_layer_load}: orders CUDA stream {@code stream} (0: blocks this thread;
      * the legacy default stream is {@code CU_STREAM_LEGACY}, 1)
      * after registered region {@code layer}'s bytes of every in-step load of the step. Blocks
-     * only until each load was submitted; a load that could not start is skipped here and
+     * only until each load's copies of the layer were queued; a load that could not start is skipped here and
      * reported by {@link #getFinished} (vLLM then discards the step's output for its request).
      */
     public void waitLayer(int layer, long stream) {
         for (StepLoad s : stepLoads) {
-            LayeredLoad h;
             long t0 = System.nanoTime();
             try {
-                h = s.started().join();
+                s.started().join().awaitLayer(layer, stream); // blocks until the layer's copies are queued
             } catch (CompletionException | java.util.concurrent.CancellationException failed) {
                 continue;
             } finally {
                 stats.addAndGet(STAT_IN_STEP_WAIT_NANOS, System.nanoTime() - t0);
             }
-            h.awaitLayer(layer, stream);
         }
     }
 

@@ -17,6 +17,11 @@ class CudaTransferContractTest extends TransferContract {
 
     @Override
     EngineConfig.Builder config() {
-        return EngineConfig.builder().transfer(pool -> CudaTransferEngine.create(pool, CudaOptions.defaults()));
+        return EngineConfig.builder().transfer(pool -> CudaTransferEngine.create(pool, options()));
+    }
+
+    /** The engine's options (subclasses run the contract with others). */
+    CudaOptions options() {
+        return CudaOptions.defaults();
     }
 }

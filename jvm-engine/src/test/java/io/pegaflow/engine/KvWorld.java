@@ -176,6 +176,20 @@ final class KvWorld implements AutoCloseable {
         return true;
     }
 
+    /** Whether layer {@code layer} of {@code blockId} on every worker holds what {@link #fillPattern} writes for {@code hash}. */
+    boolean holdsLayer(long blockId, byte[] hash, int layer) {
+        for (WorkerSpec w : workers) {
+            LayerRegion r = w.layers().get(layer);
+            for (int s = 0; s < r.segments(); s++) {
+                byte[] actual = memory.read(r.pieceAddress(blockId, s), (int) r.segmentBytes());
+                if (!Arrays.equals(actual, pattern(hash, w.tpRank(), r, s))) {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+
     /** Every byte of {@code blockId} across workers, layers and segments, in a fixed order. */
     byte[] snapshot(long blockId) {
         ByteBuffer out = ByteBuffer.allocate((int) bytesPerBlockAllWorkers());

@@ -90,7 +90,8 @@ abstract class TransferContract {
     /**
      * A layered load (vLLM's in-step load: layer by layer, the engine grouping layers as its
      * copy engine asks) of 40 blocks of 8 per-layer K/V layers, 32 KiB per piece: waiting for
-     * each layer from this thread returns, and every loaded block equals the saved one.
+     * each layer from this thread returns with that layer of every block in place (later
+     * layers may still be copying), and every loaded block equals the saved one.
      */
     @Test
     void aLayeredLoadIsByteExactLayerByLayer() {
@@ -116,6 +117,10 @@ abstract class TransferContract {
             LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
             for (int layer = 0; layer < 8; layer++) {
                 load.awaitLayer(layer, 0);
+                for (int i = 0; i < saved; i++) {
+                    assertThat(world.holdsLayer(dst[i], hashes[i], layer)).as("layer %d of block %d after its wait", layer, dst[i])
+                            .isTrue();
+                }
             }
             assertThat(load.result().join().blocks()).isEqualTo(saved);
             for (int i = 0; i < saved; i++) {

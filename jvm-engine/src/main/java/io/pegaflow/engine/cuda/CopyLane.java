@@ -60,6 +60,9 @@ final class CopyLane {
     final CopyRunList runs;
     final BlockingQueue<Future> pending = new LinkedBlockingQueue<>();
     final Thread completer;
+    /** Layer-wise loads queued on {@link #enqueuer} instead of the submitting thread ({@link #enqueueLater}). */
+    private final BlockingQueue<Runnable> later = new LinkedBlockingQueue<>();
+    private final Thread enqueuer;
     /** The bounce path (0 when off): the kernel's stream, the device buffer and its slots' events. */
     final long aux;
     final long bounce;
@@ -113,12 +116,47 @@ final class CopyLane {
             this.bounce = 0;
         }
         this.completer = Thread.ofPlatform().daemon().name("pegaflow-cuda-" + name).start(this::complete);
+        this.enqueuer = Thread.ofPlatform().daemon().name("pegaflow-cuda-queue-" + name).start(this::enqueueLoop);
     }
 
-    /** On the submitting thread, with the device current: queue every copy of the batch. */
-    void enqueue(CopyBatch batch, Future future) {
+    /** On the submitting thread, with the device current: marks where the caller's stream stands for {@link #enqueue}. */
+    void recordCaller(CopyBatch batch) {
         if (batch.waitStream() != 0) {
             CudaDriver.eventRecord(callerEvent, batch.waitStream());
+        }
+    }
+
+    /**
+     * {@link #enqueue} on this lane's own thread: the caller returns at once and waits for
+     * each group through {@link Future#awaitGroup}, which returns once the group is queued
+     * (and its stream wait placed). A failure to queue goes to {@code failed}, which drains
+     * the streams and fails the future.
+     */
+    void enqueueLater(CopyBatch batch, Future future, java.util.function.Consumer<Throwable> failed) {
+        later.add(() -> {
+            try {
+                device.makeCurrent();
+                enqueue(batch, future);
+                pending.add(future);
+            } catch (RuntimeException | Error e) {
+                failed.accept(e);
+            }
+        });
+    }
+
+    private void enqueueLoop() {
+        while (true) {
+            try {
+                later.take().run();
+            } catch (InterruptedException e) {
+                return;
+            }
+        }
+    }
+
+    /** With the device current, after {@link #recordCaller}: queue every copy of the batch. */
+    void enqueue(CopyBatch batch, Future future) {
+        if (batch.waitStream() != 0) {
             CudaDriver.streamWaitEvent(stream, callerEvent);
             if (bounce != 0) {
                 CudaDriver.streamWaitEvent(aux, callerEvent); // a save's gathers read what the caller wrote
@@ -139,18 +177,37 @@ final class CopyLane {
         n = 0;
         chunk = FIRST_CHUNK;
         runChunk = FIRST_RUNS;
+        // a layer-wise load through the copy engine: each group's last scatter, on aux, marks
+        // the group; stream (the copy engine's side) goes on to the next layer without
+        // waiting for it, and waits for aux once, before the batch's done event
+        boolean layersOnAux = groups > 1 && !toHost && options.layerSplit().copyEngine();
+        boolean auxBehind = false;
         for (int g = 0; g < groups; g++) {
             int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
             int start = batch.size() == 0 ? 0 : batch.groupStart(g);
-            if (bounce != 0 && worthBouncing(batch, start, end)) {
-                bounced(batch, start, end, toHost);
+            boolean scattered = false;
+            if (bounce != 0 && (layersOnAux ? end - start >= 2 : worthBouncing(batch, start, end))) {
+                scattered = bounced(batch, start, end, toHost, !layersOnAux);
             } else {
                 direct(batch, start, end, toHost);
             }
             runs.flush(stream);
             if (groups > 1) {
-                CudaDriver.eventRecord(groupEvents[g], stream);
+                if (layersOnAux && (scattered || auxBehind)) {
+                    // the group's pieces on stream (if any) and its scatters on aux, both
+                    CudaDriver.eventRecord(callerEvent, stream);
+                    CudaDriver.streamWaitEvent(aux, callerEvent);
+                    CudaDriver.eventRecord(groupEvents[g], aux);
+                    auxBehind = true;
+                } else {
+                    CudaDriver.eventRecord(groupEvents[g], stream);
+                }
+                future.queued(g + 1);
             }
+        }
+        if (auxBehind) {
+            CudaDriver.eventRecord(callerEvent, aux);
+            CudaDriver.streamWaitEvent(stream, callerEvent);
         }
         CudaDriver.eventRecord(doneEvent, stream);
     }
@@ -241,9 +298,11 @@ final class CopyLane {
      * Events hand each slot between the two streams ({@code filled}, then {@code freed}
      * before it is filled again), so one slot copies over PCIe while another is scattered
      * or gathered in device memory. Runs long on both sides still go straight through the
-     * copy engine, and a piece longer than a slot takes the kernel's direct path.
+     * copy engine, and a piece longer than a slot takes the kernel's direct path. A load's
+     * {@code stream} waits for its last scatter when {@code join} (else the caller orders what
+     * follows after {@code aux}). Returns whether any piece went through a slot.
      */
-    private void bounced(CopyBatch batch, int i, int end, boolean toHost) {
+    private boolean bounced(CopyBatch batch, int i, int end, boolean toHost, boolean join) {
         long poolBase = pool.address();
         slotFill = 0;
         slotDescStart = n;
@@ -284,11 +343,12 @@ final class CopyLane {
         if (slotFill > 0) {
             closeSlot(toHost);
         }
-        if (any && !toHost) {
+        if (any && !toHost && join) {
             // a load's last scatter ran on aux (in order, so it covers the earlier ones)
             int lastSlot = (slot + slots - 1) % slots;
             CudaDriver.streamWaitEvent(stream, freed[lastSlot]);
         }
+        return any;
     }
 
     /** Queues the current slot's copy and kernel (see {@link #bounced}) and moves to the next slot. */
@@ -454,6 +514,7 @@ final class CopyLane {
     }
 
     void destroy() {
+        enqueuer.interrupt();
         completer.interrupt();
         try {
             completer.join(5000);
@@ -488,15 +549,41 @@ final class CopyLane {
     /** A batch in flight on this lane; group events stay valid until the lane is reused. */
     final class Future extends TransferFuture {
         final int groups;
+        /** Groups whose copies and event are queued (guarded by this; {@link #enqueueLater}). */
+        private int queued;
 
         Future(int groups) {
             this.groups = groups;
+            whenComplete((v, e) -> queued(groups));
+        }
+
+        synchronized void queued(int upTo) {
+            queued = Math.max(queued, upTo);
+            notifyAll();
+        }
+
+        /** Until group {@code group} is queued or the batch is done (failed included). */
+        private synchronized void awaitQueued(int group) {
+            boolean interrupted = false;
+            while (queued <= group && !isDone()) {
+                try {
+                    wait();
+                } catch (InterruptedException e) {
+                    interrupted = true;
+                }
+            }
+            if (interrupted) {
+                Thread.currentThread().interrupt();
+            }
         }
 
         @Override
         public void awaitGroup(int group, long stream) {
             if (group < 0 || group >= Math.max(1, groups)) {
                 throw new IllegalArgumentException("group " + group + " out of range [0, " + Math.max(1, groups) + ")");
+            }
+            if (groups > 1) {
+                awaitQueued(group);
             }
             if (isDone()) {
                 join(); // rethrows a failure; nothing left to wait for otherwise

@@ -41,16 +41,18 @@ import java.util.List;
  *                            lanes hold {@code 2 * lanesPerDirection} of them (128 MiB)
  * @param bounceSlots         slots of the bounce buffer, 2 to 8: one copy engine call per slot,
  *                            so small slots leave gaps between calls; the slot's size matters,
- *                            not the count (docs/gpu.md, "The bounce path's buffer")
+ *                            not the count (docs/gpu.md, "The bounce path's buffer"). Default 2
+ *                            ({@code PEGAFLOW_CUDA_BOUNCE_SLOTS})
  * @param layerSplit          how a layer-wise load (a load inside vLLM's step) is cut into
  *                            batches ({@link LayerSplit}): groups of layers long enough in the
  *                            pool take the bounce path (the copy engine, no SMs taken from the
  *                            forward beside it), several lanes overlap one layer's kernel tail
  *                            with the next, a cap on each copy kernel's thread blocks leaves
  *                            SMs to the forward. Default {@link LayerSplit#PER_LAYER}, the
- *                            environment's {@code PEGAFLOW_CUDA_LAYER_GROUP_KIB} and
- *                            {@code PEGAFLOW_CUDA_LAYER_LANES} and
- *                            {@code PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS} override: groups of 256 KiB
+ *                            environment's {@code PEGAFLOW_CUDA_LAYER_GROUP_KIB},
+ *                            {@code PEGAFLOW_CUDA_LAYER_LANES},
+ *                            {@code PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS} and
+ *                            {@code PEGAFLOW_CUDA_LAYER_DMA} override: groups of 256 KiB
  *                            stretches were not faster in vLLM on the H200 and took longer to
  *                            submit (docs/benchmarks/README.md, "Layer groups")
  */
@@ -88,6 +90,25 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         nvrtcDirs = List.copyOf(nvrtcDirs);
     }
 
+    /** The environment variable giving {@link #bounceSlots} for {@link #defaults()}. */
+    public static final String BOUNCE_SLOTS_ENV = "PEGAFLOW_CUDA_BOUNCE_SLOTS";
+
+    /** {@link #bounceSlots} from {@link #BOUNCE_SLOTS_ENV}, or 2 when unset. */
+    static int bounceSlotsFromEnvironment(String value) {
+        if (value == null || value.isBlank()) {
+            return 2;
+        }
+        try {
+            int n = Integer.parseInt(value.strip());
+            if (n >= 2 && n <= 8) {
+                return n;
+            }
+        } catch (NumberFormatException e) {
+            // named below
+        }
+        throw new InvalidArgumentException(BOUNCE_SLOTS_ENV + "=" + value + "; expected slots of each lane's bounce buffer, 2 to 8");
+    }
+
     /** {@link #bounceBytes} from {@link #BOUNCE_ENV} (MiB), or 16 MiB when unset. */
     static long bounceFromEnvironment(String value) {
         if (value == null || value.isBlank()) {
@@ -116,9 +137,9 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         dirs.add(Path.of("/usr/local/cuda/targets/x86_64-linux/lib"));
         Path cache = Path.of(System.getProperty("user.home"), ".cache", "pegaflow", "kernels");
         return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false, true,
-                bounceFromEnvironment(System.getenv(BOUNCE_ENV)), 2,
+                bounceFromEnvironment(System.getenv(BOUNCE_ENV)), bounceSlotsFromEnvironment(System.getenv(BOUNCE_SLOTS_ENV)),
                 LayerSplit.fromEnvironment(System.getenv(LayerSplit.GROUP_ENV), System.getenv(LayerSplit.LANES_ENV),
-                        System.getenv(LayerSplit.BLOCKS_ENV)));
+                        System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {

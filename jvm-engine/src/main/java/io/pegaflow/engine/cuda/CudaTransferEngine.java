@@ -295,12 +295,15 @@ public final class CudaTransferEngine implements TransferEngine {
         return "cuda";
     }
 
-    /** {@link CudaOptions#layerSplit()}; groups only where the bounce path is on (nothing else moves them faster). */
+    /**
+     * {@link CudaOptions#layerSplit()}; groups and the copy engine for layers only where the
+     * bounce path is on (nothing else moves them faster).
+     */
     @Override
     public io.pegaflow.engine.transfer.LayerSplit layerSplit() {
         io.pegaflow.engine.transfer.LayerSplit s = options.layerSplit();
-        return options.bounceBytes() > 0 || s.groupBytes() == 0 ? s
-                : new io.pegaflow.engine.transfer.LayerSplit(0, s.lanes(), s.kernelBlocks());
+        return options.bounceBytes() > 0 || (s.groupBytes() == 0 && !s.copyEngine()) ? s
+                : new io.pegaflow.engine.transfer.LayerSplit(0, s.lanes(), s.kernelBlocks(), false);
     }
 
     /**
@@ -373,23 +376,39 @@ public final class CudaTransferEngine implements TransferEngine {
         CopyLane.Future future = lane.new Future(batch.groupCount());
         try {
             device.makeCurrent();
+            lane.recordCaller(batch); // here: the caller's stream as it stands at the call
+            if (batch.groupCount() > 1 && batch.direction() == CopyBatch.Direction.TO_DEVICE) {
+                // a layer-wise load: its groups are queued on the lane's own thread, and each
+                // group can be waited for as soon as it is queued (LayeredLoad, vLLM's
+                // wait_for_layer_load), not only once the driver took the whole batch, which
+                // can block the queuing thread for as long as the copy runs
+                lane.enqueueLater(batch, future, e -> fail(lanes, lane, future, e));
+                return future;
+            }
             lane.enqueue(batch, future);
             lane.pending.add(future);
         } catch (RuntimeException | Error e) {
-            // what was queued before the failure still runs: let it finish before the caller
-            // rolls the plan back (freeing the slots) and before the lane's buffers are reused
-            try {
-                CudaDriver.streamSynchronize(lane.stream);
-                if (lane.aux != 0) {
-                    CudaDriver.streamSynchronize(lane.aux);
-                }
-            } catch (RuntimeException drained) {
-                e.addSuppressed(drained);
-            }
-            lanes.add(lane);
-            future.completeExceptionally(e);
+            fail(lanes, lane, future, e);
         }
         return future;
+    }
+
+    /**
+     * A batch that could not be queued whole ({@code e}): what was queued before the failure
+     * still runs; it finishes before the caller rolls the plan back (freeing the slots) and
+     * before the lane's buffers are reused, then the future fails.
+     */
+    private static void fail(BlockingQueue<CopyLane> lanes, CopyLane lane, CopyLane.Future future, Throwable e) {
+        try {
+            CudaDriver.streamSynchronize(lane.stream);
+            if (lane.aux != 0) {
+                CudaDriver.streamSynchronize(lane.aux);
+            }
+        } catch (RuntimeException drained) {
+            e.addSuppressed(drained);
+        }
+        lanes.add(lane);
+        future.completeExceptionally(e);
     }
 
     /** Waits for every lane to come back (all batches done), then frees streams, kernel and pinning. */

@@ -10,26 +10,39 @@ import io.pegaflow.engine.InvalidArgumentException;
  * layer's copy does not wait for the tail of the previous one's on the same stream. A GPU
  * engine also caps the thread blocks each kernel launch of such a batch takes
  * ({@code kernelBlocks}), so the forward's kernels running beside the copy find free SMs
- * instead of queueing behind a copy that fills the GPU.
+ * instead of queueing behind a copy that fills the GPU, or ({@code copyEngine}) moves the
+ * pool side with the copy engine, which takes no SMs at all.
  *
  * @param groupBytes   bytes of each block's slots per group at least; 0 to 1 GiB
  * @param lanes        batches a layer-wise load part is dealt over; 1 to 16
  * @param kernelBlocks the most thread blocks one copy-kernel launch of a batch of several
  *                     groups takes (a grid-strided kernel moves the same pieces with fewer);
  *                     0: no cap
+ * @param copyEngine   a GPU engine moves every group's pool side through its copy engine
+ *                     into a device buffer (the bounce path) however short each block's
+ *                     stretch of the group, instead of reading the pool with the kernel:
+ *                     the copy engine takes no SMs from the forward beside the load
  */
-public record LayerSplit(long groupBytes, int lanes, int kernelBlocks) {
+public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine) {
     /**
-     * One layer per group, one batch, kernels of at most 32 thread blocks: the default. Without
-     * the cap one layer's copy kernel (a thread block per piece) filled the GPU's SMs and each
-     * of the forward's kernels beside it queued behind it; with 32 the copy ran as fast and the
-     * forward followed it layer by layer (docs/benchmarks/README.md, seventh and eighth H200 runs).
+     * One layer per group, one batch, the pool side through the copy engine, kernels of at most
+     * 32 thread blocks: the default. Without the cap one layer's copy kernel (a thread block per
+     * piece) filled the GPU's SMs and each of the forward's kernels beside it queued behind it;
+     * with 32 the copy ran as fast and the forward followed it layer by layer
+     * (docs/benchmarks/README.md, seventh and eighth H200 runs). The copy engine moved the same
+     * layers sooner than the capped kernel with the forward beside it (the tenth run).
      */
-    public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32);
-    /** The environment variables {@link #fromEnvironment} reads (KiB, a count, a count). */
+    public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32, true);
+    /** The environment variables {@link #fromEnvironment} reads (KiB, a count, a count, 0 or 1). */
     public static final String GROUP_ENV = "PEGAFLOW_CUDA_LAYER_GROUP_KIB";
     public static final String LANES_ENV = "PEGAFLOW_CUDA_LAYER_LANES";
     public static final String BLOCKS_ENV = "PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS";
+    public static final String DMA_ENV = "PEGAFLOW_CUDA_LAYER_DMA";
+
+    /** Without {@link #copyEngine}: the copy kernel reads the pool. */
+    public LayerSplit(long groupBytes, int lanes, int kernelBlocks) {
+        this(groupBytes, lanes, kernelBlocks, false);
+    }
 
     public LayerSplit {
         if (groupBytes < 0 || groupBytes > (1L << 30)) {
@@ -48,41 +61,29 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks) {
      * unset (null or blank) keeps {@link #PER_LAYER}'s value.
      */
     public static LayerSplit fromEnvironment(String groupKib, String lanes, String kernelBlocks) {
-        long group = PER_LAYER.groupBytes;
-        if (groupKib != null && !groupKib.isBlank()) {
-            long kib = parse(groupKib, GROUP_ENV, "KiB of each block's slots per group of a layer-wise load, 0 (one layer per "
-                    + "group) to 1048576");
-            if (kib > (1 << 20)) {
-                throw new InvalidArgumentException(GROUP_ENV + "=" + groupKib + "; expected KiB of each block's slots per group "
-                        + "of a layer-wise load, 0 (one layer per group) to 1048576");
-            }
-            group = kib << 10;
-        }
-        int n = PER_LAYER.lanes;
-        if (lanes != null && !lanes.isBlank()) {
-            long v = parse(lanes, LANES_ENV, "copy lanes a layer-wise load is dealt over, 1 to 16");
-            if (v < 1 || v > 16) {
-                throw new InvalidArgumentException(LANES_ENV + "=" + lanes + "; expected copy lanes a layer-wise load is dealt "
-                        + "over, 1 to 16");
-            }
-            n = (int) v;
-        }
-        int blocks = PER_LAYER.kernelBlocks;
-        if (kernelBlocks != null && !kernelBlocks.isBlank()) {
-            long v = parse(kernelBlocks, BLOCKS_ENV, "thread blocks per copy-kernel launch of a layer-wise load, 0 (no cap) to 65535");
-            if (v > 65535) {
-                throw new InvalidArgumentException(BLOCKS_ENV + "=" + kernelBlocks + "; expected thread blocks per copy-kernel "
-                        + "launch of a layer-wise load, 0 (no cap) to 65535");
-            }
-            blocks = (int) v;
-        }
-        return new LayerSplit(group, n, blocks);
+        return fromEnvironment(groupKib, lanes, kernelBlocks, null);
     }
 
-    private static long parse(String value, String name, String expected) {
+    /** As {@link #fromEnvironment(String, String, String)}, with {@link #DMA_ENV} ({@code 0} or {@code 1}). */
+    public static LayerSplit fromEnvironment(String groupKib, String lanes, String kernelBlocks, String dma) {
+        long group = parse(groupKib, GROUP_ENV, 0, 1 << 20, PER_LAYER.groupBytes >> 10,
+                "KiB of each block's slots per group of a layer-wise load, 0 (one layer per group) to 1048576") << 10;
+        long n = parse(lanes, LANES_ENV, 1, 16, PER_LAYER.lanes, "copy lanes a layer-wise load is dealt over, 1 to 16");
+        long blocks = parse(kernelBlocks, BLOCKS_ENV, 0, 65535, PER_LAYER.kernelBlocks,
+                "thread blocks per copy-kernel launch of a layer-wise load, 0 (no cap) to 65535");
+        long copyEngine = parse(dma, DMA_ENV, 0, 1, PER_LAYER.copyEngine ? 1 : 0,
+                "0 (the copy kernel reads the pool) or 1 (the copy engine moves every layer)");
+        return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1);
+    }
+
+    /** {@code value} as a number from {@code min} to {@code max}; unset (null or blank): {@code unset}. */
+    private static long parse(String value, String name, long min, long max, long unset, String expected) {
+        if (value == null || value.isBlank()) {
+            return unset;
+        }
         try {
             long v = Long.parseLong(value.strip());
-            if (v >= 0) {
+            if (v >= min && v <= max) {
                 return v;
             }
         } catch (NumberFormatException e) {

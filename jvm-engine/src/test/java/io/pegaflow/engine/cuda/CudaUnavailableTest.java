@@ -53,13 +53,18 @@ class CudaUnavailableTest {
         assertThatThrownBy(() -> CudaOptions.bounceFromEnvironment("lots"))
                 .hasMessageContaining("PEGAFLOW_CUDA_BOUNCE_MIB=lots").hasMessageContaining("0 (off) to 1024");
         assertThatThrownBy(() -> CudaOptions.bounceFromEnvironment("4096")).hasMessageContaining("=4096");
+        assertThat(CudaOptions.bounceSlotsFromEnvironment(null)).isEqualTo(2);
+        assertThat(CudaOptions.bounceSlotsFromEnvironment(" 8 ")).isEqualTo(8);
+        assertThatThrownBy(() -> CudaOptions.bounceSlotsFromEnvironment("9"))
+                .hasMessageContaining("PEGAFLOW_CUDA_BOUNCE_SLOTS=9").hasMessageContaining("2 to 8");
+        assertThatThrownBy(() -> CudaOptions.bounceSlotsFromEnvironment("two")).hasMessageContaining("=two");
     }
 
     @Test
     void theLayerSplitComesFromTheEnvironmentAndIsCheckedWithItsName() {
         assertThat(LayerSplit.fromEnvironment(null, " ", null)).isEqualTo(LayerSplit.PER_LAYER);
         assertThat(CudaOptions.defaults().layerSplit()).isEqualTo(LayerSplit.PER_LAYER);
-        assertThat(LayerSplit.fromEnvironment(" 256 ", "2", "264")).isEqualTo(new LayerSplit(256 << 10, 2, 264));
+        assertThat(LayerSplit.fromEnvironment(" 256 ", "2", "264")).isEqualTo(new LayerSplit(256 << 10, 2, 264, true));
         assertThatThrownBy(() -> LayerSplit.fromEnvironment("four", null, null))
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_GROUP_KIB=four").hasMessageContaining("0 (one layer per group)");
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, "17", null)).hasMessageContaining("PEGAFLOW_CUDA_LAYER_LANES=17")
@@ -67,5 +72,10 @@ class CudaUnavailableTest {
         assertThatThrownBy(() -> new LayerSplit(0, 0, 0)).hasMessageContaining("layer lanes 0");
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, "70000"))
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS=70000");
+        assertThat(LayerSplit.fromEnvironment(null, null, null, " 1")).isEqualTo(LayerSplit.PER_LAYER);
+        assertThat(LayerSplit.fromEnvironment(null, null, null, "0")).isEqualTo(new LayerSplit(0, 1, 32, false));
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, "2"))
+                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_DMA=2").hasMessageContaining("0 (the copy kernel reads the pool)");
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, "yes")).hasMessageContaining("=yes");
     }
 }
