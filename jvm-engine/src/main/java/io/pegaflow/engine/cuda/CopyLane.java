@@ -48,7 +48,8 @@ final class CopyLane {
     final long stream;
     final long doneEvent;
     final long callerEvent;
-    long[] groupEvents = new long[0];
+    /** Volatile: a waiter of an earlier batch may read it while a later batch grows it (same events, more). */
+    volatile long[] groupEvents = new long[0];
     long staging;
     long stagingBytes;
     long deviceDesc;
@@ -138,7 +139,7 @@ final class CopyLane {
                 device.makeCurrent();
                 enqueue(batch, future);
                 pending.add(future);
-            } catch (RuntimeException | Error e) {
+            } catch (Throwable e) {
                 failed.accept(e);
             }
         });
@@ -146,10 +147,18 @@ final class CopyLane {
 
     private void enqueueLoop() {
         while (true) {
+            Runnable task;
             try {
-                later.take().run();
+                task = later.take();
             } catch (InterruptedException e) {
                 return;
+            }
+            try {
+                task.run();
+            } catch (Throwable e) {
+                // the task fails its own future; this thread must live on for the lane's next batch
+                System.getLogger(CopyLane.class.getName()).log(System.Logger.Level.ERROR,
+                        "CUDA lane " + name + ": queuing a batch failed past its own handler", e);
             }
         }
     }

@@ -404,11 +404,13 @@ public final class CudaTransferEngine implements TransferEngine {
             if (lane.aux != 0) {
                 CudaDriver.streamSynchronize(lane.aux);
             }
-        } catch (RuntimeException drained) {
+        } catch (Throwable drained) {
             e.addSuppressed(drained);
+        } finally {
+            // whatever the drain did: the lane goes home and every waiter on the batch wakes
+            lanes.add(lane);
+            future.completeExceptionally(e);
         }
-        lanes.add(lane);
-        future.completeExceptionally(e);
     }
 
     /** Waits for every lane to come back (all batches done), then frees streams, kernel and pinning. */
