@@ -661,7 +661,8 @@ public final class SchedulerSide {
         pendingLoads.clear();
         stepSaves.clear();
         stepPreempted.clear();
-        return plan.encode();
+        // most decode steps plan nothing: empty bytes, and the workers make no call for them
+        return plan.isEmpty() ? StepPlan.EMPTY_BYTES : plan.encode();
     }
     /**
      * {@code request_finished}: true when the request's blocks must stay allocated until a

@@ -38,6 +38,9 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     /** Save {@code blockIds[i]} of KV-cache group {@code group} under hash {@code i} (all of this worker's layers of it). */
     public record Save(String requestId, int group, long[] blockIds, BlockHashes hashes) {}
 
+    /** The bytes of a plan with nothing in it: none at all ({@link #decode} reads them as that plan). */
+    public static final byte[] EMPTY_BYTES = new byte[0];
+
     public boolean isEmpty() {
         return loads.isEmpty() && saves.isEmpty() && preempted.isEmpty();
     }
@@ -74,6 +77,9 @@ public record StepPlan(List<Load> loads, List<Save> saves, List<String> preempte
     }
 
     public static StepPlan decode(byte[] data) {
+        if (data.length == 0) {
+            return new StepPlan(List.of(), List.of(), List.of());
+        }
         try (DataInputStream in = new DataInputStream(new ByteArrayInputStream(data))) {
             int version = in.readInt();
             if (version != VERSION) {

@@ -273,7 +273,12 @@ class ConnectorBrainTest {
         sched.finished(List.of(), recving);
         // Next step: the loaded prefix is not saved again, only what this step completes.
         sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5);
-        assertThat(StepPlan.decode(sched.buildPlan()).saves()).isEmpty();
+        byte[] nothing = sched.buildPlan();
+        assertThat(nothing).as("a step that plans nothing: no bytes, so workers make no call for it").isEmpty();
+        assertThat(StepPlan.decode(nothing).isEmpty()).isTrue();
+        assertThat(worker.startLoads(nothing)).isZero();
+        worker.submitSaves(nothing, 0);
+        worker.awaitPreempted(nothing);
     }
 
     @Test
