@@ -242,7 +242,8 @@ typedef struct pegaflow_api {
                               int64_t num_computed, int64_t num_scheduled);
     int32_t (*sched_preempted)(int64_t sched, const char *req_id);
     /* build_connector_meta: the step's plan (opaque bytes for every worker). When it does not
-       fit cap, PF_INVALID_ARGUMENT with *out_len set; the plan is kept for the next call. */
+       fit cap, PF_INVALID_ARGUMENT with *out_len set; the plan is kept for the next call.
+       *out_len 0: the step plans nothing (workers may skip their calls; passed, it does nothing). */
     int32_t (*sched_build_plan)(int64_t sched, uint8_t *buf, int64_t cap, int64_t *out_len);
     /* request_finished: *out_hold = 1 while its blocks must stay until finished_sending. */
     int32_t (*sched_request_finished)(int64_t sched, const char *req_id, int32_t *out_hold);
