@@ -595,7 +595,7 @@ public abstract class BlockStoreContract {
     void aLayeredLoadGroupsLayersAndDealsThemOverLanesAsTheCopyEngineAsks() {
         List<CopyBatch> batches = new java.util.concurrent.CopyOnWriteArrayList<>();
         // two layers' K and V of 256 bytes each per group, dealt over two lanes
-        engine = engine(config(512 * 1024L).transfer(pool -> recording(pool, batches, new LayerSplit(2 * 2 * 256, 2, 0)))
+        engine = engine(config(512 * 1024L).transfer(pool -> recording(pool, batches, new LayerSplit(2 * 2 * 256, 2, 0, false)))
                 .build());
         world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 5, 256, 256, 0);
         world.register(engine);

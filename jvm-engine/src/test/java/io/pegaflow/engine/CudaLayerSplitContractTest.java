@@ -13,6 +13,6 @@ import org.junit.jupiter.api.Tag;
 class CudaLayerSplitContractTest extends CudaTransferContractTest {
     @Override
     CudaOptions options() {
-        return CudaOptions.defaults().withLayerSplit(new LayerSplit(0, 2, 8));
+        return CudaOptions.defaults().withLayerSplit(new LayerSplit(0, 2, 8, false));
     }
 }

@@ -166,11 +166,19 @@ final class KvWorld implements AutoCloseable {
 
     boolean holdsPattern(WorkerSpec w, long blockId, byte[] hash) {
         for (LayerRegion r : w.layers()) {
-            for (int s = 0; s < r.segments(); s++) {
-                byte[] actual = memory.read(r.pieceAddress(blockId, s), (int) r.segmentBytes());
-                if (!Arrays.equals(actual, pattern(hash, w.tpRank(), r, s))) {
-                    return false;
-                }
+            if (!holds(w, r, blockId, hash)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /** Whether region {@code r} of worker {@code w} holds {@link #fillPattern}'s content for {@code hash} in {@code blockId}. */
+    private boolean holds(WorkerSpec w, LayerRegion r, long blockId, byte[] hash) {
+        for (int s = 0; s < r.segments(); s++) {
+            byte[] actual = memory.read(r.pieceAddress(blockId, s), (int) r.segmentBytes());
+            if (!Arrays.equals(actual, pattern(hash, w.tpRank(), r, s))) {
+                return false;
             }
         }
         return true;
@@ -179,12 +187,8 @@ final class KvWorld implements AutoCloseable {
     /** Whether layer {@code layer} of {@code blockId} on every worker holds what {@link #fillPattern} writes for {@code hash}. */
     boolean holdsLayer(long blockId, byte[] hash, int layer) {
         for (WorkerSpec w : workers) {
-            LayerRegion r = w.layers().get(layer);
-            for (int s = 0; s < r.segments(); s++) {
-                byte[] actual = memory.read(r.pieceAddress(blockId, s), (int) r.segmentBytes());
-                if (!Arrays.equals(actual, pattern(hash, w.tpRank(), r, s))) {
-                    return false;
-                }
+            if (!holds(w, w.layers().get(layer), blockId, hash)) {
+                return false;
             }
         }
         return true;

@@ -61,9 +61,8 @@ final class CopyLane {
     final CopyRunList runs;
     final BlockingQueue<Future> pending = new LinkedBlockingQueue<>();
     final Thread completer;
-    /** Layer-wise loads queued on {@link #enqueuer} instead of the submitting thread ({@link #enqueueLater}). */
-    private final BlockingQueue<Runnable> later = new LinkedBlockingQueue<>();
-    private final Thread enqueuer;
+    /** Queues layer-wise loads instead of the submitting thread ({@link #enqueueLater}). */
+    private final java.util.concurrent.ExecutorService enqueuer;
     /** The bounce path (0 when off): the kernel's stream, the device buffer and its slots' events. */
     final long aux;
     final long bounce;
@@ -117,7 +116,8 @@ final class CopyLane {
             this.bounce = 0;
         }
         this.completer = Thread.ofPlatform().daemon().name("pegaflow-cuda-" + name).start(this::complete);
-        this.enqueuer = Thread.ofPlatform().daemon().name("pegaflow-cuda-queue-" + name).start(this::enqueueLoop);
+        this.enqueuer = java.util.concurrent.Executors.newSingleThreadExecutor(
+                Thread.ofPlatform().daemon().name("pegaflow-cuda-queue-" + name).factory());
     }
 
     /** On the submitting thread, with the device current: marks where the caller's stream stands for {@link #enqueue}. */
@@ -134,7 +134,7 @@ final class CopyLane {
      * the streams and fails the future.
      */
     void enqueueLater(CopyBatch batch, Future future, java.util.function.Consumer<Throwable> failed) {
-        later.add(() -> {
+        enqueuer.execute(() -> {
             try {
                 device.makeCurrent();
                 enqueue(batch, future);
@@ -143,24 +143,6 @@ final class CopyLane {
                 failed.accept(e);
             }
         });
-    }
-
-    private void enqueueLoop() {
-        while (true) {
-            Runnable task;
-            try {
-                task = later.take();
-            } catch (InterruptedException e) {
-                return;
-            }
-            try {
-                task.run();
-            } catch (Throwable e) {
-                // the task fails its own future; this thread must live on for the lane's next batch
-                System.getLogger(CopyLane.class.getName()).log(System.Logger.Level.ERROR,
-                        "CUDA lane " + name + ": queuing a batch failed past its own handler", e);
-            }
-        }
     }
 
     /** With the device current, after {@link #recordCaller}: queue every copy of the batch. */
@@ -523,7 +505,7 @@ final class CopyLane {
     }
 
     void destroy() {
-        enqueuer.interrupt();
+        enqueuer.shutdownNow();
         completer.interrupt();
         try {
             completer.join(5000);

@@ -95,35 +95,12 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
 
     /** {@link #bounceSlots} from {@link #BOUNCE_SLOTS_ENV}, or 2 when unset. */
     static int bounceSlotsFromEnvironment(String value) {
-        if (value == null || value.isBlank()) {
-            return 2;
-        }
-        try {
-            int n = Integer.parseInt(value.strip());
-            if (n >= 2 && n <= 8) {
-                return n;
-            }
-        } catch (NumberFormatException e) {
-            // named below
-        }
-        throw new InvalidArgumentException(BOUNCE_SLOTS_ENV + "=" + value + "; expected slots of each lane's bounce buffer, 2 to 8");
+        return (int) LayerSplit.parse(value, BOUNCE_SLOTS_ENV, 2, 8, 2, "slots of each lane's bounce buffer, 2 to 8");
     }
 
     /** {@link #bounceBytes} from {@link #BOUNCE_ENV} (MiB), or 16 MiB when unset. */
     static long bounceFromEnvironment(String value) {
-        if (value == null || value.isBlank()) {
-            return 16L << 20;
-        }
-        try {
-            long mib = Long.parseLong(value.strip());
-            if (mib >= 0 && mib <= 1024) {
-                return mib << 20;
-            }
-        } catch (NumberFormatException e) {
-            // named below
-        }
-        throw new InvalidArgumentException(BOUNCE_ENV + "=" + value + "; expected MiB of device memory per copy lane, "
-                + "0 (off) to 1024");
+        return LayerSplit.parse(value, BOUNCE_ENV, 0, 1024, 16, "MiB of device memory per copy lane, 0 (off) to 1024") << 20;
     }
 
     public static CudaOptions defaults() {

@@ -39,11 +39,6 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
     public static final String BLOCKS_ENV = "PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS";
     public static final String DMA_ENV = "PEGAFLOW_CUDA_LAYER_DMA";
 
-    /** Without {@link #copyEngine}: the copy kernel reads the pool. */
-    public LayerSplit(long groupBytes, int lanes, int kernelBlocks) {
-        this(groupBytes, lanes, kernelBlocks, false);
-    }
-
     public LayerSplit {
         if (groupBytes < 0 || groupBytes > (1L << 30)) {
             throw new InvalidArgumentException("layer group of " + groupBytes + " bytes; expected 0 (one layer per group) to 1 GiB");
@@ -76,8 +71,11 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
         return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1);
     }
 
-    /** {@code value} as a number from {@code min} to {@code max}; unset (null or blank): {@code unset}. */
-    private static long parse(String value, String name, long min, long max, long unset, String expected) {
+    /**
+     * An environment setting {@code name=value} as a number from {@code min} to {@code max};
+     * unset (null or blank): {@code unset}; otherwise refused naming the setting and {@code expected}.
+     */
+    public static long parse(String value, String name, long min, long max, long unset, String expected) {
         if (value == null || value.isBlank()) {
             return unset;
         }

@@ -69,7 +69,7 @@ class CudaUnavailableTest {
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_GROUP_KIB=four").hasMessageContaining("0 (one layer per group)");
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, "17", null)).hasMessageContaining("PEGAFLOW_CUDA_LAYER_LANES=17")
                 .hasMessageContaining("1 to 16");
-        assertThatThrownBy(() -> new LayerSplit(0, 0, 0)).hasMessageContaining("layer lanes 0");
+        assertThatThrownBy(() -> new LayerSplit(0, 0, 0, false)).hasMessageContaining("layer lanes 0");
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, "70000"))
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS=70000");
         assertThat(LayerSplit.fromEnvironment(null, null, null, " 1")).isEqualTo(LayerSplit.PER_LAYER);
