@@ -60,6 +60,16 @@ def test_profile_summary_reads_a_trace(tmp_path):
         ev.append({"ts": 1000.0 + start - 200, "dur": 5, "cat": "cuda_driver", "name": "cuLaunchKernel",
                    "args": {"correlation": 50 + i}})
     ev.append({"ts": 1000.0 + 10500, "dur": 2, "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)"})
+    for i in range(4):  # the copy engine's copies on stream 13; one on the attention's stream is the step's own input
+        ev.append({"ts": 1000.0 + 2000 + 1000 * i, "dur": 250, "cat": "gpu_memcpy", "tid": 13,
+                   "name": "Memcpy HtoD (Pinned -> Device)"})
+    ev.append({"ts": 1000.0 + 1000, "dur": 10, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy HtoD (Pinned -> Device)"})
+    ev[1]["tid"] = ev[2]["tid"] = ev[3]["tid"] = 7
+    for i, d in enumerate([5, 6, 90, 7]):  # the forward's thread (most cpu_ops) launches; one slow
+        ev.append({"ts": 1000.0 + 4000 + 100 * i, "dur": d, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1})
+        ev.append({"ts": 1000.0 + 4000 + 100 * i, "dur": 20, "cat": "cpu_op", "name": "aten::mul_", "tid": 1})
+    ev.append({"ts": 1000.0 + 4500, "dur": 900, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 2})
+    ev.append({"ts": 1000.0 + 11000, "dur": 900, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1})
     path = tmp_path / "warm-16384.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
@@ -69,6 +79,9 @@ def test_profile_summary_reads_a_trace(tmp_path):
     c = s["load_copy_kernels"]
     assert (c["count"], c["first_launch"], c["first_start"], c["last_end"], c["busy_ms"]) == (3, 2.8, 3.0, 4.5, 1.5)
     assert c["streams"]["9"] == {"count": 2, "first_start": 3.0, "last_end": 4.5, "grids": [64, 128]}
+    assert s["load_memcpys"] == {"count": 4, "first_start": 2.0, "last_end": 5.25, "busy_ms": 1.0}
+    # the forward's thread only, before the first token's copy: 5, 6, 7, 90 us
+    assert s["forward_launch_us"] == {"count": 4, "median": 7, "mean": 27.0}
     assert main([]) == 2
 
 

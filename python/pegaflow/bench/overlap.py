@@ -44,6 +44,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--pool-size", default="8gb")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--forward-delay-ms", type=float, default=0.0,
+                    help="the overlapped forward starts this long after the load (its copies queued meanwhile)")
     ap.add_argument("--side-stream", action="store_true", help="run the forward on a stream of its own (not the default)")
     ap.add_argument("--json", default="out/overlap.json")
     args = ap.parse_args(argv)
@@ -157,6 +159,8 @@ def main(argv: list[str]) -> int:
             t = time.perf_counter()
             core.start_loads(plan)
             waited[0] = 0.0
+            if args.forward_delay_ms:
+                time.sleep(args.forward_delay_ms / 1e3)
             launch = forward(core.wait_layer)
             sync()
             overlap = (time.perf_counter() - t) * 1e3

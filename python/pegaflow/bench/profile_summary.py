@@ -4,7 +4,12 @@
 the first forward's timeline in ms from the trace's start: when each layer's attention kernel
 started, when the first token was copied to the host, and this project's load copies
 (``pega_copy`` kernels: per CUDA stream, when they started and ended, and how long they ran), and
-when the thread that launched them made its first launch. No GPU needed; it reads the files only.
+when the thread that launched them made its first launch; the load's copy-engine copies
+(host-to-device ``gpu_memcpy`` records on streams other than the attention's, up to the first
+token's copy); and how long each kernel launch of the forward's thread took (median and mean in
+microseconds, first forward only): a load whose driver calls hold up that thread's launches
+shows there (docs/gpu.md, "Layer-wise loads and the launch rate"). No GPU needed; it reads the
+files only.
 Every ``pega_copy`` kernel in the trace counts, saves' included: the ttft worker profiles a warm
 request, whose prompt is stored already (no saves run beside its first forward).
 """
@@ -62,7 +67,30 @@ def summarize(path: str, layers: int = 32) -> dict:
                             "grids": sorted({e.get("args", {}).get("grid", [0])[0] for e in v})}
                         for s, v in by_stream.items()},
         }
+    end = min((e["ts"] for e in to_host), default=max(e["ts"] for e in stamped))
+    if attention:
+        compute = attention[0].get("tid", attention[0].get("args", {}).get("stream"))
+        dma = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "")
+               and e.get("tid", e.get("args", {}).get("stream")) != compute and e["ts"] < end]
+        if dma:
+            out["load_memcpys"] = {"count": len(dma), "first_start": ms(min(e["ts"] for e in dma)),
+                                   "last_end": ms(max(e["ts"] + e["dur"] for e in dma)),
+                                   "busy_ms": round(sum(e["dur"] for e in dma) / 1e3, 2)}
+    by_thread: dict = defaultdict(int)
+    for e in stamped:
+        if e.get("cat") == "cpu_op":
+            by_thread[e.get("tid")] += 1
+    if by_thread:
+        forward_thread = max(by_thread, key=by_thread.get)
+        durations = sorted(e["dur"] for e in stamped if e.get("tid") == forward_thread and e["ts"] < end
+                           and e.get("name") in LAUNCHES)
+        if durations:
+            out["forward_launch_us"] = {"count": len(durations), "median": round(durations[len(durations) // 2], 1),
+                                        "mean": round(sum(durations) / len(durations), 1)}
     return out
+
+
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 
 
 def main(argv: list[str]) -> int:

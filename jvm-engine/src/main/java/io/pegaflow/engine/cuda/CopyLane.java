@@ -79,6 +79,8 @@ final class CopyLane {
     private long[] stretchBounce = new long[16];
     private long[] stretchLen = new long[16];
     private int stretchCount;
+    /** The {@code CUDA_MEMCPY2D} struct of this lane's pitched copies ({@link #copyStretches}). */
+    private final MemorySegment copy2D;
 
     CopyLane(CudaTransferEngine engine, HostPool pool, CudaOptions options, CudaDevice device, long function, Arena arena,
             String name, BlockingQueue<CopyLane> home) {
@@ -94,6 +96,7 @@ final class CopyLane {
         this.params = arena.allocate(ADDRESS, 2);
         this.argDesc = arena.allocate(JAVA_LONG);
         this.argCount = arena.allocate(JAVA_INT);
+        this.copy2D = arena.allocate(CudaDriver.MEMCPY2D_BYTES, 8);
         this.runs = new CopyRunList(arena);
         this.name = name;
         this.home = home;
@@ -353,18 +356,14 @@ final class CopyLane {
             launch(slotDescStart, n, aux);
             CudaDriver.eventRecord(filled[s], aux);
             CudaDriver.streamWaitEvent(stream, filled[s]);
-            for (int k = 0; k < stretchCount; k++) {
-                copyRun(stretchBounce[k], stretchHost[k], stretchLen[k], true, stream);
-            }
+            copyStretches(true);
             runs.flush(stream);
             CudaDriver.eventRecord(freed[s], stream);
         } else {
             if (slotUsed[s]) {
                 CudaDriver.streamWaitEvent(stream, freed[s]);
             }
-            for (int k = 0; k < stretchCount; k++) {
-                copyRun(stretchHost[k], stretchBounce[k], stretchLen[k], false, stream);
-            }
+            copyStretches(false);
             runs.flush(stream);
             CudaDriver.eventRecord(filled[s], stream);
             CudaDriver.streamWaitEvent(aux, filled[s]);
@@ -377,6 +376,70 @@ final class CopyLane {
         slotFill = 0;
         slotDescStart = n;
         stretchCount = 0;
+    }
+
+    /**
+     * The current slot's pool stretches through the copy engine on {@link #stream}. A load's
+     * stretches of one length at one stride in the pool (one layer of blocks that lie in a
+     * row: a layer-wise load's slot), {@link #MIN_PITCHED_ROWS} of them or more, go as one
+     * pitched copy, not one listed copy each: the driver's work per listed copy holds up the
+     * process's other CUDA calls, vLLM's kernel launches among them (docs/gpu.md, "Layer-wise
+     * loads and the launch rate"). The rest, and a save's stretches, as before.
+     */
+    private void copyStretches(boolean toHost) {
+        int k = 0;
+        while (k < stretchCount) {
+            int rows = COPY_2D && !toHost ? stridedRows(stretchHost, stretchBounce, stretchLen, k, stretchCount,
+                    engine.bytesToChunkEnd(stretchHost[k])) : 1;
+            if (rows >= MIN_PITCHED_ROWS) {
+                engine.countPitched();
+                CudaDriver.memcpy2DHtoDAsync(copy2D, stretchBounce[k], stretchLen[k], stretchHost[k],
+                        stretchHost[k + 1] - stretchHost[k], stretchLen[k], rows, stream);
+                k += rows;
+            } else if (toHost) {
+                copyRun(stretchBounce[k], stretchHost[k], stretchLen[k], true, stream);
+                k++;
+            } else {
+                copyRun(stretchHost[k], stretchBounce[k], stretchLen[k], false, stream);
+                k++;
+            }
+        }
+    }
+
+    /** Fewer stretches in a row than this go as listed copies: a pitched copy is a call of its own. */
+    static final int MIN_PITCHED_ROWS = 8;
+
+    /** Env {@code PEGAFLOW_CUDA_COPY_2D=0}: one copy per stretch, as before pitched copies (for A/B runs). */
+    static final boolean COPY_2D = !"0".equals(System.getenv("PEGAFLOW_CUDA_COPY_2D"));
+
+    /** Pitched copies' stride at most this (the driver bounds a copy's pitch; a stride this long is rare). */
+    static final long MAX_PITCH = 1L << 30;
+
+    /**
+     * How many stretches from {@code from} (of {@code count}) form one pitched copy: the same
+     * length, host addresses at one stride of at least that length (rows never overlap) and
+     * at most {@link #MAX_PITCH}, bounce addresses back to back, and every row before the end
+     * of the pinned chunk that holds the first ({@code chunkRoom} bytes from it: a copy must
+     * not span two registrations). 1 when the next stretch breaks the pattern.
+     */
+    static int stridedRows(long[] host, long[] bounce, long[] len, int from, int count, long chunkRoom) {
+        if (from + 1 >= count || len[from + 1] != len[from]) {
+            return 1;
+        }
+        long width = len[from];
+        long pitch = host[from + 1] - host[from];
+        if (pitch < width || pitch > MAX_PITCH) {
+            return 1;
+        }
+        int rows = 1;
+        while (from + rows < count
+                && len[from + rows] == width
+                && host[from + rows] - host[from + rows - 1] == pitch
+                && bounce[from + rows] == bounce[from + rows - 1] + width
+                && rows * pitch + width <= chunkRoom) {
+            rows++;
+        }
+        return rows;
     }
 
     private void addStretch(long host, long at, long len) {

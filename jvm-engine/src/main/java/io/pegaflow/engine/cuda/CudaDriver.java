@@ -179,6 +179,7 @@ public final class CudaDriver {
         static final MethodHandle cuMemcpyHtoD = H.bindRaw("cuMemcpyHtoD_v2", JAVA_LONG, JAVA_LONG, JAVA_LONG);
         static final MethodHandle cuMemcpyDtoH = H.bindRaw("cuMemcpyDtoH_v2", JAVA_LONG, JAVA_LONG, JAVA_LONG);
         static final MethodHandle cuMemcpyHtoDAsync = H.bindRaw("cuMemcpyHtoDAsync_v2", JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG);
+        static final MethodHandle cuMemcpy2DAsync = H.bindRaw("cuMemcpy2DAsync_v2", ADDRESS, JAVA_LONG);
         static final MethodHandle cuMemcpyDtoHAsync = H.bindRaw("cuMemcpyDtoHAsync_v2", JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG);
         static final MethodHandle cuMemcpyDtoDAsync = H.bindRaw("cuMemcpyDtoDAsync_v2", JAVA_LONG, JAVA_LONG, JAVA_LONG, JAVA_LONG);
         static final MethodHandle cuMemsetD8Async = H.bindRaw("cuMemsetD8Async", JAVA_LONG, JAVA_BYTE, JAVA_LONG, JAVA_LONG);
@@ -528,6 +529,34 @@ public final class CudaDriver {
         ensureLoaded();
         check(invoke(B.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync", dst, src, bytes, stream),
                 "cuMemcpyHtoDAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+    }
+
+    /** Bytes of {@code CUDA_MEMCPY2D}: sixteen 8-byte fields (the two memory types padded to 8). */
+    public static final long MEMCPY2D_BYTES = 128;
+    static final int CU_MEMORYTYPE_HOST = 1;
+    static final int CU_MEMORYTYPE_DEVICE = 2;
+
+    /**
+     * One pitched copy from (registered) host memory to the device ({@code cuMemcpy2DAsync}):
+     * {@code height} rows of {@code width} bytes, row i from {@code src + i * srcPitch} to
+     * {@code dst + i * dstPitch}. {@code desc} is a {@link #MEMCPY2D_BYTES} scratch struct of
+     * the caller's, read during the call.
+     */
+    public static void memcpy2DHtoDAsync(MemorySegment desc, long dst, long dstPitch, long src, long srcPitch, long width,
+            long height, long stream) {
+        ensureLoaded();
+        desc.fill((byte) 0);
+        desc.set(JAVA_INT, 16, CU_MEMORYTYPE_HOST); // srcMemoryType
+        desc.set(JAVA_LONG, 24, src); // srcHost
+        desc.set(JAVA_LONG, 48, srcPitch);
+        desc.set(JAVA_INT, 72, CU_MEMORYTYPE_DEVICE); // dstMemoryType
+        desc.set(JAVA_LONG, 88, dst); // dstDevice
+        desc.set(JAVA_LONG, 104, dstPitch);
+        desc.set(JAVA_LONG, 112, width);
+        desc.set(JAVA_LONG, 120, height);
+        check(invoke(B.cuMemcpy2DAsync, "cuMemcpy2DAsync", desc, stream), "cuMemcpy2DAsync(dst=0x" + Long.toHexString(dst)
+                + ", dstPitch=" + dstPitch + ", src=0x" + Long.toHexString(src) + ", srcPitch=" + srcPitch + ", width="
+                + width + ", height=" + height + ")");
     }
 
     public static void memcpyDtoHAsync(long dst, long src, long bytes, long stream) {

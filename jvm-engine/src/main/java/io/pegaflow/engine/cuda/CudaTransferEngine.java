@@ -70,6 +70,7 @@ public final class CudaTransferEngine implements TransferEngine {
     private long function;
     private final Arena arena = Arena.ofShared();
     private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
+    private final java.util.concurrent.atomic.AtomicLong pitchedCopies = new java.util.concurrent.atomic.AtomicLong();
     private final BlockingQueue<CopyLane> saveLanes;
     private final BlockingQueue<CopyLane> loadLanes;
     private final List<CopyLane> allLanes = new ArrayList<>();
@@ -240,6 +241,15 @@ public final class CudaTransferEngine implements TransferEngine {
 
     void countBounced(long bytes) {
         bouncedBytes.addAndGet(bytes);
+    }
+
+    void countPitched() {
+        pitchedCopies.incrementAndGet();
+    }
+
+    /** Pitched copies queued so far: runs of pool stretches at one stride moved in one call each. */
+    public long pitchedCopies() {
+        return pitchedCopies.get();
     }
 
     /** Whether long runs go through {@code cuMemcpyBatchAsync} (the option, the driver and the check at creation). */

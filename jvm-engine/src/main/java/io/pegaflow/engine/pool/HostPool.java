@@ -66,7 +66,7 @@ public final class HostPool implements AutoCloseable {
                         + size + " (a server of another size owns it)");
             }
             MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
-            adviseHugePages(seg);
+            adviseHugePages(seg.address(), seg.byteSize());
             return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, false);
         } catch (IOException e) {
             arena.close();
@@ -94,7 +94,7 @@ public final class HostPool implements AutoCloseable {
             PoolFiles.setMode(path, group, LinkOption.NOFOLLOW_LINKS);
             // the mapping sizes the file (ftruncate): hugetlbfs takes no write()
             MemorySegment seg = ch.map(FileChannel.MapMode.READ_WRITE, 0, size, arena);
-            adviseHugePages(seg);
+            adviseHugePages(seg.address(), seg.byteSize());
             return new HostPool(arena, seg, "shared " + Sizes.format(size) + " at " + path, path, true);
         } catch (FileAlreadyExistsException e) {
             arena.close();
@@ -117,15 +117,17 @@ public final class HostPool implements AutoCloseable {
     }
 
     /**
-     * Asks for transparent huge pages on a shared mapping ({@code MADV_HUGEPAGE}): pages of a
+     * Asks for transparent huge pages on a mapping ({@code MADV_HUGEPAGE}): pages of a
      * tmpfs file are then faulted (and pinned) in 2 MiB steps where the kernel's
-     * {@code shmem_enabled} is {@code advise} or {@code always} ({@link #shmemHugePages});
-     * otherwise nothing changes. System property {@code pegaflow.pool.thp=false} turns it off
-     * (the attach benchmark compares both).
+     * {@code shmem_enabled} is {@code advise} or {@code always} ({@link #shmemHugePages}),
+     * those of the embedded (anonymous) pool where {@code transparent_hugepage/enabled} is
+     * {@code advise} or {@code always}; otherwise nothing changes. System property
+     * {@code pegaflow.pool.thp=false} turns it off for either kind (the attach benchmark
+     * compares both; an embedded engine takes it through {@code JAVA_TOOL_OPTIONS}).
      */
-    private static void adviseHugePages(MemorySegment seg) {
+    private static void adviseHugePages(long address, long bytes) {
         if (!"false".equals(System.getProperty("pegaflow.pool.thp"))) {
-            LibC.madvise(seg.address(), seg.byteSize(), LibC.MADV_HUGEPAGE);
+            LibC.madvise(address, bytes, LibC.MADV_HUGEPAGE);
         }
     }
 
@@ -243,7 +245,7 @@ public final class HostPool implements AutoCloseable {
     public static HostPool anonymous(long bytes) {
         long size = alignedSize(bytes);
         long addr = LibC.mmapAnonymous(size);
-        LibC.madvise(addr, size, LibC.MADV_HUGEPAGE);
+        adviseHugePages(addr, size);
         Arena arena = Arena.ofShared();
         MemorySegment seg = MemorySegment.ofAddress(addr).reinterpret(size, arena, s -> LibC.munmap(addr, size));
         return new HostPool(arena, seg, "anonymous " + Sizes.format(size), null, false);

@@ -169,6 +169,72 @@ class CudaBounceTest {
     }
 
     /**
+     * A layer-wise batch (one group per layer, each group block by block) over 24 blocks whose
+     * pool slots run back to back, on an engine with 4 MiB pinned chunks (16 blocks) and 1 MiB
+     * bounce slots (16 stretches of a layer): each slot's stretches are one layer of
+     * consecutive blocks at one stride, so a load moves them as pitched copies, one per slot
+     * here (16 rows, then the 8 after the chunk's end). Saved that way (short stretches: the
+     * kernel's direct path) and loaded back into other ids: every byte lands, and the engine
+     * counts two pitched copies per layer.
+     */
+    @Test
+    void layerMajorStretchesGoAsPitchedCopies() {
+        try (HostPool own = HostPool.anonymous(16L << 20);
+                CudaTransferEngine engine = CudaTransferEngine.create(own,
+                        CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4))) {
+            device.makeCurrent();
+            fillDevice(15);
+            byte[] before = deviceBytes();
+            int n = 24;
+            int[] src = new int[n];
+            int[] dst = new int[n];
+            long[] slots = new long[n];
+            for (int i = 0; i < n; i++) {
+                src[i] = i;
+                dst[i] = CACHE_BLOCKS - 1 - 2 * i; // scattered, none of the sources
+                slots[i] = i;
+            }
+            engine.submit(layerMajor(CopyBatch.Direction.TO_HOST, src, slots)).join();
+            for (int i = 0; i < n; i++) {
+                assertThat(own.segment().asSlice(slots[i] * BLOCK, BLOCK).toArray(ValueLayout.JAVA_BYTE))
+                        .as("pool slot %d (block %d)", slots[i], src[i]).isEqualTo(blockOf(before, src[i]));
+            }
+            long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            try {
+                TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, dst, slots));
+                for (int l = 0; l < LAYERS; l++) {
+                    load.awaitGroup(l, stream);
+                }
+                CudaDriver.streamSynchronize(stream);
+                load.join();
+            } finally {
+                CudaDriver.streamDestroy(stream);
+            }
+            byte[] after = deviceBytes();
+            for (int i = 0; i < n; i++) {
+                assertThat(blockOf(after, dst[i])).as("block %d loaded from slot %d", dst[i], slots[i])
+                        .isEqualTo(blockOf(before, src[i]));
+            }
+            assertThat(engine.pitchedCopies()).as("the load's pitched copies").isEqualTo(2L * LAYERS);
+        }
+    }
+
+    /** Blocks {@code ids[i]} at pool slots {@code slots[i]}, layer by layer: one group per layer. */
+    private CopyBatch layerMajor(CopyBatch.Direction dir, int[] ids, long[] slots) {
+        CopyBatch b = new CopyBatch(dir, ids.length * LAYERS * SEGMENTS);
+        for (int l = 0; l < LAYERS; l++) {
+            for (int i = 0; i < ids.length; i++) {
+                long host = slots[i] * BLOCK + (long) l * SEGMENTS * PIECE;
+                for (int s = 0; s < SEGMENTS; s++) {
+                    b.add(piece(l, s, ids[i]), host + (long) s * PIECE, PIECE);
+                }
+            }
+            b.endGroup();
+        }
+        return b;
+    }
+
+    /**
      * Groups of four blocks (each group bounced on its own), awaited one at a time from a
      * caller's stream, and several batches at once on the lanes: the bytes of every group
      * land, and concurrent batches do not share slots.
