@@ -106,7 +106,8 @@ def test_summary_puts_cold_ttft_and_decode_beside_no_connector():
         "none": {"lengths": {"8192": {"cold": cold([200, 210, 220], [10.0, 10.0, 12.0]),
                                       "gpu_hit": run([40, 50, 60], [8176] * 3, [1])}}},
         "server": {"lengths": {"8192": {"cold": cold([204, 214, 230], [10.5, 10.6, 11.0]), "reset_ok": True,
-                                        "warm": run([60, 70, 80], [8176] * 3, [1])}}},
+                                        "warm": run([60, 70, 80], [8176] * 3, [1]),
+                                        "cold_threads": {"wall_s": 1.5, "main": {"cpu_s": 1.2}}}}},
         "vllm_native": {"lengths": {"8192": {"cold": run([205], [0], [1]), "warm": run([90], [8176], [1])}}},
     }
     s = ttft.summarize(results, [8192], 131072, 55.0)
@@ -116,6 +117,9 @@ def test_summary_puts_cold_ttft_and_decode_beside_no_connector():
     # a run whose answers carried no decode timestamps: no ratio made up for it
     assert s["vllm_native"]["8k"]["cold_itl_p50_ms"] is None
     assert "cold_itl_vs_none" not in s["vllm_native"]["8k"]
+    # the worker's thread record rides along with its phase; none where the worker wrote none
+    assert s["server"]["8k"]["cold_threads"] == {"wall_s": 1.5, "main": {"cpu_s": 1.2}}
+    assert "warm_threads" not in s["server"]["8k"] and "cold_threads" not in s["none"]["8k"]
 
 
 def test_cold_start_names_a_bad_pool_size():
@@ -130,3 +134,29 @@ def test_max_tokens_must_be_positive():
 
     with pytest.raises(SystemExit, match="--max-tokens 0; expected at least 1"):
         main(["--lengths", "256", "--systems", "none", "--max-tokens", "0"])
+
+
+def test_worker_records_what_its_threads_did():
+    """The ttft worker's thread record (read by path: the worker never imports pegaflow): this
+    process's threads from /proc, and between two snapshots the main thread's CPU and context
+    switches and the other threads' CPU by name, the busiest first."""
+    import importlib.util
+    import threading
+    from pathlib import Path
+
+    import pegaflow.bench
+
+    path = Path(pegaflow.bench.__file__).with_name("ttft_worker.py")
+    spec = importlib.util.spec_from_file_location("ttft_worker_under_test", path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    me = threading.get_native_id()
+    snap = worker.threads()
+    assert me in snap and snap[me][1] >= 0 and snap[me][2] >= 0
+    tick = __import__("os").sysconf("SC_CLK_TCK")
+    before = {1: ("python", 0, 10, 1), 2: ("pegaflow-cuda-save-0", tick, 0, 0), 3: ("gone", 5, 0, 0)}
+    after = {1: ("python", 2 * tick, 15, 4), 2: ("pegaflow-cuda-save-0", 4 * tick, 0, 0),
+             4: ("pegaflow-cuda-save-1", tick, 0, 0), 5: ("idle", 0, 0, 0)}
+    use = worker.thread_use(before, after, 1.23456, main_tid=1)
+    assert use == {"wall_s": 1.235, "main": {"cpu_s": 2.0, "voluntary_switches": 5, "involuntary_switches": 3},
+                   "others_cpu_s": 4.0, "busiest_others_cpu_s": {"pegaflow-cuda-save-0": 3.0, "pegaflow-cuda-save-1": 1.0}}

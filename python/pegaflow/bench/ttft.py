@@ -361,6 +361,10 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                     row["warm_in_step_phases_ms"] = {k: round(d.get(f"vllm:pegaflow_in_step_{k}_ns", 0)
                                                               / d["vllm:pegaflow_in_step_loads"] / 1e6, 3)
                                                      for k in ("plan", "hop", "store", "load", "wait", "step")}
+            for phase in ("cold", "warm"):
+                # the process's threads during the phase: the main thread's CPU and switches, the others' CPU
+                if r.get(f"{phase}_threads"):
+                    row[f"{phase}_threads"] = r[f"{phase}_threads"]
             if line:
                 row["line_floor_ms"] = round(n * bytes_per_token / (line * 1e9) * 1e3, 2)
             entry[_label(n)] = row

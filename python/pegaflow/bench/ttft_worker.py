@@ -18,6 +18,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 
 
@@ -26,6 +27,52 @@ def prompt_set(length: int, n: int, seed: int, vocab: int) -> list[list[int]]:
     rnd = random.Random(seed * 1_000_003 + length)
     lo = 1000 if vocab > 4000 else 10
     return [[lo + i] + [rnd.randrange(lo + n, vocab - 1) for _ in range(length - 1)] for i in range(n)]
+
+
+def threads() -> dict[int, tuple[str, int, int, int]]:
+    """This process's threads from /proc: tid -> (name, CPU ticks user + system, voluntary and
+    involuntary context switches). Empty where /proc is not there."""
+    out: dict[int, tuple[str, int, int, int]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/self/task/{tid}/status") as f:
+                status = dict(line.split(":", 1) for line in f.read().splitlines() if ":" in line)
+        except OSError:
+            continue  # the thread ended meanwhile
+        close = stat.rfind(")")
+        fields = stat[close + 2:].split()
+        out[int(tid)] = (stat[stat.find("(") + 1:close], int(fields[11]) + int(fields[12]),
+                         int(status.get("voluntary_ctxt_switches", "0")), int(status.get("nonvoluntary_ctxt_switches", "0")))
+    return out
+
+
+def thread_use(before: dict, after: dict, wall_s: float, main_tid: int, top: int = 8) -> dict:
+    """What the threads did between two :func:`threads` snapshots: the main thread's (the one
+    that runs vLLM's steps) CPU seconds and context switches (voluntary: it blocked, on a lock
+    or a wait; involuntary: it was preempted), and the other threads' CPU seconds by name, the
+    busiest ``top`` of them. Threads started meanwhile count from zero."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    res: dict = {"wall_s": round(wall_s, 3)}
+    if main_tid in after:
+        b = before.get(main_tid, (after[main_tid][0], 0, 0, 0))
+        a = after[main_tid]
+        res["main"] = {"cpu_s": round((a[1] - b[1]) / tick, 2), "voluntary_switches": a[2] - b[2],
+                       "involuntary_switches": a[3] - b[3]}
+    others: dict[str, float] = {}
+    for tid, a in after.items():
+        if tid == main_tid:
+            continue
+        b = before.get(tid, (a[0], 0, 0, 0))
+        others[a[0]] = others.get(a[0], 0.0) + (a[1] - b[1]) / tick
+    res["others_cpu_s"] = round(sum(others.values()), 2)
+    res["busiest_others_cpu_s"] = {k: round(v, 2) for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:top] if v > 0}
+    return res
 
 
 def main(spec_path: str, out_path: str) -> int:
@@ -143,9 +190,18 @@ def main(spec_path: str, out_path: str) -> int:
     run(longest)
     assert reset(), "vLLM's prefix cache could not be reset after the warm-up"
     result = {"start_s": start_s, "lengths": {}}
+    main_tid = threading.get_native_id()
+
+    def timed(rows) -> tuple[list, dict]:
+        # the phase's answers and what this process's threads did meanwhile (the decode gap's evidence)
+        before, t = threads(), time.perf_counter()
+        done = [run(p) for p in rows]
+        return done, thread_use(before, threads(), time.perf_counter() - t, main_tid)
+
     for length in spec["lengths"]:
         ps = prompt_set(length, spec["prompts"], spec["seed"], vocab)
-        entry = {"cold": [run(p) for p in ps]}
+        entry = {}
+        entry["cold"], entry["cold_threads"] = timed(ps)
         if spec.get("gpu_hit"):
             entry["gpu_hit"] = [run(p) for p in ps]
             profiled(length, "gpu_hit", ps[-1])
@@ -153,7 +209,7 @@ def main(spec_path: str, out_path: str) -> int:
             time.sleep(spec.get("settle_s", 0.5))  # saves land (an idle engine still finishes them)
             entry["reset_ok"] = reset()
             before = counters()
-            entry["warm"] = [run(p) for p in ps]
+            entry["warm"], entry["warm_threads"] = timed(ps)
             after = counters()
             profiled(length, "warm", ps[-1])
             # this length's warm requests alone: the connector's counters they moved
