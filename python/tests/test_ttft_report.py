@@ -154,9 +154,15 @@ def test_worker_records_what_its_threads_did():
     snap = worker.threads()
     assert me in snap and snap[me][1] >= 0 and snap[me][2] >= 0
     tick = __import__("os").sysconf("SC_CLK_TCK")
-    before = {1: ("python", 0, 10, 1), 2: ("pegaflow-cuda-save-0", tick, 0, 0), 3: ("gone", 5, 0, 0)}
-    after = {1: ("python", 2 * tick, 15, 4), 2: ("pegaflow-cuda-save-0", 4 * tick, 0, 0),
-             4: ("pegaflow-cuda-save-1", tick, 0, 0), 5: ("idle", 0, 0, 0)}
+    # names as /proc gives them (15 characters): two save lanes' threads add up under one name;
+    # thread 6's id was reused by a thread with less CPU (never below zero)
+    before = {1: ("python", 0, 10, 1), 2: ("pegaflow-cuda-s", tick, 0, 0), 3: ("gone", 5, 0, 0),
+              6: ("pegaflow-pin", 9 * tick, 0, 0)}
+    after = {1: ("python", 2 * tick, 15, 4), 2: ("pegaflow-cuda-s", 4 * tick, 0, 0),
+             4: ("pegaflow-cuda-s", tick, 0, 0), 5: ("idle", 0, 0, 0), 7: ("C2 CompilerThre", tick // 2, 0, 0),
+             6: ("pool-1-thread-1", tick, 0, 0)}
     use = worker.thread_use(before, after, 1.23456, main_tid=1)
+    half = round((tick // 2) / tick, 2)
     assert use == {"wall_s": 1.235, "main": {"cpu_s": 2.0, "voluntary_switches": 5, "involuntary_switches": 3},
-                   "others_cpu_s": 4.0, "busiest_others_cpu_s": {"pegaflow-cuda-save-0": 3.0, "pegaflow-cuda-save-1": 1.0}}
+                   "others_cpu_s": round(4.0 + half, 2),
+                   "busiest_others_cpu_s": {"pegaflow-cuda-s": 4.0, "C2 CompilerThre": half}}

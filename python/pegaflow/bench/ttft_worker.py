@@ -56,7 +56,10 @@ def thread_use(before: dict, after: dict, wall_s: float, main_tid: int, top: int
     """What the threads did between two :func:`threads` snapshots: the main thread's (the one
     that runs vLLM's steps) CPU seconds and context switches (voluntary: it blocked, on a lock
     or a wait; involuntary: it was preempted), and the other threads' CPU seconds by name, the
-    busiest ``top`` of them. Threads started meanwhile count from zero."""
+    busiest ``top`` of them. Names are the kernel's, cut to 15 characters, so threads alike in
+    those (the copy lanes' ``pegaflow-cuda-s`` ...) add up under one. Threads started meanwhile
+    count from zero, threads that ended meanwhile are not counted, and a thread id reused by
+    another thread never counts below zero."""
     tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
     res: dict = {"wall_s": round(wall_s, 3)}
     if main_tid in after:
@@ -69,7 +72,7 @@ def thread_use(before: dict, after: dict, wall_s: float, main_tid: int, top: int
         if tid == main_tid:
             continue
         b = before.get(tid, (a[0], 0, 0, 0))
-        others[a[0]] = others.get(a[0], 0.0) + (a[1] - b[1]) / tick
+        others[a[0]] = others.get(a[0], 0.0) + max(0, a[1] - b[1]) / tick
     res["others_cpu_s"] = round(sum(others.values()), 2)
     res["busiest_others_cpu_s"] = {k: round(v, 2) for k, v in sorted(others.items(), key=lambda kv: -kv[1])[:top] if v > 0}
     return res

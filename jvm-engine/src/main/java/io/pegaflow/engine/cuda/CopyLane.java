@@ -389,7 +389,7 @@ final class CopyLane {
     private void copyStretches(boolean toHost) {
         int k = 0;
         while (k < stretchCount) {
-            int rows = COPY_2D && !toHost ? stridedRows(stretchHost, stretchBounce, stretchLen, k, stretchCount,
+            int rows = engine.pitchedCopiesOn() && !toHost ? stridedRows(stretchHost, stretchBounce, stretchLen, k, stretchCount,
                     engine.bytesToChunkEnd(stretchHost[k])) : 1;
             if (rows >= MIN_PITCHED_ROWS) {
                 engine.countPitched();
@@ -408,9 +408,6 @@ final class CopyLane {
 
     /** Fewer stretches in a row than this go as listed copies: a pitched copy is a call of its own. */
     static final int MIN_PITCHED_ROWS = 8;
-
-    /** Env {@code PEGAFLOW_CUDA_COPY_2D=0}: one copy per stretch, as before pitched copies (for A/B runs). */
-    static final boolean COPY_2D = !"0".equals(System.getenv("PEGAFLOW_CUDA_COPY_2D"));
 
     /** Pitched copies' stride at most this (the driver bounds a copy's pitch; a stride this long is rare). */
     static final long MAX_PITCH = 1L << 30;

@@ -6,6 +6,7 @@ import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.LayerSplit;
 import io.pegaflow.engine.transfer.TransferEngine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.io.IOException;
@@ -68,9 +69,14 @@ public final class CudaTransferEngine implements TransferEngine {
     private final PinnedPool pinned;
     private long module;
     private long function;
+    /** Env {@link #COPY_2D_ENV}: whether loads' strided pool stretches go as pitched copies (read at creation, before anything is allocated). */
+    private final boolean pitched = LayerSplit.parse(System.getenv(COPY_2D_ENV), COPY_2D_ENV, 0, 1, 1,
+            "0 (one listed copy per pool stretch) or 1 (pitched copies where stretches lie at one stride, the default)") == 1;
     private final Arena arena = Arena.ofShared();
     private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pitchedCopies = new java.util.concurrent.atomic.AtomicLong();
+    /** {@code 0} turns pitched copies off (A/B runs; docs/gpu.md, "Layer-wise loads and the launch rate"). */
+    public static final String COPY_2D_ENV = "PEGAFLOW_CUDA_COPY_2D";
     private final BlockingQueue<CopyLane> saveLanes;
     private final BlockingQueue<CopyLane> loadLanes;
     private final List<CopyLane> allLanes = new ArrayList<>();
@@ -245,6 +251,11 @@ public final class CudaTransferEngine implements TransferEngine {
 
     void countPitched() {
         pitchedCopies.incrementAndGet();
+    }
+
+    /** Whether loads' stretches at one stride go as pitched copies ({@link #COPY_2D_ENV}). */
+    boolean pitchedCopiesOn() {
+        return pitched;
     }
 
     /** Pitched copies queued so far: runs of pool stretches at one stride moved in one call each. */
