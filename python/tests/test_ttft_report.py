@@ -166,3 +166,10 @@ def test_worker_records_what_its_threads_did():
     assert use == {"wall_s": 1.235, "main": {"cpu_s": 2.0, "voluntary_switches": 5, "involuntary_switches": 3},
                    "others_cpu_s": round(4.0 + half, 2),
                    "busiest_others_cpu_s": {"pegaflow-cuda-s": 4.0, "C2 CompilerThre": half}}
+
+
+def test_overlap_refuses_a_negative_forward_delay():
+    from pegaflow.bench.overlap import main
+
+    with pytest.raises(SystemExit, match="--forward-delay-ms -1.0; expected 0 or more"):
+        main(["--forward-delay-ms", "-1"])

@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--side-stream", action="store_true", help="run the forward on a stream of its own (not the default)")
     ap.add_argument("--json", default="out/overlap.json")
     args = ap.parse_args(argv)
+    if args.forward_delay_ms < 0:
+        raise SystemExit(f"pegaflow-bench overlap: --forward-delay-ms {args.forward_delay_ms}; expected 0 or more")
     if args.tokens % args.block_size or args.tokens <= 0:
         raise SystemExit(f"pegaflow-bench overlap: --tokens {args.tokens}; expected a positive multiple of "
                          f"--block-size {args.block_size}")

@@ -60,7 +60,7 @@ def thread_use(before: dict, after: dict, wall_s: float, main_tid: int, top: int
     those (the copy lanes' ``pegaflow-cuda-s`` ...) add up under one. Threads started meanwhile
     count from zero, threads that ended meanwhile are not counted, and a thread id reused by
     another thread never counts below zero."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    tick = os.sysconf("SC_CLK_TCK")
     res: dict = {"wall_s": round(wall_s, 3)}
     if main_tid in after:
         b = before.get(main_tid, (after[main_tid][0], 0, 0, 0))

@@ -396,11 +396,9 @@ final class CopyLane {
                 CudaDriver.memcpy2DHtoDAsync(copy2D, stretchBounce[k], stretchLen[k], stretchHost[k],
                         stretchHost[k + 1] - stretchHost[k], stretchLen[k], rows, stream);
                 k += rows;
-            } else if (toHost) {
-                copyRun(stretchBounce[k], stretchHost[k], stretchLen[k], true, stream);
-                k++;
             } else {
-                copyRun(stretchHost[k], stretchBounce[k], stretchLen[k], false, stream);
+                copyRun(toHost ? stretchBounce[k] : stretchHost[k], toHost ? stretchHost[k] : stretchBounce[k],
+                        stretchLen[k], toHost, stream);
                 k++;
             }
         }

@@ -61,6 +61,8 @@ public final class CudaTransferEngine implements TransferEngine {
     private static final System.Logger LOG = System.getLogger(CudaTransferEngine.class.getName());
     static final String KERNEL_RESOURCE = "pega_copy.cu";
     static final String KERNEL_NAME = "pega_copy";
+    /** {@code 0} turns pitched copies off (A/B runs; docs/gpu.md, "Layer-wise loads and the launch rate"). */
+    public static final String COPY_2D_ENV = "PEGAFLOW_CUDA_COPY_2D";
     private final CudaDevice device;
     private final HostPool pool;
     private final CudaOptions options;
@@ -75,8 +77,6 @@ public final class CudaTransferEngine implements TransferEngine {
     private final Arena arena = Arena.ofShared();
     private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pitchedCopies = new java.util.concurrent.atomic.AtomicLong();
-    /** {@code 0} turns pitched copies off (A/B runs; docs/gpu.md, "Layer-wise loads and the launch rate"). */
-    public static final String COPY_2D_ENV = "PEGAFLOW_CUDA_COPY_2D";
     private final BlockingQueue<CopyLane> saveLanes;
     private final BlockingQueue<CopyLane> loadLanes;
     private final List<CopyLane> allLanes = new ArrayList<>();
