@@ -63,7 +63,10 @@ def test_profile_summary_reads_a_trace(tmp_path):
     for i in range(4):  # the copy engine's copies on stream 13; one on the attention's stream is the step's own input
         ev.append({"ts": 1000.0 + 2000 + 1000 * i, "dur": 250, "cat": "gpu_memcpy", "tid": 13,
                    "name": "Memcpy HtoD (Pinned -> Device)"})
-    ev.append({"ts": 1000.0 + 1000, "dur": 10, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy HtoD (Pinned -> Device)"})
+    ev.append({"ts": 1000.0 + 1000, "dur": 10, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy HtoD (Pinned -> Device)",
+               "args": {"correlation": 80}})
+    ev.append({"ts": 1000.0 + 400, "dur": 3, "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 1,
+               "args": {"correlation": 80}})  # launched 0.6 ms before it ran: held behind other copies
     ev[1]["tid"] = ev[2]["tid"] = ev[3]["tid"] = 7
     for i, d in enumerate([5, 6, 90, 7]):  # the forward's thread (most cpu_ops) launches; one slow
         ev.append({"ts": 1000.0 + 4000 + 100 * i, "dur": d, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1})
@@ -80,6 +83,7 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert (c["count"], c["first_launch"], c["first_start"], c["last_end"], c["busy_ms"]) == (3, 2.8, 3.0, 4.5, 1.5)
     assert c["streams"]["9"] == {"count": 2, "first_start": 3.0, "last_end": 4.5, "grids": [64, 128]}
     assert s["load_memcpys"] == {"count": 4, "first_start": 2.0, "last_end": 5.25, "busy_ms": 1.0}
+    assert s["step_input_copies"] == {"count": 1, "max_wait_ms": 0.6, "worst_launched": 0.4, "total_wait_ms": 0.6}
     # the forward's thread only, before the first token's copy: 5, 6, 7, 90 us
     assert s["forward_launch_us"] == {"count": 4, "median": 7, "mean": 27.0}
     assert main([]) == 2
@@ -166,6 +170,49 @@ def test_worker_records_what_its_threads_did():
     assert use == {"wall_s": 1.235, "main": {"cpu_s": 2.0, "voluntary_switches": 5, "involuntary_switches": 3},
                    "others_cpu_s": round(4.0 + half, 2),
                    "busiest_others_cpu_s": {"pegaflow-cuda-s": 4.0, "C2 CompilerThre": half}}
+
+
+def test_worker_records_the_machine_and_its_cgroup_throttling():
+    """Between two machine snapshots: the share of the CPUs busy and the cgroup's throttling; a
+    snapshot of this machine reads /proc/stat."""
+    import importlib.util
+    from pathlib import Path
+
+    import pegaflow.bench
+
+    path = Path(pegaflow.bench.__file__).with_name("ttft_worker.py")
+    spec = importlib.util.spec_from_file_location("ttft_worker_machine", path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    snap = worker.machine()
+    assert snap["jiffies"] >= snap["busy_jiffies"] >= 0
+    before = {"jiffies": 1000, "busy_jiffies": 100, "nr_throttled": 3, "throttled_usec": 5000}
+    after = {"jiffies": 1400, "busy_jiffies": 200, "nr_throttled": 10, "throttled_usec": 45500}
+    assert worker.machine_use(before, after) == {"busy_share": 0.25, "throttled_periods": 7, "throttled_ms": 40.5}
+    # no cgroup v2 file: the share alone; no time passed: nothing
+    assert worker.machine_use({"jiffies": 10, "busy_jiffies": 1}, {"jiffies": 20, "busy_jiffies": 6}) == {"busy_share": 0.5}
+    assert worker.machine_use(snap, snap) == ({"throttled_periods": 0, "throttled_ms": 0.0} if "nr_throttled" in snap else {})
+
+
+def test_summary_gives_the_connector_hooks_time_per_step():
+    from pegaflow.bench.ttft import hook_ms_per_step
+
+    moved = {"vllm:pegaflow_worker_steps": 20.0, "vllm:pegaflow_worker_hook_ns": 3.0e6,
+             "vllm:pegaflow_scheduler_steps": 4.0, "vllm:pegaflow_scheduler_hook_ns": 10.0e6}
+    assert hook_ms_per_step(moved) == {"scheduler": 2.5, "scheduler_steps": 4, "worker": 0.15, "worker_steps": 20}
+    assert hook_ms_per_step({"vllm:pegaflow_worker_hook_ns": 5.0}) == {}
+
+
+def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream():
+    warm_counters = {"vllm:pegaflow_in_step_loads": 2.0, "vllm:pegaflow_in_step_load_ns": 80e6,
+                     "vllm:pegaflow_alloc_to_load_starts": 2.0, "vllm:pegaflow_alloc_to_load_ns": 30e6,
+                     "vllm:pegaflow_load_fences": 2.0, "vllm:pegaflow_load_fence_ns": 24e6}
+    results = {"embedded": {"start_s": 5.0, "lengths": {"8192": {
+        "cold": run([205, 215], [0, 0], [1, 2]), "reset_ok": True, "warm": run([60, 70], [8176] * 2, [1, 2]),
+        "warm_counters": warm_counters}}}}
+    phases = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_in_step_phases_ms"]
+    assert phases["load"] == 40.0 and phases["alloc_to_start"] == 15.0 and phases["fence"] == 12.0
+    assert phases["plan"] == 0.0  # a phase the run did not count
 
 
 def test_overlap_refuses_a_negative_forward_delay():

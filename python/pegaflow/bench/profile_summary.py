@@ -6,7 +6,8 @@ started, when the first token was copied to the host, and this project's load co
 (``pega_copy`` kernels: per CUDA stream, when they started and ended, and how long they ran), and
 when the thread that launched them made its first launch; the load's copy-engine copies
 (host-to-device ``gpu_memcpy`` records on streams other than the attention's, up to the first
-token's copy); and how long each kernel launch of the forward's thread took (median and mean in
+token's copy); the step's own host-to-device copies on the attention's stream (vLLM's inputs:
+how long the longest waited from its launch to its start); and how long each kernel launch of the forward's thread took (median and mean in
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
 shows there (docs/gpu.md, "Layer-wise loads and the launch rate"). No GPU needed; it reads the
 files only.
@@ -76,6 +77,23 @@ def summarize(path: str, layers: int = 32) -> dict:
             out["load_memcpys"] = {"count": len(dma), "first_start": ms(min(e["ts"] for e in dma)),
                                    "last_end": ms(max(e["ts"] + e["dur"] for e in dma)),
                                    "busy_ms": round(sum(e["dur"] for e in dma) / 1e3, 2)}
+        # the step's own host-to-device copies (vLLM's inputs, on the attention's stream): how long
+        # each waited between its launch and its start; a load queued first on the copy engine
+        # holds them, and the forward behind them (docs/gpu.md, "Loads started at allocation")
+        calls = {e.get("args", {}).get("correlation"): e for e in stamped
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "emcpy" in e.get("name", "")}
+        held = []
+        for e in stamped:
+            if (e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "") and e["ts"] < end
+                    and e.get("tid", e.get("args", {}).get("stream")) == compute):
+                call = calls.get(e.get("args", {}).get("correlation"))
+                if call is not None:
+                    held.append((call["ts"], e["ts"] - call["ts"]))
+        if held:
+            worst = max(held, key=lambda h: h[1])
+            out["step_input_copies"] = {"count": len(held), "max_wait_ms": round(worst[1] / 1e3, 2),
+                                        "worst_launched": ms(worst[0]),
+                                        "total_wait_ms": round(sum(h[1] for h in held) / 1e3, 2)}
     by_thread: dict = defaultdict(int)
     for e in stamped:
         if e.get("cat") == "cpu_op":

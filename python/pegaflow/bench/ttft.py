@@ -202,7 +202,7 @@ def _worker_process(systems: Systems, name: str, system: str, spec: dict, timeou
     """``ttft_worker.py`` in a fresh process with ``system``'s environment: its report."""
     spec_path = systems.work / f"{name}.spec.json"
     out_path = systems.work / f"{name}.out.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps(dict(spec, name=name)))
     log = systems.work / f"{name}.log"
     # run from the work folder: a script's own folder leads sys.path, and ours holds other modules
     worker = systems.work / WORKER.name
@@ -361,10 +361,19 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                     row["warm_in_step_phases_ms"] = {k: round(d.get(f"vllm:pegaflow_in_step_{k}_ns", 0)
                                                               / d["vllm:pegaflow_in_step_loads"] / 1e6, 3)
                                                      for k in ("plan", "hop", "store", "load", "wait", "step")}
+                    # from the blocks' allocation to the loads' hand-over; its wait for the compute stream
+                    for name, count, ns in (("alloc_to_start", "alloc_to_load_starts", "alloc_to_load_ns"),
+                                            ("fence", "load_fences", "load_fence_ns")):
+                        if d.get(f"vllm:pegaflow_{count}"):
+                            row["warm_in_step_phases_ms"][name] = round(
+                                d.get(f"vllm:pegaflow_{ns}", 0) / d[f"vllm:pegaflow_{count}"] / 1e6, 3)
             for phase in ("cold", "warm"):
                 # the process's threads during the phase: the main thread's CPU and switches, the others' CPU
                 if r.get(f"{phase}_threads"):
                     row[f"{phase}_threads"] = r[f"{phase}_threads"]
+                hooks = hook_ms_per_step(r.get(f"{phase}_counters") or {})
+                if hooks:
+                    row[f"{phase}_hook_ms_per_step"] = hooks
             if line:
                 row["line_floor_ms"] = round(n * bytes_per_token / (line * 1e9) * 1e3, 2)
             entry[_label(n)] = row
@@ -385,6 +394,18 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             entry["lookup_ms_mean"] = round(c.get("vllm:pegaflow_lookup_ns", 0) / c["vllm:pegaflow_lookups"] / 1e6, 3)
         systems[system] = entry
     return systems
+
+
+def hook_ms_per_step(counters: dict) -> dict:
+    """Mean milliseconds per step that vLLM's threads spent in the connector's hooks (each side:
+    its hooks' time over its steps), from a phase's counter deltas; empty without them."""
+    out = {}
+    for side in ("scheduler", "worker"):
+        steps = counters.get(f"vllm:pegaflow_{side}_steps", 0)
+        if steps:
+            out[side] = round(counters.get(f"vllm:pegaflow_{side}_hook_ns", 0) / steps / 1e6, 3)
+            out[f"{side}_steps"] = int(steps)
+    return out
 
 
 def merge(earlier: dict, report: dict) -> dict:

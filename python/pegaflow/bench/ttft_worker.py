@@ -52,6 +52,39 @@ def threads() -> dict[int, tuple[str, int, int, int]]:
     return out
 
 
+def machine() -> dict[str, int]:
+    """The machine's CPU time (/proc/stat: busy and all jiffies) and this cgroup's throttling
+    (cgroup v2 cpu.stat: periods throttled, microseconds throttled); what is not there is left out."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        out["jiffies"], out["busy_jiffies"] = sum(cpu), sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/cpu.stat") as f:
+            stat = dict(line.split() for line in f if len(line.split()) == 2)
+        for key in ("nr_throttled", "throttled_usec"):
+            if key in stat:
+                out[key] = int(stat[key])
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def machine_use(before: dict, after: dict) -> dict:
+    """Between two :func:`machine` snapshots: the share of the machine's CPUs busy, and the
+    cgroup's throttled periods and milliseconds (a CPU quota holding the process back)."""
+    res: dict = {}
+    if "jiffies" in before and "jiffies" in after and after["jiffies"] > before["jiffies"]:
+        res["busy_share"] = round((after["busy_jiffies"] - before["busy_jiffies"]) / (after["jiffies"] - before["jiffies"]), 3)
+    if "nr_throttled" in before and "nr_throttled" in after:
+        res["throttled_periods"] = after["nr_throttled"] - before["nr_throttled"]
+        res["throttled_ms"] = round((after.get("throttled_usec", 0) - before.get("throttled_usec", 0)) / 1e3, 1)
+    return res
+
+
 def thread_use(before: dict, after: dict, wall_s: float, main_tid: int, top: int = 8) -> dict:
     """What the threads did between two :func:`threads` snapshots: the main thread's (the one
     that runs vLLM's steps) CPU seconds and context switches (voluntary: it blocked, on a lock
@@ -143,6 +176,31 @@ def main(spec_path: str, out_path: str) -> int:
         except Exception:  # noqa: BLE001 - a report without them
             return {}
 
+    def cprofiled(label: str, work):
+        """With $PEGAFLOW_TTFT_CPROFILE (a folder) and a label: ``work`` under cProfile (this
+        thread's Python functions: where vLLM's step spends its CPU), the busiest functions
+        written as <system>-<label>.txt (by own time, then by cumulative time); else just ``work``."""
+        folder = os.environ.get("PEGAFLOW_TTFT_CPROFILE")
+        if not folder or not label:
+            return work()
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        try:
+            return work()
+        finally:
+            prof.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(prof, stream=text)
+            stats.sort_stats("tottime").print_stats(60)
+            stats.sort_stats("cumulative").print_stats(90)
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{spec.get('name', 'worker')}-{label}.txt"), "w") as f:
+                f.write(text.getvalue())
+
     def profiled(length: int, kind: str, tokens: list[int]) -> None:
         """With $PEGAFLOW_TTFT_PROFILE (a folder): the longest length's last prompt once more
         under torch's profiler (its warm copy first made cold in vLLM's own cache again), its
@@ -195,28 +253,31 @@ def main(spec_path: str, out_path: str) -> int:
     result = {"start_s": start_s, "lengths": {}}
     main_tid = threading.get_native_id()
 
-    def timed(rows) -> tuple[list, dict]:
-        # the phase's answers and what this process's threads did meanwhile (the decode gap's evidence)
-        before, t = threads(), time.perf_counter()
-        done = [run(p) for p in rows]
-        return done, thread_use(before, threads(), time.perf_counter() - t, main_tid)
+    def timed(rows, label: str = "") -> tuple[list, dict, dict]:
+        # the phase's answers, what this process's threads did meanwhile (the decode gap's
+        # evidence) and the connector counters the phase moved
+        before, host, t, counted = threads(), machine(), time.perf_counter(), counters()
+        done = cprofiled(label, lambda: [run(p) for p in rows])
+        after = counters()
+        moved = {k: v - counted.get(k, 0.0) for k, v in after.items() if v != counted.get(k, 0.0)}
+        use = thread_use(before, threads(), time.perf_counter() - t, main_tid)
+        use["machine"] = machine_use(host, machine())
+        return done, use, moved
 
     for length in spec["lengths"]:
         ps = prompt_set(length, spec["prompts"], spec["seed"], vocab)
         entry = {}
-        entry["cold"], entry["cold_threads"] = timed(ps)
+        entry["cold"], entry["cold_threads"], entry["cold_counters"] = timed(
+            ps, f"cold-{length}" if length == max(spec["lengths"]) else "")
         if spec.get("gpu_hit"):
             entry["gpu_hit"] = [run(p) for p in ps]
             profiled(length, "gpu_hit", ps[-1])
         if spec.get("kv_transfer"):
             time.sleep(spec.get("settle_s", 0.5))  # saves land (an idle engine still finishes them)
             entry["reset_ok"] = reset()
-            before = counters()
-            entry["warm"], entry["warm_threads"] = timed(ps)
-            after = counters()
-            profiled(length, "warm", ps[-1])
             # this length's warm requests alone: the connector's counters they moved
-            entry["warm_counters"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+            entry["warm"], entry["warm_threads"], entry["warm_counters"] = timed(ps)
+            profiled(length, "warm", ps[-1])
         assert reset()
         result["lengths"][str(length)] = entry
         print(f"ttft worker: {length} tokens done", file=sys.stderr, flush=True)

@@ -38,8 +38,14 @@ COUNTERS = {
     "in_step_at_alloc": "in-step loads started where vLLM allocated their blocks (load_at_alloc), their phases timed from there",
     "alloc_to_load_starts": "in-step loads whose allocation this process saw (the worker shares the scheduler's process)",
     "alloc_to_load_ns": "nanoseconds from those loads' allocation (update_state_after_alloc) to start_load_kv",
+    "load_fences": "steps that loaded whose start_load_kv waited for the compute stream's earlier work (vLLM's zeroing, its input copies)",
+    "load_fence_ns": "nanoseconds start_load_kv waited there, before the loads were handed to the engine",
     "low_retention_blocks": "blocks of requests with retention \"low\" the store was told to evict first",
     "kv_events": "the store's block events handed to vLLM's KV-event publisher (--kv-events-config)",
+    "worker_steps": "steps a worker ran the connector's per-step hooks for (wait_for_save calls)",
+    "worker_hook_ns": "nanoseconds vLLM's worker thread spent in the connector's hooks (loads started and waited for, saves submitted, results, stats)",
+    "scheduler_steps": "steps the scheduler side planned (build_connector_meta calls)",
+    "scheduler_hook_ns": "nanoseconds vLLM's scheduler spent in the connector's hooks (lookups, allocation, plans, request ends, stats)",
     "kv_event_gaps": "reads of the store's events that found some dropped from its ring before them (routers may be stale)",
 }
 

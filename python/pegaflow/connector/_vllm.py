@@ -182,6 +182,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             else _compat.failed_loads_metadata_class()
         self._failed_pending: set[str] = set()
         self._alloc_gap = [0, 0]  # in-step loads seen in start_load_kv, nanoseconds since their allocation
+        self._fence = [0, 0]  # steps that loaded, nanoseconds start_load_kv waited for the compute stream's earlier work
+        self._hooks = [0, 0]  # steps (wait_for_save / build_connector_meta) and nanoseconds in this side's per-step hooks
         self._link = _runtime.link_for(self._settings)
         self._scheduler: SchedulerCore | None = None
         self._worker: WorkerCore | None = None
@@ -286,11 +288,21 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self._load_fence.record()  # the current stream: vLLM's compute stream, after its zeroing
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
+        t = time.perf_counter_ns()
+        try:
+            self._start_load_kv()
+        finally:
+            self._hooks[1] += time.perf_counter_ns() - t
+
+    def _start_load_kv(self) -> None:
         plan = self._plan(self._connector_metadata)
         if plan is not None:
             fence, self._load_fence = self._load_fence, None
             if fence is not None:
+                t = time.perf_counter_ns()
                 fence.synchronize()  # the compute stream's work before this step's forward (zeroing) is done
+                self._fence[0] += 1
+                self._fence[1] += time.perf_counter_ns() - t
             self._worker.start_loads(plan)
         if ALLOCATED_NS:
             now = time.perf_counter_ns()
@@ -303,7 +315,9 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # In-step loads: this layer's attention waits (on the GPU) for its own layer's bytes;
         # asynchronous loads' requests are not in this forward pass.
         if self._worker is not None and self._worker.step_loads:
+            t = time.perf_counter_ns()
             self._worker.wait_layer(layer_name)
+            self._hooks[1] += time.perf_counter_ns() - t
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
@@ -316,9 +330,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         return
 
     def wait_for_save(self):
+        t = time.perf_counter_ns()
         plan = self._plan(self._connector_metadata)
         if plan is not None:
             self._worker.submit_saves(plan)
+        self._hooks[0] += 1
+        self._hooks[1] += time.perf_counter_ns() - t
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
@@ -332,7 +349,9 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         request ids go in the connector's worker metadata (``build_connector_worker_meta``)."""
         if self._worker is None:
             return TransferResults()
+        t = time.perf_counter_ns()
         sending, recving, failed = self._worker.get_finished(finished_req_ids)
+        self._hooks[1] += time.perf_counter_ns() - t
         if len(self._groups) == 1:
             failed = set()
         elif self._failed_meta is not None:
@@ -361,20 +380,36 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler.on_new_request(request)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self._scheduler.matched_tokens(request, num_computed_tokens)
+        t = time.perf_counter_ns()
+        try:
+            return self._scheduler.matched_tokens(request, num_computed_tokens)
+        finally:
+            self._hooks[1] += time.perf_counter_ns() - t
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
+        t = time.perf_counter_ns()
         self._scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
+        self._hooks[1] += time.perf_counter_ns() - t
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        t = time.perf_counter_ns()
         loads = self._scheduler.take_loads()
-        return PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output), loads=loads)
+        meta = PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output), loads=loads)
+        self._hooks[0] += 1
+        self._hooks[1] += time.perf_counter_ns() - t
+        return meta
 
     def update_connector_output(self, connector_output: KVConnectorOutput):
+        t = time.perf_counter_ns()
         self._scheduler.update_connector_output(connector_output)
+        self._hooks[1] += time.perf_counter_ns() - t
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return self._scheduler.request_finished(request), None
+        t = time.perf_counter_ns()
+        try:
+            return self._scheduler.request_finished(request), None
+        finally:
+            self._hooks[1] += time.perf_counter_ns() - t
 
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
@@ -397,15 +432,24 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_kv_connector_stats(self) -> PegaConnectorStats | None:
         """Counters since the last call: the scheduler side's lookups and hits, a worker's copies."""
+        t = time.perf_counter_ns()
         if self._worker is not None and self._worker.brain is not None:
             data = self._worker.brain.stats()
             if self._alloc_gap[0]:
                 data["alloc_to_load_starts"], data["alloc_to_load_ns"] = self._alloc_gap
                 self._alloc_gap = [0, 0]
+            if self._fence[0]:
+                data["load_fences"], data["load_fence_ns"] = self._fence
+                self._fence = [0, 0]
+            side = "worker"
         elif self._scheduler is not None:
             data = self._scheduler.take_counts()
+            side = "scheduler"
         else:
             return None
+        self._hooks[1] += time.perf_counter_ns() - t
+        data[f"{side}_steps"], data[f"{side}_hook_ns"] = self._hooks
+        self._hooks = [0, 0]
         return PegaConnectorStats(data=data) if any(data.values()) else None
 
     @classmethod
