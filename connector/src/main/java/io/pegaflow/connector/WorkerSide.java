@@ -111,8 +111,16 @@ public final class WorkerSide {
      * in-step loads when it allocates their blocks ({@link #startAtAlloc}).
      */
     private static final Map<String, WorkerSide> COLOCATED = new java.util.concurrent.ConcurrentHashMap<>();
+    /** A load started at allocation; its copies wait for {@code go}, which the step (or the end) completes. */
+    private record Early(StepPlan.Load load, CompletableFuture<LayeredLoad> started, long startNanos,
+            CompletableFuture<Void> go) {
+        /** Lets the copies go (again: no effect); the load as started. */
+        CompletableFuture<LayeredLoad> open() {
+            go.complete(null);
+            return started;
+        }
+    }
     /** In-step loads started at allocation, by request and group, until the step's plan claims them. */
-    private record Early(StepPlan.Load load, CompletableFuture<LayeredLoad> started, long startNanos) {}
     private final Map<String, Early> early = new java.util.concurrent.ConcurrentHashMap<>();
     /** Set by {@link #shutdown}: no load starts at allocation any more. */
     private volatile boolean closed;
@@ -145,9 +153,12 @@ public final class WorkerSide {
 
     /**
      * Starts in-step loads where the scheduler allocated their blocks, before the step that
-     * uses them, so the copy overlaps vLLM's scheduling and input preparation, then the plan and
-     * the first layers' copy (docs/benchmarks/README.md: {@code alloc_to_start}). The blocks are the request's own from allocation on: no
-     * forward reads them before this load's layers land, which the step's {@code
+     * uses them: the store plans each and the engine lists its copies while vLLM schedules and
+     * prepares the step's inputs, and the copies are queued on the GPU once the step starts
+     * ({@link #startLoads}, after vLLM's thread saw the compute stream's earlier work done). Queued
+     * at once, a load held the step's input copies behind it on the copy engine, and with them
+     * the forward (docs/gpu.md, "Loads started at allocation"). The blocks are the request's own
+     * from allocation on: no forward reads them before this load's layers land, which the step's {@code
      * wait_for_layer_load} waits for as for a load started in the step. The step's {@link
      * #startLoads} claims each by request and group; a load started here with other blocks than
      * the plan's (never expected) is waited for and the plan's blocks are reported as failed (its
@@ -166,7 +177,8 @@ public final class WorkerSide {
             String key = l.requestId() + "\u0000" + l.group();
             if (!early.containsKey(key)) { // vLLM allocates on its scheduler thread, before the step's plan
                 long t0 = System.nanoTime();
-                early.put(key, new Early(l, startInStep(l, t0), t0));
+                CompletableFuture<Void> go = new CompletableFuture<>();
+                early.put(key, new Early(l, startInStep(l, t0, go), t0, go));
             }
         }
     }
@@ -174,7 +186,7 @@ public final class WorkerSide {
     /** Loads started at allocation whose step never came (the request was aborted) and that landed long ago. */
     private void dropStaleEarly() {
         long now = System.nanoTime();
-        early.values().removeIf(e -> now - e.startNanos() > 60_000_000_000L && e.started().thenCompose(LayeredLoad::result).isDone());
+        early.values().removeIf(e -> now - e.startNanos() > 60_000_000_000L && e.open().thenCompose(LayeredLoad::result).isDone());
     }
 
     /** The store instance of the plan's group {@code group}. */
@@ -216,7 +228,7 @@ public final class WorkerSide {
                 Early e = early.remove(l.requestId() + "\u0000" + l.group());
                 CompletableFuture<LayeredLoad> started;
                 if (e != null && java.util.Arrays.equals(e.load().blockIds(), l.blockIds())) {
-                    started = e.started();
+                    started = e.open(); // the step has begun: its inputs are on the GPU, the copies may go
                     t0 = e.startNanos();
                     stats.incrementAndGet(STAT_IN_STEP_AT_ALLOC);
                 } else {
@@ -224,11 +236,11 @@ public final class WorkerSide {
                         // not the plan's blocks (never expected): it used this worker's share of the
                         // lease, so the plan's blocks cannot load now; let it land (it writes into its
                         // blocks), then report the plan's as failed (vLLM recomputes them)
-                        e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+                        e.open().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
                         started = CompletableFuture.failedFuture(new InvalidArgumentException("in-step load of request "
                                 + l.requestId() + " was started at allocation into other blocks than its step's plan"));
                     } else {
-                        started = startInStep(l, t0);
+                        started = startInStep(l, t0, null);
                     }
                 }
                 long from = t0;
@@ -255,6 +267,9 @@ public final class WorkerSide {
             loads.computeIfAbsent(l.requestId(), k -> new ArrayList<>()).add(new PendingLoad(f, l.blockIds()));
         }
         if (!early.isEmpty()) {
+            // a load started at allocation that this step did not claim (never expected: vLLM runs
+            // the step it allocated for) goes now rather than hold its copy lane until dropped
+            early.values().forEach(Early::open);
             dropStaleEarly();
         }
         return stepLoads.size();
@@ -280,14 +295,15 @@ public final class WorkerSide {
         }
     }
 
-    private CompletableFuture<LayeredLoad> startInStep(StepPlan.Load l, long t0) {
+    /** {@code go}: the copies wait for it (a load started at allocation); null: they go at once. */
+    private CompletableFuture<LayeredLoad> startInStep(StepPlan.Load l, long t0, CompletableFuture<Void> go) {
         try {
             PegaEngine e = current("load of request " + l.requestId());
             String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> {
                 long began = System.nanoTime();
                 try {
-                    LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                    LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds(), go);
                     stats.addAndGet(STAT_IN_STEP_HOP_NANOS, began - t0);
                     stats.addAndGet(STAT_IN_STEP_STORE_NANOS, Math.max(0, h.plannedNanos() - began));
                     stats.addAndGet(STAT_IN_STEP_PLAN_NANOS, System.nanoTime() - t0); // before anyone waiting sees it
@@ -518,7 +534,7 @@ public final class WorkerSide {
         COLOCATED.remove(groups.get(0).instanceId(), this);
         endStepLoads();
         for (Early e : early.values()) {
-            e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+            e.open().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
         }
         early.clear();
         Set<CompletableFuture<?>> all = new HashSet<>();

@@ -62,7 +62,7 @@ final class CopyBatches {
         try {
             for (int k = 0; k < lanes; k++) {
                 CopyBatch batch = new CopyBatch(plan.direction().batch(),
-                        (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream);
+                        (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream).holdUntil(layered.gate);
                 int[] groups = layerMajor(plan, worker, blockIds, batch, split.groupBytes(), k, lanes);
                 if (batch.size() == 0) {
                     continue;

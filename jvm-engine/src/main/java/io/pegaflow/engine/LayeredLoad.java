@@ -14,6 +14,8 @@ public final class LayeredLoad {
     private final List<TransferFuture> parts = new java.util.concurrent.CopyOnWriteArrayList<>();
     private final List<int[]> groupOfRegion = new java.util.concurrent.CopyOnWriteArrayList<>();
     private volatile long plannedNanos;
+    /** The copies wait for this ({@link PegaEngine#loadLayered(String, int, Token, long[], CompletableFuture)}); null: none. */
+    CompletableFuture<?> gate;
 
     /** {@link System#nanoTime} when the store's plan returned (0: it never did); the rest of the start is the enqueue. */
     public long plannedNanos() {

@@ -369,7 +369,21 @@ public final class PegaEngine implements AutoCloseable {
      * in one part (no head).
      */
     public LayeredLoad loadLayered(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds) {
+        return loadLayered(instanceId, workerRank, leaseId, dstBlockIds, null);
+    }
+
+    /**
+     * {@link #loadLayered(String, int, Token, long[])} whose copies are held until {@code
+     * holdUntil} completes (either way; null: not held): the store plans the load and the
+     * engine lists its copies now, and queues them on the GPU once the caller opens the hold
+     * (a load started where vLLM allocates its blocks, held until the step that reads them
+     * starts: docs/gpu.md, "Loads started at allocation"). The caller must open it: until then
+     * the load holds a copy lane and its lease.
+     */
+    public LayeredLoad loadLayered(String instanceId, int workerRank, Token leaseId, long[] dstBlockIds,
+            CompletableFuture<?> holdUntil) {
         LayeredLoad layered = new LayeredLoad();
+        layered.gate = holdUntil;
         layered.result = load(instanceId, workerRank, leaseId, dstBlockIds, layered);
         return layered;
     }

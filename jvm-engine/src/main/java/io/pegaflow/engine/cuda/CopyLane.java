@@ -139,6 +139,7 @@ final class CopyLane {
     void enqueueLater(CopyBatch batch, Future future, java.util.function.Consumer<Throwable> failed) {
         enqueuer.execute(() -> {
             try {
+                batch.awaitGate();
                 device.makeCurrent();
                 enqueue(batch, future);
                 pending.add(future);

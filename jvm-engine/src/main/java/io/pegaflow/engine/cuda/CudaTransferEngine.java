@@ -406,6 +406,7 @@ public final class CudaTransferEngine implements TransferEngine {
                 lane.enqueueLater(batch, future, e -> fail(lanes, lane, future, e));
                 return future;
             }
+            batch.awaitGate(); // held batches are layer-wise loads (queued later, above); any other waits here
             lane.enqueue(batch, future);
             lane.pending.add(future);
         } catch (RuntimeException | Error e) {

@@ -21,6 +21,7 @@ public final class CopyBatch {
 
     private final Direction direction;
     private long waitStream;
+    private java.util.concurrent.CompletableFuture<?> gate;
     private int[] groupEnds = new int[0];
     private long[] deviceAddress;
     private long[] hostOffset;
@@ -70,6 +71,30 @@ public final class CopyBatch {
 
     public long waitStream() {
         return waitStream;
+    }
+
+    /**
+     * Holds the batch's copies until {@code opened} completes (either way): the engine plans
+     * and takes a lane at submit, and queues nothing before. A load started where vLLM
+     * allocates its blocks waits so for the step, whose input copies would otherwise queue on
+     * the copy engine behind the whole load (docs/gpu.md, "Loads started at allocation").
+     * Null (the default): no hold.
+     */
+    public CopyBatch holdUntil(java.util.concurrent.CompletableFuture<?> opened) {
+        this.gate = opened;
+        return this;
+    }
+
+    /** What {@link #holdUntil} set, or null. */
+    public java.util.concurrent.CompletableFuture<?> gate() {
+        return gate;
+    }
+
+    /** Blocks the calling thread until the batch may be copied ({@link #holdUntil}); a failed gate also opens. */
+    public void awaitGate() {
+        if (gate != null) {
+            gate.handle((v, e) -> null).join();
+        }
     }
 
     /**

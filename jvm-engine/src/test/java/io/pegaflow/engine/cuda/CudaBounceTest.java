@@ -179,43 +179,90 @@ class CudaBounceTest {
      */
     @Test
     void layerMajorStretchesGoAsPitchedCopies() {
-        try (HostPool own = HostPool.anonymous(16L << 20);
-                CudaTransferEngine engine = CudaTransferEngine.create(own,
-                        CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4))) {
-            device.makeCurrent();
-            fillDevice(15);
-            byte[] before = deviceBytes();
-            int n = 24;
-            int[] src = new int[n];
-            int[] dst = new int[n];
-            long[] slots = new long[n];
-            for (int i = 0; i < n; i++) {
-                src[i] = i;
-                dst[i] = CACHE_BLOCKS - 1 - 2 * i; // scattered, none of the sources
-                slots[i] = i;
+        try (HostPool own = HostPool.anonymous(16L << 20); CudaTransferEngine engine = smallChunks(own)) {
+            Moves m = Moves.scattered(24);
+            byte[] before = savedLayerMajor(engine, m, 15);
+            for (int i = 0; i < m.src.length; i++) {
+                assertThat(own.segment().asSlice(m.slots[i] * BLOCK, BLOCK).toArray(ValueLayout.JAVA_BYTE))
+                        .as("pool slot %d (block %d)", m.slots[i], m.src[i]).isEqualTo(blockOf(before, m.src[i]));
             }
-            engine.submit(layerMajor(CopyBatch.Direction.TO_HOST, src, slots)).join();
-            for (int i = 0; i < n; i++) {
-                assertThat(own.segment().asSlice(slots[i] * BLOCK, BLOCK).toArray(ValueLayout.JAVA_BYTE))
-                        .as("pool slot %d (block %d)", slots[i], src[i]).isEqualTo(blockOf(before, src[i]));
-            }
-            long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
-            try {
-                TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, dst, slots));
-                for (int l = 0; l < LAYERS; l++) {
-                    load.awaitGroup(l, stream);
-                }
-                CudaDriver.streamSynchronize(stream);
-                load.join();
-            } finally {
-                CudaDriver.streamDestroy(stream);
-            }
-            byte[] after = deviceBytes();
-            for (int i = 0; i < n; i++) {
-                assertThat(blockOf(after, dst[i])).as("block %d loaded from slot %d", dst[i], slots[i])
-                        .isEqualTo(blockOf(before, src[i]));
-            }
+            awaitEveryLayer(engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots)));
+            assertLoaded(before, m);
             assertThat(engine.pitchedCopies()).as("the load's pitched copies").isEqualTo(2L * LAYERS);
+        }
+    }
+
+    /**
+     * A layer-wise load held until its caller opens it (a load started where vLLM allocates
+     * its blocks waits so for its step): nothing lands before, every byte after.
+     */
+    @Test
+    void aHeldLayerwiseLoadCopiesNothingUntilOpened() throws Exception {
+        try (HostPool own = HostPool.anonymous(16L << 20); CudaTransferEngine engine = smallChunks(own)) {
+            Moves m = Moves.scattered(12);
+            byte[] before = savedLayerMajor(engine, m, 16);
+            java.util.concurrent.CompletableFuture<Void> go = new java.util.concurrent.CompletableFuture<>();
+            TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(go));
+            Thread.sleep(200);
+            assertThat(load).as("held").isNotDone();
+            byte[] held = deviceBytes();
+            for (int d : m.dst) {
+                assertThat(blockOf(held, d)).as("block %d before the hold opened", d).isEqualTo(blockOf(before, d));
+            }
+            go.complete(null);
+            awaitEveryLayer(load);
+            assertLoaded(before, m);
+        }
+    }
+
+    /** An engine over {@code own} with 4 MiB pinned chunks (16 blocks) and 1 MiB bounce slots. */
+    private static CudaTransferEngine smallChunks(HostPool own) {
+        return CudaTransferEngine.create(own, CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4));
+    }
+
+    /** Fills the device cache from {@code seed}, saves {@code m}'s sources layer by layer; returns the cache as filled. */
+    private byte[] savedLayerMajor(CudaTransferEngine engine, Moves m, long seed) {
+        device.makeCurrent();
+        fillDevice(seed);
+        byte[] before = deviceBytes();
+        engine.submit(layerMajor(CopyBatch.Direction.TO_HOST, m.src, m.slots)).join();
+        return before;
+    }
+
+    /** Blocks {@code src[i]} saved to pool slot {@code slots[i]} (back to back), loaded into {@code dst[i]}. */
+    private record Moves(int[] src, int[] dst, long[] slots) {
+        /** n blocks from 0 up into slots 0 up, loaded back into scattered ids, none of them a source. */
+        static Moves scattered(int n) {
+            Moves m = new Moves(new int[n], new int[n], new long[n]);
+            for (int i = 0; i < n; i++) {
+                m.src[i] = i;
+                m.dst[i] = CACHE_BLOCKS - 1 - 2 * i;
+                m.slots[i] = i;
+            }
+            return m;
+        }
+    }
+
+    /** Waits for every layer of a layer-wise load from a stream of its own, then for the load. */
+    private static void awaitEveryLayer(TransferFuture load) {
+        long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+        try {
+            for (int l = 0; l < LAYERS; l++) {
+                load.awaitGroup(l, stream);
+            }
+            CudaDriver.streamSynchronize(stream);
+            load.join();
+        } finally {
+            CudaDriver.streamDestroy(stream);
+        }
+    }
+
+    /** Every {@code dst} block holds what its {@code src} block held in {@code before}. */
+    private void assertLoaded(byte[] before, Moves m) {
+        byte[] after = deviceBytes();
+        for (int i = 0; i < m.dst.length; i++) {
+            assertThat(blockOf(after, m.dst[i])).as("block %d loaded from slot %d", m.dst[i], m.slots[i])
+                    .isEqualTo(blockOf(before, m.src[i]));
         }
     }
 
