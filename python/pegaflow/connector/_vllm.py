@@ -288,28 +288,25 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self._load_fence.record()  # the current stream: vLLM's compute stream, after its zeroing
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        t = time.perf_counter_ns()
-        try:
-            self._start_load_kv()
-        finally:
-            self._hooks[1] += time.perf_counter_ns() - t
-
-    def _start_load_kv(self) -> None:
+        began = time.perf_counter_ns()
         plan = self._plan(self._connector_metadata)
-        if plan is not None:
-            fence, self._load_fence = self._load_fence, None
-            if fence is not None:
-                t = time.perf_counter_ns()
-                fence.synchronize()  # the compute stream's work before this step's forward (zeroing) is done
-                self._fence[0] += 1
-                self._fence[1] += time.perf_counter_ns() - t
-            self._worker.start_loads(plan)
-        if ALLOCATED_NS:
-            now = time.perf_counter_ns()
-            for t in ALLOCATED_NS.values():
-                self._alloc_gap[0] += 1
-                self._alloc_gap[1] += now - t
-            ALLOCATED_NS.clear()
+        try:
+            if plan is not None:
+                fence, self._load_fence = self._load_fence, None
+                if fence is not None:
+                    t = time.perf_counter_ns()
+                    fence.synchronize()  # the compute stream's work before this step's forward (zeroing) is done
+                    self._fence[0] += 1
+                    self._fence[1] += time.perf_counter_ns() - t
+                self._worker.start_loads(plan)
+            if ALLOCATED_NS:
+                now = time.perf_counter_ns()
+                for t in ALLOCATED_NS.values():
+                    self._alloc_gap[0] += 1
+                    self._alloc_gap[1] += now - t
+                ALLOCATED_NS.clear()
+        finally:
+            self._hooks[1] += time.perf_counter_ns() - began
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # In-step loads: this layer's attention waits (on the GPU) for its own layer's bytes;
