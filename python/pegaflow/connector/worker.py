@@ -58,6 +58,10 @@ class WorkerCore:
         self.layers: list[_layout.LayerGeometry] = []
         self._stream_of = None
         self.step_loads = 0  # this step's loads that run inside it (start_loads)
+        # whether the store may hold failed block ids: only a step with in-step loads or a
+        # get_finished that reported a failed load ("F") puts any there (WorkerSide), so a
+        # decode step asks nothing (one call into the JVM less per step)
+        self._errors_possible = False
         self._layer_index: dict[str, int] = {}  # vLLM layer name -> its region's index (group 0)
 
     def register(self, kv_caches: dict, num_blocks: int, mla: bool, facts: dict, tp_rank: int = 0, tp_size: int = 1,
@@ -120,6 +124,7 @@ class WorkerCore:
         self.step_loads = 0
         if self.brain is not None and plan and self.load_enabled:
             self.step_loads = self.brain.start_loads(plan)
+            self._errors_possible |= self.step_loads > 0
 
     def wait_layer(self, layer_name: str) -> None:
         """Before layer ``layer_name`` reads its KV: the current CUDA stream (or this thread, for
@@ -140,7 +145,9 @@ class WorkerCore:
         """(saves done, loads done, loads of those that failed)."""
         if self.brain is None:
             return set(), set(), set()
-        return self.brain.get_finished(finished_req_ids)
+        sending, recving, failed = self.brain.get_finished(finished_req_ids)
+        self._errors_possible |= bool(failed)
+        return sending, recving, failed
 
     def wait_reported(self, kind: str, req: str, timeout_s: float = 30.0) -> None:
         """Blocks until ``get_finished`` reports ``req``'s saves (``kind`` "S") or its load ("R"),
@@ -158,7 +165,11 @@ class WorkerCore:
             time.sleep(0.0002)
 
     def load_errors(self) -> set[int]:
-        return self.brain.load_errors() if self.brain is not None else set()
+        """Block ids whose load failed since the last call (vLLM recomputes them)."""
+        if self.brain is None or not self._errors_possible:
+            return set()
+        self._errors_possible = False
+        return self.brain.load_errors()
 
     def close(self) -> None:
         if self.brain is not None:
