@@ -58,7 +58,7 @@ def machine() -> dict[str, int]:
     out: dict[str, int] = {}
     try:
         with open("/proc/stat") as f:
-            cpu = [int(x) for x in f.readline().split()[1:]]
+            cpu = [int(x) for x in f.readline().split()[1:9]]  # guest time is counted in user already
         out["jiffies"], out["busy_jiffies"] = sum(cpu), sum(cpu) - cpu[3] - (cpu[4] if len(cpu) > 4 else 0)
     except (OSError, ValueError, IndexError):
         pass

@@ -42,7 +42,7 @@ COUNTERS = {
     "load_fence_ns": "nanoseconds start_load_kv waited there, before the loads were handed to the engine",
     "low_retention_blocks": "blocks of requests with retention \"low\" the store was told to evict first",
     "kv_events": "the store's block events handed to vLLM's KV-event publisher (--kv-events-config)",
-    "worker_steps": "steps a worker ran the connector's per-step hooks for (wait_for_save calls)",
+    "worker_steps": "steps a worker ran the connector's per-step hooks for (start_load_kv calls)",
     "worker_hook_ns": "nanoseconds vLLM's worker thread spent in the connector's hooks (loads started and waited for, saves submitted, results, stats)",
     "scheduler_steps": "steps the scheduler side planned (build_connector_meta calls)",
     "scheduler_hook_ns": "nanoseconds vLLM's scheduler spent in the connector's hooks (lookups, allocation, plans, request ends, stats)",

@@ -289,6 +289,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
         began = time.perf_counter_ns()
+        self._hooks[0] += 1  # every step vLLM runs the connector for, with a forward or without
         plan = self._plan(self._connector_metadata)
         try:
             if plan is not None:
@@ -331,7 +332,6 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         plan = self._plan(self._connector_metadata)
         if plan is not None:
             self._worker.submit_saves(plan)
-        self._hooks[0] += 1
         self._hooks[1] += time.perf_counter_ns() - t
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:

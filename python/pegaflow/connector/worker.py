@@ -168,8 +168,9 @@ class WorkerCore:
         """Block ids whose load failed since the last call (vLLM recomputes them)."""
         if self.brain is None or not self._errors_possible:
             return set()
-        self._errors_possible = False
-        return self.brain.load_errors()
+        errors = self.brain.load_errors()
+        self._errors_possible = False  # after the call: a call that failed is made again next step
+        return errors
 
     def close(self) -> None:
         if self.brain is not None:

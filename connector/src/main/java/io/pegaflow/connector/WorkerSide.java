@@ -178,7 +178,11 @@ public final class WorkerSide {
             if (!early.containsKey(key)) { // vLLM allocates on its scheduler thread, before the step's plan
                 long t0 = System.nanoTime();
                 CompletableFuture<Void> go = new CompletableFuture<>();
-                early.put(key, new Early(l, startInStep(l, t0, go), t0, go));
+                Early e = new Early(l, startInStep(l, t0, go), t0, go);
+                early.put(key, e);
+                if (closed) {
+                    e.open(); // shutdown ran meanwhile and opened the others: this one must not hold its lane
+                }
             }
         }
     }
@@ -186,7 +190,7 @@ public final class WorkerSide {
     /** Loads started at allocation whose step never came (the request was aborted) and that landed long ago. */
     private void dropStaleEarly() {
         long now = System.nanoTime();
-        early.values().removeIf(e -> now - e.startNanos() > 60_000_000_000L && e.open().thenCompose(LayeredLoad::result).isDone());
+        early.values().removeIf(e -> now - e.startNanos() > 60_000_000_000L && e.started().thenCompose(LayeredLoad::result).isDone());
     }
 
     /** The store instance of the plan's group {@code group}. */
@@ -222,13 +226,16 @@ public final class WorkerSide {
      */
     public int startLoads(byte[] plan) {
         endStepLoads(); // a step whose get_finished was not called (vLLM always calls it)
+        // the step has begun (its inputs are on the GPU): every load started at allocation may
+        // go, before any wait below, since a held load keeps a copy lane another may need
+        early.values().forEach(Early::open);
         for (StepPlan.Load l : plan(plan).loads()) {
             if (l.inStep()) {
                 long t0 = System.nanoTime();
                 Early e = early.remove(l.requestId() + "\u0000" + l.group());
                 CompletableFuture<LayeredLoad> started;
                 if (e != null && java.util.Arrays.equals(e.load().blockIds(), l.blockIds())) {
-                    started = e.open(); // the step has begun: its inputs are on the GPU, the copies may go
+                    started = e.started();
                     t0 = e.startNanos();
                     stats.incrementAndGet(STAT_IN_STEP_AT_ALLOC);
                 } else {
@@ -236,7 +243,7 @@ public final class WorkerSide {
                         // not the plan's blocks (never expected): it used this worker's share of the
                         // lease, so the plan's blocks cannot load now; let it land (it writes into its
                         // blocks), then report the plan's as failed (vLLM recomputes them)
-                        e.open().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+                        e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
                         started = CompletableFuture.failedFuture(new InvalidArgumentException("in-step load of request "
                                 + l.requestId() + " was started at allocation into other blocks than its step's plan"));
                     } else {
@@ -267,10 +274,7 @@ public final class WorkerSide {
             loads.computeIfAbsent(l.requestId(), k -> new ArrayList<>()).add(new PendingLoad(f, l.blockIds()));
         }
         if (!early.isEmpty()) {
-            // a load started at allocation that this step did not claim (never expected: vLLM runs
-            // the step it allocated for) goes now rather than hold its copy lane until dropped
-            early.values().forEach(Early::open);
-            dropStaleEarly();
+            dropStaleEarly(); // started at allocation, never claimed (never expected: vLLM runs the step it allocated for)
         }
         return stepLoads.size();
     }
@@ -533,8 +537,9 @@ public final class WorkerSide {
         closed = true;
         COLOCATED.remove(groups.get(0).instanceId(), this);
         endStepLoads();
+        early.values().forEach(Early::open); // all first: a held load keeps a copy lane another may need
         for (Early e : early.values()) {
-            e.open().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
+            e.started().thenCompose(LayeredLoad::result).handle((r, x) -> null).join();
         }
         early.clear();
         Set<CompletableFuture<?>> all = new HashSet<>();
