@@ -73,10 +73,16 @@ def test_profile_summary_reads_a_trace(tmp_path):
         ev.append({"ts": 1000.0 + 4000 + 100 * i, "dur": 20, "cat": "cpu_op", "name": "aten::mul_", "tid": 1})
     ev.append({"ts": 1000.0 + 4500, "dur": 900, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 2})
     ev.append({"ts": 1000.0 + 11000, "dur": 900, "cat": "cuda_runtime", "name": "cudaLaunchKernel", "tid": 1})
+    for step in range(2):  # two decode steps after the first token: 20 ms each, 1.5 ms of kernels on stream 7
+        ev.append({"ts": 1000.0 + 30500 + 20000 * step, "dur": 2, "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)"})
+        for k in range(3):
+            ev.append({"ts": 1000.0 + 12000 + 20000 * step + 1000 * k, "dur": 500, "cat": "kernel", "name": "gemv",
+                       "args": {"stream": 7}})
     path = tmp_path / "warm-16384.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
     s = summarize(str(path), layers=3)
+    assert s["decode_steps"] == {"count": 2, "interval_ms_p50": 20.0, "gpu_busy_ms_p50": 1.5, "kernels_p50": 3}
     assert s["first_forward_attention_kernel_starts_by_layer"] == [5.0, 7.0, 9.0]
     assert s["first_token_to_host_copy"] == 10.5
     c = s["load_copy_kernels"]

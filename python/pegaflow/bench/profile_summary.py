@@ -7,7 +7,9 @@ started, when the first token was copied to the host, and this project's load co
 when the thread that launched them made its first launch; the load's copy-engine copies
 (host-to-device ``gpu_memcpy`` records on streams other than the attention's, up to the first
 token's copy); the step's own host-to-device copies on the attention's stream (vLLM's inputs:
-how long the longest waited from its launch to its start); and how long each kernel launch of the forward's thread took (median and mean in
+how long the longest waited from its launch to its start); the decode steps after it (from one
+sampled-token copy to the host to the next: the step's length and how long the attention's stream
+ran kernels in it, medians); and how long each kernel launch of the forward's thread took (median and mean in
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
 shows there (docs/gpu.md, "Layer-wise loads and the launch rate"). No GPU needed; it reads the
 files only.
@@ -94,6 +96,26 @@ def summarize(path: str, layers: int = 32) -> dict:
             out["step_input_copies"] = {"count": len(held), "max_wait_ms": round(worst[1] / 1e3, 2),
                                         "worst_launched": ms(worst[0]),
                                         "total_wait_ms": round(sum(h[1] for h in held) / 1e3, 2)}
+    if attention:
+        # decode steps: each ends with its sampled tokens' copy to the host; between two such
+        # copies, how long the attention's stream ran kernels (the rest of the step is host work:
+        # a step whose kernels run a fraction of it is set by vLLM's thread, not by the GPU)
+        stream = attention[0].get("args", {}).get("stream")
+        on_stream = [e for e in kernels if e.get("args", {}).get("stream") == stream]
+        marks: list = []
+        for t in sorted(e["ts"] for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")):
+            if not marks or t - marks[-1] > 1000:  # a step's tokens may come in more than one copy
+                marks.append(t)
+        rows = []
+        for a, b in zip(marks, marks[1:]):
+            busy = sum(min(k["ts"] + k["dur"], b) - max(k["ts"], a) for k in on_stream if k["ts"] < b and k["ts"] + k["dur"] > a)
+            rows.append((b - a, busy, sum(1 for k in on_stream if a <= k["ts"] < b)))
+        if rows:
+            mid = len(rows) // 2
+            out["decode_steps"] = {"count": len(rows),
+                                   "interval_ms_p50": round(sorted(r[0] for r in rows)[mid] / 1e3, 2),
+                                   "gpu_busy_ms_p50": round(sorted(r[1] for r in rows)[mid] / 1e3, 2),
+                                   "kernels_p50": sorted(r[2] for r in rows)[mid]}
     by_thread: dict = defaultdict(int)
     for e in stamped:
         if e.get("cat") == "cpu_op":
