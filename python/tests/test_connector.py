@@ -91,6 +91,9 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     metas = []
     build = conn.build_connector_meta
     conn.build_connector_meta = lambda out: metas.append(build(out)) or metas[-1]
+    reports = []  # the scheduler side's stats as vLLM's scheduler takes them each step
+    report = conn.get_kv_connector_stats
+    conn.get_kv_connector_stats = lambda: reports.append(report()) or reports[-1]
     b.run()
     b.assert_drained()
     assert b.outputs["r"] == a.outputs["r"]
@@ -107,6 +110,12 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert worker["in_step_at_alloc"] == (1 if at_alloc else 0)
     assert [m.loads for m in metas].count(True) == 1, "one step's plan says it loads (the worker then orders it)"
     assert worker["in_step_loads"] == (1 if in_step else 0)
+    # each side's per-step hooks: one step per plan, and the time spent in them (vllm:pegaflow_*_hook_ns)
+    conn.get_kv_connector_stats()
+    sched_steps = sum(r.data["scheduler_steps"] for r in reports if r is not None)
+    worker_side = b.ranks[0].connector.get_kv_connector_stats().data  # the sim leaves the worker's to the test
+    assert sched_steps == worker_side["worker_steps"] == len(metas)
+    assert all(r.data["scheduler_hook_ns"] > 0 for r in reports if r is not None) and worker_side["worker_hook_ns"] > 0
 
 
 def test_kv_transfer_params_turn_a_requests_saves_and_loads_off_or_cap_them(engines, caplog):

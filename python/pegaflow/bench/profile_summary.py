@@ -32,6 +32,11 @@ def _attention(name: str) -> bool:
     return "flash::enable_sm90" in name or "flash_fwd" in name
 
 
+def _stream(e: dict):
+    # a GPU record's CUDA stream: torch's traces put it in tid, and in args too
+    return e.get("tid", e.get("args", {}).get("stream"))
+
+
 def summarize(path: str, layers: int = 32) -> dict:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
@@ -72,9 +77,9 @@ def summarize(path: str, layers: int = 32) -> dict:
         }
     end = min((e["ts"] for e in to_host), default=max(e["ts"] for e in stamped))
     if attention:
-        compute = attention[0].get("tid", attention[0].get("args", {}).get("stream"))
+        compute = _stream(attention[0])
         dma = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "")
-               and e.get("tid", e.get("args", {}).get("stream")) != compute and e["ts"] < end]
+               and _stream(e) != compute and e["ts"] < end]
         if dma:
             out["load_memcpys"] = {"count": len(dma), "first_start": ms(min(e["ts"] for e in dma)),
                                    "last_end": ms(max(e["ts"] + e["dur"] for e in dma)),
@@ -87,7 +92,7 @@ def summarize(path: str, layers: int = 32) -> dict:
         held = []
         for e in stamped:
             if (e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "") and e["ts"] < end
-                    and e.get("tid", e.get("args", {}).get("stream")) == compute):
+                    and _stream(e) == compute):
                 call = calls.get(e.get("args", {}).get("correlation"))
                 if call is not None:
                     held.append((call["ts"], e["ts"] - call["ts"]))
@@ -96,12 +101,10 @@ def summarize(path: str, layers: int = 32) -> dict:
             out["step_input_copies"] = {"count": len(held), "max_wait_ms": round(worst[1] / 1e3, 2),
                                         "worst_launched": ms(worst[0]),
                                         "total_wait_ms": round(sum(h[1] for h in held) / 1e3, 2)}
-    if attention:
         # decode steps: each ends with its sampled tokens' copy to the host; between two such
         # copies, how long the attention's stream ran kernels (the rest of the step is host work:
         # a step whose kernels run a fraction of it is set by vLLM's thread, not by the GPU)
-        stream = attention[0].get("args", {}).get("stream")
-        on_stream = [e for e in kernels if e.get("args", {}).get("stream") == stream]
+        on_stream = [e for e in kernels if _stream(e) == compute]
         marks: list = []
         for t in sorted(e["ts"] for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")):
             if not marks or t - marks[-1] > 1000:  # a step's tokens may come in more than one copy

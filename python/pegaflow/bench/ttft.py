@@ -355,18 +355,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 # None: no reference in this run (system none not run)
                 row["outputs_identical"] = None if not ref else [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
                 row["reset_ok"] = r.get("reset_ok")
-                d = r.get("warm_counters") or {}
-                if d.get("vllm:pegaflow_in_step_loads"):
-                    # this length's warm in-step loads alone, mean ms per load
-                    row["warm_in_step_phases_ms"] = {k: round(d.get(f"vllm:pegaflow_in_step_{k}_ns", 0)
-                                                              / d["vllm:pegaflow_in_step_loads"] / 1e6, 3)
-                                                     for k in ("plan", "hop", "store", "load", "wait", "step")}
-                    # from the blocks' allocation to the loads' hand-over; its wait for the compute stream
-                    for name, count, ns in (("alloc_to_start", "alloc_to_load_starts", "alloc_to_load_ns"),
-                                            ("fence", "load_fences", "load_fence_ns")):
-                        if d.get(f"vllm:pegaflow_{count}"):
-                            row["warm_in_step_phases_ms"][name] = round(
-                                d.get(f"vllm:pegaflow_{ns}", 0) / d[f"vllm:pegaflow_{count}"] / 1e6, 3)
+                phases = in_step_phases_ms(r.get("warm_counters") or {})
+                if phases:
+                    row["warm_in_step_phases_ms"] = phases  # this length's warm in-step loads alone
             for phase in ("cold", "warm"):
                 # the process's threads during the phase: the main thread's CPU and switches, the others' CPU
                 if r.get(f"{phase}_threads"):
@@ -380,20 +371,31 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
         if "load" in res:
             entry["load"] = res["load"]
         c = res.get("connector") or {}
-        n = c.get("vllm:pegaflow_in_step_loads", 0)
-        if n:
-            # the in-step loads' phases, mean ms per load over the whole run (cold, warm, warm-up)
-            entry["in_step_phases_ms"] = {k: round(c.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / n / 1e6, 3)
-                                          for k in ("plan", "hop", "store", "load", "wait", "step")}
-            entry["in_step_loads"] = int(n)
-            if c.get("vllm:pegaflow_alloc_to_load_starts"):
-                # how much earlier the load could start if it started at allocation (same process)
-                entry["in_step_phases_ms"]["alloc_to_start"] = round(
-                    c["vllm:pegaflow_alloc_to_load_ns"] / c["vllm:pegaflow_alloc_to_load_starts"] / 1e6, 3)
+        phases = in_step_phases_ms(c)
+        if phases:
+            entry["in_step_phases_ms"] = phases  # over the whole run (cold, warm, warm-up)
+            entry["in_step_loads"] = int(c["vllm:pegaflow_in_step_loads"])
         if c.get("vllm:pegaflow_lookups"):
             entry["lookup_ms_mean"] = round(c.get("vllm:pegaflow_lookup_ns", 0) / c["vllm:pegaflow_lookups"] / 1e6, 3)
         systems[system] = entry
     return systems
+
+
+def in_step_phases_ms(counters: dict) -> dict:
+    """The in-step loads' phases in mean ms per load from connector counters (vllm:pegaflow_*),
+    with, where counted, ``alloc_to_start`` (a load's blocks allocated to its step's
+    ``start_load_kv`` done) and ``fence`` (that call's wait for the compute stream); empty
+    without in-step loads."""
+    loads = counters.get("vllm:pegaflow_in_step_loads", 0)
+    if not loads:
+        return {}
+    out = {k: round(counters.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / loads / 1e6, 3)
+           for k in ("plan", "hop", "store", "load", "wait", "step")}
+    for name, count, ns in (("alloc_to_start", "alloc_to_load_starts", "alloc_to_load_ns"),
+                            ("fence", "load_fences", "load_fence_ns")):
+        if counters.get(f"vllm:pegaflow_{count}"):
+            out[name] = round(counters.get(f"vllm:pegaflow_{ns}", 0) / counters[f"vllm:pegaflow_{count}"] / 1e6, 3)
+    return out
 
 
 def hook_ms_per_step(counters: dict) -> dict:

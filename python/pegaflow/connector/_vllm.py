@@ -23,6 +23,7 @@ it; the store being unreachable is a miss, never an exception into vLLM.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -52,6 +53,19 @@ if TYPE_CHECKING:
     from vllm.v1.request import Request
 
 log = logging.getLogger("pegaflow.connector")
+
+
+def _timed(hook):
+    """A per-step hook whose time is added to its connector's ``_hooks`` (steps, nanoseconds):
+    what vLLM's threads spend in the connector each step (``*_hook_ns`` in the stats)."""
+    @functools.wraps(hook)
+    def timed(self, *args, **kwargs):
+        began = time.perf_counter_ns()
+        try:
+            return hook(self, *args, **kwargs)
+        finally:
+            self._hooks[1] += time.perf_counter_ns() - began
+    return timed
 
 TransferResults = _compat.transfer_results_class()  # vLLM's where it has one (>= 0.30)
 
@@ -183,7 +197,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_pending: set[str] = set()
         self._alloc_gap = [0, 0]  # in-step loads seen in start_load_kv, nanoseconds since their allocation
         self._fence = [0, 0]  # steps that loaded, nanoseconds start_load_kv waited for the compute stream's earlier work
-        self._hooks = [0, 0]  # steps (wait_for_save / build_connector_meta) and nanoseconds in this side's per-step hooks
+        self._hooks = [0, 0]  # steps (start_load_kv / build_connector_meta) and nanoseconds in this side's per-step hooks
         self._link = _runtime.link_for(self._settings)
         self._scheduler: SchedulerCore | None = None
         self._worker: WorkerCore | None = None
@@ -287,27 +301,24 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self._load_fence = torch.cuda.Event()
                 self._load_fence.record()  # the current stream: vLLM's compute stream, after its zeroing
 
+    @_timed
     def start_load_kv(self, forward_context, **kwargs: Any) -> None:
-        began = time.perf_counter_ns()
         self._hooks[0] += 1  # every step vLLM runs the connector for, with a forward or without
         plan = self._plan(self._connector_metadata)
-        try:
-            if plan is not None:
-                fence, self._load_fence = self._load_fence, None
-                if fence is not None:
-                    t = time.perf_counter_ns()
-                    fence.synchronize()  # the compute stream's work before this step's forward (zeroing) is done
-                    self._fence[0] += 1
-                    self._fence[1] += time.perf_counter_ns() - t
-                self._worker.start_loads(plan)
-            if ALLOCATED_NS:
-                now = time.perf_counter_ns()
-                for t in ALLOCATED_NS.values():
-                    self._alloc_gap[0] += 1
-                    self._alloc_gap[1] += now - t
-                ALLOCATED_NS.clear()
-        finally:
-            self._hooks[1] += time.perf_counter_ns() - began
+        if plan is not None:
+            fence, self._load_fence = self._load_fence, None
+            if fence is not None:
+                t = time.perf_counter_ns()
+                fence.synchronize()  # the compute stream's work before this step's forward (zeroing) is done
+                self._fence[0] += 1
+                self._fence[1] += time.perf_counter_ns() - t
+            self._worker.start_loads(plan)
+        if ALLOCATED_NS:
+            now = time.perf_counter_ns()
+            for t in ALLOCATED_NS.values():
+                self._alloc_gap[0] += 1
+                self._alloc_gap[1] += now - t
+            ALLOCATED_NS.clear()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # In-step loads: this layer's attention waits (on the GPU) for its own layer's bytes;
@@ -327,17 +338,17 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
         return
 
+    @_timed
     def wait_for_save(self):
-        t = time.perf_counter_ns()
         plan = self._plan(self._connector_metadata)
         if plan is not None:
             self._worker.submit_saves(plan)
-        self._hooks[1] += time.perf_counter_ns() - t
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         results = self.get_transfer_results(finished_req_ids)
         return results.finished_sending or None, results.finished_recving or None
 
+    @_timed
     def get_transfer_results(self, finished_req_ids: set[str]):
         """Finished saves and loads. A model with several KV-cache groups reports a failed load by
         request (``failed_recving``: vLLM recomputes the request), since vLLM cannot map block ids
@@ -346,9 +357,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         request ids go in the connector's worker metadata (``build_connector_worker_meta``)."""
         if self._worker is None:
             return TransferResults()
-        t = time.perf_counter_ns()
         sending, recving, failed = self._worker.get_finished(finished_req_ids)
-        self._hooks[1] += time.perf_counter_ns() - t
         if len(self._groups) == 1:
             failed = set()
         elif self._failed_meta is not None:
@@ -376,37 +385,27 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     def on_new_request(self, request: Request) -> None:
         self._scheduler.on_new_request(request)
 
+    @_timed
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        t = time.perf_counter_ns()
-        try:
-            return self._scheduler.matched_tokens(request, num_computed_tokens)
-        finally:
-            self._hooks[1] += time.perf_counter_ns() - t
+        return self._scheduler.matched_tokens(request, num_computed_tokens)
 
+    @_timed
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int):
-        t = time.perf_counter_ns()
         self._scheduler.after_alloc(request, blocks.get_block_ids(), num_external_tokens)
-        self._hooks[1] += time.perf_counter_ns() - t
 
+    @_timed
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        t = time.perf_counter_ns()
-        loads = self._scheduler.take_loads()
-        meta = PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output), loads=loads)
         self._hooks[0] += 1
-        self._hooks[1] += time.perf_counter_ns() - t
-        return meta
+        loads = self._scheduler.take_loads()
+        return PegaConnectorMetadata(plan=self._scheduler.build_plan(scheduler_output), loads=loads)
 
+    @_timed
     def update_connector_output(self, connector_output: KVConnectorOutput):
-        t = time.perf_counter_ns()
         self._scheduler.update_connector_output(connector_output)
-        self._hooks[1] += time.perf_counter_ns() - t
 
+    @_timed
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        t = time.perf_counter_ns()
-        try:
-            return self._scheduler.request_finished(request), None
-        finally:
-            self._hooks[1] += time.perf_counter_ns() - t
+        return self._scheduler.request_finished(request), None
 
     def request_finished_all_groups(self, request: Request,
                                     block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
@@ -428,8 +427,9 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
     # ================================================================== stats (both sides)
 
     def get_kv_connector_stats(self) -> PegaConnectorStats | None:
-        """Counters since the last call: the scheduler side's lookups and hits, a worker's copies."""
-        t = time.perf_counter_ns()
+        """Counters since the last call: the scheduler side's lookups and hits, a worker's copies,
+        and this side's time in its hooks (this call's own until here included)."""
+        began = time.perf_counter_ns()
         if self._worker is not None and self._worker.brain is not None:
             data = self._worker.brain.stats()
             if self._alloc_gap[0]:
@@ -444,7 +444,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             side = "scheduler"
         else:
             return None
-        self._hooks[1] += time.perf_counter_ns() - t
+        self._hooks[1] += time.perf_counter_ns() - began
         data[f"{side}_steps"], data[f"{side}_hook_ns"] = self._hooks
         self._hooks = [0, 0]
         return PegaConnectorStats(data=data) if any(data.values()) else None

@@ -85,16 +85,14 @@ public final class CopyBatch {
         return this;
     }
 
-    /** What {@link #holdUntil} set, or null. */
-    public java.util.concurrent.CompletableFuture<?> gate() {
-        return gate;
+    /** Completes (normally) once the batch may be copied: at once without a hold, else when the hold completes either way. */
+    public java.util.concurrent.CompletableFuture<?> opened() {
+        return gate == null ? java.util.concurrent.CompletableFuture.completedFuture(null) : gate.handle((v, e) -> null);
     }
 
-    /** Blocks the calling thread until the batch may be copied ({@link #holdUntil}); a failed gate also opens. */
+    /** Blocks the calling thread until the batch may be copied ({@link #holdUntil}). */
     public void awaitGate() {
-        if (gate != null) {
-            gate.handle((v, e) -> null).join();
-        }
+        opened().join();
     }
 
     /**

@@ -77,8 +77,7 @@ public final class HostTransferEngine implements TransferEngine {
         for (int p = 0; p < parts; p++) {
             int from = (int) ((long) n * p / parts);
             int to = (int) ((long) n * (p + 1) / parts);
-            runs[p] = batch.gate() == null ? CompletableFuture.runAsync(() -> copy(batch, from, to), copyThreads)
-                    : batch.gate().handle((v, e) -> null).thenRunAsync(() -> copy(batch, from, to), copyThreads);
+            runs[p] = batch.opened().thenRunAsync(() -> copy(batch, from, to), copyThreads);
         }
         CompletableFuture.allOf(runs).whenComplete((ok, err) -> {
             if (err != null) {
