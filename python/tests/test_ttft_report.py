@@ -226,3 +226,81 @@ def test_overlap_refuses_a_negative_forward_delay():
 
     with pytest.raises(SystemExit, match="--forward-delay-ms -1.0; expected 0 or more"):
         main(["--forward-delay-ms", "-1"])
+
+
+def test_rounds_pair_each_system_with_no_connector_of_its_own_round():
+    """With --rounds each round's decode is read against no connector's of the same round (run
+    beside it), with the CPU probe's ratio, and the medians over rounds are reported."""
+    def cold(itl, probe):
+        return {"cold": [{"ttft_ms": 200.0, "itl_ms": itl, "cached_tokens": 0, "token_ids": [1]}],
+                "cold_threads": {"cpu_probe": {"python_us": 1.0, "torch_us": probe}},
+                "gpu_hit": run([40], [8176], [1]), "warm": run([60], [8176], [1]), "reset_ok": True}
+
+    results = {"none": {"lengths": {"8192": cold(10.0, 100.0)}},
+               "server": {"lengths": {"8192": cold(15.0, 150.0)}},
+               "none@2": {"lengths": {"8192": cold(20.0, 200.0)}},
+               "server@2": {"lengths": {"8192": cold(21.0, 200.0)}},
+               "none@3": {"lengths": {"8192": cold(10.0, 100.0)}},
+               "server@3": {"lengths": {"8192": cold(11.0, 100.0)}}}
+    s = ttft.summarize(results, [8192], 131072, None)
+    assert s["server@2"]["8k"]["cold_itl_vs_none"] == 1.05  # against none@2, not none
+    assert s["server"]["8k"]["cold_cpu_probe_vs_none"] == 1.5
+    assert s["none@2"]["8k"]["gpu_hit_p50_ms"] == 40 and s["none@2"]["8k"]["outputs_identical"] is True
+    assert "cold_itl_vs_none" not in s["none@2"]["8k"]
+    med = ttft.rounds_summary(s, [8192])
+    assert med["server"]["8k"]["cold_itl_vs_none_rounds"] == [1.5, 1.05, 1.1]
+    assert med["server"]["8k"]["cold_itl_vs_none_median"] == 1.1
+    assert med["server"]["8k"]["cold_cpu_probe_vs_none_median"] == 1.0
+    assert med["none"]["8k"]["cold_itl_p50_median"] == 10.0
+    assert med["none"]["8k"]["gpu_hit_p50_rounds"] == [40, 40, 40]
+    assert ttft.round_key("server", 1) == "server" and ttft.round_key("server", 3) == "server@3"
+
+
+def test_rounds_must_be_positive():
+    from pegaflow.bench.ttft import main
+
+    with pytest.raises(SystemExit, match="--rounds 0; expected at least 1"):
+        main(["--lengths", "256", "--systems", "none", "--rounds", "0"])
+
+
+def test_worker_cpu_probe_times_python_work():
+    import importlib.util
+    from pathlib import Path
+
+    import pegaflow.bench
+
+    path = Path(pegaflow.bench.__file__).with_name("ttft_worker.py")
+    spec = importlib.util.spec_from_file_location("ttft_worker_probe", path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    probe = worker.cpu_probe()
+    assert probe["python_us"] > 0 and probe.get("torch_us", 1.0) > 0
+
+
+def test_host_speed_samples_sit_beside_each_request():
+    """pegaflow.bench.hostspeed: each sampler's spread, and each request of a ttft report with the
+    median loop time of the samples taken while it ran (none where no sample fell in it)."""
+    from pegaflow.bench import hostspeed
+
+    report = {"raw": {"none": {"lengths": {"8192": {"cold": [
+        {"ttft_ms": 200.0, "itl_ms": 15.0, "wall_ms": 1000.0, "began_s": 100.0, "token_ids": [1]},
+        {"ttft_ms": 210.0, "itl_ms": 30.0, "wall_ms": 1000.0, "began_s": 102.0, "token_ids": [1]},
+        {"ttft_ms": 205.0, "itl_ms": 20.0, "wall_ms": 100.0, "began_s": 110.0, "token_ids": [1]}]}}}}}
+    samples = [{"t": 100.2, "cpu": 13, "us": 2000.0}, {"t": 100.6, "cpu": 14, "us": 2200.0},
+               {"t": 102.5, "cpu": 13, "us": 4000.0}, {"t": 102.9, "cpu": 14, "us": 4400.0}]
+    out = hostspeed.summarize(report, samples)
+    assert out["samplers"]["13"] == {"samples": 2, "min_us": 2000.0, "p50_us": 3000.0, "max_us": 4000.0}
+    rows = out["requests"]["none"]["8192/cold"]
+    assert [r["host_loop_us"] for r in rows] == [2100.0, 4200.0, None]
+    assert [r["itl_ms"] for r in rows] == [15.0, 30.0, 20.0]
+
+
+def test_host_speed_sampler_writes_a_line_per_sample(tmp_path):
+    from pegaflow.bench import hostspeed
+
+    out = tmp_path / "host.jsonl"
+    hostspeed.sample(str(out), 0.3, every_s=0.1)
+    import json
+
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) >= 2 and all(x["us"] > 0 and x["cpu"] >= 0 for x in lines)

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,10 +47,14 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # copy lanes and "<system>_instepc" caps each copy-kernel launch at 264 thread blocks (two per
 # H200 SM; io.pegaflow.engine.transfer.LayerSplit) where "_instep" copies one layer per group on one
 # lane with kernels of 32 thread blocks (the default); "<system>_instepa" starts each in-step load
-# where vLLM allocates its blocks (load_at_alloc, the worker in the scheduler's process).
+# where vLLM allocates its blocks (load_at_alloc, the worker in the scheduler's process), held until
+# its step starts; "<system>_instepl" the same with the load's first 128 MiB of layers copied at once
+# (PEGAFLOW_CUDA_LAYER_LEAD_MIB: the copy engine works while vLLM prepares the step).
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
-               "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}
-VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepa", "instepg", "instep2", "instepc", "v1cross")
+               "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+               "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "128"}}
+AT_ALLOC = ("instepa", "instepl")
+VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
@@ -142,7 +147,7 @@ class Systems:
             extra = kv["kv_connector_extra_config"]
             if variant.startswith(("async", "instep")):
                 extra["load_in_step"] = variant != "async"
-            if variant == "instepa":
+            if variant in AT_ALLOC:
                 extra["load_at_alloc"] = True
             extra["cross_layer_blocks"] = variant == "v1cross" or extra.get("cross_layer_blocks", True)
             return kv, stop
@@ -219,12 +224,19 @@ def _worker_process(systems: Systems, name: str, system: str, spec: dict, timeou
     return out
 
 
-def run_worker(systems: Systems, system: str, spec: dict, timeout: float) -> dict:
+def run_worker(systems: Systems, system: str, spec: dict, timeout: float, name: str | None = None) -> dict:
     kv, stop = systems.start(system)
     try:
-        return _worker_process(systems, system, system, dict(spec, kv_transfer=kv, gpu_hit=system == "none"), timeout)
+        return _worker_process(systems, name or system, system, dict(spec, kv_transfer=kv, gpu_hit=system == "none"),
+                               timeout)
     finally:
         stop()
+
+
+def round_key(system: str, r: int) -> str:
+    """A system's key in the report for its round ``r`` (from 1; ``--rounds``): the system's
+    name in the first, ``<system>@<r>`` after it."""
+    return system if r == 1 else f"{system}@{r}"
 
 
 def load_test(systems: Systems, system: str, args, model: str, timeout: float) -> dict:
@@ -315,10 +327,17 @@ def cold_start(args, work: Path, spec: dict, length: int) -> dict:
     return out
 
 
+def _probe(r: dict, phase: str) -> float | None:
+    return ((r.get(f"{phase}_threads") or {}).get("cpu_probe") or {}).get("torch_us")
+
+
+
 def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: float | None) -> dict:
-    none = results.get("none", {}).get("lengths", {})
     systems = {}
     for system, res in results.items():
+        # against no connector of the same round (``--rounds``): processes run close in time
+        base_name, _, rnd = system.partition("@")
+        none = results.get(f"none@{rnd}" if rnd else "none", {}).get("lengths", {})
         if "error" in res:
             systems[system] = {"error": res["error"]}
             continue
@@ -332,13 +351,18 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             row["cold_itl_p50_ms"] = _p(itl, 0.5) if itl else None
             ref = none.get(str(n), {}).get("gpu_hit")
             base = none.get(str(n), {}).get("cold")
-            if system != "none" and base:
+            if base_name != "none" and base:
                 # against no connector in this run (the targets: 1.02x cold TTFT, 1.05x decode)
                 row["cold_vs_none"] = round(row["cold_p50_ms"] / _p([x["ttft_ms"] for x in base], 0.5), 3)
                 base_itl = [x["itl_ms"] for x in base if "itl_ms" in x]
                 if itl and base_itl:
                     row["cold_itl_vs_none"] = round(row["cold_itl_p50_ms"] / _p(base_itl, 0.5), 3)
-            if system == "none":
+                # the same against how fast each process ran CPU work before the phase
+                # (ttft_worker.cpu_probe): a ratio near the decode's says the host, not the step
+                mine, theirs = _probe(r, "cold"), _probe(none.get(str(n), {}), "cold")
+                if mine and theirs:
+                    row["cold_cpu_probe_vs_none"] = round(mine / theirs, 3)
+            if base_name == "none":
                 row["gpu_hit_p50_ms"] = _p([x["ttft_ms"] for x in r["gpu_hit"]], 0.5)
                 row["outputs_identical"] = [x["token_ids"] for x in r["gpu_hit"]] == [x["token_ids"] for x in r["cold"]]
                 row["gpu_hit_cached_tokens"] = [x["cached_tokens"] for x in r["gpu_hit"]]
@@ -379,6 +403,29 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             entry["lookup_ms_mean"] = round(c.get("vllm:pegaflow_lookup_ns", 0) / c["vllm:pegaflow_lookups"] / 1e6, 3)
         systems[system] = entry
     return systems
+
+
+def rounds_summary(systems: dict, lengths: list[int]) -> dict:
+    """With ``--rounds``: per system and length, each round's figures (cold decode spacing, its
+    ratio to no connector's of the same round, the CPU probe's ratio, warm TTFT) and their
+    medians: one process's host speed varies between processes of one run, so a ratio is read
+    over rounds, each against the neighbour run beside it."""
+    out: dict = {}
+    for key, entry in systems.items():
+        base = key.partition("@")[0]
+        for n in lengths:
+            row = entry.get(_label(n))
+            if not isinstance(row, dict):
+                continue
+            slot = out.setdefault(base, {}).setdefault(_label(n), {})
+            for k in ("cold_itl_p50_ms", "cold_itl_vs_none", "cold_cpu_probe_vs_none", "warm_p50_ms", "gpu_hit_p50_ms"):
+                if row.get(k) is not None:
+                    slot.setdefault(f"{k[:-3] if k.endswith('_ms') else k}_rounds", []).append(row[k])
+    for per_length in out.values():
+        for slot in per_length.values():
+            for k in list(slot):
+                slot[k.replace("_rounds", "_median")] = round(statistics.median(slot[k]), 3)
+    return out
 
 
 def in_step_phases_ms(counters: dict) -> dict:
@@ -457,6 +504,9 @@ def main(argv: list[str]) -> int:
                     help="also time the first request after a cold start: a fresh pegaflow-server with a pool of "
                          "POOL_SIZE (e.g. 60gb) under --pool-dir, a fresh vLLM saving one prompt of the longest "
                          "length, another fresh vLLM asking it first")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run the systems this many times in turn, each a fresh process (default 1); the report "
+                         "keeps every round (<system>@<round>) and their medians (rounds)")
     ap.add_argument("--json", default="out/vllm-gpu-ttft.json")
     args = ap.parse_args(argv)
     from pegaflow.models import shapes
@@ -470,10 +520,12 @@ def main(argv: list[str]) -> int:
     for s in systems_wanted:
         if s not in SYSTEMS + VARIANTS:
             raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS + VARIANTS)}")
-    if any(s.endswith("_instepa") for s in systems_wanted) and args.async_scheduling != "off":
+    if any(s.endswith(AT_ALLOC) for s in systems_wanted) and args.async_scheduling != "off":
         # load_at_alloc stays off under vLLM's asynchronous scheduling: the system would be "_instep" under another name
-        raise SystemExit("pegaflow-bench ttft: the *_instepa systems need --async-scheduling off (load_at_alloc is off "
+        raise SystemExit("pegaflow-bench ttft: the *_instepa and *_instepl systems need --async-scheduling off (load_at_alloc is off "
                          f"under vLLM's asynchronous scheduling); got --async-scheduling {args.async_scheduling}")
+    if args.rounds < 1:
+        raise SystemExit(f"pegaflow-bench ttft: --rounds {args.rounds}; expected at least 1")
     if args.max_tokens < 1:
         raise SystemExit(f"pegaflow-bench ttft: --max-tokens {args.max_tokens}; expected at least 1")
     if args.cold_start:
@@ -496,19 +548,20 @@ def main(argv: list[str]) -> int:
     results = {}
     with tempfile.TemporaryDirectory(prefix="pegaflow-ttft-") as tmp:
         systems = Systems(args, Path(tmp))
-        for system in systems_wanted:
-            print(f"ttft: system {system}", file=sys.stderr, flush=True)
+        rounds = 1 if args.load_only else args.rounds
+        for key, system in ((round_key(s, r), s) for r in range(1, rounds + 1) for s in systems_wanted):
+            print(f"ttft: system {key}", file=sys.stderr, flush=True)
             try:
-                results[system] = {"lengths": {}} if args.load_only else run_worker(systems, system, spec, args.timeout)
+                results[key] = {"lengths": {}} if args.load_only else run_worker(systems, system, spec, args.timeout, key)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
-                results[system] = {"error": str(e)[-1200:]}
-                print(f"ttft: system {system} failed: {str(e)[-1200:]}", file=sys.stderr)
+                results[key] = {"error": str(e)[-1200:]}
+                print(f"ttft: system {key} failed: {str(e)[-1200:]}", file=sys.stderr)
                 continue
-            if args.concurrency and system in args.load_systems.split(","):
+            if args.concurrency and key in args.load_systems.split(","):
                 try:
-                    results[system]["load"] = load_test(systems, system, args, model, args.timeout)
+                    results[key]["load"] = load_test(systems, system, args, model, args.timeout)
                 except (RuntimeError, OSError) as e:
-                    results[system]["load"] = {"error": str(e)[-2000:]}
+                    results[key]["load"] = {"error": str(e)[-2000:]}
             # what is measured so far survives a run cut short
             partial = Path(args.json).with_suffix(".partial.json")
             partial.parent.mkdir(parents=True, exist_ok=True)
@@ -533,6 +586,7 @@ def main(argv: list[str]) -> int:
         "line_h2d_gbps": line, "kv_bytes_per_token": bpt, "model_shape": "Llama-3.1-8B (random weights)",
         "prompts_per_length": args.prompts, "pool_size": args.pool_size, "torch": torch.__version__,
         "systems": summarize(results, lengths, bpt, line), "raw": results, "cold_start": cold,
+        "rounds": args.rounds,
         "command": "pegaflow-bench ttft " + " ".join(argv),
     }
     for r in report["raw"].values():
@@ -541,11 +595,14 @@ def main(argv: list[str]) -> int:
                 if isinstance(runs, list):
                     for x in runs:
                         x["token_ids"] = x["token_ids"][:8]
+    if args.rounds > 1:
+        report["round_medians"] = rounds_summary(report["systems"], lengths)
     if args.merge:
         report = merge(json.loads(Path(args.merge).read_text()), report)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     Path(args.json).with_suffix(".partial.json").unlink(missing_ok=True)
-    print(json.dumps({"systems": report["systems"], "cold_start": cold}, indent=1))
+    print(json.dumps({"systems": report["systems"], "cold_start": cold, "round_medians": report.get("round_medians")},
+                     indent=1))
     return 0 if all("error" not in r for r in results.values()) and not (cold or {}).get("error") else 1

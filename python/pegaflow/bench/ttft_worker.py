@@ -85,6 +85,37 @@ def machine_use(before: dict, after: dict) -> dict:
     return res
 
 
+def cpu_probe() -> dict:
+    """How fast this thread runs CPU work now, in microseconds, best of five: a fixed loop of
+    interpreted Python (``python_us``) and of PyTorch operator calls that launch nothing
+    (``torch_us``: views and shape changes of one tensor, the dispatcher work an eager decode
+    step is made of). Between processes of one run it tells a host or process that runs slower
+    (CPU frequency, a busy sibling thread) from work a system adds to each step."""
+    best_py = best_torch = float("inf")
+    try:
+        import torch
+
+        x = torch.empty((64, 64))
+    except ImportError:  # the unit tier's interpreter may have no torch
+        x = None
+    for _ in range(5):
+        t = time.perf_counter_ns()
+        acc, d = 0, {}
+        for i in range(20000):
+            acc += i * 3 % 7
+            d[i & 63] = acc
+        best_py = min(best_py, time.perf_counter_ns() - t)
+        if x is not None:
+            t = time.perf_counter_ns()
+            for _ in range(500):
+                x.view(-1).view(64, 64).transpose(0, 1).reshape(16, 256)
+            best_torch = min(best_torch, time.perf_counter_ns() - t)
+    out = {"python_us": round(best_py / 1e3, 1)}
+    if x is not None:
+        out["torch_us"] = round(best_torch / 1e3, 1)
+    return out
+
+
 def thread_use(before: dict, after: dict, wall_s: float, main_tid: int, top: int = 8) -> dict:
     """What the threads did between two :func:`threads` snapshots: the main thread's (the one
     that runs vLLM's steps) CPU seconds and context switches (voluntary: it blocked, on a lock
@@ -133,12 +164,13 @@ def main(spec_path: str, out_path: str) -> int:
     vocab = int(spec.get("vocab", 128256))
 
     def run(tokens: list[int]) -> dict:
+        began = time.time()  # wall clock: set beside other processes' records (a host sampler's)
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t
         m = out.metrics
         ttft = float(getattr(m, "first_token_latency", 0.0) or 0.0) if m is not None else 0.0
-        row = {"ttft_ms": ttft * 1e3, "wall_ms": wall * 1e3, "cached_tokens": int(out.num_cached_tokens or 0),
+        row = {"ttft_ms": ttft * 1e3, "wall_ms": wall * 1e3, "began_s": round(began, 3), "cached_tokens": int(out.num_cached_tokens or 0),
                "token_ids": list(out.outputs[0].token_ids)}
         # where the time went, by vLLM's own request timestamps (engine core, monotonic): waiting
         # until first scheduled (an asynchronous load waits here), then scheduled to first token
@@ -256,12 +288,14 @@ def main(spec_path: str, out_path: str) -> int:
     def timed(rows, label: str = "") -> tuple[list, dict, dict]:
         # the phase's answers, what this process's threads did meanwhile (the decode gap's
         # evidence) and the connector counters the phase moved
+        probe = cpu_probe()  # before the snapshots: its own time is not the phase's
         before, host, t, counted = threads(), machine(), time.perf_counter(), counters()
         done = cprofiled(label, lambda: [run(p) for p in rows])
         after = counters()
         moved = {k: v - counted.get(k, 0.0) for k, v in after.items() if v != counted.get(k, 0.0)}
         use = thread_use(before, threads(), time.perf_counter() - t, main_tid)
         use["machine"] = machine_use(host, machine())
+        use["cpu_probe"] = probe
         return done, use, moved
 
     for length in spec["lengths"]:
