@@ -570,6 +570,24 @@ def test_context_parallelism_is_refused():
         _check_parallelism(dcp)
 
 
+def test_a_lead_is_refused_where_vllm_zeroes_new_blocks(monkeypatch):
+    """PEGAFLOW_CUDA_LAYER_LEAD_MIB copies a held load's first layers before the step starts;
+    where vLLM zeroes newly allocated blocks at the step's start (Mamba layers, mixed precision)
+    that zeroing would wipe them, so the setting is refused there, naming it."""
+    from types import SimpleNamespace
+
+    from pegaflow.connector._vllm import _check_lead
+
+    zeroing, uniform = SimpleNamespace(needs_kv_cache_zeroing=True), SimpleNamespace(needs_kv_cache_zeroing=False)
+    monkeypatch.setenv("PEGAFLOW_CUDA_LAYER_LEAD_MIB", "128")
+    _check_lead(uniform)
+    _check_lead(SimpleNamespace())  # a vLLM without the property zeroes nothing
+    with pytest.raises(ValueError, match=r"PEGAFLOW_CUDA_LAYER_LEAD_MIB=128: .*needs zeroing.*expected 0 or unset"):
+        _check_lead(zeroing)
+    monkeypatch.setenv("PEGAFLOW_CUDA_LAYER_LEAD_MIB", "0")
+    _check_lead(zeroing)
+
+
 def test_metadata_pickles_for_worker_processes():
     m = PegaConnectorMetadata(plan=b"\x00\x00\x00\x02" + b"\x00" * 12)
     assert pickle.loads(pickle.dumps(m)) == m

@@ -161,6 +161,20 @@ def _check_parallelism(vllm_config) -> None:
         )
 
 
+LEAD_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_MIB"
+
+
+def _check_lead(kv_cache_config) -> None:
+    """A lead (``PEGAFLOW_CUDA_LAYER_LEAD_MIB``: a held load's first layers copied at allocation,
+    before the step starts) only where vLLM does not zero newly allocated blocks on its compute
+    stream before the forward: that zeroing would land after the lead's bytes and wipe them."""
+    lead = os.environ.get(LEAD_ENV, "").strip()
+    if lead not in ("", "0") and getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        raise ValueError(
+            f"{LEAD_ENV}={lead}: this model's KV cache needs zeroing (vLLM zeroes newly allocated blocks on its "
+            "compute stream at the step's start, after a lead's copies would have landed); expected 0 or unset")
+
+
 def _kv_role(kv_transfer_config) -> str:
     return getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
 
@@ -264,6 +278,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self.register_kv_caches(_layout.cross_layer_views(kv_cache, attn_backend, self._kv_cache_config))
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        _check_lead(self._kv_cache_config)
         if self.prefer_cross_layer_blocks and not getattr(self, "_cross_layer_registered", False):
             log.info("cross-layer KV blocks were asked for, but vLLM allocated per-layer caches (its model runner or "
                      "attention backend does not offer them for this model): the per-layer layout is used")

@@ -139,9 +139,8 @@ final class CopyLane {
     void enqueueLater(CopyBatch batch, Future future, java.util.function.Consumer<Throwable> failed) {
         enqueuer.execute(() -> {
             try {
-                batch.awaitGate();
                 device.makeCurrent();
-                enqueue(batch, future);
+                enqueue(batch, future); // waits for a held batch's hold where its lead ends
                 pending.add(future);
             } catch (Throwable e) {
                 failed.accept(e);
@@ -149,7 +148,11 @@ final class CopyLane {
         });
     }
 
-    /** With the device current, after {@link #recordCaller}: queue every copy of the batch. */
+    /**
+     * With the device current, after {@link #recordCaller}: queue every copy of the batch. A
+     * held batch's groups past its lead ({@link io.pegaflow.engine.transfer.LayerSplit#leadGroups})
+     * are queued once its hold opens, this thread waiting for it there.
+     */
     void enqueue(CopyBatch batch, Future future) {
         if (batch.waitStream() != 0) {
             CudaDriver.streamWaitEvent(stream, callerEvent);
@@ -177,7 +180,11 @@ final class CopyLane {
         // waiting for it, and waits for aux once, before the batch's done event
         boolean layersOnAux = groups > 1 && !toHost && options.layerSplit().copyEngine();
         boolean auxBehind = false;
+        int heldFrom = batch.held() ? options.layerSplit().leadGroups(batch) : groups;
         for (int g = 0; g < groups; g++) {
+            if (g == heldFrom) {
+                batch.awaitGate();
+            }
             int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
             int start = batch.size() == 0 ? 0 : batch.groupStart(g);
             boolean scattered = false;

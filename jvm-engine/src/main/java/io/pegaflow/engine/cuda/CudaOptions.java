@@ -116,7 +116,8 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         return new CudaOptions(0, 4, 1L << 20, 1L << 30, cache, dirs, true, false, true,
                 bounceFromEnvironment(System.getenv(BOUNCE_ENV)), bounceSlotsFromEnvironment(System.getenv(BOUNCE_SLOTS_ENV)),
                 LayerSplit.fromEnvironment(System.getenv(LayerSplit.GROUP_ENV), System.getenv(LayerSplit.LANES_ENV),
-                        System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV)));
+                        System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV),
+                        System.getenv(LayerSplit.LEAD_ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {

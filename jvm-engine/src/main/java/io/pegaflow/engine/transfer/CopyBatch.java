@@ -75,7 +75,8 @@ public final class CopyBatch {
 
     /**
      * Holds the batch's copies until {@code opened} completes (either way): the engine plans
-     * and takes a lane at submit, and queues nothing before. A load started where vLLM
+     * and takes a lane at submit, and queues nothing before (a GPU engine may queue a
+     * layer-wise load's first layers, {@link LayerSplit#leadBytes}). A load started where vLLM
      * allocates its blocks waits so for the step, whose input copies would otherwise queue on
      * the copy engine behind the whole load (docs/gpu.md, "Loads started at allocation").
      * Null (the default): no hold.
@@ -88,6 +89,11 @@ public final class CopyBatch {
     /** Completes (normally) once the batch may be copied: at once without a hold, else when the hold completes either way. */
     public java.util.concurrent.CompletableFuture<?> opened() {
         return gate == null ? java.util.concurrent.CompletableFuture.completedFuture(null) : gate.handle((v, e) -> null);
+    }
+
+    /** Whether the batch is held ({@link #holdUntil}). */
+    public boolean held() {
+        return gate != null;
     }
 
     /** Blocks the calling thread until the batch may be copied ({@link #holdUntil}). */

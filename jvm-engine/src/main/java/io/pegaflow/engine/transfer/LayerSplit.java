@@ -22,8 +22,18 @@ import io.pegaflow.engine.InvalidArgumentException;
  *                     into a device buffer (the bounce path) however short each block's
  *                     stretch of the group, instead of reading the pool with the kernel:
  *                     the copy engine takes no SMs from the forward beside the load
+ * @param leadBytes    of a held layer-wise load ({@link CopyBatch#holdUntil}), the first
+ *                     groups up to this many bytes in all are queued at once by the CUDA
+ *                     engine (the host engine holds the whole batch), the rest when
+ *                     the hold opens: a load started where vLLM allocates its blocks then
+ *                     copies while vLLM prepares the step instead of leaving the copy engine
+ *                     idle, and the step's input copies queue behind those groups alone. 0
+ *                     (the default): the whole load waits. Only where nothing writes the
+ *                     load's blocks between the allocation and the step's start: vLLM zeroes
+ *                     newly allocated blocks on its compute stream in that window where its
+ *                     KV cache needs zeroing (the connector refuses the setting there)
  */
-public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine) {
+public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine, long leadBytes) {
     /**
      * One layer per group, one batch, the pool side through the copy engine, kernels of at most
      * 32 thread blocks: the default. Without the cap one layer's copy kernel (a thread block per
@@ -32,12 +42,19 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
      * (docs/benchmarks/README.md, seventh and eighth H200 runs). The copy engine moved the same
      * layers sooner than the capped kernel with the forward beside it (the tenth run).
      */
-    public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32, true);
+    public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32, true, 0);
     /** The environment variables {@link #fromEnvironment} reads (KiB, a count, a count, 0 or 1). */
     public static final String GROUP_ENV = "PEGAFLOW_CUDA_LAYER_GROUP_KIB";
     public static final String LANES_ENV = "PEGAFLOW_CUDA_LAYER_LANES";
     public static final String BLOCKS_ENV = "PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS";
     public static final String DMA_ENV = "PEGAFLOW_CUDA_LAYER_DMA";
+    /** MiB of {@link #leadBytes}, 0 to 1024. */
+    public static final String LEAD_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_MIB";
+
+    /** No lead ({@link #leadBytes} 0): a held load waits whole. */
+    public LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine) {
+        this(groupBytes, lanes, kernelBlocks, copyEngine, 0);
+    }
 
     public LayerSplit {
         if (groupBytes < 0 || groupBytes > (1L << 30)) {
@@ -49,6 +66,32 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
         if (kernelBlocks < 0 || kernelBlocks > 65535) {
             throw new InvalidArgumentException("layer kernel blocks " + kernelBlocks + "; expected 0 (no cap) to 65535");
         }
+        if (leadBytes < 0 || leadBytes > (1L << 30)) {
+            throw new InvalidArgumentException("held load lead of " + leadBytes + " bytes; expected 0 (none) to 1 GiB");
+        }
+    }
+
+    /** This split with {@link #leadBytes} {@code bytes}. */
+    public LayerSplit withLead(long bytes) {
+        return new LayerSplit(groupBytes, lanes, kernelBlocks, copyEngine, bytes);
+    }
+
+    /**
+     * How many of {@code batch}'s first groups fit in {@link #leadBytes} together: the groups
+     * of a held batch queued before its hold opens.
+     */
+    public int leadGroups(CopyBatch batch) {
+        int groups = Math.max(1, batch.groupCount());
+        long sum = 0;
+        for (int g = 0; g < groups && batch.size() > 0; g++) {
+            for (int i = batch.groupStart(g); i < batch.groupEnd(g); i++) {
+                sum += batch.length(i);
+            }
+            if (sum > leadBytes) {
+                return g;
+            }
+        }
+        return batch.size() == 0 ? 0 : groups;
     }
 
     /**
@@ -61,6 +104,11 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
 
     /** As {@link #fromEnvironment(String, String, String)}, with {@link #DMA_ENV} ({@code 0} or {@code 1}). */
     public static LayerSplit fromEnvironment(String groupKib, String lanes, String kernelBlocks, String dma) {
+        return fromEnvironment(groupKib, lanes, kernelBlocks, dma, null);
+    }
+
+    /** As {@link #fromEnvironment(String, String, String, String)}, with {@link #LEAD_ENV} (MiB). */
+    public static LayerSplit fromEnvironment(String groupKib, String lanes, String kernelBlocks, String dma, String leadMib) {
         long group = parse(groupKib, GROUP_ENV, 0, 1 << 20, PER_LAYER.groupBytes >> 10,
                 "KiB of each block's slots per group of a layer-wise load, 0 (one layer per group) to 1048576") << 10;
         long n = parse(lanes, LANES_ENV, 1, 16, PER_LAYER.lanes, "copy lanes a layer-wise load is dealt over, 1 to 16");
@@ -68,7 +116,9 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
                 "thread blocks per copy-kernel launch of a layer-wise load, 0 (no cap) to 65535");
         long copyEngine = parse(dma, DMA_ENV, 0, 1, PER_LAYER.copyEngine ? 1 : 0,
                 "0 (the copy kernel reads the pool) or 1 (the copy engine moves every layer)");
-        return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1);
+        long lead = parse(leadMib, LEAD_ENV, 0, 1024, PER_LAYER.leadBytes >> 20,
+                "MiB of a held layer-wise load queued before its hold opens, 0 (none) to 1024") << 20;
+        return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1, lead);
     }
 
     /**

@@ -4,6 +4,7 @@ import static org.assertj.core.api.Assertions.assertThat;
 
 import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.transfer.CopyBatch;
+import io.pegaflow.engine.transfer.LayerSplit;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -96,6 +97,16 @@ class CudaBounceTest {
         MemorySegment h = arena.allocate(kvBytes, 4096);
         MemorySegment.copy(content, 0, h, ValueLayout.JAVA_BYTE, 0, content.length);
         CudaDriver.memcpyHtoD(kv, h.address(), kvBytes);
+    }
+
+    /** The piece bytes of {@code block}'s layer {@code layer} (its segments in order). */
+    private static byte[] sliceOf(byte[] dev, int block, int layer) {
+        byte[] out = new byte[SEGMENTS * PIECE];
+        for (int s = 0; s < SEGMENTS; s++) {
+            long off = ((long) (layer * SEGMENTS + s) * CACHE_BLOCKS + block) * PIECE;
+            System.arraycopy(dev, (int) off, out, s * PIECE, PIECE);
+        }
+        return out;
     }
 
     /** The piece bytes of {@code block} in device order (layer, segment). */
@@ -208,6 +219,42 @@ class CudaBounceTest {
             byte[] held = deviceBytes();
             for (int d : m.dst) {
                 assertThat(blockOf(held, d)).as("block %d before the hold opened", d).isEqualTo(blockOf(before, d));
+            }
+            go.complete(null);
+            awaitEveryLayer(load);
+            assertLoaded(before, m);
+        }
+    }
+
+    /**
+     * A held layer-wise load with a lead of one layer's bytes: that layer lands before the hold
+     * opens, no other; every byte after.
+     */
+    @Test
+    void aHeldLoadsLeadLandsBeforeItsHoldOpens() throws Exception {
+        Moves m = Moves.scattered(12);
+        long layerBytes = (long) m.dst.length * SEGMENTS * PIECE;
+        try (HostPool own = HostPool.anonymous(16L << 20); CudaTransferEngine engine = CudaTransferEngine.create(own,
+                CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4)
+                        .withLayerSplit(LayerSplit.PER_LAYER.withLead(layerBytes)))) {
+            byte[] before = savedLayerMajor(engine, m, 17);
+            java.util.concurrent.CompletableFuture<Void> go = new java.util.concurrent.CompletableFuture<>();
+            TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(go));
+            long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            try {
+                load.awaitGroup(0, stream);
+                CudaDriver.streamSynchronize(stream);
+            } finally {
+                CudaDriver.streamDestroy(stream);
+            }
+            Thread.sleep(200);
+            assertThat(load).as("held past its lead").isNotDone();
+            byte[] led = deviceBytes();
+            for (int i = 0; i < m.dst.length; i++) {
+                for (int l = 0; l < LAYERS; l++) {
+                    assertThat(sliceOf(led, m.dst[i], l)).as("block %d layer %d before the hold opened", m.dst[i], l)
+                            .isEqualTo(sliceOf(before, l == 0 ? m.src[i] : m.dst[i], l));
+                }
             }
             go.complete(null);
             awaitEveryLayer(load);

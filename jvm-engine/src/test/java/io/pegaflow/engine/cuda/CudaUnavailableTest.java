@@ -8,6 +8,7 @@ import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.ErrorCode;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.LayerSplit;
 import org.junit.jupiter.api.Test;
 
@@ -77,5 +78,24 @@ class CudaUnavailableTest {
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, "2"))
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_DMA=2").hasMessageContaining("0 (the copy kernel reads the pool)");
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, "yes")).hasMessageContaining("=yes");
+        assertThat(LayerSplit.fromEnvironment(null, null, null, null, " 128")).isEqualTo(LayerSplit.PER_LAYER.withLead(128L << 20));
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, null, "2048"))
+                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_LEAD_MIB=2048").hasMessageContaining("0 (none) to 1024");
+        assertThatThrownBy(() -> LayerSplit.PER_LAYER.withLead(-1)).hasMessageContaining("lead of -1 bytes");
+    }
+
+    @Test
+    void aHeldLoadsLeadIsItsFirstGroupsThatFitTogether() {
+        CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_DEVICE, 8);
+        for (int layer = 0; layer < 4; layer++) { // four layers of two 1 MiB pieces
+            batch.add(layer * 8L << 20, layer * 2L << 20, 1 << 20);
+            batch.add((layer * 8L + 4) << 20, (layer * 2L + 1) << 20, 1 << 20);
+            batch.endGroup();
+        }
+        assertThat(LayerSplit.PER_LAYER.leadGroups(batch)).isZero();
+        assertThat(LayerSplit.PER_LAYER.withLead((2 << 20) - 1).leadGroups(batch)).isZero();
+        assertThat(LayerSplit.PER_LAYER.withLead(5L << 20).leadGroups(batch)).isEqualTo(2);
+        assertThat(LayerSplit.PER_LAYER.withLead(8L << 20).leadGroups(batch)).isEqualTo(4);
+        assertThat(LayerSplit.PER_LAYER.withLead(1L << 30).leadGroups(new CopyBatch(CopyBatch.Direction.TO_DEVICE, 1))).isZero();
     }
 }
