@@ -584,8 +584,9 @@ def test_a_lead_is_refused_where_vllm_zeroes_new_blocks(monkeypatch):
     _check_lead(SimpleNamespace())  # a vLLM without the property zeroes nothing
     with pytest.raises(ValueError, match=r"PEGAFLOW_CUDA_LAYER_LEAD_MIB=128: .*needs zeroing.*expected 0 or unset"):
         _check_lead(zeroing)
-    monkeypatch.setenv("PEGAFLOW_CUDA_LAYER_LEAD_MIB", "0")
-    _check_lead(zeroing)
+    for off in ("0", "00", ""):
+        monkeypatch.setenv("PEGAFLOW_CUDA_LAYER_LEAD_MIB", off)
+        _check_lead(zeroing)
 
 
 def test_metadata_pickles_for_worker_processes():

@@ -59,7 +59,7 @@ def summarize(report: dict, samples: list[dict]) -> dict:
                 rows = [r for r in entry.get(phase) or [] if "began_s" in r]
                 if rows:
                     out["requests"].setdefault(system, {})[f"{length}/{phase}"] = [
-                        {"itl_ms": round(r.get("itl_ms", 0.0), 2), "ttft_ms": round(r["ttft_ms"], 2),
+                        {"itl_ms": round(r["itl_ms"], 2) if "itl_ms" in r else None, "ttft_ms": round(r["ttft_ms"], 2),
                          "host_loop_us": host_us(r["began_s"], r["began_s"] + r["wall_ms"] / 1e3)} for r in rows]
     return out
 

@@ -331,7 +331,6 @@ def _probe(r: dict, phase: str) -> float | None:
     return ((r.get(f"{phase}_threads") or {}).get("cpu_probe") or {}).get("torch_us")
 
 
-
 def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: float | None) -> dict:
     systems = {}
     for system, res in results.items():
@@ -409,22 +408,26 @@ def rounds_summary(systems: dict, lengths: list[int]) -> dict:
     """With ``--rounds``: per system and length, each round's figures (cold decode spacing, its
     ratio to no connector's of the same round, the CPU probe's ratio, warm TTFT) and their
     medians: one process's host speed varies between processes of one run, so a ratio is read
-    over rounds, each against the neighbour run beside it."""
+    over rounds, each against the neighbour run beside it. A round without a figure (its process
+    failed, or the figure does not apply) is None in the list; the median is over the others."""
     out: dict = {}
+    rounds = max((int(k.partition("@")[2] or 1) for k in systems), default=1)
+    keys = ("cold_itl_p50_ms", "cold_itl_vs_none", "cold_cpu_probe_vs_none", "warm_p50_ms", "gpu_hit_p50_ms")
     for key, entry in systems.items():
-        base = key.partition("@")[0]
+        base, _, rnd = key.partition("@")
         for n in lengths:
             row = entry.get(_label(n))
             if not isinstance(row, dict):
                 continue
             slot = out.setdefault(base, {}).setdefault(_label(n), {})
-            for k in ("cold_itl_p50_ms", "cold_itl_vs_none", "cold_cpu_probe_vs_none", "warm_p50_ms", "gpu_hit_p50_ms"):
+            for k in keys:
                 if row.get(k) is not None:
-                    slot.setdefault(f"{k[:-3] if k.endswith('_ms') else k}_rounds", []).append(row[k])
+                    slot.setdefault(f"{k[:-3] if k.endswith('_ms') else k}_rounds", [None] * rounds)[int(rnd or 1) - 1] = row[k]
     for per_length in out.values():
         for slot in per_length.values():
             for k in list(slot):
-                slot[k.replace("_rounds", "_median")] = round(statistics.median(slot[k]), 3)
+                values = [v for v in slot[k] if v is not None]
+                slot[k.replace("_rounds", "_median")] = round(statistics.median(values), 3)
     return out
 
 
@@ -481,7 +484,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pool-size", default="28gb", help="host bytes of every store (default 28gb)")
     ap.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
                     help="vLLM's asynchronous scheduling for every system (auto: vLLM's default, on on GPUs); "
-                         "off lets <system>_instepa start loads at allocation (load_at_alloc stays off under it)")
+                         "off lets <system>_instepa and _instepl start loads at allocation (load_at_alloc stays off under it)")
     ap.add_argument("--pool-dir", default="/dev/shm", help="where pegaflow-server keeps its pool (default /dev/shm)")
     ap.add_argument("--pegaflow-site", help="the original PegaFlow's wheel unpacked (system pegaflow)")
     ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
@@ -586,7 +589,7 @@ def main(argv: list[str]) -> int:
         "line_h2d_gbps": line, "kv_bytes_per_token": bpt, "model_shape": "Llama-3.1-8B (random weights)",
         "prompts_per_length": args.prompts, "pool_size": args.pool_size, "torch": torch.__version__,
         "systems": summarize(results, lengths, bpt, line), "raw": results, "cold_start": cold,
-        "rounds": args.rounds,
+        "rounds": 1 if args.load_only else args.rounds,
         "command": "pegaflow-bench ttft " + " ".join(argv),
     }
     for r in report["raw"].values():
@@ -599,6 +602,9 @@ def main(argv: list[str]) -> int:
         report["round_medians"] = rounds_summary(report["systems"], lengths)
     if args.merge:
         report = merge(json.loads(Path(args.merge).read_text()), report)
+        if "round_medians" in report:  # over the joined systems (an earlier run's medians would be stale)
+            merged_lengths = sorted({int(n) for r in report["raw"].values() for n in r.get("lengths", {})})
+            report["round_medians"] = rounds_summary(report["systems"], merged_lengths)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")

@@ -169,7 +169,9 @@ def _check_lead(kv_cache_config) -> None:
     before the step starts) only where vLLM does not zero newly allocated blocks on its compute
     stream before the forward: that zeroing would land after the lead's bytes and wipe them."""
     lead = os.environ.get(LEAD_ENV, "").strip()
-    if lead not in ("", "0") and getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+    if not lead or (lead.isdigit() and int(lead) == 0):
+        return
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
         raise ValueError(
             f"{LEAD_ENV}={lead}: this model's KV cache needs zeroing (vLLM zeroes newly allocated blocks on its "
             "compute stream at the step's start, after a lead's copies would have landed); expected 0 or unset")

@@ -139,8 +139,11 @@ final class CopyLane {
     void enqueueLater(CopyBatch batch, Future future, java.util.function.Consumer<Throwable> failed) {
         enqueuer.execute(() -> {
             try {
+                if (options.layerSplit().leadBytes() == 0) {
+                    batch.awaitGate(); // no lead: nothing of a held batch before its hold opens
+                }
                 device.makeCurrent();
-                enqueue(batch, future); // waits for a held batch's hold where its lead ends
+                enqueue(batch, future); // with a lead: waits for the hold where the lead ends
                 pending.add(future);
             } catch (Throwable e) {
                 failed.accept(e);
@@ -180,7 +183,7 @@ final class CopyLane {
         // waiting for it, and waits for aux once, before the batch's done event
         boolean layersOnAux = groups > 1 && !toHost && options.layerSplit().copyEngine();
         boolean auxBehind = false;
-        int heldFrom = batch.held() ? options.layerSplit().leadGroups(batch) : groups;
+        int heldFrom = batch.held() && options.layerSplit().leadBytes() > 0 ? options.layerSplit().leadGroups(batch) : groups;
         for (int g = 0; g < groups; g++) {
             if (g == heldFrom) {
                 batch.awaitGate();

@@ -22,9 +22,10 @@ import io.pegaflow.engine.InvalidArgumentException;
  *                     into a device buffer (the bounce path) however short each block's
  *                     stretch of the group, instead of reading the pool with the kernel:
  *                     the copy engine takes no SMs from the forward beside the load
- * @param leadBytes    of a held layer-wise load ({@link CopyBatch#holdUntil}), the first
- *                     groups up to this many bytes in all are queued at once by the CUDA
- *                     engine (the host engine holds the whole batch), the rest when
+ * @param leadBytes    of a held layer-wise load's batch ({@link CopyBatch#holdUntil}; one per
+ *                     lane of {@code lanes}, each with its own lead), the first groups up to
+ *                     this many bytes in all are queued at once by the CUDA engine (the host
+ *                     engine holds the whole batch), the rest when
  *                     the hold opens: a load started where vLLM allocates its blocks then
  *                     copies while vLLM prepares the step instead of leaving the copy engine
  *                     idle, and the step's input copies queue behind those groups alone. 0
