@@ -95,6 +95,33 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert main([]) == 2
 
 
+def test_profile_summary_times_the_first_tokens_copy_beside_a_save(tmp_path):
+    """In a cold trace the first token's copy to the host (on the attention's stream) may wait
+    behind the save's device-to-host copies on other streams: its wait from launch to start and
+    the other copies that ran meanwhile."""
+    import gzip
+    import json
+
+    from pegaflow.bench.profile_summary import summarize
+
+    ev = [{"ts": 0.0, "cat": "cpu_op", "name": "start", "dur": 1, "tid": 1}]
+    ev.append({"ts": 2000.0, "dur": 100, "cat": "kernel", "tid": 7,
+               "name": "void cutlass::device_kernel<flash::enable_sm90_or_later<x>>", "args": {"stream": 7}})
+    for i in range(3):  # the save: 4 ms of copies to the host on stream 13 from 2.5 ms on
+        ev.append({"ts": 2500.0 + 1500 * i, "dur": 1300, "cat": "gpu_memcpy", "tid": 13,
+                   "name": "Memcpy DtoH (Device -> Pinned)"})
+    ev.append({"ts": 3000.0, "dur": 3, "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 1,
+               "args": {"correlation": 90}})
+    ev.append({"ts": 7000.0, "dur": 2, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy DtoH (Device -> Pinned)",
+               "args": {"correlation": 90}})
+    path = tmp_path / "cold-16384.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    s = summarize(str(path), layers=1)
+    assert s["first_token_copy"] == {"launched": 3.0, "wait_ms": 4.0, "other_dtoh_copies_meanwhile": 3,
+                                     "other_dtoh_busy_ms": 3.9}
+
+
 def test_instepa_systems_need_async_scheduling_off():
     """load_at_alloc stays off under vLLM's asynchronous scheduling, so a *_instepa system run
     without --async-scheduling off would be *_instep under another name: refused, naming the flag."""

@@ -13,8 +13,11 @@ ran kernels in it, medians); and how long each kernel launch of the forward's th
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
 shows there (docs/gpu.md, "Layer-wise loads and the launch rate"). No GPU needed; it reads the
 files only.
-Every ``pega_copy`` kernel in the trace counts, saves' included: the ttft worker profiles a warm
-request, whose prompt is stored already (no saves run beside its first forward).
+Every ``pega_copy`` kernel in the trace counts, saves' included: in the ttft worker's warm and
+GPU-hit traces the prompt is stored already (no saves run beside the first forward); in its
+cold trace (a prompt never seen) they are the save's gathers. ``first_token_copy``: how long the
+first token's copy to the host waited from its launch to its start, and the device-to-host
+copies of other streams (a cold request's save) that ran meanwhile.
 """
 
 from __future__ import annotations
@@ -96,6 +99,17 @@ def summarize(path: str, layers: int = 32) -> dict:
                 call = calls.get(e.get("args", {}).get("correlation"))
                 if call is not None:
                     held.append((call["ts"], e["ts"] - call["ts"]))
+        # the first token's copy to the host, on the attention's stream: how long it waited from
+        # its launch to its start, and the other streams' device-to-host copies (a cold request's
+        # save) that ran meanwhile: a save queued first on the copy engine would hold it
+        token = min((e for e in to_host if _stream(e) == compute), key=lambda e: e["ts"], default=None)
+        call = calls.get(token.get("args", {}).get("correlation")) if token else None
+        if call is not None:
+            meanwhile = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")
+                         and _stream(e) != compute and e["ts"] < token["ts"] and e["ts"] + e["dur"] > call["ts"]]
+            out["first_token_copy"] = {"launched": ms(call["ts"]), "wait_ms": round((token["ts"] - call["ts"]) / 1e3, 2),
+                                       "other_dtoh_copies_meanwhile": len(meanwhile),
+                                       "other_dtoh_busy_ms": round(sum(e["dur"] for e in meanwhile) / 1e3, 2)}
         if held:
             worst = max(held, key=lambda h: h[1])
             out["step_input_copies"] = {"count": len(held), "max_wait_ms": round(worst[1] / 1e3, 2),

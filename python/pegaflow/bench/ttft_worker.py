@@ -235,8 +235,9 @@ def main(spec_path: str, out_path: str) -> int:
 
     def profiled(length: int, kind: str, tokens: list[int]) -> None:
         """With $PEGAFLOW_TTFT_PROFILE (a folder): the longest length's last prompt once more
-        under torch's profiler (its warm copy first made cold in vLLM's own cache again), its
-        trace written there as <kind>-<length>.json.gz, beside the timed runs, not among them."""
+        under torch's profiler (its warm copy first made cold in vLLM's own cache again; for
+        ``cold``, a prompt never seen, whose saves go out beside it), its trace written there as
+        <kind>-<length>.json.gz, beside the timed runs, not among them."""
         folder = os.environ.get("PEGAFLOW_TTFT_PROFILE")
         if not folder or length != max(spec["lengths"]):
             return
@@ -303,6 +304,8 @@ def main(spec_path: str, out_path: str) -> int:
         entry = {}
         entry["cold"], entry["cold_threads"], entry["cold_counters"] = timed(
             ps, f"cold-{length}" if length == max(spec["lengths"]) else "")
+        # a prompt of its own (no block shared with ps): cold for every system, its saves beside it
+        profiled(length, "cold", prompt_set(length, 1, spec["seed"] + 13, vocab)[0])
         if spec.get("gpu_hit"):
             entry["gpu_hit"] = [run(p) for p in ps]
             profiled(length, "gpu_hit", ps[-1])
