@@ -54,6 +54,8 @@ final class JmhCommand implements Callable<Integer> {
         Map<String, Double> err = new LinkedHashMap<>();
         for (RunResult r : results) {
             String name = r.getParams().getBenchmark().replaceAll(".*\\.", "");
+            String algorithm = r.getParams().getParam("algorithm"); // BlockHasherBenchmark's, one result each
+            name = algorithm == null ? name : name + "_" + algorithm;
             ms.put(name, r.getPrimaryResult().getScore());
             err.put(name, r.getPrimaryResult().getScoreError());
         }
@@ -73,6 +75,11 @@ final class JmhCommand implements Callable<Integer> {
         summary.put("layered_plan_1024_ms", ms.getOrDefault("queryThenLoadLayered", Double.NaN));
         summary.put("plain_load_plan_1024_ms", ms.getOrDefault("queryThenLoad", Double.NaN));
         summary.put("query_release_1024_ms", ms.getOrDefault("queryAndRelease", Double.NaN));
+        // vLLM's hash chain over a 16K-token prompt in blocks of 16 (BlockHasherBenchmark): the store's
+        // keys where vLLM's own hashes differ per process, computed at a request's first lookup
+        for (String algorithm : new String[] {"sha256", "sha256_cbor", "xxhash"}) {
+            summary.put("block_hashes_16k_" + algorithm + "_ms", ms.getOrDefault("chain_" + algorithm, Double.NaN));
+        }
         summary.put("jmh_raw", raw.toString());
         summary.put("cpus", Runtime.getRuntime().availableProcessors());
         summary.put("java", System.getProperty("java.vm.version"));

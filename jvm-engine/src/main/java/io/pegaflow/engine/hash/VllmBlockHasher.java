@@ -3,7 +3,6 @@ package io.pegaflow.engine.hash;
 import io.pegaflow.engine.BlockHashes;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.Limits;
-import java.io.ByteArrayOutputStream;
 import java.nio.charset.StandardCharsets;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
@@ -115,15 +114,74 @@ public final class VllmBlockHasher {
         return n == 0 ? BlockHashes.EMPTY : new BlockHashes(packed, len);
     }
 
-    private byte[] digest(ByteArrayOutputStream serialized) {
-        byte[] in = serialized.toByteArray();
+    private byte[] digest(Bytes serialized) {
         if (!algorithm.sha) {
-            return Xxh3.digest128(in, in.length);
+            return Xxh3.digest128(serialized.array(), serialized.size());
         }
+        MessageDigest sha = SHA256.get();
+        sha.update(serialized.array(), 0, serialized.size());
+        return sha.digest(); // and resets it for the next block
+    }
+
+    /**
+     * One SHA-256 per thread: {@code MessageDigest.getInstance} looks the provider up on every
+     * call, which cost more than the digest of one block's ~100 bytes.
+     */
+    private static final ThreadLocal<MessageDigest> SHA256 = ThreadLocal.withInitial(() -> {
         try {
-            return MessageDigest.getInstance("SHA-256").digest(in);
+            return MessageDigest.getInstance("SHA-256");
         } catch (NoSuchAlgorithmException e) {
             throw new IllegalStateException("every Java runtime has SHA-256", e);
+        }
+    });
+
+    /**
+     * A growable byte buffer without {@code ByteArrayOutputStream}'s lock on every write: the
+     * serializations below write a block's key a byte or two at a time (1,024 blocks of a 16K
+     * prompt at a request's first lookup, inside vLLM's scheduling step).
+     */
+    static final class Bytes {
+        private byte[] a;
+        private int n;
+
+        Bytes() {
+            this(64);
+        }
+
+        Bytes(int capacity) {
+            a = new byte[Math.max(16, capacity)];
+        }
+
+        void write(int b) {
+            if (n == a.length) {
+                a = java.util.Arrays.copyOf(a, a.length * 2);
+            }
+            a[n++] = (byte) b;
+        }
+
+        void writeBytes(byte[] b) {
+            write(b, 0, b.length);
+        }
+
+        void write(byte[] b, int off, int len) {
+            if (n + len > a.length) {
+                a = java.util.Arrays.copyOf(a, Math.max(a.length * 2, n + len));
+            }
+            System.arraycopy(b, off, a, n, len);
+            n += len;
+        }
+
+        int size() {
+            return n;
+        }
+
+        /** The backing array: bytes {@code [0, size())} are the content. */
+        byte[] array() {
+            return a;
+        }
+
+        byte[] toByteArray() {
+            return java.util.Arrays.copyOf(a, n);
         }
     }
 
@@ -170,8 +228,8 @@ public final class VllmBlockHasher {
     static final class Cbor {
         private Cbor() {}
 
-        static ByteArrayOutputStream text(String s) {
-            ByteArrayOutputStream out = new ByteArrayOutputStream();
+        static Bytes text(String s) {
+            Bytes out = new Bytes();
             byte[] b = s.getBytes(StandardCharsets.UTF_8);
             head(out, 3, b.length);
             out.writeBytes(b);
@@ -179,8 +237,8 @@ public final class VllmBlockHasher {
         }
 
         /** {@code [parent bytes, [token, ...], null]}. */
-        static ByteArrayOutputStream blockKey(byte[] parent, int[] tokens, int from, int to) {
-            ByteArrayOutputStream out = new ByteArrayOutputStream(16 + parent.length + 5 * (to - from));
+        static Bytes blockKey(byte[] parent, int[] tokens, int from, int to) {
+            Bytes out = new Bytes(16 + parent.length + 5 * (to - from));
             head(out, 4, 3);
             head(out, 2, parent.length);
             out.writeBytes(parent);
@@ -198,7 +256,7 @@ public final class VllmBlockHasher {
         }
 
         /** A major type's head with the shortest argument encoding. */
-        private static void head(ByteArrayOutputStream out, int major, long v) {
+        private static void head(Bytes out, int major, long v) {
             int m = major << 5;
             if (v < 24) {
                 out.write(m | (int) v);
@@ -217,7 +275,7 @@ public final class VllmBlockHasher {
             }
         }
 
-        private static void be(ByteArrayOutputStream out, long v, int n) {
+        private static void be(Bytes out, long v, int n) {
             for (int i = n - 1; i >= 0; i--) {
                 out.write((int) (v >>> (8 * i)));
             }
@@ -232,15 +290,15 @@ public final class VllmBlockHasher {
      */
     static final class Pickle {
         private static final int FRAME_TARGET = 64 * 1024, FRAME_MIN = 4;
-        private final ByteArrayOutputStream out = new ByteArrayOutputStream();
-        private ByteArrayOutputStream frame = new ByteArrayOutputStream();
+        private final Bytes out = new Bytes();
+        private Bytes frame = new Bytes();
 
         private Pickle() {
             out.write(0x80);
             out.write(5);
         }
 
-        static ByteArrayOutputStream text(String s) {
+        static Bytes text(String s) {
             Pickle p = new Pickle();
             byte[] b = s.getBytes(StandardCharsets.UTF_8);
             if (b.length < 0x100) {
@@ -257,7 +315,7 @@ public final class VllmBlockHasher {
         }
 
         /** {@code (parent, tuple(tokens), None)}. */
-        static ByteArrayOutputStream blockKey(byte[] parent, int[] tokens, int from, int to) {
+        static Bytes blockKey(byte[] parent, int[] tokens, int from, int to) {
             Pickle p = new Pickle();
             p.frame.write(0x43); // SHORT_BINBYTES (a hash is at most 64 bytes)
             p.frame.write(parent.length);
@@ -309,17 +367,17 @@ public final class VllmBlockHasher {
                 out.write(0x95); // FRAME
                 le(out, frame.size(), 8);
             }
-            out.writeBytes(frame.toByteArray());
-            frame = new ByteArrayOutputStream();
+            out.write(frame.array(), 0, frame.size());
+            frame = new Bytes();
         }
 
-        private ByteArrayOutputStream stop() {
+        private Bytes stop() {
             frame.write(0x2e); // STOP
             commit();
             return out;
         }
 
-        private static void le(ByteArrayOutputStream o, long v, int n) {
+        private static void le(Bytes o, long v, int n) {
             for (int i = 0; i < n; i++) {
                 o.write((int) (v >>> (8 * i)));
             }
