@@ -281,6 +281,7 @@ def test_rounds_pair_each_system_with_no_connector_of_its_own_round():
     assert med["none"]["8k"]["cold_itl_p50_median"] == 10.0
     assert med["none"]["8k"]["gpu_hit_p50_rounds"] == [40, 40, 40]
     assert ttft.round_key("server", 1) == "server" and ttft.round_key("server", 3) == "server@3"
+    assert ttft.split_key("server@3") == ("server", 3) and ttft.split_key("none") == ("none", 1)
     # a round whose process failed: None in its place, the median over the others
     del s["server@2"]
     med = ttft.rounds_summary(s, [8192])

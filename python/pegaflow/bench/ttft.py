@@ -239,6 +239,12 @@ def round_key(system: str, r: int) -> str:
     return system if r == 1 else f"{system}@{r}"
 
 
+def split_key(key: str) -> tuple[str, int]:
+    """:func:`round_key`'s inverse: (system, round)."""
+    system, _, r = key.partition("@")
+    return system, int(r or 1)
+
+
 def load_test(systems: Systems, system: str, args, model: str, timeout: float) -> dict:
     """``--load-requests`` requests through vLLM's OpenAI server, ``--concurrency`` at a time."""
     kv, stop = systems.start(system)
@@ -335,8 +341,8 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
     systems = {}
     for system, res in results.items():
         # against no connector of the same round (``--rounds``): processes run close in time
-        base_name, _, rnd = system.partition("@")
-        none = results.get(f"none@{rnd}" if rnd else "none", {}).get("lengths", {})
+        base_name, rnd = split_key(system)
+        none = results.get(round_key("none", rnd), {}).get("lengths", {})
         if "error" in res:
             systems[system] = {"error": res["error"]}
             continue
@@ -411,10 +417,10 @@ def rounds_summary(systems: dict, lengths: list[int]) -> dict:
     over rounds, each against the neighbour run beside it. A round without a figure (its process
     failed, or the figure does not apply) is None in the list; the median is over the others."""
     out: dict = {}
-    rounds = max((int(k.partition("@")[2] or 1) for k in systems), default=1)
+    rounds = max((split_key(k)[1] for k in systems), default=1)
     keys = ("cold_itl_p50_ms", "cold_itl_vs_none", "cold_cpu_probe_vs_none", "warm_p50_ms", "gpu_hit_p50_ms")
     for key, entry in systems.items():
-        base, _, rnd = key.partition("@")
+        base, rnd = split_key(key)
         for n in lengths:
             row = entry.get(_label(n))
             if not isinstance(row, dict):
@@ -422,7 +428,7 @@ def rounds_summary(systems: dict, lengths: list[int]) -> dict:
             slot = out.setdefault(base, {}).setdefault(_label(n), {})
             for k in keys:
                 if row.get(k) is not None:
-                    slot.setdefault(f"{k[:-3] if k.endswith('_ms') else k}_rounds", [None] * rounds)[int(rnd or 1) - 1] = row[k]
+                    slot.setdefault(f"{k[:-3] if k.endswith('_ms') else k}_rounds", [None] * rounds)[rnd - 1] = row[k]
     for per_length in out.values():
         for slot in per_length.values():
             for k in list(slot):

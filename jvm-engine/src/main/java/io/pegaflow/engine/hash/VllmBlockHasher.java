@@ -179,10 +179,6 @@ public final class VllmBlockHasher {
         byte[] array() {
             return a;
         }
-
-        byte[] toByteArray() {
-            return java.util.Arrays.copyOf(a, n);
-        }
     }
 
 
