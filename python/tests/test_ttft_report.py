@@ -107,19 +107,54 @@ def test_profile_summary_times_the_first_tokens_copy_beside_a_save(tmp_path):
     ev = [{"ts": 0.0, "cat": "cpu_op", "name": "start", "dur": 1, "tid": 1}]
     ev.append({"ts": 2000.0, "dur": 100, "cat": "kernel", "tid": 7,
                "name": "void cutlass::device_kernel<flash::enable_sm90_or_later<x>>", "args": {"stream": 7}})
-    for i in range(3):  # the save: 4 ms of copies to the host on stream 13 from 2.5 ms on
+    for i in range(3):  # the save: 4 ms of 8 MiB copies to the host on stream 13 from 2.5 ms on
         ev.append({"ts": 2500.0 + 1500 * i, "dur": 1300, "cat": "gpu_memcpy", "tid": 13,
-                   "name": "Memcpy DtoH (Device -> Pinned)"})
+                   "name": "Memcpy DtoH (Device -> Pinned)", "args": {"bytes": 8 << 20}})
     ev.append({"ts": 3000.0, "dur": 3, "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 1,
                "args": {"correlation": 90}})
-    ev.append({"ts": 7000.0, "dur": 2, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy DtoH (Device -> Pinned)",
-               "args": {"correlation": 90}})
+    # the token ids, on vLLM's output-copy stream (the V2 model runner's), not the attention's
+    ev.append({"ts": 7000.0, "dur": 2, "cat": "gpu_memcpy", "tid": 15, "name": "Memcpy DtoH (Device -> Pinned)",
+               "args": {"correlation": 90, "bytes": 8}})
     path = tmp_path / "cold-16384.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
     s = summarize(str(path), layers=1)
     assert s["first_token_copy"] == {"launched": 3.0, "wait_ms": 4.0, "other_dtoh_copies_meanwhile": 3,
                                      "other_dtoh_busy_ms": 3.9}
+    assert s["first_token_to_host_copy"] == 7.0  # the token's copy, not the save's first
+
+
+def test_profile_summary_places_the_hooks_in_vllms_step(tmp_path):
+    """The named ranges (the ttft worker's ``vllm.*`` around the engine step's parts, the
+    connector's ``pegaflow.*`` hooks) up to the end of the step whose token was copied first:
+    counted, first start, last end and time in them; the next step's are left out."""
+    import gzip
+    import json
+
+    from pegaflow.bench.profile_summary import step_ranges, summarize
+
+    def rng(name, start, dur):
+        return {"ts": start, "dur": dur, "cat": "user_annotation", "name": name, "tid": 1}
+
+    ev = [{"ts": 0.0, "cat": "cpu_op", "name": "start", "dur": 1, "tid": 1},
+          rng("vllm.schedule", 100.0, 900), rng("pegaflow.get_num_new_matched_tokens", 200.0, 300),
+          rng("vllm.execute_model", 1100.0, 2000), rng("pegaflow.start_load_kv", 1500.0, 100),
+          rng("pegaflow.wait_for_layer_load", 1700.0, 50), rng("pegaflow.wait_for_layer_load", 1800.0, 70),
+          rng("vllm.sample_tokens", 3200.0, 400), rng("vllm.update_from_output", 3700.0, 200),
+          rng("vllm.schedule", 4000.0, 100), rng("vllm.update_from_output", 4200.0, 100),
+          {"ts": 2000.0, "dur": 100, "cat": "kernel", "tid": 7, "args": {"stream": 7},
+           "name": "void cutlass::device_kernel<flash::enable_sm90_or_later<x>>"},
+          {"ts": 3500.0, "dur": 2, "cat": "gpu_memcpy", "tid": 15, "name": "Memcpy DtoH (Device -> Pinned)",
+           "args": {"bytes": 8}}]
+    path = tmp_path / "warm-8192.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    r = summarize(str(path), layers=1)["step_ranges"]
+    assert r["vllm.schedule"] == {"count": 1, "first_start": 0.1, "last_end": 1.0, "total_ms": 0.9}
+    assert r["pegaflow.wait_for_layer_load"] == {"count": 2, "first_start": 1.7, "last_end": 1.87, "total_ms": 0.12}
+    assert r["vllm.update_from_output"]["last_end"] == 3.9
+    assert step_ranges(ev, None)["vllm.schedule"]["count"] == 1  # no token copy: the first update ends it
+    assert step_ranges([e for e in ev if e["name"] != "vllm.update_from_output"], 3500.0) == {}
 
 
 def test_instepa_systems_need_async_scheduling_off():
@@ -337,3 +372,26 @@ def test_host_speed_sampler_writes_a_line_per_sample(tmp_path):
 
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) >= 2 and all(x["us"] > 0 and x["cpu"] >= 0 for x in lines)
+
+
+def test_the_worker_ranges_vllms_step_parts_where_it_finds_them():
+    """annotate_steps wraps the in-process engine core's step parts in profiler ranges (a call
+    still returns what the method returns) and skips the parts it does not find."""
+    import types
+
+    import torch
+
+    from pegaflow.bench.ttft_worker import annotate_steps
+
+    class Scheduler:
+        def schedule(self, *a):
+            return ("scheduled", a)
+
+    scheduler = Scheduler()
+    core = types.SimpleNamespace(scheduler=scheduler)  # no model executor, no cache manager
+    llm = types.SimpleNamespace(llm_engine=types.SimpleNamespace(engine_core=types.SimpleNamespace(engine_core=core)))
+    assert annotate_steps(llm) == ["vllm.schedule"]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert scheduler.schedule(1) == ("scheduled", (1,))
+    assert any(e.name == "vllm.schedule" for e in prof.events())
+    assert annotate_steps(types.SimpleNamespace(llm_engine=types.SimpleNamespace())) == []

@@ -55,8 +55,11 @@ def summarize(path: str, layers: int = 32) -> dict:
     kernels = sorted((e for e in stamped if e.get("cat") == "kernel"), key=lambda e: e["ts"])
     attention = [e for e in kernels if _attention(e["name"])][:layers]
     out: dict = {"first_forward_attention_kernel_starts_by_layer": [ms(e["ts"]) for e in attention]}
+    # the sampled tokens' copy to the host: a small device-to-host copy after the last layer's
+    # attention (on the compute stream, or vLLM's output-copy stream in the V2 model runner), not
+    # a save's (megabytes)
     to_host = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")
-               and attention and e["ts"] > attention[-1]["ts"]]
+               and attention and e["ts"] > attention[-1]["ts"] and e.get("args", {}).get("bytes", 0) <= TOKEN_COPY_BYTES]
     if to_host:
         out["first_token_to_host_copy"] = ms(min(e["ts"] for e in to_host))
     copies = [e for e in kernels if e["name"] == COPY_KERNEL]
@@ -102,11 +105,11 @@ def summarize(path: str, layers: int = 32) -> dict:
         # the first token's copy to the host, on the attention's stream: how long it waited from
         # its launch to its start, and the other streams' device-to-host copies (a cold request's
         # save) that ran meanwhile: a save queued first on the copy engine would hold it
-        token = min((e for e in to_host if _stream(e) == compute), key=lambda e: e["ts"], default=None)
+        token = min(to_host, key=lambda e: e["ts"], default=None)
         call = calls.get(token.get("args", {}).get("correlation")) if token else None
         if call is not None:
             meanwhile = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")
-                         and _stream(e) != compute and e["ts"] < token["ts"] and e["ts"] + e["dur"] > call["ts"]]
+                         and _stream(e) != _stream(token) and e["ts"] < token["ts"] and e["ts"] + e["dur"] > call["ts"]]
             out["first_token_copy"] = {"launched": ms(call["ts"]), "wait_ms": round((token["ts"] - call["ts"]) / 1e3, 2),
                                        "other_dtoh_copies_meanwhile": len(meanwhile),
                                        "other_dtoh_busy_ms": round(sum(e["dur"] for e in meanwhile) / 1e3, 2)}
@@ -133,6 +136,10 @@ def summarize(path: str, layers: int = 32) -> dict:
                                    "interval_ms_p50": round(sorted(r[0] for r in rows)[mid] / 1e3, 2),
                                    "gpu_busy_ms_p50": round(sorted(r[1] for r in rows)[mid] / 1e3, 2),
                                    "kernels_p50": sorted(r[2] for r in rows)[mid]}
+    ranges = step_ranges(stamped, min((e["ts"] for e in to_host), default=None))
+    if ranges:
+        out["step_ranges"] = {name: {k: (ms(v) if k in ("first_start", "last_end") else v) for k, v in r.items()}
+                              for name, r in ranges.items()}
     by_thread: dict = defaultdict(int)
     for e in stamped:
         if e.get("cat") == "cpu_op":
@@ -146,6 +153,34 @@ def summarize(path: str, layers: int = 32) -> dict:
                                         "mean": round(sum(durations) / len(durations), 1)}
     return out
 
+
+def step_ranges(stamped: list, token_ts) -> dict:
+    """The named ranges of the first step that produced a token (``vllm.*``: the engine step's
+    parts the ttft worker wraps; ``pegaflow.*``: the connector's hooks), from the trace's start to
+    the end of the first ``vllm.update_from_output`` after the token's copy (``token_ts``; without
+    it, the first one): per name, how many, the first's start and the last's end (trace
+    microseconds) and the time in them (ms)."""
+    named = sorted((e for e in stamped if e.get("cat") == "user_annotation" and "dur" in e
+                    and e.get("name", "").startswith(("vllm.", "pegaflow."))), key=lambda e: e["ts"])
+    updates = [e for e in named if e["name"] == "vllm.update_from_output"]
+    if not updates:
+        return {}
+    after = [e for e in updates if token_ts is not None and e["ts"] + e["dur"] >= token_ts]
+    end = (after or updates)[0]
+    end_ts = end["ts"] + end["dur"]
+    out: dict = {}
+    for e in named:
+        if e["ts"] > end_ts:
+            break
+        r = out.setdefault(e["name"], {"count": 0, "first_start": e["ts"], "last_end": e["ts"], "total_ms": 0.0})
+        r["count"] += 1
+        r["last_end"] = max(r["last_end"], e["ts"] + e["dur"])
+        r["total_ms"] = round(r["total_ms"] + e["dur"] / 1e3, 3)
+    return out
+
+
+# The sampled tokens' copy to the host is this small at most (a batch's token ids); a save's copies are megabytes
+TOKEN_COPY_BYTES = 1 << 20
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 

@@ -55,14 +55,34 @@ if TYPE_CHECKING:
 log = logging.getLogger("pegaflow.connector")
 
 
+PROFILE_HOOKS_ENV = "PEGAFLOW_PROFILE_HOOKS"
+
+
+def _span(name: str):
+    """With ``$PEGAFLOW_PROFILE_HOOKS=1``, a torch.profiler range named ``name`` (so a trace shows
+    the connector's hooks on vLLM's thread beside vLLM's own steps: ``pegaflow-bench ttft``'s
+    traces set it); else None. Read per call: vLLM may import this module before the variable is set."""
+    if os.environ.get(PROFILE_HOOKS_ENV) != "1":
+        return None
+    import torch
+
+    return torch.profiler.record_function(name)
+
+
 def _timed(hook):
     """A per-step hook whose time is added to its connector's ``_hooks`` (steps, nanoseconds):
     what vLLM's threads spend in the connector each step (``*_hook_ns`` in the stats)."""
+    name = f"pegaflow.{hook.__name__}"
+
     @functools.wraps(hook)
     def timed(self, *args, **kwargs):
         began = time.perf_counter_ns()
+        span = _span(name)
         try:
-            return hook(self, *args, **kwargs)
+            if span is None:
+                return hook(self, *args, **kwargs)
+            with span:
+                return hook(self, *args, **kwargs)
         finally:
             self._hooks[1] += time.perf_counter_ns() - began
     return timed
@@ -342,7 +362,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # asynchronous loads' requests are not in this forward pass.
         if self._worker is not None and self._worker.step_loads:
             t = time.perf_counter_ns()
-            self._worker.wait_layer(layer_name)
+            span = _span("pegaflow.wait_for_layer_load")
+            if span is None:
+                self._worker.wait_layer(layer_name)
+            else:
+                with span:
+                    self._worker.wait_layer(layer_name)
             self._hooks[1] += time.perf_counter_ns() - t
 
     @classmethod
