@@ -48,11 +48,12 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # H200 SM; io.pegaflow.engine.transfer.LayerSplit) where "_instep" copies one layer per group on one
 # lane with kernels of 32 thread blocks (the default); "<system>_instepa" starts each in-step load
 # where vLLM allocates its blocks (load_at_alloc, the worker in the scheduler's process), held until
-# its step starts; "<system>_instepl" the same with the load's first 128 MiB of layers copied at once
-# (PEGAFLOW_CUDA_LAYER_LEAD_MIB: the copy engine works while vLLM prepares the step).
+# its step starts; "<system>_instepl" the same with the load's first 160 MiB of layers copied at once
+# by the copy kernel (PEGAFLOW_CUDA_LAYER_LEAD_MIB: PCIe works while vLLM prepares the step, and the
+# step's input copies on the copy engine wait behind none of it).
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
-               "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "128"}}
+               "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}}
 AT_ALLOC = ("instepa", "instepl")
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))

@@ -292,6 +292,7 @@ def main(spec_path: str, out_path: str) -> int:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             run(tokens)
+        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"{spec.get('name', 'worker')}-{kind}-{length}.json")
         prof.export_chrome_trace(path)
         with open(path, "rb") as f, gzip.open(path + ".gz", "wb") as g:

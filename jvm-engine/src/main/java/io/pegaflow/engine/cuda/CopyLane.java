@@ -183,7 +183,8 @@ final class CopyLane {
         // waiting for it, and waits for aux once, before the batch's done event
         boolean layersOnAux = groups > 1 && !toHost && options.layerSplit().copyEngine();
         boolean auxBehind = false;
-        int heldFrom = batch.held() && options.layerSplit().leadBytes() > 0 ? options.layerSplit().leadGroups(batch) : groups;
+        boolean led = batch.held() && options.layerSplit().leadBytes() > 0;
+        int heldFrom = led ? options.layerSplit().leadGroups(batch) : groups;
         for (int g = 0; g < groups; g++) {
             if (g == heldFrom) {
                 batch.awaitGate();
@@ -191,14 +192,26 @@ final class CopyLane {
             int end = batch.size() == 0 ? 0 : batch.groupEnd(g);
             int start = batch.size() == 0 ? 0 : batch.groupStart(g);
             boolean scattered = false;
-            if (bounce != 0 && (layersOnAux ? end - start >= 2 : worthBouncing(batch, start, end))) {
+            boolean leadOnAux = false;
+            if (led && g < heldFrom) {
+                // a held batch's lead, queued before its step: the kernel moves it, no copy
+                // engine, so the step's own input copies (queued on the copy engine meanwhile)
+                // wait behind none of it; on aux where there is one, so the copy engine's
+                // groups after the hold start at once even while the lead still runs
+                // (docs/gpu.md, "Loads started at allocation")
+                leadOnAux = aux != 0;
+                direct(batch, start, end, toHost, true, leadOnAux ? aux : stream);
+            } else if (bounce != 0 && (layersOnAux ? end - start >= 2 : worthBouncing(batch, start, end))) {
                 scattered = bounced(batch, start, end, toHost, !layersOnAux);
             } else {
-                direct(batch, start, end, toHost);
+                direct(batch, start, end, toHost, false, stream);
             }
             runs.flush(stream);
             if (groups > 1) {
-                if (layersOnAux && (scattered || auxBehind)) {
+                if (leadOnAux) {
+                    CudaDriver.eventRecord(groupEvents[g], aux);
+                    auxBehind = true;
+                } else if (layersOnAux && (scattered || auxBehind)) {
                     // the group's pieces on stream (if any) and its scatters on aux, both
                     CudaDriver.eventRecord(callerEvent, stream);
                     CudaDriver.streamWaitEvent(aux, callerEvent);
@@ -230,9 +243,10 @@ final class CopyLane {
      * Pieces [i, end): merge runs; long ones go to the copy engine at once, short ones
      * become descriptors the kernel moves over PCIe, launched a chunk at a time so the GPU
      * copies chunk k while this thread writes chunk k+1 (the host-side work overlaps
-     * instead of adding up).
+     * instead of adding up). The kernels go on stream {@code on}, long runs on {@link #stream};
+     * {@code kernelOnly}: long runs too go to the kernel (nothing on the copy engine).
      */
-    private void direct(CopyBatch batch, int i, int end, boolean toHost) {
+    private void direct(CopyBatch batch, int i, int end, boolean toHost, boolean kernelOnly, long on) {
         long poolBase = pool.address();
         int chunkStart = n;
         while (i < end) {
@@ -242,19 +256,19 @@ final class CopyLane {
             long len = batch.runBytes(i, j);
             long src = toHost ? dev : host;
             long dst = toHost ? host : dev;
-            if (len >= options.dmaThresholdBytes()) {
+            if (len >= options.dmaThresholdBytes() && !kernelOnly) {
                 longRun(src, dst, len, toHost);
             } else {
                 descriptor(src, dst, len);
                 if (n - chunkStart == chunk) {
-                    launch(chunkStart, n, stream);
+                    launch(chunkStart, n, on);
                     chunkStart = n;
                     chunk = Math.min(chunk * 2, MAX_CHUNK);
                 }
             }
             i = j;
         }
-        launch(chunkStart, n, stream);
+        launch(chunkStart, n, on);
     }
 
     private void longRun(long src, long dst, long len, boolean toHost) {

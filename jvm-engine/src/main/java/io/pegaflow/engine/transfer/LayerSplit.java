@@ -27,8 +27,10 @@ import io.pegaflow.engine.InvalidArgumentException;
  *                     this many bytes in all are queued at once by the CUDA engine (the host
  *                     engine holds the whole batch), the rest when
  *                     the hold opens: a load started where vLLM allocates its blocks then
- *                     copies while vLLM prepares the step instead of leaving the copy engine
- *                     idle, and the step's input copies queue behind those groups alone. 0
+ *                     copies while vLLM prepares the step instead of leaving PCIe idle. The
+ *                     lead goes through the copy kernel, never the copy engine, so the step's
+ *                     input copies (on the copy engine, queued meanwhile) wait behind none of
+ *                     it, as they waited behind a load queued whole at allocation. 0
  *                     (the default): the whole load waits. Only where nothing writes the
  *                     load's blocks between the allocation and the step's start: vLLM zeroes
  *                     newly allocated blocks on its compute stream in that window where its

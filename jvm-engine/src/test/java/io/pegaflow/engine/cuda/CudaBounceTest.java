@@ -228,7 +228,9 @@ class CudaBounceTest {
 
     /**
      * A held layer-wise load with a lead of one layer's bytes: that layer lands before the hold
-     * opens, no other; every byte after.
+     * opens, no other, through the kernel (nothing on the copy engine: vLLM's input copies queued
+     * meanwhile must not wait behind it); the layers after it through the copy engine once the
+     * hold opens; every byte after.
      */
     @Test
     void aHeldLoadsLeadLandsBeforeItsHoldOpens() throws Exception {
@@ -238,6 +240,7 @@ class CudaBounceTest {
                 CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4)
                         .withLayerSplit(LayerSplit.PER_LAYER.withLead(layerBytes)))) {
             byte[] before = savedLayerMajor(engine, m, 17);
+            long bounced = engine.bouncedBytes();
             java.util.concurrent.CompletableFuture<Void> go = new java.util.concurrent.CompletableFuture<>();
             TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(go));
             long stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
@@ -249,6 +252,7 @@ class CudaBounceTest {
             }
             Thread.sleep(200);
             assertThat(load).as("held past its lead").isNotDone();
+            assertThat(engine.bouncedBytes()).as("the lead through the kernel, nothing on the copy engine").isEqualTo(bounced);
             byte[] led = deviceBytes();
             for (int i = 0; i < m.dst.length; i++) {
                 for (int l = 0; l < LAYERS; l++) {
@@ -259,6 +263,8 @@ class CudaBounceTest {
             go.complete(null);
             awaitEveryLayer(load);
             assertLoaded(before, m);
+            assertThat(engine.bouncedBytes() - bounced).as("the layers after the lead through the copy engine")
+                    .isGreaterThanOrEqualTo(layerBytes);
         }
     }
 
