@@ -106,7 +106,7 @@ final class LocalSocketServer implements AutoCloseable {
     private volatile boolean open = true;
 
     /** A served connection and the selector its thread waits on (woken by {@link #close}). */
-    private record Conn(SocketChannel channel, Selector selector) {}
+    record Conn(SocketChannel channel, Selector selector) {}
 
     /** The frame did not complete within {@link #frameTimeoutNanos}. */
     private static final class FrameTimeout extends IOException {
@@ -457,10 +457,10 @@ final class LocalSocketServer implements AutoCloseable {
                     throw new FrameTimeout("no first frame (the token) within " + authTimeoutNanos / 1_000_000
                             + " ms of connecting");
                 }
-                c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
+                interest(c, SelectionKey.OP_READ);
                 c.selector.select(left);
             } else {
-                c.channel.keyFor(c.selector).interestOps(SelectionKey.OP_READ);
+                interest(c, SelectionKey.OP_READ);
                 c.selector.select();
             }
             c.selector.selectedKeys().clear();
@@ -506,9 +506,26 @@ final class LocalSocketServer implements AutoCloseable {
         if (left <= 0) {
             throw new FrameTimeout("a frame not complete in time (LocalSocketServer.FRAME_TIMEOUT, or AUTH_TIMEOUT for the first)");
         }
-        c.channel.keyFor(c.selector).interestOps(op);
+        interest(c, op);
         c.selector.select(left);
         c.selector.selectedKeys().clear();
+    }
+
+    /**
+     * Sets the connection's key to wait for {@code op}; a key that {@link #close} (or the
+     * client going away) cancelled meanwhile is the end of the connection, as an IOException, not
+     * an unchecked exception escaping the connection's thread.
+     */
+    static void interest(Conn c, int op) throws IOException {
+        SelectionKey key = c.channel.keyFor(c.selector);
+        try {
+            if (key == null) {
+                throw new java.nio.channels.CancelledKeyException();
+            }
+            key.interestOps(op);
+        } catch (java.nio.channels.CancelledKeyException e) {
+            throw new IOException("connection closed while waiting for it", e);
+        }
     }
 
     private static void closeQuietly(SocketChannel c) {

@@ -535,4 +535,28 @@ class LocalSocketTest {
         }
         return true;
     }
+    /**
+     * A connection whose key was cancelled under it (the server closing it, or the client gone)
+     * ends as an IOException, which the connection's thread handles, not as an unchecked
+     * CancelledKeyException escaping that thread (it reached stderr, breaking JSON logs).
+     */
+    @Test
+    void aCancelledKeyEndsTheConnectionAsAnIoError() throws Exception {
+        try (java.nio.channels.ServerSocketChannel listener = java.nio.channels.ServerSocketChannel.open()) {
+            listener.bind(new java.net.InetSocketAddress(java.net.InetAddress.getLoopbackAddress(), 0));
+            try (SocketChannel client = SocketChannel.open(listener.getLocalAddress());
+                    SocketChannel served = listener.accept(); Selector selector = Selector.open()) {
+                served.configureBlocking(false);
+                SelectionKey key = served.register(selector, SelectionKey.OP_READ);
+                LocalSocketServer.Conn conn = new LocalSocketServer.Conn(served, selector);
+                LocalSocketServer.interest(conn, SelectionKey.OP_READ); // a live key: no error
+                key.cancel();
+                assertThatThrownBy(() -> LocalSocketServer.interest(conn, SelectionKey.OP_READ))
+                        .isInstanceOf(java.io.IOException.class).hasMessageContaining("closed");
+                served.close();
+                assertThatThrownBy(() -> LocalSocketServer.interest(conn, SelectionKey.OP_READ))
+                        .isInstanceOf(java.io.IOException.class);
+            }
+        }
+    }
 }
