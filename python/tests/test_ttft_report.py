@@ -395,3 +395,18 @@ def test_the_worker_ranges_vllms_step_parts_where_it_finds_them():
         assert scheduler.schedule(1) == ("scheduled", (1,))
     assert any(e.name == "vllm.schedule" for e in prof.events())
     assert annotate_steps(types.SimpleNamespace(llm_engine=types.SimpleNamespace())) == []
+
+
+def test_the_key_warm_up_report_takes_medians_over_processes():
+    """keywarm's summary: per mode, the median over processes of the first chain, of each
+    process's median chain before and after; a bad process count is refused naming it."""
+    import pytest
+
+    from pegaflow.bench.keywarm import main, summary
+
+    rows = [{"first_8k_chain_ms": f, "chains_before_ms": [b, b + 2, b + 4], "next_16k_chains_ms": [a, a, 9.0],
+             "warm_up_s": 0.2} for f, b, a in ((10.0, 1.0, 1.0), (30.0, 3.0, 2.0), (20.0, 5.0, 3.0))]
+    assert summary(rows) == {"processes": 3, "first_8k_chain_ms_median": 20.0, "chains_before_ms_median": 5.0,
+                             "next_16k_chain_ms_median": 2.0, "warm_up_s_median": 0.2}
+    with pytest.raises(SystemExit):
+        main(["--processes", "0"])

@@ -78,3 +78,27 @@ def test_bad_requests_name_the_value():
         vllm_block_hashes([1, 2], 1, "xxhash")
     with pytest.raises(InvalidArgumentError, match="block size 0; expected >= 1"):
         vllm_block_hashes([1, 2], 0, "sha256")
+
+
+def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypatch):
+    """BlockKeys.warm_up computes throwaway chains on a daemon thread where the connector keys
+    blocks by its own chain, and nothing where vLLM's hashes are the keys; the keys of a request
+    afterwards are the chain of its tokens, as without it."""
+    import types
+
+    from pegaflow.connector import _compat, _keys
+
+    monkeypatch.setattr(_keys, "WARM_UP_BLOCKS", 64)
+    monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: True)
+    assert _keys.BlockKeys("sha256", 16).warm_up() is None
+    monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
+    keys = _keys.BlockKeys("sha256", 16)
+    t = keys.warm_up(chain_blocks=8)
+    assert t is not None and t.daemon and t.name == "pegaflow-key-warm-up"
+    t.join(30)
+    assert not t.is_alive()
+    rng = random.Random(5)
+    tokens = [rng.randrange(50000) for _ in range(64)]
+    req = types.SimpleNamespace(request_id="r", block_hashes=[b"v"] * 4, all_token_ids=tokens, lora_request=None,
+                                mm_features=None, cache_salt=None)
+    assert list(keys.of(req)) == vllm_block_hashes(tokens, 16, "sha256", _compat.none_hash_seed())

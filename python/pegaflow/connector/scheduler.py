@@ -84,6 +84,7 @@ class SchedulerCore:
         self._tail_flow = len(groups) == 1
         self._no_blocks = ((),) * len(groups)
         self.keys = BlockKeys(hash_algo, block_size)
+        self.keys.warm_up()
         # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
         self.brain = SchedulerBrain(link.handle, [g.group for g in groups], block_size, load_enabled,
                                     wait_full_prefix=role == "kv_consumer", in_step=in_step, at_alloc=at_alloc)
