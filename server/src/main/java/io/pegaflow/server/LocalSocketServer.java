@@ -254,6 +254,12 @@ final class LocalSocketServer implements AutoCloseable {
             rejections.record(Rejections.Reason.LOCAL_STALLED, "local socket " + path + ": " + e.getMessage());
         } catch (IOException e) {
             // the client went away mid-frame, or close(): nothing to answer
+        } catch (RuntimeException e) {
+            // a bug, not the client's doing: logged through the server's logger (its format),
+            // never left to the thread's default handler on stderr
+            if (open) {
+                LOG.log(System.Logger.Level.WARNING, "local socket " + path + ": connection ended by " + e, e);
+            }
         }
     }
 

@@ -183,7 +183,8 @@ final class CopyLane {
         // waiting for it, and waits for aux once, before the batch's done event
         boolean layersOnAux = groups > 1 && !toHost && options.layerSplit().copyEngine();
         boolean auxBehind = false;
-        boolean led = batch.held() && options.layerSplit().leadBytes() > 0;
+        // a held batch of one group passed its hold before it came here (CudaTransferEngine.submit)
+        boolean led = groups > 1 && batch.held() && options.layerSplit().leadBytes() > 0;
         int heldFrom = led ? options.layerSplit().leadGroups(batch) : groups;
         for (int g = 0; g < groups; g++) {
             if (g == heldFrom) {
@@ -207,10 +208,10 @@ final class CopyLane {
                 direct(batch, start, end, toHost, false, stream);
             }
             runs.flush(stream);
+            auxBehind |= leadOnAux; // the done event below joins aux
             if (groups > 1) {
                 if (leadOnAux) {
                     CudaDriver.eventRecord(groupEvents[g], aux);
-                    auxBehind = true;
                 } else if (layersOnAux && (scattered || auxBehind)) {
                     // the group's pieces on stream (if any) and its scatters on aux, both
                     CudaDriver.eventRecord(callerEvent, stream);

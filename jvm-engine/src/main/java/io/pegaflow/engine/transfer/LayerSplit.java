@@ -30,7 +30,7 @@ import io.pegaflow.engine.InvalidArgumentException;
  *                     copies while vLLM prepares the step instead of leaving PCIe idle. The
  *                     lead goes through the copy kernel, never the copy engine, so the step's
  *                     input copies (on the copy engine, queued meanwhile) wait behind none of
- *                     it, as they waited behind a load queued whole at allocation. 0
+ *                     it, whereas they waited behind a load queued whole at allocation. 0
  *                     (the default): the whole load waits. Only where nothing writes the
  *                     load's blocks between the allocation and the step's start: vLLM zeroes
  *                     newly allocated blocks on its compute stream in that window where its
