@@ -83,17 +83,17 @@ def test_bad_requests_name_the_value():
 def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypatch):
     """BlockKeys.warm_up computes throwaway chains on a daemon thread where the connector keys
     blocks by its own chain, and nothing where vLLM's hashes are the keys; the keys of a request
-    afterwards are the chain of its tokens, as without it."""
+    afterwards are the chain of its tokens, as without it; PEGAFLOW_KEY_WARM_UP=0 turns it off."""
     import types
 
     from pegaflow.connector import _compat, _keys
 
-    monkeypatch.setattr(_keys, "WARM_UP_BLOCKS", 64)
+    monkeypatch.setattr(_keys, "WARM_UP_TOKENS", 1024)
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: True)
     assert _keys.BlockKeys("sha256", 16).warm_up() is None
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
     keys = _keys.BlockKeys("sha256", 16)
-    t = keys.warm_up(chain_blocks=8)
+    t = keys.warm_up(chain_tokens=128)
     assert t is not None and t.daemon and t.name == "pegaflow-key-warm-up"
     t.join(30)
     assert not t.is_alive()
@@ -102,3 +102,5 @@ def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypa
     req = types.SimpleNamespace(request_id="r", block_hashes=[b"v"] * 4, all_token_ids=tokens, lora_request=None,
                                 mm_features=None, cache_salt=None)
     assert list(keys.of(req)) == vllm_block_hashes(tokens, 16, "sha256", _compat.none_hash_seed())
+    monkeypatch.setenv("PEGAFLOW_KEY_WARM_UP", "0")
+    assert _keys.BlockKeys("sha256", 16).warm_up() is None

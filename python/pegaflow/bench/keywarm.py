@@ -1,6 +1,6 @@
 """The block-key warm-up against none, in fresh processes side by side (``BlockKeys.warm_up``).
 
-``python -m pegaflow.bench.keywarm [--processes N] [--blocks B] > report.json``: N fresh
+``python -m pegaflow.bench.keywarm [--processes N] [--tokens T] > report.json``: N fresh
 processes with the warm-up and N without, in turn. Each keys blocks by the connector's own chain
 (as vLLM 0.26 without ``PYTHONHASHSEED`` makes it), starts the JVM as the connector's start does,
 runs the warm-up to its end where asked (vLLM's own start takes far longer), then computes the
@@ -21,14 +21,14 @@ import sys
 import time
 
 
-def child(warm: bool, blocks: int) -> dict:
+def child(warm: bool, tokens: int) -> dict:
     from pegaflow.connector import _compat, _keys
     from pegaflow.engine import vllm_block_hashes
 
     _compat.none_hash_is_reproducible = lambda algo: False  # the own chain, whatever vLLM is installed
     seed = _compat.none_hash_seed()
     vllm_block_hashes([1] * 16, 16, "sha256", seed)  # the JVM started, as the connector's start does
-    _keys.WARM_UP_BLOCKS = blocks
+    _keys.WARM_UP_TOKENS = tokens
     warm_s = None
     if warm:
         t = time.perf_counter()
@@ -45,7 +45,7 @@ def child(warm: bool, blocks: int) -> dict:
     first = chain(512)
     before = [chain(512) for _ in range(9)] + [chain(1024) for _ in range(5)]
     after = [chain(1024) for _ in range(5)]
-    return {"warm_up": warm, "warm_up_blocks": blocks if warm else 0, "warm_up_s": warm_s, "first_8k_chain_ms": first,
+    return {"warm_up": warm, "warm_up_tokens": tokens if warm else 0, "warm_up_s": warm_s, "first_8k_chain_ms": first,
             "chains_before_ms": before, "next_16k_chains_ms": after}
 
 
@@ -63,23 +63,23 @@ def summary(rows: list[dict]) -> dict:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m pegaflow.bench.keywarm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--processes", type=int, default=6, help="fresh processes per mode (default 6)")
-    ap.add_argument("--blocks", type=int, default=None, help="block keys the warm-up computes (default: the connector's)")
+    ap.add_argument("--tokens", type=int, default=None, help="token ids the warm-up's chains cover (default: the connector's)")
     ap.add_argument("--child", choices=("warm", "none"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.processes < 1:
         ap.error(f"--processes {args.processes}: expected 1 or more")
     from pegaflow.connector import _keys
 
-    blocks = args.blocks if args.blocks is not None else _keys.WARM_UP_BLOCKS
-    if blocks < 1:
-        ap.error(f"--blocks {blocks}: expected 1 or more")
+    tokens = args.tokens if args.tokens is not None else _keys.WARM_UP_TOKENS
+    if tokens < 1:
+        ap.error(f"--tokens {tokens}: expected 1 or more")
     if args.child:
-        print(json.dumps(child(args.child == "warm", blocks)))
+        print(json.dumps(child(args.child == "warm", tokens)))
         return 0
     rows: dict[str, list] = {"none": [], "warm": []}
     for _ in range(args.processes):
         for mode in ("none", "warm"):
-            out = subprocess.run([sys.executable, "-m", "pegaflow.bench.keywarm", "--child", mode, "--blocks", str(blocks)],
+            out = subprocess.run([sys.executable, "-m", "pegaflow.bench.keywarm", "--child", mode, "--tokens", str(tokens)],
                                  capture_output=True, text=True, check=True)
             rows[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     json.dump({"command": "python -m pegaflow.bench.keywarm " + " ".join(argv),

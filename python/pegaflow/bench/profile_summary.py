@@ -57,7 +57,7 @@ def summarize(path: str, layers: int = 32) -> dict:
     out: dict = {"first_forward_attention_kernel_starts_by_layer": [ms(e["ts"]) for e in attention]}
     # the sampled tokens' copy to the host: a small device-to-host copy after the last layer's
     # attention (on the compute stream, or vLLM's output-copy stream in the V2 model runner), not
-    # a save's (megabytes)
+    # a save's
     to_host = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")
                and attention and e["ts"] > attention[-1]["ts"] and e.get("args", {}).get("bytes", 0) <= TOKEN_COPY_BYTES]
     if to_host:
@@ -179,8 +179,9 @@ def step_ranges(stamped: list, token_ts) -> dict:
     return out
 
 
-# The sampled tokens' copy to the host is this small at most (a batch's token ids); a save's copies are megabytes
-TOKEN_COPY_BYTES = 1 << 20
+# The sampled tokens' copy to the host is this small at most (a batch's token ids, 8 bytes each
+# at most); a save's copies are a bounce slot or a pool stretch, far longer
+TOKEN_COPY_BYTES = 64 << 10
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 

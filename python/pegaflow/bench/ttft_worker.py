@@ -156,7 +156,7 @@ def annotate_steps(llm) -> list[str]:
     """Wraps the parts of vLLM's engine step named in ``STEP_PARTS`` (on the in-process engine
     core's objects, this process only) in torch.profiler ranges, so a trace places the
     connector's hook ranges (``pegaflow.*``) and the GPU's work inside vLLM's step; returns the
-    ranges set. For the benchmark's traces only: with no profiler running a range costs ~1 us."""
+    ranges set. For the benchmark's traces only (a range costs a little even with no profiler running)."""
     import torch
 
     core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)

@@ -20,9 +20,11 @@ from . import _compat
 
 log = logging.getLogger("pegaflow.connector")
 
-# Block keys the warm-up chains compute in all (BlockKeys.warm_up): enough calls of the Java
-# hasher for the JVM to compile it with its optimizing compiler before the first requests
-WARM_UP_BLOCKS = 131072
+# Token ids the warm-up chains cover in all (BlockKeys.warm_up, whatever the block size): enough
+# calls of the Java hasher for the JVM to compile it with its optimizing compiler before the first
+# requests. PEGAFLOW_KEY_WARM_UP=0 turns the warm-up off.
+WARM_UP_TOKENS = 2 * 1024 * 1024
+WARM_UP_ENV = "PEGAFLOW_KEY_WARM_UP"
 
 
 def has_extra_keys(request) -> bool:
@@ -76,35 +78,40 @@ class BlockKeys:
     def forget(self, req_id: str) -> None:
         self._keys.pop(req_id, None)
 
-    def warm_up(self, chain_blocks: int = 1024) -> threading.Thread | None:
+    def warm_up(self, chain_tokens: int = 16384) -> threading.Thread | None:
         """Where this process will key blocks by its own chain (vLLM's minor and ``PYTHONHASHSEED``
-        say so; the first request decides for good), computes throwaway chains of ``chain_blocks``
-        blocks, ``WARM_UP_BLOCKS`` in all, on a daemon thread: the JVM compiles the hasher while
-        vLLM starts instead of during the first requests' lookups, which compute a prompt's whole
-        chain on vLLM's scheduling thread (docs/benchmarks/README.md, "Block-key warm-up":
-        ``python -m pegaflow.bench.keywarm`` sets fresh processes with and without it side by
-        side). Returns the thread,
-        or None where vLLM's own hashes are the keys. A failure only logs: the keys are computed
-        the same without it."""
+        say so; the first request decides for good), computes throwaway chains of
+        ``chain_tokens`` token ids, ``WARM_UP_TOKENS`` in all, on a daemon thread: the JVM
+        compiles the hasher from the connector's start on instead of during the first requests'
+        lookups, which compute a prompt's whole chain on vLLM's scheduling thread
+        (docs/benchmarks/README.md, "Block-key warm-up": ``python -m pegaflow.bench.keywarm``
+        sets fresh processes with and without it side by side). The ids span the vocabularies of
+        current models, so the hasher's encodings of large ids are compiled too. Returns the
+        thread, or None where vLLM's own hashes are the keys or ``PEGAFLOW_KEY_WARM_UP=0``. A
+        failure only logs: the keys are computed the same without it."""
+        import os
+
+        if os.environ.get(WARM_UP_ENV, "").strip() == "0":
+            return None
         try:
-            own = not _compat.none_hash_is_reproducible(self.algo)
+            if _compat.none_hash_is_reproducible(self.algo):
+                return None
+            algo, bs, seed = self.algo, self.block_size, _compat.none_hash_seed()
+            n = max(bs, chain_tokens // bs * bs)
+
+            def run() -> None:
+                try:
+                    from ..engine import vllm_block_hashes
+
+                    tokens = [(i * 7919) % 151_000 + 1 for i in range(n)]
+                    for _ in range(max(1, WARM_UP_TOKENS // n)):
+                        vllm_block_hashes(tokens, bs, algo, seed)
+                except Exception as e:  # noqa: BLE001 - an optimisation only
+                    log.debug("block key warm-up stopped: %s", e)
+
+            t = threading.Thread(target=run, name="pegaflow-key-warm-up", daemon=True)
+            t.start()
+            return t
         except Exception as e:  # noqa: BLE001 - an optimisation only
             log.debug("block key warm-up skipped: %s", e)
             return None
-        if not own:
-            return None
-        algo, bs, seed = self.algo, self.block_size, _compat.none_hash_seed()
-
-        def run() -> None:
-            from ..engine import vllm_block_hashes
-
-            tokens = [(i * 7919) % 32000 + 1 for i in range(chain_blocks * bs)]
-            try:
-                for _ in range(max(1, WARM_UP_BLOCKS // chain_blocks)):
-                    vllm_block_hashes(tokens, bs, algo, seed)
-            except Exception as e:  # noqa: BLE001 - an optimisation only
-                log.debug("block key warm-up stopped: %s", e)
-
-        t = threading.Thread(target=run, name="pegaflow-key-warm-up", daemon=True)
-        t.start()
-        return t

@@ -58,11 +58,18 @@ log = logging.getLogger("pegaflow.connector")
 PROFILE_HOOKS_ENV = "PEGAFLOW_PROFILE_HOOKS"
 
 
+_profile_hooks: bool | None = None  # PROFILE_HOOKS_ENV, read at the first hook
+
+
 def _span(name: str):
     """With ``$PEGAFLOW_PROFILE_HOOKS=1``, a torch.profiler range named ``name`` (so a trace shows
     the connector's hooks on vLLM's thread beside vLLM's own steps: ``pegaflow-bench ttft``'s
-    traces set it); else None. Read per call: vLLM may import this module before the variable is set."""
-    if os.environ.get(PROFILE_HOOKS_ENV) != "1":
+    traces set it); else None. The variable is read at the first hook, not at import: vLLM may
+    import this module before the benchmark sets it."""
+    global _profile_hooks
+    if _profile_hooks is None:
+        _profile_hooks = os.environ.get(PROFILE_HOOKS_ENV) == "1"
+    if not _profile_hooks:
         return None
     import torch
 
