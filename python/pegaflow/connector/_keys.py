@@ -13,6 +13,7 @@ it is shared within its process only, and that is logged once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 
@@ -89,8 +90,6 @@ class BlockKeys:
         current models, so the hasher's encodings of large ids are compiled too. Returns the
         thread, or None where vLLM's own hashes are the keys or ``PEGAFLOW_KEY_WARM_UP=0``. A
         failure only logs: the keys are computed the same without it."""
-        import os
-
         if os.environ.get(WARM_UP_ENV, "").strip() == "0":
             return None
         try:
