@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import ctypes
 import json
+import struct
 from ctypes import c_int32, c_int64
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -344,18 +345,30 @@ def noop() -> None:
     _bridge.api().call("noop")
 
 
+def _int32s(tokens: Sequence[int]) -> tuple[bytes, int]:
+    """The token ids as native 32-bit ints for the C ABI, and their count: ``struct.pack`` (a
+    scheduling-step cost: a prompt's ids are packed at its first lookup; it packs a list faster
+    than ``array.array``). An id out of range or not an integer is refused naming it."""
+    tokens = tokens if isinstance(tokens, (list, tuple)) else list(tokens)
+    try:
+        return struct.pack(f"={len(tokens)}i", *tokens), len(tokens)
+    except struct.error:
+        bad = next((t for t in tokens if not isinstance(t, int) or not -(1 << 31) <= t < 1 << 31), None)
+        raise InvalidArgumentError(f"token id {bad!r:.40}; expected integers from 0 to {(1 << 31) - 1}") from None
+
+
 def vllm_block_hashes(tokens: Sequence[int], block_size: int, algo: str = "sha256", seed: str | None = None,
                       parent: bytes | None = None) -> list[bytes]:
     """vLLM's prefix-caching hashes of the full blocks of ``tokens`` (the engine's Java hasher,
     C ABI ``block_hashes``): what ``hash_block_tokens`` gives a request without extra keys,
     for vLLM's ``algo`` (sha256, sha256_cbor, xxhash, xxhash_cbor) and the ``seed`` its
     processes run with (``PYTHONHASHSEED``; None: vLLM's default, SHA-256 algorithms only)."""
-    toks = array.array("i", tokens)
+    toks, n_tokens = _int32s(tokens)
     count, hash_len = ctypes.c_int32(), ctypes.c_int32()
-    n = len(toks) // block_size if block_size > 0 else 0
+    n = n_tokens // block_size if block_size > 0 else 0
     out = ctypes.create_string_buffer(max(1, n * 32))
     _bridge.api().call("block_hashes", algo.encode(), None if seed is None else seed.encode(), parent or b"",
-                       len(parent or b""), toks.buffer_info()[0], len(toks), block_size, out, len(out),
+                       len(parent or b""), toks, n_tokens, block_size, out, len(out),
                        ctypes.byref(count), ctypes.byref(hash_len))
     raw = out.raw
     return [raw[i * hash_len.value:(i + 1) * hash_len.value] for i in range(count.value)]
@@ -365,7 +378,7 @@ def tail_key(parent: bytes, tokens: Sequence[int]) -> bytes:
     """The store's key of a prompt's partial last block (P/D's tail flow), derived in Java (C ABI
     ``tail_key``, ``VllmBlockHasher.tailKey``) from the last full block's key ``parent`` and the
     tail's token ids: the same on the prefill and the decode side."""
-    toks = array.array("i", tokens)
+    toks, n_tokens = _int32s(tokens)
     out = ctypes.create_string_buffer(max(1, len(parent)))
-    _bridge.api().call("tail_key", parent, len(parent), toks.buffer_info()[0], len(toks), out)
+    _bridge.api().call("tail_key", parent, len(parent), toks, n_tokens, out)
     return out.raw[: len(parent)]

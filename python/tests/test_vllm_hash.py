@@ -78,6 +78,10 @@ def test_bad_requests_name_the_value():
         vllm_block_hashes([1, 2], 1, "xxhash")
     with pytest.raises(InvalidArgumentError, match="block size 0; expected >= 1"):
         vllm_block_hashes([1, 2], 0, "sha256")
+    with pytest.raises(InvalidArgumentError, match=r"token id 1099511627776; expected integers from 0 to 2147483647"):
+        vllm_block_hashes([1, 1 << 40], 1, "sha256")
+    with pytest.raises(InvalidArgumentError, match=r"token id 'x'; expected integers"):
+        vllm_block_hashes([1, "x"], 1, "sha256")
 
 
 def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypatch):

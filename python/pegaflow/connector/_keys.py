@@ -72,7 +72,7 @@ class BlockKeys:
             from ..engine import vllm_block_hashes
 
             tokens = request.all_token_ids[len(keys) * bs:n * bs]
-            keys.extend(vllm_block_hashes(list(tokens), bs, self.algo, _compat.none_hash_seed(),
+            keys.extend(vllm_block_hashes(tokens, bs, self.algo, _compat.none_hash_seed(),
                                           keys[-1] if keys else None))
         return keys if len(keys) == n else keys[:n]
 
