@@ -16,8 +16,7 @@ export PYTHONPATH=$PWD/python:/tmp/vllm-site JAVA_HOME=/tmp/ours-site/pegaflow/_
   PEGAFLOW_JAR=${PEGAFLOW_JAR:-/tmp/ours-site/pegaflow/_jars/pegaflow.jar} \
   VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 if [ "${PROFILE:-0}" = 1 ]; then
-  export PEGAFLOW_TTFT_PROFILE=$out/prof-$name
-  mkdir -p "$PEGAFLOW_TTFT_PROFILE"
+  export PEGAFLOW_TTFT_PROFILE=$out/prof-$name  # the ttft worker makes the folder
 fi
 timeout "${TTFT_S:-540}" python3 -m pegaflow.cli ttft --prompts 5 --pool-size 14gb --timeout 110 --async-scheduling off \
   --pegaflow-site /tmp/pf-site --vllm-site /tmp/vllm-site --json "$out/$name.json" "$@" > "$out/$name.log" 2>&1

@@ -96,11 +96,26 @@ def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypa
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: True)
     assert _keys.BlockKeys("sha256", 16).warm_up() is None
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
+    import pegaflow.engine
+
+    chains = []
+
+    def counted(tokens, *args, **kwargs):
+        chains.append((len(tokens), max(tokens), args[1:3]))
+        return vllm_block_hashes(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(pegaflow.engine, "vllm_block_hashes", counted)
     keys = _keys.BlockKeys("sha256", 16)
     t = keys.warm_up(chain_tokens=128)
     assert t is not None and t.daemon and t.name == "pegaflow-key-warm-up"
     t.join(30)
     assert not t.is_alive()
+    # 1,024 ids in chains of 128 through the Java hasher, with the process's algorithm and seed,
+    # and ids past 65,535 among them (the hasher's longer encodings compiled too)
+    assert len(chains) == 8 and all(n == 128 and top > 65535 for n, top, _ in chains)
+    assert {a for _, _, a in chains} == {("sha256", _compat.none_hash_seed())}
+    monkeypatch.undo()
+    monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
     rng = random.Random(5)
     tokens = [rng.randrange(50000) for _ in range(64)]
     req = types.SimpleNamespace(request_id="r", block_hashes=[b"v"] * 4, all_token_ids=tokens, lora_request=None,

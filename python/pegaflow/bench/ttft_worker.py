@@ -186,7 +186,8 @@ def main(spec_path: str, out_path: str) -> int:
     from vllm.config import KVTransferConfig
 
     kv = KVTransferConfig(**spec["kv_transfer"]) if spec.get("kv_transfer") else None
-    if os.environ.get("PEGAFLOW_TTFT_PROFILE"):
+    tracing = bool(os.environ.get("PEGAFLOW_TTFT_PROFILE"))
+    if tracing:
         os.environ["PEGAFLOW_PROFILE_HOOKS"] = "1"  # the connector's hooks as ranges in the traces
     t0 = time.perf_counter()
     extra = {"block_size": spec["block_size"]} if spec.get("block_size") else {}
@@ -200,7 +201,7 @@ def main(spec_path: str, out_path: str) -> int:
               kv_transfer_config=kv, disable_log_stats=False, seed=0,
               max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384), **extra)
     start_s = time.perf_counter() - t0
-    if os.environ.get("PEGAFLOW_TTFT_PROFILE"):
+    if tracing:
         annotate_steps(llm)
     sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True, detokenize=False)
     vocab = int(spec.get("vocab", 128256))

@@ -23,6 +23,7 @@ it; the store being unreachable is a miss, never an exception into vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -59,18 +60,19 @@ PROFILE_HOOKS_ENV = "PEGAFLOW_PROFILE_HOOKS"
 
 
 _profile_hooks: bool | None = None  # PROFILE_HOOKS_ENV, read at the first hook
+_NO_SPAN = contextlib.nullcontext()
 
 
 def _span(name: str):
     """With ``$PEGAFLOW_PROFILE_HOOKS=1``, a torch.profiler range named ``name`` (so a trace shows
     the connector's hooks on vLLM's thread beside vLLM's own steps: ``pegaflow-bench ttft``'s
-    traces set it); else None. The variable is read at the first hook, not at import: vLLM may
-    import this module before the benchmark sets it."""
+    traces set it); else a context that does nothing. The variable is read at the first hook,
+    not at import: vLLM may import this module before the benchmark sets it."""
     global _profile_hooks
     if _profile_hooks is None:
         _profile_hooks = os.environ.get(PROFILE_HOOKS_ENV) == "1"
     if not _profile_hooks:
-        return None
+        return _NO_SPAN
     import torch
 
     return torch.profiler.record_function(name)
@@ -84,11 +86,8 @@ def _timed(hook):
     @functools.wraps(hook)
     def timed(self, *args, **kwargs):
         began = time.perf_counter_ns()
-        span = _span(name)
         try:
-            if span is None:
-                return hook(self, *args, **kwargs)
-            with span:
+            with _span(name):
                 return hook(self, *args, **kwargs)
         finally:
             self._hooks[1] += time.perf_counter_ns() - began
@@ -369,12 +368,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         # asynchronous loads' requests are not in this forward pass.
         if self._worker is not None and self._worker.step_loads:
             t = time.perf_counter_ns()
-            span = _span("pegaflow.wait_for_layer_load")
-            if span is None:
+            with _span("pegaflow.wait_for_layer_load"):
                 self._worker.wait_layer(layer_name)
-            else:
-                with span:
-                    self._worker.wait_layer(layer_name)
             self._hooks[1] += time.perf_counter_ns() - t
 
     @classmethod

@@ -525,13 +525,14 @@ final class LocalSocketServer implements AutoCloseable {
     static void interest(Conn c, int op) throws IOException {
         SelectionKey key = c.channel.keyFor(c.selector);
         try {
-            if (key == null) {
-                throw new java.nio.channels.CancelledKeyException();
+            if (key != null) {
+                key.interestOps(op);
+                return;
             }
-            key.interestOps(op);
         } catch (java.nio.channels.CancelledKeyException e) {
-            throw new IOException("connection closed while waiting for it", e);
+            // cancelled between keyFor and interestOps: as below
         }
+        throw new IOException("connection closed while waiting for it");
     }
 
     private static void closeQuietly(SocketChannel c) {

@@ -139,11 +139,8 @@ final class CopyLane {
     void enqueueLater(CopyBatch batch, Future future, java.util.function.Consumer<Throwable> failed) {
         enqueuer.execute(() -> {
             try {
-                if (options.layerSplit().leadBytes() == 0) {
-                    batch.awaitGate(); // no lead: nothing of a held batch before its hold opens
-                }
                 device.makeCurrent();
-                enqueue(batch, future); // with a lead: waits for the hold where the lead ends
+                enqueue(batch, future); // a held batch waits for its hold there
                 pending.add(future);
             } catch (Throwable e) {
                 failed.accept(e);
@@ -153,8 +150,8 @@ final class CopyLane {
 
     /**
      * With the device current, after {@link #recordCaller}: queue every copy of the batch. A
-     * held batch's groups past its lead ({@link io.pegaflow.engine.transfer.LayerSplit#leadGroups})
-     * are queued once its hold opens, this thread waiting for it there.
+     * held batch's groups past its lead ({@link io.pegaflow.engine.transfer.LayerSplit#leadGroups};
+     * without a lead, all of them) are queued once its hold opens, this thread waiting for it there.
      */
     void enqueue(CopyBatch batch, Future future) {
         if (batch.waitStream() != 0) {
@@ -183,9 +180,11 @@ final class CopyLane {
         // waiting for it, and waits for aux once, before the batch's done event
         boolean layersOnAux = groups > 1 && !toHost && options.layerSplit().copyEngine();
         boolean auxBehind = false;
-        // a held batch of one group passed its hold before it came here (CudaTransferEngine.submit)
+        // the first group a held batch queues only once its hold opens: after its lead where it
+        // has one (a layer-wise load of several groups), else the first; a batch of one group
+        // passed its hold before it came here (CudaTransferEngine.submit)
         boolean led = groups > 1 && batch.held() && options.layerSplit().leadBytes() > 0;
-        int heldFrom = led ? options.layerSplit().leadGroups(batch) : groups;
+        int heldFrom = !batch.held() ? groups : led ? options.layerSplit().leadGroups(batch) : 0;
         for (int g = 0; g < groups; g++) {
             if (g == heldFrom) {
                 batch.awaitGate();
