@@ -219,7 +219,10 @@ typedef struct pegaflow_api {
        (window 0). Each group is its own store instance (registered with link_register_worker
        under that id), so its blocks hold its layers only. A model with one group: "0 0 <id>".
        load_enabled: 0 no loads (save-only), 1 load, 2 load and wait for the whole prefix
-       ("not yet" until it is all there, up to the wait limit): a P/D decode instance. */
+       ("not yet" until it is all there, up to the wait limit): a P/D decode instance; plus 4
+       and 8: see "Loads inside the step" below; plus 16: the JVM warms the scheduler side's
+       per-request path up on a scratch engine of its own, once per process, on its own thread
+       (accepted since ABI 9's wave 3 builds of 2026-12-04; older ones refuse the mode). */
     int32_t (*sched_create)(int64_t link, const char *groups, int32_t block_size,
                             int32_t load_enabled, int64_t *out_sched);
     /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store

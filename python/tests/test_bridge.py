@@ -324,3 +324,43 @@ def test_the_c_host_gets_a_clear_error_without_a_java_runtime(tmp_path):
             "file") in proc.stderr
     proc = subprocess.run([str(exe), str(tmp_path / "missing.jar")], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 3 and "engine jar " + str(tmp_path / "missing.jar") + " not found" in proc.stderr
+
+
+def test_the_scheduler_side_asks_for_the_lookup_warm_up_by_a_mode_bit(monkeypatch):
+    """sched_create's bit 16 starts the JVM's lookup warm-up (LookupWarmUp, on its own thread) and
+    the side answers lookups meanwhile; a bit past those defined is refused, naming bit 16; an
+    engine jar that refuses bit 16 (one built before it) gets the side without the warm-up."""
+    import ctypes
+
+    from pegaflow import _bridge
+    from pegaflow.connector import _runtime
+    from pegaflow.connector._brain import Group, SchedulerBrain
+
+    link = _runtime.Link(_runtime.Settings(mode="embedded", pool_size="64mb"))
+    try:
+        brain = SchedulerBrain(link.handle, [Group("warm")], 16, True, in_step=True, warm_up=True)
+        try:
+            assert brain.lookup("r", [bytes(32)] * 4, 65, 0) == 0  # nothing registered, nothing stored: a miss
+        finally:
+            brain.close()
+        out = ctypes.c_int64()
+        with pytest.raises(errors.InvalidArgumentError, match=r"load mode 33; .*plus 16 to warm the lookup path up"):
+            _bridge.api().call("sched_create", link.handle, b"0 0 warm", 16, 33, ctypes.byref(out))
+
+        api, modes = _bridge.api(), []
+
+        class OlderJar:  # refuses the bit as a jar from before it does, passes the rest to the real one
+            def call(self, name, *args):
+                if name == "sched_create":
+                    modes.append(args[3])
+                    if args[3] & 16:
+                        raise errors.InvalidArgumentError(f"sched_create load mode {args[3]}; expected ...")
+                return api.call(name, *args)
+
+        monkeypatch.setattr(_bridge, "api", lambda: OlderJar())
+        older = SchedulerBrain(link.handle, [Group("warm")], 16, True, in_step=True, warm_up=True)
+        monkeypatch.undo()
+        older.close()
+        assert modes == [1 | 4 | 16, 1 | 4]
+    finally:
+        link.close()

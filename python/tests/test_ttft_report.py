@@ -410,3 +410,25 @@ def test_the_key_warm_up_report_takes_medians_over_processes():
                              "next_16k_chain_ms_median": 2.0, "warm_up_s_median": 0.2}
     with pytest.raises(SystemExit):
         main(["--processes", "0"])
+
+
+def test_the_lookup_warm_up_report_takes_medians_over_processes(capsys):
+    """lookupwarm's summary: per arm, the median over processes of each process's median hook,
+    Java lookup, keys and cold lookup, and of each process's first warm hook; bad counts and a
+    token count off the block size are refused naming them."""
+    import pytest
+
+    from pegaflow.bench.lookupwarm import main, summary
+
+    rows = [{"warm_hook_ms": [h, h + 1, 9.0], "warm_java_lookup_ms": [j, j, 5.0], "warm_keys_ms": [k, k, k],
+             "cold_hook_ms": [c, 1.0, c]} for h, j, k, c in ((3.0, 1.0, 0.5, 20.0), (1.0, 0.2, 0.7, 10.0),
+                                                             (2.0, 0.4, 0.9, 30.0))]
+    assert summary(rows) == {"processes": 3, "warm_hook_ms_median": 3.0, "warm_java_lookup_ms_median": 0.4,
+                             "warm_keys_ms_median": 0.7, "first_warm_hook_ms_median": 2.0, "cold_hook_ms_median": 20.0}
+    for bad, said in ((["--processes", "0"], "--processes 0: expected 1 or more"),
+                      (["--prompts", "0"], "--prompts 0: expected 1 or more"),
+                      (["--lookups", "0"], "--lookups 0: expected 1 or more"),
+                      (["--tokens", "100"], "--tokens 100: expected a positive multiple of 16")):
+        with pytest.raises(SystemExit):
+            main(bad)
+        assert said in capsys.readouterr().err

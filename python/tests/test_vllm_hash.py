@@ -87,12 +87,14 @@ def test_bad_requests_name_the_value():
 def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypatch):
     """BlockKeys.warm_up computes throwaway chains on a daemon thread where the connector keys
     blocks by its own chain, and nothing where vLLM's hashes are the keys; the keys of a request
-    afterwards are the chain of its tokens, as without it; PEGAFLOW_KEY_WARM_UP=0 turns it off."""
+    afterwards are the chain of its tokens, as without it; it starts once per process;
+    PEGAFLOW_WARM_UP=0 turns it off (PEGAFLOW_KEY_WARM_UP=0 too, its former name)."""
     import types
 
     from pegaflow.connector import _compat, _keys
 
     monkeypatch.setattr(_keys, "WARM_UP_TOKENS", 1024)
+    monkeypatch.setattr(_keys, "_warm_up_started", False)
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: True)
     assert _keys.BlockKeys("sha256", 16).warm_up() is None
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
@@ -114,6 +116,7 @@ def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypa
     # and ids past 65,535 among them (the hasher's longer encodings compiled too)
     assert len(chains) == 8 and all(n == 128 and top > 65535 for n, top, _ in chains)
     assert {a for _, _, a in chains} == {("sha256", _compat.none_hash_seed())}
+    assert _keys.BlockKeys("sha256", 16).warm_up() is None  # once per process
     monkeypatch.undo()
     monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
     rng = random.Random(5)
@@ -121,5 +124,11 @@ def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypa
     req = types.SimpleNamespace(request_id="r", block_hashes=[b"v"] * 4, all_token_ids=tokens, lora_request=None,
                                 mm_features=None, cache_salt=None)
     assert list(keys.of(req)) == vllm_block_hashes(tokens, 16, "sha256", _compat.none_hash_seed())
-    monkeypatch.setenv("PEGAFLOW_KEY_WARM_UP", "0")
-    assert _keys.BlockKeys("sha256", 16).warm_up() is None
+    monkeypatch.setattr(_keys, "_warm_up_started", False)
+    for name in ("PEGAFLOW_WARM_UP", "PEGAFLOW_KEY_WARM_UP"):
+        monkeypatch.setenv(name, "0")
+        assert not _keys.warm_up_enabled()
+        assert _keys.BlockKeys("sha256", 16).warm_up() is None
+        monkeypatch.delenv(name)
+    assert _keys.warm_up_enabled()
+

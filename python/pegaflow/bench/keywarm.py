@@ -16,9 +16,10 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
+
+from . import child_report, fresh_process
 
 
 def child(warm: bool, tokens: int) -> dict:
@@ -74,14 +75,13 @@ def main(argv: list[str]) -> int:
     if tokens < 1:
         ap.error(f"--tokens {tokens}: expected 1 or more")
     if args.child:
-        print(json.dumps(child(args.child == "warm", tokens)))
+        child_report(child(args.child == "warm", tokens))
         return 0
     rows: dict[str, list] = {"none": [], "warm": []}
     for _ in range(args.processes):
         for mode in ("none", "warm"):
-            out = subprocess.run([sys.executable, "-m", "pegaflow.bench.keywarm", "--child", mode, "--tokens", str(tokens)],
-                                 capture_output=True, text=True, check=True)
-            rows[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            rows[mode].append(fresh_process(["pegaflow.bench.keywarm", "--child", mode, "--tokens", str(tokens)],
+                                            f"keywarm's {mode} process"))
     json.dump({"command": "python -m pegaflow.bench.keywarm " + " ".join(argv),
                "none": summary(rows["none"]), "warm_up": summary(rows["warm"]), "runs": rows}, sys.stdout, indent=1)
     print()

@@ -189,6 +189,7 @@ class SimEngine:
         verify: bool = False,
         hybrid: str | None = None,
         window: int = 40,
+        max_model_len: int = 4096,
     ):
         """``hybrid``: None (one full-attention group, ``LAYERS`` layers), ``"swa"`` (vLLM's hybrid
         manager with a full-attention layer and a sliding-window layer of ``window`` tokens) or
@@ -206,7 +207,7 @@ class SimEngine:
         self.outputs: dict[str, list[int]] = {}
         self.finish_status: dict[str, RequestStatus] = {}
         model_config = ModelConfig(model=str(TINY_MODEL), skip_tokenizer_init=True, dtype="float16",
-                                   max_model_len=4096, seed=0)
+                                   max_model_len=max_model_len, seed=0)
         if (why := layout_available(layout)) is not None:
             raise LayoutNotInThisMinor(why)
         self.layout = layout
@@ -225,7 +226,7 @@ class SimEngine:
         self.vllm_config = VllmConfig(
             model_config=model_config,
             scheduler_config=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                                             max_model_len=4096, enable_chunked_prefill=True,
+                                             max_model_len=max_model_len, enable_chunked_prefill=True,
                                              is_encoder_decoder=False,
                                              # this loop schedules, runs and takes each step's output in turn
                                              async_scheduling=False),

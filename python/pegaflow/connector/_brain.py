@@ -41,7 +41,8 @@ def _tables(tables: Sequence[Sequence[int]]) -> tuple[array.array, array.array, 
 
 class SchedulerBrain:
     def __init__(self, link_handle: int, groups: Sequence[Group], block_size: int, load_enabled: bool,
-                 wait_full_prefix: bool = False, in_step: bool = False, at_alloc: bool = False):
+                 wait_full_prefix: bool = False, in_step: bool = False, at_alloc: bool = False,
+                 warm_up: bool = False):
         out = c_int64()
         self._api = _bridge.api()
         mode = (2 if wait_full_prefix else 1) if load_enabled else 0  # sched_create's load mode (pegaflow.h)
@@ -50,7 +51,16 @@ class SchedulerBrain:
         mode |= 4 if self.in_step else 0
         # ...started where vLLM allocates their blocks, when this process holds the worker too
         mode |= 8 if self.in_step and at_alloc else 0
-        self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
+        # the JVM compiles the per-request path on a scratch engine first (LookupWarmUp), once per process
+        mode |= 16 if warm_up else 0
+        try:
+            self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
+        except InvalidArgumentError:
+            if not mode & 16:
+                raise
+            # an engine jar from before the warm-up's bit refuses it: the side serves the same without
+            self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode & ~16,
+                           ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
 

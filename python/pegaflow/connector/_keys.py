@@ -23,9 +23,17 @@ log = logging.getLogger("pegaflow.connector")
 
 # Token ids the warm-up chains cover in all (BlockKeys.warm_up, whatever the block size): enough
 # calls of the Java hasher for the JVM to compile it with its optimizing compiler before the first
-# requests. PEGAFLOW_KEY_WARM_UP=0 turns the warm-up off.
+# requests. PEGAFLOW_WARM_UP=0 turns the connector's warm-ups off (this one and the lookup's).
 WARM_UP_TOKENS = 2 * 1024 * 1024
-WARM_UP_ENV = "PEGAFLOW_KEY_WARM_UP"
+WARM_UP_ENV = "PEGAFLOW_WARM_UP"
+_OLD_WARM_UP_ENV = "PEGAFLOW_KEY_WARM_UP"  # its name when it covered the keys' warm-up alone (still honoured)
+_warm_up_started = False  # once per process: the JIT's work is the process's, whatever the number of instances
+_warm_up_lock = threading.Lock()
+
+
+def warm_up_enabled() -> bool:
+    """Whether the connector warms its per-request paths up at start (``PEGAFLOW_WARM_UP``, on unless 0)."""
+    return all(os.environ.get(name, "").strip() != "0" for name in (WARM_UP_ENV, _OLD_WARM_UP_ENV))
 
 
 def has_extra_keys(request) -> bool:
@@ -88,13 +96,19 @@ class BlockKeys:
         (docs/benchmarks/README.md, "Block-key warm-up": ``python -m pegaflow.bench.keywarm``
         sets fresh processes with and without it side by side). The ids span the vocabularies of
         current models, so the hasher's encodings of large ids are compiled too. Returns the
-        thread, or None where vLLM's own hashes are the keys or ``PEGAFLOW_KEY_WARM_UP=0``. A
-        failure only logs: the keys are computed the same without it."""
-        if os.environ.get(WARM_UP_ENV, "").strip() == "0":
+        thread, or None where vLLM's own hashes are the keys, ``PEGAFLOW_WARM_UP=0``, or it
+        started in this process before (once per process). A failure only logs: the keys are
+        computed the same without it."""
+        global _warm_up_started
+        if not warm_up_enabled():
             return None
         try:
             if _compat.none_hash_is_reproducible(self.algo):
                 return None
+            with _warm_up_lock:
+                if _warm_up_started:
+                    return None
+                _warm_up_started = True
             algo, bs, seed = self.algo, self.block_size, _compat.none_hash_seed()
             n = max(bs, chain_tokens // bs * bs)
 

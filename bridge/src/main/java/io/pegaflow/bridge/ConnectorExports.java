@@ -91,16 +91,26 @@ final class ConnectorExports {
     static int pfSchedCreate(long link, MemorySegment groups, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            int mode = loadEnabled & ~(IN_STEP | AT_ALLOC);
+            int mode = loadEnabled & ~(IN_STEP | AT_ALLOC | WARM_UP);
             if (mode < 0 || mode > 2) {
                 throw new io.pegaflow.engine.InvalidArgumentException("sched_create load mode " + loadEnabled
                         + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode"
-                        + " instance), plus 4 for loads inside the step, plus 8 to start those where their blocks are allocated");
+                        + " instance), plus 4 for loads inside the step, plus 8 to start those where their blocks are allocated,"
+                        + " plus 16 to warm the lookup path up");
             }
             SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), groups(groups), blockSize,
                     mode != 0, mode == 2);
             s.inStepLoads((loadEnabled & IN_STEP) != 0);
             s.loadsAtAlloc((loadEnabled & AT_ALLOC) != 0);
+            if ((loadEnabled & WARM_UP) != 0) {
+                try {
+                    io.pegaflow.connector.LookupWarmUp.startOnce(blockSize); // once per process, on its own thread
+                } catch (RuntimeException | Error e) {
+                    // an optimisation only (no thread to be had, say): the side serves the same without it
+                    System.getLogger(ConnectorExports.class.getName()).log(System.Logger.Level.DEBUG,
+                            "lookup warm-up not started", e);
+                }
+            }
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
     }
@@ -199,6 +209,8 @@ final class ConnectorExports {
     static final int IN_STEP = 4;
     /** sched_create mode bit: in-step loads start where their blocks are allocated (a worker in this process). */
     static final int AT_ALLOC = 8;
+    /** sched_create mode bit: warm the lookup path up on a scratch engine ({@code LookupWarmUp}), once per process. */
+    static final int WARM_UP = 16;
 
     /** start_load_kv: as worker_start_loads; *out_in_step gets the step's loads that run inside it (ABI 6). */
     static int pfWorkerStartStepLoads(long worker, MemorySegment plan, long len, MemorySegment outInStep) {
