@@ -19,19 +19,23 @@ import java.util.Random;
 import java.util.concurrent.atomic.AtomicBoolean;
 
 /**
- * Runs the scheduler side's per-request path (lookup of a stored prefix and of a miss, the
- * allocation hook, the step's plan with its loads and saves, the request's end, and under them
- * the store's query, lease and release) on a scratch engine of its own, so the JIT has compiled
- * it before vLLM's first requests: in a fresh process those run interpreted or lightly compiled
- * code, on vLLM's scheduling thread, where their time is time to first token
+ * Runs a request's path through the connector's brain (the scheduler side's lookup of a stored
+ * prefix and of a miss, the allocation hook, the step's plan with its loads and saves, the
+ * request's end; the worker side's in-step load of the plan, layer by layer, and its end; and
+ * under them the store's query, lease, load plan and release) on a scratch engine of its own,
+ * so the JIT has compiled it before vLLM's first requests: in a fresh process those run
+ * interpreted or lightly compiled code, on vLLM's scheduling and forward threads, where their
+ * time is time to first token
  * ({@code python -m pegaflow.bench.lookupwarm} runs fresh processes with and without it;
  * docs/benchmarks/README.md, "Lookup warm-up"). The server warms its own side at start
  * ({@code io.pegaflow.server.Warmup}); this is the connector's side, and in embedded mode the store's.
+ * The scratch engine copies between host memory: the CUDA copy engine warms its own part at
+ * creation; the planning above it is shared.
  *
- * <p>The scratch engine is private: its own small pool (never written: saves are sealed by
- * their plans alone, no byte is copied), its own instance, its own counters. The real store,
- * its metrics and vLLM's blocks are untouched; the scratch engine is closed at the end. A
- * failure only logs: it is an optimisation.
+ * <p>The scratch engine is private: its own small pool (the prefix is sealed by its plan alone,
+ * no byte saved; loads copy the pool's untouched pages into scratch memory), its own instance,
+ * worker and counters. The real store, its metrics and vLLM's blocks are untouched; the scratch
+ * engine is closed at the end. A failure only logs: it is an optimisation.
  */
 public final class LookupWarmUp {
     /** Blocks of the longest chain (a 32K-token prompt of 16-token blocks). */
@@ -39,7 +43,10 @@ public final class LookupWarmUp {
     static final int ROUNDS = 400;
     static final long BUDGET_NANOS = 3_000_000_000L;
     private static final String INSTANCE = "pegaflow-lookup-warm-up";
-    private static final long SLOT_BYTES = 512;
+    /** Layers of the scratch worker, each split in K and V as vLLM's per-layer tensors are. */
+    private static final int LAYERS = 4;
+    private static final long SEGMENT_BYTES = 64;
+    private static final long SLOT_BYTES = LAYERS * 2 * SEGMENT_BYTES;
     private static final System.Logger LOG = System.getLogger(LookupWarmUp.class.getName());
     private static final AtomicBoolean STARTED = new AtomicBoolean();
     /** How the process's warm-up ended: its {@link Result}, or what stopped it (null while it runs). */
@@ -72,23 +79,25 @@ public final class LookupWarmUp {
     }
 
     /**
-     * What a run did: {@code rounds} rounds; {@code hitTokens} what its hit lookups answered
+     * What a run did: {@code rounds} rounds, {@code loads} in-step loads run by the worker side
+     * ({@code loadFailures} of them failed: 0); {@code hitTokens} what its hit lookups answered
      * against {@code expectedHitTokens}, each round's stored prefix past its computed head (the
      * hit path ran, not only misses); {@code missTokens} what its miss lookups answered (0);
      * the scheduler side's {@code lookupFailures} and {@code contractViolations} (0), and the
      * requests it still {@code tracked} at the end (0: every request's end was taken); in
      * {@code nanos}.
      */
-    record Result(int rounds, long hitTokens, long expectedHitTokens, long missTokens, long lookupFailures,
-            long contractViolations, int tracked, long nanos) {}
+    record Result(int rounds, int loads, int loadFailures, long hitTokens, long expectedHitTokens, long missTokens,
+            long lookupFailures, long contractViolations, int tracked, long nanos) {}
 
     /**
      * Runs up to {@code rounds} rounds within {@code budgetNanos}, here. Each round: a stored
      * prefix of all, 1/2 or 1/4 of {@link #BLOCKS} blocks looked up by a new request (now and
-     * then past a computed head, as after vLLM's own prefix hit), allocated and planned as an
-     * in-step load whose lease is then released (no worker consumes it here), ended; or, every
+     * then past a computed head, as after vLLM's own prefix hit), allocated, planned as an
+     * in-step load, loaded by the worker side into other blocks layer by layer, ended; or, every
      * third round, dropped before allocation (the probe's lease released); then a miss looked up,
-     * its saves planned (it is new: its whole block table) and ended as a finished save.
+     * its saves planned (it is new: its whole block table; no worker saves them, so it stays a
+     * miss) and ended as a finished save.
      */
     static Result run(int blockSize, int rounds, long budgetNanos) {
         long start = System.nanoTime();
@@ -98,64 +107,89 @@ public final class LookupWarmUp {
             EngineSource.Binding binding = new EngineSource.Binding(engine, 1);
             SchedulerSide side = new SchedulerSide(() -> binding, INSTANCE, blockSize, true); // checks the block size
             side.inStepLoads(true);
-            MemorySegment kv = arena.allocate(BLOCKS * SLOT_BYTES, 64); // registered, never copied from or to
             engine.registerInstance(new InstanceSpec(INSTANCE, INSTANCE, 1, 1));
-            engine.registerWorker(INSTANCE, new WorkerSpec(0, 0, 0, List.of(new LayerRegion("model.layers.0.self_attn.attn",
-                    KvLayout.MLA, kv.address(), kv.byteSize(), BLOCKS, SLOT_BYTES, SLOT_BYTES, 0))));
-            Random rnd = new Random(1);
-            byte[] stored = new byte[BLOCKS * 32];
-            byte[] absent = new byte[BLOCKS * 32];
-            rnd.nextBytes(stored);
-            rnd.nextBytes(absent);
-            long[] ids = new long[BLOCKS];
-            Arrays.setAll(ids, i -> i);
-            LocalStore store = engine.localStore();
-            CopyPlan saved = store.reserveSave(INSTANCE, 0, null, ids, new BlockHashes(stored, 32));
-            store.endCopy(INSTANCE, saved.id(), true, 0, 0); // sealed by its plan: nothing is read
-            // all, 1/2 and 1/4 of the chain, made once: the rounds allocate only what the path does
-            BlockHashes[] prefixes = new BlockHashes[3];
-            BlockHashes[] misses = new BlockHashes[3];
-            long[][] tables = new long[3][];
-            for (int k = 0; k < 3; k++) {
-                int n = BLOCKS >> k;
-                prefixes[k] = new BlockHashes(Arrays.copyOf(stored, n * 32), 32);
-                misses[k] = new BlockHashes(Arrays.copyOf(absent, n * 32), 32); // never saved: a save is only planned
-                tables[k] = Arrays.copyOf(ids, n);
+            List<LayerRegion> layers = new java.util.ArrayList<>();
+            for (int l = 0; l < LAYERS; l++) {
+                // [2, blocks, ...]: K of every block, then V; loads write the blocks after the prefix's
+                long bytes = 2 * 2 * BLOCKS * SEGMENT_BYTES;
+                MemorySegment kv = arena.allocate(bytes, 64);
+                layers.add(new LayerRegion("model.layers." + l + ".self_attn.attn", KvLayout.SPLIT_KV, kv.address(), bytes,
+                        2 * BLOCKS, SEGMENT_BYTES, SEGMENT_BYTES, 2L * BLOCKS * SEGMENT_BYTES));
             }
-            long hitTokens = 0;
-            long expected = 0;
-            long missTokens = 0;
-            int round = 0;
-            for (; round < rounds && System.nanoTime() - start < budgetNanos; round++) {
-                int k = round % 3;
-                int n = BLOCKS >> k;
-                long computed = round % 5 == 4 ? (long) (n / 4) * blockSize : 0;
-                String hit = "h" + round;
-                long tokens = side.lookup(hit, prefixes[k], (long) n * blockSize + 1, computed);
-                hitTokens += tokens;
-                expected += (long) n * blockSize - computed;
-                if (k == 2) {
-                    side.requestFinished(hit); // dropped before allocation: the probe's lease released
-                } else {
-                    side.afterAlloc(hit, tables[k], tokens);
-                    for (StepPlan.Load l : StepPlan.decode(side.buildPlan()).loads()) {
-                        engine.release(INSTANCE, l.lease()); // what a worker's load would have consumed
-                    }
-                    side.requestFinished(hit);
-                }
-                String cold = "m" + round;
-                missTokens += side.lookup(cold, misses[k], (long) n * blockSize + 1, 0);
-                side.afterAlloc(cold, tables[k], 0);
-                side.schedule(cold, misses[k], 0, tables[k], true, 0, (long) n * blockSize);
-                side.buildPlan();
-                if (side.requestFinished(cold)) {
-                    side.finished(List.of(cold), List.of());
-                }
+            engine.registerWorker(INSTANCE, new WorkerSpec(0, 0, 0, layers));
+            WorkerSide worker = new WorkerSide(() -> binding, INSTANCE, 0);
+            try {
+                return rounds(engine, side, worker, blockSize, rounds, budgetNanos, start);
+            } finally {
+                side.shutdown();
+                worker.shutdown(); // leaves this process's registry of co-located workers as it was
             }
-            int tracked = side.trackedRequests();
-            side.shutdown();
-            return new Result(round, hitTokens, expected, missTokens, side.lookupFailures(), side.contractViolations(),
-                    tracked, System.nanoTime() - start);
         }
+    }
+
+    private static Result rounds(PegaEngine engine, SchedulerSide side, WorkerSide worker, int blockSize, int rounds,
+            long budgetNanos, long start) {
+        Random rnd = new Random(1);
+        byte[] stored = new byte[BLOCKS * 32];
+        byte[] absent = new byte[BLOCKS * 32];
+        rnd.nextBytes(stored);
+        rnd.nextBytes(absent);
+        long[] ids = new long[BLOCKS];
+        Arrays.setAll(ids, i -> i);
+        LocalStore store = engine.localStore();
+        CopyPlan saved = store.reserveSave(INSTANCE, 0, null, ids, new BlockHashes(stored, 32));
+        store.endCopy(INSTANCE, saved.id(), true, 0, 0); // sealed by its plan: nothing is read
+        // all, 1/2 and 1/4 of the chain, made once: the rounds allocate only what the path does
+        BlockHashes[] prefixes = new BlockHashes[3];
+        BlockHashes[] misses = new BlockHashes[3];
+        long[][] tables = new long[3][];
+        long[][] targets = new long[3][];
+        for (int k = 0; k < 3; k++) {
+            int n = BLOCKS >> k;
+            prefixes[k] = new BlockHashes(Arrays.copyOf(stored, n * 32), 32);
+            misses[k] = new BlockHashes(Arrays.copyOf(absent, n * 32), 32); // never saved: a save is only planned
+            tables[k] = Arrays.copyOf(ids, n);
+            targets[k] = new long[n];
+            Arrays.setAll(targets[k], i -> BLOCKS + i); // not the prefix's own blocks
+        }
+        int loads = 0;
+        int loadFailures = 0;
+        long hitTokens = 0;
+        long expected = 0;
+        long missTokens = 0;
+        int round = 0;
+        for (; round < rounds && System.nanoTime() - start < budgetNanos; round++) {
+            int k = round % 3;
+            int n = BLOCKS >> k;
+            long computed = round % 5 == 4 ? (long) (n / 4) * blockSize : 0;
+            String hit = "h" + round;
+            long tokens = side.lookup(hit, prefixes[k], (long) n * blockSize + 1, computed);
+            hitTokens += tokens;
+            expected += (long) n * blockSize - computed;
+            if (k == 2) {
+                side.requestFinished(hit); // dropped before allocation: the probe's lease released
+            } else {
+                side.afterAlloc(hit, targets[k], tokens);
+                byte[] plan = side.buildPlan();
+                loads += worker.startLoads(plan); // the step's in-step loads, as start_load_kv
+                for (int l = 0; l < LAYERS; l++) {
+                    worker.waitLayer(l, 0); // as wait_for_layer_load: host copies, this thread waits
+                }
+                worker.getFinished(List.of()); // ends the step's in-step loads
+                loadFailures += worker.drainLoadErrors().length;
+                side.finished(List.of(), List.of());
+                side.requestFinished(hit);
+            }
+            String cold = "m" + round;
+            missTokens += side.lookup(cold, misses[k], (long) n * blockSize + 1, 0);
+            side.afterAlloc(cold, tables[k], 0);
+            side.schedule(cold, misses[k], 0, tables[k], true, 0, (long) n * blockSize);
+            side.buildPlan();
+            if (side.requestFinished(cold)) {
+                side.finished(List.of(cold), List.of());
+            }
+        }
+        return new Result(round, loads, loadFailures, hitTokens, expected, missTokens, side.lookupFailures(),
+                side.contractViolations(), side.trackedRequests(), System.nanoTime() - start);
     }
 }

@@ -7,14 +7,17 @@ import io.pegaflow.engine.InvalidArgumentException;
 import org.junit.jupiter.api.Test;
 
 /**
- * The lookup warm-up runs the hit path (not only misses) and the rest of a request's path on
- * its scratch engine without a failure or a request left behind, and starts once per process.
+ * The warm-up runs the hit path (not only misses), the in-step loads and the rest of a
+ * request's path on its scratch engine without a failure or a request left behind, and starts
+ * once per process.
  */
 class LookupWarmUpTest {
     private static void assertClean(LookupWarmUp.Result r) {
         assertThat(r.expectedHitTokens()).isPositive();
         assertThat(r.hitTokens()).isEqualTo(r.expectedHitTokens());
         assertThat(r.missTokens()).isZero();
+        assertThat(r.loads()).isEqualTo(r.rounds() - r.rounds() / 3); // every round's hit but every third's
+        assertThat(r.loadFailures()).isZero();
         assertThat(r.lookupFailures()).isZero();
         assertThat(r.contractViolations()).isZero();
         assertThat(r.tracked()).isZero();
