@@ -58,37 +58,40 @@ public class LookupWarmUpProbe {
             long[] targets = new long[blocks];
             Arrays.setAll(targets, i -> blocks + i);
             double[] ms = new double[15];
-            for (int p = 0; p < ms.length; p++) {
-                byte[] keys = new byte[blocks * 32];
-                rnd.nextBytes(keys);
-                BlockHashes prefix = new BlockHashes(keys, 32);
-                e.save("probe", 0, ids, prefix).join();
-                String id = "warm-" + p;
-                long t0 = System.nanoTime();
-                long hit = side.lookup(id, prefix, blocks * 16L + 1, 0);
-                if (a[1].equals("lookups")) {
-                    ms[p] = (System.nanoTime() - t0) / 1e6;
-                } else {
-                    side.afterAlloc(id, targets, hit);
-                    byte[] plan = side.buildPlan();
-                    t0 = System.nanoTime();
-                    worker.startLoads(plan);
-                    for (int l = 0; l < layers; l++) {
-                        worker.waitLayer(l, 0);
+            try {
+                for (int p = 0; p < ms.length; p++) {
+                    byte[] keys = new byte[blocks * 32];
+                    rnd.nextBytes(keys);
+                    BlockHashes prefix = new BlockHashes(keys, 32);
+                    e.save("probe", 0, ids, prefix).join();
+                    String id = "warm-" + p;
+                    long t0 = System.nanoTime();
+                    long hit = side.lookup(id, prefix, blocks * 16L + 1, 0);
+                    if (a[1].equals("lookups")) {
+                        ms[p] = (System.nanoTime() - t0) / 1e6;
+                    } else {
+                        side.afterAlloc(id, targets, hit);
+                        byte[] plan = side.buildPlan();
+                        t0 = System.nanoTime();
+                        worker.startLoads(plan);
+                        for (int l = 0; l < layers; l++) {
+                            worker.waitLayer(l, 0);
+                        }
+                        ms[p] = (System.nanoTime() - t0) / 1e6;
+                        worker.getFinished(List.of());
+                        if (worker.drainLoadErrors().length > 0) {
+                            throw new IllegalStateException("load of request " + id + " failed");
+                        }
+                        side.finished(List.of(), List.of());
                     }
-                    ms[p] = (System.nanoTime() - t0) / 1e6;
-                    worker.getFinished(List.of());
-                    if (worker.drainLoadErrors().length > 0) {
-                        throw new IllegalStateException("load of request " + id + " failed");
+                    if (hit != blocks * 16L) {
+                        throw new IllegalStateException("request " + id + " hit " + hit + " tokens; expected " + blocks * 16);
                     }
-                    side.finished(List.of(), List.of());
+                    side.requestFinished(id);
                 }
-                if (hit != blocks * 16L) {
-                    throw new IllegalStateException("request " + id + " hit " + hit + " tokens; expected " + blocks * 16);
-                }
-                side.requestFinished(id);
+            } finally {
+                worker.shutdown();
             }
-            worker.shutdown();
             double[] sorted = ms.clone();
             Arrays.sort(sorted);
             System.out.printf("%s %s: median %.3f ms, first %.3f, each %s%n", a[0], a[1], sorted[ms.length / 2], ms[0],

@@ -30,7 +30,9 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * docs/benchmarks/README.md, "Lookup warm-up"). The server warms its own side at start
  * ({@code io.pegaflow.server.Warmup}); this is the connector's side, and in embedded mode the store's.
  * The scratch engine copies between host memory: the CUDA copy engine warms its own part at
- * creation; the planning above it is shared.
+ * creation; the planning above it is shared. The few methods that call into the copy engine
+ * see the host engine's classes here, so a GPU's first real load may have the JIT recompile
+ * those (not yet measured on a GPU: docs/benchmarks/README.md, "Lookup warm-up").
  *
  * <p>The scratch engine is private: its own small pool (the prefix is sealed by its plan alone,
  * no byte saved; loads copy the pool's untouched pages into scratch memory), its own instance,
@@ -80,21 +82,25 @@ public final class LookupWarmUp {
 
     /**
      * What a run did: {@code rounds} rounds, {@code loads} in-step loads run by the worker side
-     * ({@code loadFailures} of them failed: 0); {@code hitTokens} what its hit lookups answered
+     * ({@code atAllocLoads} of them started where their blocks were allocated; {@code
+     * loadFailures} failed: 0), {@code loadedBlocks} blocks they copied against {@code
+     * expectedLoadedBlocks}, every loaded hit's; {@code hitTokens} what its hit lookups answered
      * against {@code expectedHitTokens}, each round's stored prefix past its computed head (the
      * hit path ran, not only misses); {@code missTokens} what its miss lookups answered (0);
      * the scheduler side's {@code lookupFailures} and {@code contractViolations} (0), and the
      * requests it still {@code tracked} at the end (0: every request's end was taken); in
      * {@code nanos}.
      */
-    record Result(int rounds, int loads, int loadFailures, long hitTokens, long expectedHitTokens, long missTokens,
-            long lookupFailures, long contractViolations, int tracked, long nanos) {}
+    record Result(int rounds, int loads, long atAllocLoads, int loadFailures, long loadedBlocks, long expectedLoadedBlocks,
+            long hitTokens, long expectedHitTokens, long missTokens, long lookupFailures, long contractViolations,
+            int tracked, long nanos) {}
 
     /**
      * Runs up to {@code rounds} rounds within {@code budgetNanos}, here. Each round: a stored
      * prefix of all, 1/2 or 1/4 of {@link #BLOCKS} blocks looked up by a new request (now and
      * then past a computed head, as after vLLM's own prefix hit), allocated, planned as an
-     * in-step load, loaded by the worker side into other blocks layer by layer, ended; or, every
+     * in-step load (every other one started at allocation, as with {@code load_at_alloc}),
+     * loaded by the worker side into other blocks layer by layer, ended; or, every
      * third round, dropped before allocation (the probe's lease released); then a miss looked up,
      * its saves planned (it is new: its whole block table; no worker saves them, so it stays a
      * miss) and ended as a finished save.
@@ -121,8 +127,11 @@ public final class LookupWarmUp {
             try {
                 return rounds(engine, side, worker, blockSize, rounds, budgetNanos, start);
             } finally {
-                side.shutdown();
-                worker.shutdown(); // leaves this process's registry of co-located workers as it was
+                try {
+                    worker.shutdown(); // leaves this process's registry of co-located workers as it was
+                } finally {
+                    side.shutdown();
+                }
             }
         }
     }
@@ -153,7 +162,10 @@ public final class LookupWarmUp {
             Arrays.setAll(targets[k], i -> BLOCKS + i); // not the prefix's own blocks
         }
         int loads = 0;
+        long atAlloc = 0;
         int loadFailures = 0;
+        long loaded = 0;
+        long expectedLoaded = 0;
         long hitTokens = 0;
         long expected = 0;
         long missTokens = 0;
@@ -169,6 +181,7 @@ public final class LookupWarmUp {
             if (k == 2) {
                 side.requestFinished(hit); // dropped before allocation: the probe's lease released
             } else {
+                side.loadsAtAlloc(round % 2 == 1); // the load starts in afterAlloc, held until the step
                 side.afterAlloc(hit, targets[k], tokens);
                 byte[] plan = side.buildPlan();
                 loads += worker.startLoads(plan); // the step's in-step loads, as start_load_kv
@@ -177,6 +190,10 @@ public final class LookupWarmUp {
                 }
                 worker.getFinished(List.of()); // ends the step's in-step loads
                 loadFailures += worker.drainLoadErrors().length;
+                long[] stats = worker.drainStats();
+                loaded += stats[WorkerSide.STAT_LOADED_BLOCKS];
+                atAlloc += stats[WorkerSide.STAT_IN_STEP_AT_ALLOC];
+                expectedLoaded += tokens / blockSize;
                 side.finished(List.of(), List.of());
                 side.requestFinished(hit);
             }
@@ -189,7 +206,7 @@ public final class LookupWarmUp {
                 side.finished(List.of(cold), List.of());
             }
         }
-        return new Result(round, loads, loadFailures, hitTokens, expected, missTokens, side.lookupFailures(),
-                side.contractViolations(), side.trackedRequests(), System.nanoTime() - start);
+        return new Result(round, loads, atAlloc, loadFailures, loaded, expectedLoaded, hitTokens, expected, missTokens,
+                side.lookupFailures(), side.contractViolations(), side.trackedRequests(), System.nanoTime() - start);
     }
 }

@@ -17,10 +17,14 @@ class LookupWarmUpTest {
         assertThat(r.hitTokens()).isEqualTo(r.expectedHitTokens());
         assertThat(r.missTokens()).isZero();
         assertThat(r.loads()).isEqualTo(r.rounds() - r.rounds() / 3); // every round's hit but every third's
+        assertThat(r.atAllocLoads()).isPositive().isLessThan(r.loads()); // both ways a load starts
         assertThat(r.loadFailures()).isZero();
+        assertThat(r.expectedLoadedBlocks()).isPositive();
+        assertThat(r.loadedBlocks()).isEqualTo(r.expectedLoadedBlocks()); // the blocks were copied, not only planned
         assertThat(r.lookupFailures()).isZero();
         assertThat(r.contractViolations()).isZero();
         assertThat(r.tracked()).isZero();
+        assertThat(WorkerSide.colocated("pegaflow-lookup-warm-up")).isNull(); // the scratch worker left the registry
     }
 
     @Test
