@@ -23,7 +23,7 @@ import java.util.Random;
  * apart, as vLLM's per-layer tensors); then a new request looks it up ({@code lookups}: the
  * lookup is timed) or looks it up and loads it in the step into other blocks, layer by layer
  * ({@code loads}: from the worker's start of the step's loads to its last layer). Prints the
- * median and each request's ms.
+ * warm-up's own time ({@code warm}), the median and each request's ms.
  *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/LookupWarmUpProbe.java none|warm lookups|loads
  */
 public class LookupWarmUpProbe {
@@ -32,7 +32,9 @@ public class LookupWarmUpProbe {
             throw new IllegalArgumentException("expected none|warm lookups|loads; got " + Arrays.toString(a));
         }
         if (a[0].equals("warm")) {
+            long w0 = System.nanoTime();
             LookupWarmUp.startOnce(16).join();
+            System.out.printf("warm-up: %.0f ms%n", (System.nanoTime() - w0) / 1e6);
         }
         int blocks = 1024;
         int layers = 32;

@@ -36,7 +36,9 @@ CHILD_MARK = "PEGAFLOW-BENCH-CHILD "
 
 def child_report(figures: dict) -> None:
     """A child process's figures, one marked line on stdout (``fresh_process`` finds it among vLLM's logs)."""
-    print(CHILD_MARK + __import__("json").dumps(figures), flush=True)
+    import json
+
+    print(CHILD_MARK + json.dumps(figures), flush=True)
 
 
 def fresh_process(argv: list[str], what: str) -> dict:

@@ -99,6 +99,33 @@ class BridgeTest {
         }
     }
 
+    /**
+     * sched_create's bit 16 starts the process's lookup warm-up (once: a later start is refused,
+     * which is how this test sees it started) and the scheduler side is made as without it.
+     */
+    @Test
+    void schedCreatesWarmUpBitStartsTheLookupWarmUp() throws Throwable {
+        MethodHandle open = fn("link_open", FunctionDescriptor.of(JAVA_INT, ADDRESS, ADDRESS, ADDRESS, JAVA_INT, JAVA_LONG,
+                JAVA_LONG, ADDRESS, ADDRESS));
+        MethodHandle linkClose = fn("link_close", FunctionDescriptor.of(JAVA_INT, JAVA_LONG));
+        MethodHandle create = fn("sched_create", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, JAVA_INT, ADDRESS));
+        MethodHandle schedClose = fn("sched_close", FunctionDescriptor.of(JAVA_INT, JAVA_LONG));
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(8);
+            int rc = (int) open.invokeExact(a.allocateFrom("embedded"), a.allocateFrom("127.0.0.1:50055"),
+                    a.allocateFrom("4mb"), 1, 1000L, 0L, a.allocateFrom(""), out);
+            assertThat(rc).as(lastError(a)).isZero();
+            long link = out.get(JAVA_LONG, 0);
+            try {
+                assertThat((int) create.invokeExact(link, a.allocateFrom("0 0 warm"), 16, 1 | 16, out)).isZero();
+                assertThat((int) schedClose.invokeExact(out.get(JAVA_LONG, 0))).isZero();
+                assertThat(io.pegaflow.connector.LookupWarmUp.startOnce(16)).as("started by sched_create").isNull();
+            } finally {
+                assertThat((int) linkClose.invokeExact(link)).isZero();
+            }
+        }
+    }
+
     @Test
     void aBadCallReturnsItsCodeAndTheMessageStaysWithTheThread() throws Throwable {
         MethodHandle query = fn("query", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, ADDRESS, JAVA_INT, ADDRESS, ADDRESS));
