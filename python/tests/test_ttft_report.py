@@ -168,6 +168,26 @@ def test_instepa_systems_need_async_scheduling_off():
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
+def test_instepaw_is_instepa_without_the_warm_ups(tmp_path):
+    """The A/B arm of the JVM's warm-ups: loads at allocation as _instepa, PEGAFLOW_WARM_UP=0 in
+    its vLLM process's environment only, and refused under asynchronous scheduling like _instepa."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import Systems, main
+
+    args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
+    systems = Systems(args, tmp_path)
+    assert systems.env("embedded_instepaw")["PEGAFLOW_WARM_UP"] == "0"
+    assert "PEGAFLOW_WARM_UP" not in systems.env("embedded_instepa") or \
+        systems.env("embedded_instepa")["PEGAFLOW_WARM_UP"] == ttft.os.environ.get("PEGAFLOW_WARM_UP")
+    kv, stop = systems.start("embedded_instepaw")
+    stop()
+    extra = kv["kv_connector_extra_config"]
+    assert extra["load_in_step"] is True and extra["load_at_alloc"] is True
+    with pytest.raises(SystemExit, match="need --async-scheduling off"):
+        main(["--lengths", "256", "--systems", "none,server_instepaw"])
+
+
 def test_summary_puts_cold_ttft_and_decode_beside_no_connector():
     """Cold requests' TTFT and their decode (mean time between tokens while saves go out), each
     against no connector's in the same run: the 1.02x and 1.05x targets read off the record."""
