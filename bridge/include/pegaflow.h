@@ -420,6 +420,14 @@ typedef struct pegaflow_api {
        bytes of SHA-256 over "pegaflow-tail\0", the last full block's key parent (1..32 bytes)
        and the tail's n (1..65536) token ids as 32-bit little-endian integers. */
     int32_t (*tail_key)(const uint8_t *parent, int32_t parent_len, const int32_t *tokens, int32_t n, uint8_t *out);
+
+    /* ---- Appended in ABI 9's wave 3 builds of 2026-12-05. ----
+       Starts the process's warm-up of the connector's request path (lookups, allocation, the
+       step's plan, in-step loads layer by layer; sched_create's mode bit 16 starts the same) on a
+       scratch engine of its own, on a daemon thread, once per process: for vLLM's workers in
+       processes of their own (several GPUs). block_size: 1..65536 tokens. *out_started: 1 if
+       this call started it, 0 if it had started before (or no thread could be had). */
+    int32_t (*warm_up)(int32_t block_size, int32_t *out_started);
 } pegaflow_api;
 
 #ifdef __cplusplus

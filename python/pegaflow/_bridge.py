@@ -105,6 +105,7 @@ EXPORTS: list[tuple[str, list]] = [
                            POINTER(c_int64)]),
     ("sched_stats", [c_int64, c_void_p, c_int32, POINTER(c_int32)]),
     ("tail_key", [c_char_p, c_int32, c_void_p, c_int32, c_void_p]),
+    ("warm_up", [c_int32, POINTER(c_int32)]),
 ]
 
 

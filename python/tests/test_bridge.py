@@ -364,3 +364,29 @@ def test_the_scheduler_side_asks_for_the_lookup_warm_up_by_a_mode_bit(monkeypatc
         assert modes == [1 | 4 | 16, 1 | 4]
     finally:
         link.close()
+
+
+def test_a_worker_process_starts_the_warm_up_once(tmp_path):
+    """warm_up (a worker in a process of its own asks for it) starts the JVM's request-path
+    warm-up: 1 from a fresh process's first call, 0 after; a block size out of range is refused
+    naming it, before anything starts (BridgeTest checks the rest in the Java tier)."""
+    script = textwrap.dedent(
+        """
+        import ctypes
+        from pegaflow import _bridge, errors
+        api, out = _bridge.api(), ctypes.c_int32(7)
+        try:
+            api.call("warm_up", 0, ctypes.byref(out))
+        except errors.InvalidArgumentError as e:
+            print("refused:", e)
+        print("untouched", out.value)
+        api.call("warm_up", 16, ctypes.byref(out))
+        print("first", out.value)
+        api.call("warm_up", 16, ctypes.byref(out))
+        print("second", out.value)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["refused: warm_up block size 0; expected 1 to 65536 tokens", "untouched 7",
+                                        "first 1", "second 0"]

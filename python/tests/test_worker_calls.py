@@ -73,3 +73,33 @@ def test_a_failed_asynchronous_load_is_drained_in_the_step_that_reports_it():
     brain.failed = set()
     assert step(core, None) == set()
     assert brain.calls.count("load_errors") == 1
+
+
+def test_a_worker_asks_for_the_warm_up_where_loads_run(monkeypatch):
+    """A worker asks the JVM for the request path's warm-up (for workers in processes of their
+    own): only where loads are enabled and PEGAFLOW_WARM_UP allows it; a refusal only logs."""
+    from pegaflow import errors
+    from pegaflow.connector import worker
+
+    class WarmBrain(RecordingBrain):
+        def warm_up(self, block_size: int) -> bool:
+            self.calls.append(f"warm_up {block_size}")
+            if block_size > 65536:
+                raise errors.InvalidArgumentError(f"warm_up block size {block_size}; expected 1 to 65536 tokens")
+            return True
+
+    monkeypatch.delenv("PEGAFLOW_WARM_UP", raising=False)
+    monkeypatch.delenv("PEGAFLOW_KEY_WARM_UP", raising=False)
+    brain = WarmBrain()
+    core = core_with(brain)
+    assert core.start_warm_up(32) is True
+    assert core.start_warm_up(1 << 20) is False  # refused: logged, the worker carries on
+    core.load_enabled = False
+    assert core.start_warm_up(32) is False
+    core.load_enabled = True
+    monkeypatch.setenv("PEGAFLOW_WARM_UP", "0")
+    assert core.start_warm_up(32) is False
+    monkeypatch.delenv("PEGAFLOW_WARM_UP")
+    monkeypatch.setattr(worker, "LOOKUP_WARM_UP", False)
+    assert core.start_warm_up(32) is False
+    assert brain.calls == ["warm_up 32", f"warm_up {1 << 20}"]

@@ -39,10 +39,10 @@ def child(arm: str, tokens: int, prompts: int, lookups: int, endpoint: str | Non
     os.environ["PEGAFLOW_WARM_UP"] = "0" if arm == "none" else "1"
     os.environ.pop("PEGAFLOW_KEY_WARM_UP", None)  # its former name, which would turn both off
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # the tiny model's config says 8K
-    from pegaflow.connector import _compat, _keys, scheduler
+    from pegaflow.connector import _compat, _keys, scheduler, worker
 
     _compat.none_hash_is_reproducible = lambda algo: False  # the own chain, whatever vLLM is installed
-    scheduler.LOOKUP_WARM_UP = arm == "all"
+    scheduler.LOOKUP_WARM_UP = worker.LOOKUP_WARM_UP = arm == "all"
     from vllm import SamplingParams
     from vllm.v1.request import Request
 

@@ -151,6 +151,15 @@ class WorkerBrain:
         self._errors = (c_int64 * 1024)()
         self._stats = (c_int64 * len(self.STATS))()
 
+    def warm_up(self, block_size: int) -> bool:
+        """Starts the process's warm-up of the request path (lookups, plans, in-step loads) on a
+        scratch engine in the JVM, once per process (``sched_create``'s bit 16 starts the same in
+        the scheduler's process): True if this call started it. For a worker in a process of its
+        own (vLLM's workers with several GPUs), whose first in-step loads would run cold."""
+        out = c_int32()
+        self._api.call("warm_up", block_size, ctypes.byref(out))
+        return bool(out.value)
+
     def start_loads(self, plan: bytes) -> int:
         """Starts the plan's loads; returns how many run inside this step (see ``wait_layer``)."""
         out = c_int32()

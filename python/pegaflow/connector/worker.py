@@ -9,12 +9,16 @@ import logging
 import time
 from collections.abc import Iterable
 
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, PegaflowError
 from . import _groups, _layout, _runtime
 from ._brain import Group, WorkerBrain
+from ._keys import warm_up_enabled
 from .settings import Settings
 
 log = logging.getLogger("pegaflow.connector")
+# Whether a worker asks the JVM for the request path's warm-up (``LookupWarmUp``, once per
+# process); ``pegaflow.bench.lookupwarm`` turns it off with the scheduler side's for its arms.
+LOOKUP_WARM_UP = True
 
 
 def flatten_states(kv_caches: dict) -> dict:
@@ -100,6 +104,7 @@ class WorkerCore:
             self.link.register_worker(g.group.instance_id, namespace, store_tp, tp_size * pp_size, worker_rank,
                                       store_tp_rank, [x.region for x in layers], transfer, device_id)
         self.brain = WorkerBrain(self.link.handle, [g.group for g in groups], worker_rank)
+        self.start_warm_up(int(facts.get("block_size") or 16))
         # wait_for_layer_load names a layer; the store knows group 0's regions by index, in the
         # order registered (layers sharing one KV tensor share its region)
         first = {int(x.region.base_address): i for i, x in reversed(list(enumerate(described[0])))}
@@ -114,6 +119,20 @@ class WorkerCore:
                  len(self.layers), described[0][0].region.layout, len(groups), [g.spec for g in groups], namespaces[0],
                  self.link.mode)
         return namespaces[0]
+
+    def start_warm_up(self, block_size: int) -> bool:
+        """Asks the JVM for the request path's warm-up (``WorkerBrain.warm_up``) where loads are
+        enabled and ``PEGAFLOW_WARM_UP`` allows it: a worker in a process of its own (vLLM's
+        workers with several GPUs) would otherwise run its first in-step loads cold; beside the
+        scheduler side (one GPU) the JVM started it already and this changes nothing. True if
+        this call started it; a failure only logs (an optimisation)."""
+        if not (self.load_enabled and LOOKUP_WARM_UP and warm_up_enabled()):
+            return False
+        try:
+            return self.brain.warm_up(block_size)
+        except PegaflowError as e:
+            log.debug("warm-up not started: %s", e)
+            return False
 
     def handle_preemptions(self, plan: bytes | None) -> None:
         """Before vLLM reuses preempted requests' blocks: their saves stop reading them."""

@@ -103,13 +103,7 @@ final class ConnectorExports {
             s.inStepLoads((loadEnabled & IN_STEP) != 0);
             s.loadsAtAlloc((loadEnabled & AT_ALLOC) != 0);
             if ((loadEnabled & WARM_UP) != 0) {
-                try {
-                    io.pegaflow.connector.LookupWarmUp.startOnce(blockSize); // once per process, on its own thread
-                } catch (RuntimeException | Error e) {
-                    // an optimisation only (no thread to be had, say): the side serves the same without it
-                    System.getLogger(ConnectorExports.class.getName()).log(System.Logger.Level.DEBUG,
-                            "lookup warm-up not started", e);
-                }
+                startWarmUp(blockSize);
             }
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
@@ -189,6 +183,37 @@ final class ConnectorExports {
                 s.shutdown();
             }
             UNREAD_PLANS.remove(sched);
+        });
+    }
+
+    /**
+     * The process's lookup and in-step load warm-up ({@code LookupWarmUp}), once per process, on
+     * its own thread: true if this call started it. An optimisation only: a thread that cannot
+     * be had is logged, not raised.
+     */
+    private static boolean startWarmUp(int blockSize) {
+        try {
+            return io.pegaflow.connector.LookupWarmUp.startOnce(blockSize) != null;
+        } catch (RuntimeException | Error e) {
+            System.getLogger(ConnectorExports.class.getName()).log(System.Logger.Level.DEBUG,
+                    "lookup warm-up not started", e);
+            return false;
+        }
+    }
+
+    /**
+     * {@code warm_up}: a worker in a process of its own (vLLM's workers with several GPUs) asks
+     * for the warm-up that {@code sched_create}'s bit 16 starts in the scheduler's process;
+     * {@code *out_started} 1 if this call started it, 0 if it ran or runs already.
+     */
+    static int pfWarmUp(int blockSize, MemorySegment outStarted) {
+        return guard(() -> {
+            MemorySegment o = buffer(outStarted, 4, "out_started");
+            if (blockSize < 1 || blockSize > 65536) {
+                throw new io.pegaflow.engine.InvalidArgumentException("warm_up block size " + blockSize
+                        + "; expected 1 to 65536 tokens");
+            }
+            o.set(JAVA_INT, 0, startWarmUp(blockSize) ? 1 : 0);
         });
     }
 

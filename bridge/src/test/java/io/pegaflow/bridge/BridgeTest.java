@@ -16,12 +16,16 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
+import org.junit.jupiter.api.MethodOrderer;
+import org.junit.jupiter.api.Order;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestMethodOrder;
 
 /**
  * The table as a C caller sees it: header and exports agree, and calling a stub through a
  * downcall (what C does) returns error codes with a per-thread message instead of throwing.
  */
+@TestMethodOrder(MethodOrderer.OrderAnnotation.class) // the process's warm-up starts once: sched_create's test first
 class BridgeTest {
     private static final MemorySegment TABLE = MemorySegment.ofAddress(Bridge.bootstrap()).reinterpret(8L + 8L * 64);
 
@@ -104,6 +108,7 @@ class BridgeTest {
      * which is how this test sees it started) and the scheduler side is made as without it.
      */
     @Test
+    @Order(1)
     void schedCreatesWarmUpBitStartsTheLookupWarmUp() throws Throwable {
         MethodHandle open = fn("link_open", FunctionDescriptor.of(JAVA_INT, ADDRESS, ADDRESS, ADDRESS, JAVA_INT, JAVA_LONG,
                 JAVA_LONG, ADDRESS, ADDRESS));
@@ -123,6 +128,31 @@ class BridgeTest {
             } finally {
                 assertThat((int) linkClose.invokeExact(link)).isZero();
             }
+        }
+    }
+
+    /**
+     * warm_up (a worker in a process of its own asks for it) starts the same once-per-process
+     * warm-up as sched_create's bit 16 and says whether this call started it; a block size out of
+     * range is refused naming it, before anything starts. (That a first call answers 1 is checked
+     * in a fresh process: python/tests/test_bridge.py.)
+     */
+    @Test
+    @Order(2)
+    void warmUpExportAnswersWhetherItStartedTheWarmUp() throws Throwable {
+        MethodHandle warm = fn("warm_up", FunctionDescriptor.of(JAVA_INT, JAVA_INT, ADDRESS));
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(4);
+            out.set(JAVA_INT, 0, 7);
+            assertThat((int) warm.invokeExact(0, out)).isNotZero();
+            assertThat(lastError(a)).contains("warm_up block size 0").contains("expected 1 to 65536");
+            assertThat(out.get(JAVA_INT, 0)).as("untouched by the refusal").isEqualTo(7);
+            boolean before = io.pegaflow.connector.LookupWarmUp.started();
+            assertThat((int) warm.invokeExact(16, out)).as(lastError(a)).isZero();
+            assertThat(out.get(JAVA_INT, 0)).isEqualTo(before ? 0 : 1);
+            assertThat(io.pegaflow.connector.LookupWarmUp.started()).isTrue();
+            assertThat((int) warm.invokeExact(16, out)).isZero();
+            assertThat(out.get(JAVA_INT, 0)).as("once per process").isZero();
         }
     }
 

@@ -58,7 +58,10 @@ public final class LookupWarmUp {
 
     /**
      * Starts the warm-up on a daemon thread, once per process whatever the number of scheduler
-     * sides (the JIT's work is the process's). Returns the thread, or null when it had started.
+     * sides and workers (the JIT's work is the process's). Returns the thread, or null when it
+     * had started. The scheduler side asks for it ({@code sched_create}'s mode bit 16), and so
+     * does a worker ({@code warm_up}) for vLLM's workers in processes of their own (several
+     * GPUs), whose in-step loads the scheduler's process never warms.
      */
     public static Thread startOnce(int blockSize) {
         if (!STARTED.compareAndSet(false, true)) {
@@ -78,6 +81,11 @@ public final class LookupWarmUp {
         t.setDaemon(true);
         t.start();
         return t;
+    }
+
+    /** Whether this process's warm-up has been started ({@link #startOnce}). */
+    public static boolean started() {
+        return STARTED.get();
     }
 
     /**
