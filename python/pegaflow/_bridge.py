@@ -28,7 +28,7 @@ from ctypes import CFUNCTYPE, POINTER, c_char_p, c_int32, c_int64, c_uint8, c_vo
 from pathlib import Path
 
 from pegaflow._java import JVM_OPTIONS, JavaRuntime, find_jar, find_java
-from pegaflow.errors import JvmStartError, from_code
+from pegaflow.errors import InvalidArgumentError, JvmStartError, from_code
 
 ABI_VERSION = 9
 JNI_VERSION_10 = 0x000A0000
@@ -107,6 +107,10 @@ EXPORTS: list[tuple[str, list]] = [
     ("tail_key", [c_char_p, c_int32, c_void_p, c_int32, c_void_p]),
     ("warm_up", [c_int32, POINTER(c_int32)]),
 ]
+# The table's last entries an ABI 9 jar built before them lacks (hosts read function_count): bound
+# where the jar has them, and their callers carry on without them (an optimisation each).
+OPTIONAL = ("warm_up",)
+assert [n for n, _ in EXPORTS[len(EXPORTS) - len(OPTIONAL):]] == list(OPTIONAL)
 
 
 class _JavaVMOption(ctypes.Structure):
@@ -129,11 +133,13 @@ class Api:
         header = (ctypes.c_uint32 * 2).from_address(table)
         if header[0] != ABI_VERSION:
             raise JvmStartError(f"engine jar speaks C ABI version {header[0]}; this package expects {ABI_VERSION}")
-        if header[1] < len(EXPORTS):
-            raise JvmStartError(f"engine table has {header[1]} functions; expected at least {len(EXPORTS)}")
-        pointers = (c_void_p * len(EXPORTS)).from_address(table + 8)
+        required = len(EXPORTS) - len(OPTIONAL)
+        if header[1] < required:
+            raise JvmStartError(f"engine table has {header[1]} functions; expected at least {required}")
+        bound = min(int(header[1]), len(EXPORTS))
+        pointers = (c_void_p * bound).from_address(table + 8)
         self.fns = {}
-        for i, (name, argtypes) in enumerate(EXPORTS):
+        for i, (name, argtypes) in enumerate(EXPORTS[:bound]):
             self.fns[name] = CFUNCTYPE(c_int32, *argtypes)(pointers[i])  # CFUNCTYPE: GIL released
         self.jvm_start_ms = jvm_start_ms
         self._err = threading.local()
@@ -148,9 +154,17 @@ class Api:
             self.fns["last_error"](buf, len(buf))
         return buf.value.decode("utf-8", "replace")
 
+    def has(self, name: str) -> bool:
+        """Whether the engine jar exports ``name`` (one of ``OPTIONAL``: an older jar may not)."""
+        return name in self.fns
+
     def call(self, name: str, *args) -> None:
         _check_not_forked()
-        rc = self.fns[name](*args)
+        fn = self.fns.get(name)
+        if fn is None:
+            raise InvalidArgumentError(f"the engine jar's table has no '{name}' (an older jar); "
+                                       f"expected one built with this package")
+        rc = fn(*args)
         if rc != 0:
             raise from_code(rc, self.last_error())
 

@@ -390,3 +390,27 @@ def test_a_worker_process_starts_the_warm_up_once(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["refused: warm_up block size 0; expected 1 to 65536 tokens", "untouched 7",
                                         "first 1", "second 0"]
+
+
+def test_a_workers_registration_starts_the_warm_up(tmp_path):
+    """WorkerCore.register asks the JVM for the warm-up (a worker in a process of its own, fresh
+    here): a later WorkerBrain.warm_up then answers False (started already); with
+    PEGAFLOW_WARM_UP=0 registration leaves it alone and that call starts it (True)."""
+    script = textwrap.dedent(
+        """
+        import torch
+        from pegaflow.connector import _runtime
+        from pegaflow.connector.worker import WorkerCore
+        core = WorkerCore(_runtime.Settings(mode="embedded", pool_size="16mb"), "warm-worker")
+        caches = {f"model.layers.{l}.self_attn.attn": torch.zeros(2, 8, 16, 2, 8, dtype=torch.float16) for l in range(2)}
+        core.register(caches, 8, mla=False, facts={"model": "m", "block_size": 16})
+        print("warm_up after register:", core.brain.warm_up(16))
+        """
+    )
+    for setting, answer in (("1", "False"), ("0", "True")):
+        env = dict(os.environ, PEGAFLOW_WARM_UP=setting)
+        env.pop("PEGAFLOW_KEY_WARM_UP", None)
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == f"warm_up after register: {answer}", (setting, proc.stdout)

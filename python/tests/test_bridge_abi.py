@@ -57,3 +57,34 @@ def test_error_codes_map_to_typed_exceptions():
     assert isinstance(errors.from_code(6, "full"), MemoryError)
     assert str(errors.from_code(2, "instance 'a' is not registered")) == "instance 'a' is not registered"
     assert isinstance(errors.from_code(99, "?"), errors.InternalError)
+
+
+def test_an_older_abi_9_jar_without_the_optional_entries_is_bound_without_them():
+    """A jar of ABI 9 built before the table's last (optional) entries: the package binds what
+    it has and says clearly what it lacks; a table shorter than the required part is refused."""
+    import ctypes
+
+    from pegaflow import errors
+
+    keep = ctypes.CFUNCTYPE(ctypes.c_int32)(lambda: 0)
+    addr = ctypes.cast(keep, ctypes.c_void_p).value
+
+    def table(count: int):
+        buf = (ctypes.c_uint64 * (1 + count))()
+        ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint32))[0] = _bridge.ABI_VERSION
+        ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint32))[1] = count
+        for i in range(count):
+            buf[1 + i] = addr
+        return buf
+
+    required = len(_bridge.EXPORTS) - len(_bridge.OPTIONAL)
+    older = table(required)
+    api = _bridge.Api(ctypes.addressof(older), 0.0)
+    assert not api.has("warm_up") and api.has("tail_key")
+    with pytest.raises(errors.InvalidArgumentError, match="no 'warm_up' .*an older jar"):
+        api.call("warm_up", 16, None)
+    newer = table(len(_bridge.EXPORTS) + 3)  # a later jar's longer table: bound up to what the package knows
+    assert _bridge.Api(ctypes.addressof(newer), 0.0).has("warm_up")
+    short = table(required - 1)
+    with pytest.raises(errors.JvmStartError, match=f"expected at least {required}"):
+        _bridge.Api(ctypes.addressof(short), 0.0)

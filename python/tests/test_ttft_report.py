@@ -157,6 +157,27 @@ def test_profile_summary_places_the_hooks_in_vllms_step(tmp_path):
     assert step_ranges([e for e in ev if e["name"] != "vllm.update_from_output"], 3500.0) == {}
 
 
+def test_profile_summary_says_what_the_forwards_thread_did_on_the_host():
+    """Inside the first vllm.execute_model range, the same thread's outermost operators by name
+    (their children and other threads' operators are not counted again) and the time between them."""
+    from pegaflow.bench.profile_summary import execute_model_host_ops
+
+    def op(name, start, dur, tid=1):
+        return {"ts": start, "dur": dur, "cat": "cpu_op", "name": name, "tid": tid, "pid": 9}
+
+    ev = [{"ts": 1000.0, "dur": 1000, "cat": "user_annotation", "name": "vllm.execute_model", "tid": 1, "pid": 9},
+          op("aten::linear", 1100.0, 100), op("aten::mm", 1110.0, 50),  # mm inside linear
+          op("aten::linear", 1300.0, 100), op("vllm::unified_attention_with_output", 1500.0, 300),
+          {"ts": 1600.0, "dur": 50, "cat": "user_annotation", "name": "pegaflow.wait_for_layer_load", "tid": 1, "pid": 9},
+          op("aten::linear", 1200.0, 500, tid=2),  # another thread
+          op("aten::linear", 2500.0, 100)]  # after the range
+    r = execute_model_host_ops(ev)
+    assert r == {"execute_model_ms": 1.0, "gaps_ms": 0.5,
+                 "ops": {"vllm::unified_attention_with_output": {"count": 1, "ms": 0.3},
+                         "aten::linear": {"count": 2, "ms": 0.2}}}
+    assert execute_model_host_ops([op("aten::linear", 0.0, 1)]) == {}
+
+
 def test_instepa_systems_need_async_scheduling_off():
     """load_at_alloc stays off under vLLM's asynchronous scheduling, so a *_instepa system run
     without --async-scheduling off would be *_instep under another name: refused, naming the flag."""

@@ -9,10 +9,11 @@ when the thread that launched them made its first launch; the load's copy-engine
 token's copy); the step's own host-to-device copies on the attention's stream (vLLM's inputs:
 how long the longest waited from its launch to its start); the decode steps after it (from one
 sampled-token copy to the host to the next: the step's length and how long the attention's stream
-ran kernels in it, medians); and how long each kernel launch of the forward's thread took (median and mean in
+ran kernels in it, medians); how long each kernel launch of the forward's thread took (median and mean in
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
-shows there (docs/gpu.md, "Layer-wise loads and the launch rate"). No GPU needed; it reads the
-files only.
+shows there (docs/gpu.md, "Layer-wise loads and the launch rate"); and what the thread of the
+first ``vllm.execute_model`` range did in it on the host (``execute_model_host_ops``). No GPU
+needed; it reads the files only.
 Every ``pega_copy`` kernel in the trace counts, saves' included: in the ttft worker's warm and
 GPU-hit traces the prompt is stored already (no saves run beside the first forward); in its
 cold trace (a prompt never seen) they are the save's gathers. ``first_token_copy``: how long the
@@ -136,6 +137,9 @@ def summarize(path: str, layers: int = 32) -> dict:
                                    "interval_ms_p50": round(sorted(r[0] for r in rows)[mid] / 1e3, 2),
                                    "gpu_busy_ms_p50": round(sorted(r[1] for r in rows)[mid] / 1e3, 2),
                                    "kernels_p50": sorted(r[2] for r in rows)[mid]}
+    host = execute_model_host_ops(stamped)
+    if host:
+        out["execute_model_host_ops"] = host
     ranges = step_ranges(stamped, min((e["ts"] for e in to_host), default=None))
     if ranges:
         out["step_ranges"] = {name: {k: (ms(v) if k in ("first_start", "last_end") else v) for k, v in r.items()}
@@ -177,6 +181,34 @@ def step_ranges(stamped: list, token_ts) -> dict:
         r["last_end"] = max(r["last_end"], e["ts"] + e["dur"])
         r["total_ms"] = round(r["total_ms"] + e["dur"] / 1e3, 3)
     return out
+
+
+def execute_model_host_ops(stamped: list, top: int = 8) -> dict:
+    """What the thread of the first ``vllm.execute_model`` range did inside it, on the host: its
+    outermost operators (PyTorch ops, vLLM's custom ops, CUDA runtime calls, this project's
+    ranges) by name, each name's count and ms, the ``top`` longest; and ``gaps_ms``, the range's
+    time outside them (Python between the ops). Set against the GPU hit's trace, it says whether
+    a slow forward was the host running slowly everywhere or waiting in particular calls."""
+    ranges = sorted((e for e in stamped if e.get("name") == "vllm.execute_model" and "dur" in e), key=lambda e: e["ts"])
+    if not ranges:
+        return {}
+    m = ranges[0]
+    lo, hi = m["ts"], m["ts"] + m["dur"]
+    inner = sorted((e for e in stamped if e is not m and "dur" in e and e.get("pid") == m.get("pid")
+                    and e.get("tid") == m.get("tid") and lo <= e["ts"] <= hi), key=lambda e: (e["ts"], -e["dur"]))
+    outer, end = [], float("-inf")
+    for e in inner:
+        if e["ts"] >= end:  # not inside the previous outermost one
+            outer.append(e)
+            end = e["ts"] + e["dur"]
+    by: dict = defaultdict(lambda: [0, 0.0])
+    for e in outer:
+        by[e["name"]][0] += 1
+        by[e["name"]][1] += e["dur"]
+    longest = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"execute_model_ms": round(m["dur"] / 1e3, 2),
+            "gaps_ms": round((m["dur"] - sum(e["dur"] for e in outer)) / 1e3, 2),
+            "ops": {name: {"count": c, "ms": round(us / 1e3, 2)} for name, (c, us) in longest}}
 
 
 # The sampled tokens' copy to the host is this small at most (a batch's token ids, 8 bytes each

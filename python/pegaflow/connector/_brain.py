@@ -155,7 +155,10 @@ class WorkerBrain:
         """Starts the process's warm-up of the request path (lookups, plans, in-step loads) on a
         scratch engine in the JVM, once per process (``sched_create``'s bit 16 starts the same in
         the scheduler's process): True if this call started it. For a worker in a process of its
-        own (vLLM's workers with several GPUs), whose first in-step loads would run cold."""
+        own (vLLM's workers with several GPUs), whose first in-step loads would run cold. False
+        too where the engine jar predates ``warm_up`` (an ABI 9 jar built before it)."""
+        if not self._api.has("warm_up"):
+            return False
         out = c_int32()
         self._api.call("warm_up", block_size, ctypes.byref(out))
         return bool(out.value)

@@ -83,7 +83,10 @@ public final class LookupWarmUp {
         return t;
     }
 
-    /** Whether this process's warm-up has been started ({@link #startOnce}). */
+    /**
+     * Whether this process's warm-up was asked for ({@link #startOnce}); true also where its
+     * thread could not be started (it is not tried again: an optimisation only).
+     */
     public static boolean started() {
         return STARTED.get();
     }
