@@ -469,7 +469,8 @@ def test_the_lookup_warm_up_report_takes_medians_over_processes(capsys):
     for bad, said in ((["--processes", "0"], "--processes 0: expected 1 or more"),
                       (["--prompts", "0"], "--prompts 0: expected 1 or more"),
                       (["--lookups", "0"], "--lookups 0: expected 1 or more"),
-                      (["--tokens", "100"], "--tokens 100: expected a positive multiple of 16")):
+                      (["--tokens", "100"], "--tokens 100: expected a positive multiple of 16"),
+                      (["--arms", "all,fast"], "--arms all,fast: expected some of none,keys,all,nomemo")):
         with pytest.raises(SystemExit):
             main(bad)
         assert said in capsys.readouterr().err

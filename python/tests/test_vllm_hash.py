@@ -132,3 +132,41 @@ def test_the_key_warm_up_runs_only_where_the_process_keys_its_own_chain(monkeypa
         monkeypatch.delenv(name)
     assert _keys.warm_up_enabled()
 
+
+
+def test_keys_of_a_prefix_seen_before_come_from_the_memo(monkeypatch):
+    """A request over a prefix this process keyed before takes those keys by vLLM's hashes of its
+    blocks instead of hashing its tokens again; a longer one hashes only its new blocks, chained
+    from the remembered key; the keys equal a fresh chain's every time; the memo stays bounded."""
+    import types
+
+    import pegaflow.engine
+    from pegaflow.connector import _compat, _keys
+
+    monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
+    rng = random.Random(11)
+    tokens = [rng.randrange(50000) for _ in range(16 * 12)]
+    this_process = vllm_chain("sha256", "7", tokens, 16, monkeypatch)  # vLLM's hashes here (any seed)
+    hashed = []
+
+    def counted(toks, *args, **kwargs):
+        hashed.append(len(toks))
+        return vllm_block_hashes(toks, *args, **kwargs)
+
+    monkeypatch.setattr(pegaflow.engine, "vllm_block_hashes", counted)
+
+    def req(rid, blocks):
+        return types.SimpleNamespace(request_id=rid, block_hashes=this_process[:blocks],
+                                     all_token_ids=tokens[:blocks * 16], lora_request=None, mm_features=None,
+                                     cache_salt=None)
+
+    expected = vllm_block_hashes(tokens, 16, "sha256", _compat.none_hash_seed())
+    keys = _keys.BlockKeys("sha256", 16)
+    assert list(keys.of(req("a", 8))) == expected[:8] and hashed == [128]
+    assert list(keys.of(req("b", 8))) == expected[:8] and hashed == [128]  # every key from the memo
+    assert list(keys.of(req("c", 12))) == expected and hashed == [128, 64]  # the four new blocks only
+    monkeypatch.setattr(_keys, "MEMO_BLOCKS", 6)
+    small = _keys.BlockKeys("sha256", 16)
+    assert list(small.of(req("d", 12))) == expected and len(small._memo) == 6
+    assert list(small.of(req("e", 12))) == expected and len(small._memo) == 6
+    assert hashed == [128, 64, 192, 96]  # e: the first six from the memo, the rest hashed

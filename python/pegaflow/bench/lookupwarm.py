@@ -3,7 +3,8 @@
 ``python -m pegaflow.bench.lookupwarm [--processes N] [--tokens T] [--mode embedded|server] > report.json``:
 N fresh processes of each arm in turn: ``none`` (``PEGAFLOW_WARM_UP=0``), ``keys`` (the block-key
 warm-up alone, ``BlockKeys.warm_up``) and ``all`` (the default: the keys' and the lookup path's,
-``LookupWarmUp`` in the JVM). Each process is a vLLM engine on CPU (``pegaflow.bench.sim``: vLLM's
+``LookupWarmUp`` in the JVM); ``--arms`` picks others, among them ``nomemo`` (``all`` with every
+lookup hashing its tokens: ``BlockKeys``' memo of this process's keys off). Each process is a vLLM engine on CPU (``pegaflow.bench.sim``: vLLM's
 own scheduler, requests and block hasher; the connector keyed by its own chain, as vLLM 0.26
 without ``PYTHONHASHSEED`` makes it) whose store is embedded or, with ``--mode server``, a fresh
 ``pegaflow-server`` of its own. It saves ``--prompts`` prompts of T tokens (each a miss first: the
@@ -31,7 +32,8 @@ from pathlib import Path
 
 from . import child_report, fresh_process
 
-ARMS = ("none", "keys", "all")
+ARMS = ("none", "keys", "all", "nomemo")
+DEFAULT_ARMS = ("none", "keys", "all")
 POOL = "256mb"  # the tiny model's blocks are 4 KiB: room for the prompts of any --tokens the model takes
 
 
@@ -42,7 +44,9 @@ def child(arm: str, tokens: int, prompts: int, lookups: int, endpoint: str | Non
     from pegaflow.connector import _compat, _keys, scheduler, worker
 
     _compat.none_hash_is_reproducible = lambda algo: False  # the own chain, whatever vLLM is installed
-    scheduler.LOOKUP_WARM_UP = worker.LOOKUP_WARM_UP = arm == "all"
+    scheduler.LOOKUP_WARM_UP = worker.LOOKUP_WARM_UP = arm in ("all", "nomemo")
+    if arm == "nomemo":
+        _keys.MEMO_BLOCKS = 0  # every lookup hashes its tokens, as before the keys' memo
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
@@ -109,6 +113,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--lookups", type=int, default=15, help="warm lookups timed per process (default 15)")
     ap.add_argument("--mode", choices=("embedded", "server"), default="embedded",
                     help="the store: embedded, or a fresh pegaflow-server per process")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help=f"arms, in turn in each round (default {','.join(DEFAULT_ARMS)}; nomemo: all, every lookup "
+                         "hashing its tokens, without the keys' memo)")
     ap.add_argument("--child", choices=ARMS, help=argparse.SUPPRESS)
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -120,9 +127,13 @@ def main(argv: list[str]) -> int:
     if args.child:
         child_report(child(args.child, args.tokens, args.prompts, args.lookups, args.endpoint))
         return 0
-    rows: dict[str, list] = {arm: [] for arm in ARMS}
+    arms = [a for a in args.arms.split(",") if a]
+    bad = [a for a in arms if a not in ARMS]
+    if bad or not arms:
+        ap.error(f"--arms {args.arms}: expected some of {','.join(ARMS)}")
+    rows: dict[str, list] = {arm: [] for arm in arms}
     for _ in range(args.processes):
-        for arm in ARMS:
+        for arm in arms:
             argv_child = ["pegaflow.bench.lookupwarm", "--child", arm, "--tokens", str(args.tokens),
                           "--prompts", str(args.prompts), "--lookups", str(args.lookups)]
             if args.mode == "embedded":
@@ -138,7 +149,7 @@ def main(argv: list[str]) -> int:
                 finally:
                     server.stop()
     json.dump({"command": "python -m pegaflow.bench.lookupwarm " + " ".join(argv),
-               **{arm: summary(rows[arm]) for arm in ARMS}, "runs": rows}, sys.stdout, indent=1)
+               **{arm: summary(rows[arm]) for arm in arms}, "runs": rows}, sys.stdout, indent=1)
     print()
     return 0
 

@@ -12,6 +12,7 @@ it is shared within its process only, and that is logged once.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -25,6 +26,9 @@ log = logging.getLogger("pegaflow.connector")
 # calls of the Java hasher for the JVM to compile it with its optimizing compiler before the first
 # requests. PEGAFLOW_WARM_UP=0 turns the connector's warm-ups off (this one and the lookup's).
 WARM_UP_TOKENS = 2 * 1024 * 1024
+# Blocks whose keys an instance remembers by vLLM's hash of them (BlockKeys._memo): a million
+# tokens of 16-token blocks, ~11 MB of Python objects.
+MEMO_BLOCKS = 1 << 16
 WARM_UP_ENV = "PEGAFLOW_WARM_UP"
 _OLD_WARM_UP_ENV = "PEGAFLOW_KEY_WARM_UP"  # its name when it covered the keys' warm-up alone (still honoured)
 _warm_up_started = False  # once per process: the JIT's work is the process's, whatever the number of instances
@@ -50,6 +54,13 @@ class BlockKeys:
         self.block_size = block_size
         self._own: bool | None = None  # decided at the first request: vLLM seeds NONE_HASH after building us
         self._keys: dict[str, list[bytes]] = {}
+        # vLLM's hash of a block in this process -> the store's key of it, for the chains this
+        # process derived (MEMO_BLOCKS at most, the oldest dropped first): a request over a prefix
+        # seen here before (a multi-turn conversation, a shared system prompt, a prompt this process
+        # saved) takes its keys from here instead of hashing its tokens again on vLLM's scheduling
+        # thread. vLLM's hash of a block covers its tokens and every block before it, as the key
+        # does, so equal hashes give equal keys (the trust vLLM's own prefix cache puts in them).
+        self._memo: dict = {}
         self._warned = False
 
     @property
@@ -77,12 +88,30 @@ class BlockKeys:
         keys = self._keys.setdefault(request.request_id, [])
         n, bs = len(hashes), self.block_size
         if len(keys) < n:
-            from ..engine import vllm_block_hashes
+            memo, i = self._memo, len(keys)
+            while i < n:
+                known = memo.get(hashes[i])
+                if known is None:
+                    break
+                keys.append(known)
+                i += 1
+            if i < n:
+                from ..engine import vllm_block_hashes
 
-            tokens = request.all_token_ids[len(keys) * bs:n * bs]
-            keys.extend(vllm_block_hashes(tokens, bs, self.algo, _compat.none_hash_seed(),
-                                          keys[-1] if keys else None))
+                new = vllm_block_hashes(request.all_token_ids[i * bs:n * bs], bs, self.algo,
+                                        _compat.none_hash_seed(), keys[-1] if keys else None)
+                keys.extend(new)
+                self._remember(hashes[i:i + len(new)], new)
         return keys if len(keys) == n else keys[:n]
+
+    def _remember(self, hashes: Sequence, keys: Sequence[bytes]) -> None:
+        memo = self._memo
+        if len(memo) + len(keys) > MEMO_BLOCKS:
+            # the oldest eighth (or what the new chain needs) goes: one pass, not one per block
+            drop = max(MEMO_BLOCKS // 8, len(memo) + len(keys) - MEMO_BLOCKS)
+            for h in list(itertools.islice(memo, drop)):
+                del memo[h]
+        memo.update(zip(hashes, keys[:MEMO_BLOCKS]))
 
     def forget(self, req_id: str) -> None:
         self._keys.pop(req_id, None)
