@@ -570,6 +570,20 @@ def test_context_parallelism_is_refused():
         _check_parallelism(dcp)
 
 
+def test_a_prefix_match_unit_other_than_the_block_is_refused():
+    """vLLM 0.33's prefix_match_unit hashes prefixes in other units than a block; the connector
+    keys and moves whole blocks by one hash each, so another unit is refused at start, naming it."""
+    from types import SimpleNamespace
+
+    from pegaflow.connector._vllm import _check_prefix_unit
+
+    for unit in (None, 16):
+        _check_prefix_unit(SimpleNamespace(cache_config=SimpleNamespace(block_size=16, prefix_match_unit=unit)))
+    _check_prefix_unit(SimpleNamespace(cache_config=SimpleNamespace(block_size=16)))  # before vLLM had it
+    with pytest.raises(ValueError, match=r"prefix_match_unit=8 with block_size=16; expected unset or 16"):
+        _check_prefix_unit(SimpleNamespace(cache_config=SimpleNamespace(block_size=16, prefix_match_unit=8)))
+
+
 def test_a_lead_is_refused_where_vllm_zeroes_new_blocks(monkeypatch):
     """PEGAFLOW_CUDA_LAYER_LEAD_MIB copies a held load's first layers before the step starts;
     where vLLM zeroes newly allocated blocks at the step's start (Mamba layers, mixed precision)

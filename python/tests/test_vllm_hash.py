@@ -170,3 +170,32 @@ def test_keys_of_a_prefix_seen_before_come_from_the_memo(monkeypatch):
     assert list(small.of(req("d", 12))) == expected and len(small._memo) == 6
     assert list(small.of(req("e", 12))) == expected and len(small._memo) == 6
     assert hashed == [128, 64, 192, 96]  # e: the first six from the memo, the rest hashed
+    # least recently used first out: a prefix used again outlives one that was not
+    monkeypatch.setattr(_keys, "MEMO_BLOCKS", 10)
+    lru = _keys.BlockKeys("sha256", 16)
+    other = [rng.randrange(50000) for _ in range(16 * 4)]
+    other_hashes = vllm_chain("sha256", "7", other, 16, monkeypatch)
+    assert list(lru.of(req("f", 4))) == expected[:4]
+    assert list(lru.of(types.SimpleNamespace(request_id="g", block_hashes=other_hashes, all_token_ids=other,
+                                             lora_request=None, mm_features=None, cache_salt=None))) \
+        == vllm_block_hashes(other, 16, "sha256", _compat.none_hash_seed())
+    assert list(lru.of(req("h", 4))) == expected[:4]  # f's prefix used again: now the youngest
+    del hashed[:]
+    assert list(lru.of(req("i", 8))) == expected[:8] and hashed == [64]  # 4 more blocks: g's oldest go
+    assert all(h in lru._memo for h in this_process[:8]) and len(lru._memo) <= 10
+    del hashed[:]
+    assert list(lru.of(req("j", 8))) == expected[:8] and hashed == []  # a third time: every key remembered
+
+
+def test_prompt_embeddings_keep_vllms_hashes(monkeypatch):
+    """A request of prompt embeddings (its embedded positions read as token id 0) keeps vLLM's
+    hashes, which cover the embeddings: two such prompts of one length never share keys."""
+    import types
+
+    from pegaflow.connector import _compat, _keys
+
+    monkeypatch.setattr(_compat, "none_hash_is_reproducible", lambda algo: False)
+    req = types.SimpleNamespace(request_id="e", block_hashes=[b"x" * 32, b"y" * 32], all_token_ids=[0] * 32,
+                                lora_request=None, mm_features=None, cache_salt=None, prompt_embeds=object())
+    assert _keys.has_extra_keys(req)
+    assert list(_keys.BlockKeys("sha256", 16).of(req)) == [b"x" * 32, b"y" * 32]

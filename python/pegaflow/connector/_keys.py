@@ -6,7 +6,7 @@ installed vLLM drew a random ``NONE_HASH`` for this process (before 0.29 without
 model would never share a block, silently. There the keys are the engine's own chain over the
 token ids: vLLM's hash of the same algorithm from a fixed seed (``_compat.none_hash_seed``),
 computed in Java, so every process derives the same keys for the same tokens. A request with
-extra keys (LoRA, multimodal inputs, a cache salt) keeps vLLM's hashes, which only Python has:
+extra keys (LoRA, multimodal inputs, a cache salt, prompt embeddings) keeps vLLM's hashes, which only Python has:
 it is shared within its process only, and that is logged once.
 """
 
@@ -41,9 +41,10 @@ def warm_up_enabled() -> bool:
 
 
 def has_extra_keys(request) -> bool:
-    """Whether vLLM's hash of the request's blocks covers more than their token ids."""
+    """Whether vLLM's hash of the request's blocks covers more than their token ids: LoRA,
+    multimodal inputs, a cache salt, or prompt embeddings (whose positions read as token id 0)."""
     return bool(getattr(request, "lora_request", None) or getattr(request, "mm_features", None)
-                or getattr(request, "cache_salt", None))
+                or getattr(request, "cache_salt", None)) or getattr(request, "prompt_embeds", None) is not None
 
 
 class BlockKeys:
@@ -55,11 +56,12 @@ class BlockKeys:
         self._own: bool | None = None  # decided at the first request: vLLM seeds NONE_HASH after building us
         self._keys: dict[str, list[bytes]] = {}
         # vLLM's hash of a block in this process -> the store's key of it, for the chains this
-        # process derived (MEMO_BLOCKS at most, the oldest dropped first): a request over a prefix
-        # seen here before (a multi-turn conversation, a shared system prompt, a prompt this process
-        # saved) takes its keys from here instead of hashing its tokens again on vLLM's scheduling
-        # thread. vLLM's hash of a block covers its tokens and every block before it, as the key
-        # does, so equal hashes give equal keys (the trust vLLM's own prefix cache puts in them).
+        # process derived (MEMO_BLOCKS at most, the least recently used dropped first): a request
+        # over a prefix seen here before (a multi-turn conversation, a shared system prompt, a
+        # prompt this process saved) takes its keys from here instead of hashing its tokens again
+        # on vLLM's scheduling thread. vLLM's hash of a block covers its tokens and every block
+        # before it, as the key does, so equal hashes give equal keys (the trust vLLM's own prefix
+        # cache puts in them).
         self._memo: dict = {}
         self._warned = False
 
@@ -80,7 +82,7 @@ class BlockKeys:
         if has_extra_keys(request):
             if not self._warned:
                 self._warned = True
-                log.warning("request %s carries LoRA, multimodal inputs or a cache salt: its blocks keep vLLM's "
+                log.warning("request %s carries LoRA, multimodal inputs, a cache salt or prompt embeddings: its blocks keep vLLM's "
                             "per-process hashes and are shared within this process only; set PYTHONHASHSEED to "
                             "the same value in every vLLM process to share them across processes",
                             request.request_id)
@@ -90,9 +92,10 @@ class BlockKeys:
         if len(keys) < n:
             memo, i = self._memo, len(keys)
             while i < n:
-                known = memo.get(hashes[i])
+                known = memo.pop(hashes[i], None)
                 if known is None:
                     break
+                memo[hashes[i]] = known  # used: to the young end, so eviction takes older prefixes first
                 keys.append(known)
                 i += 1
             if i < n:

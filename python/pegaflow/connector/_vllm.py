@@ -175,6 +175,16 @@ def _is_mla(kv_cache_config) -> bool:
     return isinstance(kv_cache_config.kv_cache_groups[0].kv_cache_spec, MLAAttentionSpec)
 
 
+def _check_prefix_unit(vllm_config) -> None:
+    """vLLM 0.33's ``prefix_match_unit`` hashes prefixes in units other than a block: the
+    connector keys and moves whole blocks by one hash each, so it refuses another unit, naming it."""
+    cc = vllm_config.cache_config
+    unit, block = getattr(cc, "prefix_match_unit", None), int(cc.block_size)
+    if unit not in (None, block):
+        raise ValueError(f"PegaKVConnector needs vLLM's prefix hashes per block: cache_config.prefix_match_unit={unit} "
+                         f"with block_size={block}; expected unset or {block}")
+
+
 def _check_parallelism(vllm_config) -> None:
     pc = vllm_config.parallel_config
     dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
@@ -226,6 +236,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         if kv_cache_config is None:
             raise ValueError("PegaKVConnector needs vLLM's kv_cache_config (vLLM 0.33 passes it)")
         _check_parallelism(vllm_config)
+        _check_prefix_unit(vllm_config)
         self._instance_id = _instance_id(vllm_config)
         self._block_size = int(vllm_config.cache_config.block_size)
         self._groups = _groups.plan(kv_cache_config, self._block_size, self._instance_id)

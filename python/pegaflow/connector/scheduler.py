@@ -45,7 +45,7 @@ def tail_tokens(request, block_size: int, hashes=None) -> list[int] | None:
     P/D), whose key the brain derives from the last full block's (``VllmBlockHasher.tailKey``).
     None when there is no tail worth it (fewer than 2 tokens: vLLM computes the last prompt token
     anyway), no full block before it, the full blocks are not all hashed yet, or the request
-    carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt). ``hashes``: the
+    carries what a vLLM hash would add (LoRA, multimodal inputs, cache salt, prompt embeddings). ``hashes``: the
     store's keys of its full blocks (default vLLM's own)."""
     n = request.num_prompt_tokens
     full = n // block_size
