@@ -79,7 +79,7 @@ def test_a_worker_asks_for_the_warm_up_where_loads_run(monkeypatch):
     """A worker asks the JVM for the request path's warm-up (for workers in processes of their
     own): only where loads are enabled and PEGAFLOW_WARM_UP allows it; a refusal only logs."""
     from pegaflow import errors
-    from pegaflow.connector import worker
+    from pegaflow.connector import _keys
 
     class WarmBrain(RecordingBrain):
         def warm_up(self, block_size: int) -> bool:
@@ -100,6 +100,6 @@ def test_a_worker_asks_for_the_warm_up_where_loads_run(monkeypatch):
     monkeypatch.setenv("PEGAFLOW_WARM_UP", "0")
     assert core.start_warm_up(32) is False
     monkeypatch.delenv("PEGAFLOW_WARM_UP")
-    monkeypatch.setattr(worker, "LOOKUP_WARM_UP", False)
+    monkeypatch.setattr(_keys, "LOOKUP_WARM_UP", False)
     assert core.start_warm_up(32) is False
     assert brain.calls == ["warm_up 32", f"warm_up {1 << 20}"]

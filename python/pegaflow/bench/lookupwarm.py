@@ -41,10 +41,10 @@ def child(arm: str, tokens: int, prompts: int, lookups: int, endpoint: str | Non
     os.environ["PEGAFLOW_WARM_UP"] = "0" if arm == "none" else "1"
     os.environ.pop("PEGAFLOW_KEY_WARM_UP", None)  # its former name, which would turn both off
     os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")  # the tiny model's config says 8K
-    from pegaflow.connector import _compat, _keys, scheduler, worker
+    from pegaflow.connector import _compat, _keys
 
     _compat.none_hash_is_reproducible = lambda algo: False  # the own chain, whatever vLLM is installed
-    scheduler.LOOKUP_WARM_UP = worker.LOOKUP_WARM_UP = arm in ("all", "nomemo")
+    _keys.LOOKUP_WARM_UP = arm in ("all", "nomemo")
     if arm == "nomemo":
         _keys.MEMO_BLOCKS = 0  # every lookup hashes its tokens, as before the keys' memo
     from vllm import SamplingParams

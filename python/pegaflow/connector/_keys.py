@@ -40,6 +40,17 @@ def warm_up_enabled() -> bool:
     return all(os.environ.get(name, "").strip() != "0" for name in (WARM_UP_ENV, _OLD_WARM_UP_ENV))
 
 
+# Whether the scheduler side and the workers ask the JVM to warm the request path up
+# (LookupWarmUp, once per process): python -m pegaflow.bench.lookupwarm turns it off alone in its
+# "keys" arm.
+LOOKUP_WARM_UP = True
+
+
+def lookup_warm_up_enabled() -> bool:
+    """Whether the JVM's request-path warm-up is asked for (``LOOKUP_WARM_UP`` and ``PEGAFLOW_WARM_UP``)."""
+    return LOOKUP_WARM_UP and warm_up_enabled()
+
+
 def has_extra_keys(request) -> bool:
     """Whether vLLM's hash of the request's blocks covers more than their token ids: LoRA,
     multimodal inputs, a cache salt, or prompt embeddings (whose positions read as token id 0)."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import PegaflowError
 from . import _controls, _events
 from ._brain import SchedulerBrain
-from ._keys import BlockKeys, has_extra_keys, warm_up_enabled
+from ._keys import BlockKeys, has_extra_keys, lookup_warm_up_enabled
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -31,10 +31,6 @@ log = logging.getLogger("pegaflow.connector")
 # the scheduler's process (TP = 1), the worker's start_load_kv measures how long before its load
 # could have started (the case for starting it there; docs/gpu.md).
 ALLOCATED_NS: dict[str, int] = {}
-
-# Whether the scheduler side asks the JVM to warm its lookup path up (LookupWarmUp; also off with
-# PEGAFLOW_WARM_UP=0): python -m pegaflow.bench.lookupwarm turns it off alone in its "keys" arm.
-LOOKUP_WARM_UP = True
 
 # what this side counts itself (the brain counts its lookups: SchedulerBrain.STATS)
 COUNTS = ("kv_events", "kv_event_gaps", "low_retention_blocks")
@@ -92,7 +88,7 @@ class SchedulerCore:
         # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
         self.brain = SchedulerBrain(link.handle, [g.group for g in groups], block_size, load_enabled,
                                     wait_full_prefix=role == "kv_consumer", in_step=in_step, at_alloc=at_alloc,
-                                    warm_up=load_enabled and LOOKUP_WARM_UP and warm_up_enabled())
+                                    warm_up=load_enabled and lookup_warm_up_enabled())
         self._requests: dict[str, Request] = {}
         self._loads = False  # a load committed since the last plan (take_loads)
         self._hashes_sent: dict[str, int] = {}

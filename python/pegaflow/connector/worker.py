@@ -12,13 +12,10 @@ from collections.abc import Iterable
 from ..errors import InvalidArgumentError, PegaflowError
 from . import _groups, _layout, _runtime
 from ._brain import Group, WorkerBrain
-from ._keys import warm_up_enabled
+from ._keys import lookup_warm_up_enabled
 from .settings import Settings
 
 log = logging.getLogger("pegaflow.connector")
-# Whether a worker asks the JVM for the request path's warm-up (``LookupWarmUp``, once per
-# process); ``pegaflow.bench.lookupwarm`` turns it off with the scheduler side's for its arms.
-LOOKUP_WARM_UP = True
 
 
 def flatten_states(kv_caches: dict) -> dict:
@@ -126,7 +123,7 @@ class WorkerCore:
         workers with several GPUs) would otherwise run its first in-step loads cold; beside the
         scheduler side (one GPU) the JVM started it already and this changes nothing. True if
         this call started it; a failure only logs (an optimisation)."""
-        if not (self.load_enabled and LOOKUP_WARM_UP and warm_up_enabled()):
+        if not (self.load_enabled and lookup_warm_up_enabled()):
             return False
         try:
             return self.brain.warm_up(block_size)

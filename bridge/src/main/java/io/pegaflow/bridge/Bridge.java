@@ -69,8 +69,7 @@ public final class Bridge {
             ConnectorExports.class, List.of("worker_start_step_loads", "worker_wait_layer"),
             LinkExports.class, List.of("link_reset_cache"),
             LinkExports.class, List.of("link_kv_events", "link_demote"),
-            ConnectorExports.class, List.of("sched_lookup_tail", "sched_stats", "tail_key"),
-            ConnectorExports.class, List.of("warm_up"));
+            ConnectorExports.class, List.of("sched_lookup_tail", "sched_stats", "tail_key", "warm_up"));
 
     private static List<Export> exports(Object... ownersAndNames) {
         List<Export> out = new ArrayList<>();
