@@ -474,3 +474,23 @@ def test_the_lookup_warm_up_report_takes_medians_over_processes(capsys):
         with pytest.raises(SystemExit):
             main(bad)
         assert said in capsys.readouterr().err
+
+
+def test_instepk_leads_a_gib_through_the_kernel_at_allocation(tmp_path):
+    """The lead at its cap: _instepk is _instepa with PEGAFLOW_CUDA_LAYER_LEAD_MIB=1024 in its vLLM
+    process only (all of an 8K load, half of a 16K one), loads at allocation, refused under
+    asynchronous scheduling like the other systems that start loads there."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import Systems, main
+
+    args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
+    systems = Systems(args, tmp_path)
+    assert systems.env("server_instepk")["PEGAFLOW_CUDA_LAYER_LEAD_MIB"] == "1024"
+    assert systems.env("server_instepl")["PEGAFLOW_CUDA_LAYER_LEAD_MIB"] == "160"
+    kv, stop = systems.start("embedded_instepk")
+    stop()
+    extra = kv["kv_connector_extra_config"]
+    assert extra["load_in_step"] is True and extra["load_at_alloc"] is True
+    with pytest.raises(SystemExit, match="need --async-scheduling off"):
+        main(["--lengths", "256", "--systems", "none,server_instepk"])

@@ -50,13 +50,15 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # where vLLM allocates its blocks (load_at_alloc, the worker in the scheduler's process), held until
 # its step starts; "<system>_instepl" the same with the load's first 160 MiB of layers copied at once
 # by the copy kernel (PEGAFLOW_CUDA_LAYER_LEAD_MIB: PCIe works while vLLM prepares the step, and the
-# step's input copies on the copy engine wait behind none of it); "<system>_instepaw" is _instepa
-# without the JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call.
+# step's input copies on the copy engine wait behind none of it) and "<system>_instepk" with its
+# first GiB so (the lead's cap: all of an 8K load, half of a 16K one, the copy engine taking the
+# rest when the step opens the hold, both at once); "<system>_instepaw" is _instepa without the
+# JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call.
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
-               "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"},
+               "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepaw")
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepaw")
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
@@ -493,7 +495,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pool-size", default="28gb", help="host bytes of every store (default 28gb)")
     ap.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
                     help="vLLM's asynchronous scheduling for every system (auto: vLLM's default, on on GPUs); "
-                         "off lets <system>_instepa, _instepl and _instepaw start loads at allocation (load_at_alloc stays off under it)")
+                         "off lets <system>_instepa, _instepl, _instepk and _instepaw start loads at allocation (load_at_alloc stays off under it)")
     ap.add_argument("--pool-dir", default="/dev/shm", help="where pegaflow-server keeps its pool (default /dev/shm)")
     ap.add_argument("--pegaflow-site", help="the original PegaFlow's wheel unpacked (system pegaflow)")
     ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
@@ -534,7 +536,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS + VARIANTS)}")
     if any(s.endswith(AT_ALLOC) for s in systems_wanted) and args.async_scheduling != "off":
         # load_at_alloc stays off under vLLM's asynchronous scheduling: the system would be "_instep" under another name
-        raise SystemExit("pegaflow-bench ttft: the *_instepa, *_instepl and *_instepaw systems need --async-scheduling off (load_at_alloc is off "
+        raise SystemExit("pegaflow-bench ttft: the *_instepa, *_instepl, *_instepk and *_instepaw systems need --async-scheduling off (load_at_alloc is off "
                          f"under vLLM's asynchronous scheduling); got --async-scheduling {args.async_scheduling}")
     if args.rounds < 1:
         raise SystemExit(f"pegaflow-bench ttft: --rounds {args.rounds}; expected at least 1")
