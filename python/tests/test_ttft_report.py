@@ -26,6 +26,32 @@ def test_summary_compares_warm_answers_with_the_gpu_hits_of_the_same_run():
     assert s["server"]["8k"]["line_floor_ms"] == pytest.approx(8192 * 131072 / 55e9 * 1e3, abs=0.01)
 
 
+def test_summary_reads_the_target_against_the_processs_own_gpu_hit():
+    """Each system's warm answers beside its own GPU hit a second later (ttft_worker's
+    own_gpu_hit): the 1.2x target's ratio uses the larger of that and the line floor, within one
+    process; the token ids of both phases are compared; --rounds keeps both per round."""
+    results = {
+        "none": {"start_s": 10.0, "lengths": {"8192": {"cold": run([200, 210], [0, 0], [1, 2]),
+                                                      "gpu_hit": run([40, 50], [8176, 8176], [1, 2])}}},
+        "server": {"start_s": 5.0, "lengths": {"8192": {"cold": run([205, 215], [0, 0], [1, 2]), "reset_ok": True,
+                                                        "warm": run([24, 26, 30], [8176] * 3, [1, 2]),
+                                                        "own_gpu_hit": run([15, 16, 17], [8176] * 3, [1, 2])}}},
+        "embedded": {"start_s": 5.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": True,
+                                                          "warm": run([40], [8176], [1, 2]),
+                                                          "own_gpu_hit": run([32], [8176], [1, 3])}}},
+    }
+    s = ttft.summarize(results, [8192], 131072, 55.0)
+    floor = s["server"]["8k"]["line_floor_ms"]  # 19.52 ms, above the server process's GPU hit
+    assert s["server"]["8k"]["own_gpu_hit_p50_ms"] == 16
+    assert s["server"]["8k"]["warm_vs_own_bound"] == pytest.approx(26 / floor, abs=1e-3)
+    assert s["server"]["8k"]["own_gpu_hit_identical"] is True
+    assert s["embedded"]["8k"]["warm_vs_own_bound"] == pytest.approx(40 / 32, abs=1e-3)  # its GPU hit above the floor
+    assert s["embedded"]["8k"]["own_gpu_hit_identical"] is False
+    assert "own_gpu_hit_p50_ms" not in s["none"]["8k"]
+    medians = ttft.rounds_summary(s, [8192])
+    assert medians["server"]["8k"]["warm_vs_own_bound_median"] == pytest.approx(26 / floor, abs=1e-3)
+    assert medians["server"]["8k"]["own_gpu_hit_p50_median"] == 16
+
 def test_a_load_only_run_joins_the_earlier_report_without_losing_its_figures():
     earlier = {"line_h2d_gbps": 55.0, "systems": {"server": {"start_s": 5.0, "8k": {"warm_p50_ms": 70}}},
                "raw": {"server": {"lengths": {"8192": {}}}}}

@@ -358,6 +358,10 @@ def main(spec_path: str, out_path: str) -> int:
             entry["reset_ok"] = reset()
             # this length's warm requests alone: the connector's counters they moved
             entry["warm"], entry["warm_threads"], entry["warm_counters"] = timed(ps)
+            # the same prompts again, now in vLLM's GPU cache: this process's own GPU hit, a second
+            # after its warm answers, so the warm-over-GPU-hit ratio does not span two processes
+            # (the host's speed differs between them by up to 2x)
+            entry["own_gpu_hit"] = [run(p) for p in ps]
             profiled(length, "warm", ps[-1])
         assert reset()
         result["lengths"][str(length)] = entry
