@@ -215,24 +215,28 @@ def test_instepa_systems_need_async_scheduling_off():
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
-def test_instepaw_is_instepa_without_the_warm_ups(tmp_path):
-    """The A/B arm of the JVM's warm-ups: loads at allocation as _instepa, PEGAFLOW_WARM_UP=0 in
-    its vLLM process's environment only, and refused under asynchronous scheduling like _instepa."""
+@pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),
+                                                 ("instepk", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "1024"),
+                                                 ("instepl", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "160")])
+def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
+    """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
+    and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (the lead's cap:
+    all of an 8K load, half of a 16K one); the variable in that vLLM process's environment only,
+    loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 
     from pegaflow.bench.ttft import Systems, main
 
     args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
     systems = Systems(args, tmp_path)
-    assert systems.env("embedded_instepaw")["PEGAFLOW_WARM_UP"] == "0"
-    assert "PEGAFLOW_WARM_UP" not in systems.env("embedded_instepa") or \
-        systems.env("embedded_instepa")["PEGAFLOW_WARM_UP"] == ttft.os.environ.get("PEGAFLOW_WARM_UP")
-    kv, stop = systems.start("embedded_instepaw")
+    assert systems.env(f"embedded_{system}")[env] == value
+    assert systems.env("embedded_instepa").get(env) == ttft.os.environ.get(env)
+    kv, stop = systems.start(f"embedded_{system}")
     stop()
     extra = kv["kv_connector_extra_config"]
     assert extra["load_in_step"] is True and extra["load_at_alloc"] is True
     with pytest.raises(SystemExit, match="need --async-scheduling off"):
-        main(["--lengths", "256", "--systems", "none,server_instepaw"])
+        main(["--lengths", "256", "--systems", f"none,server_{system}"])
 
 
 def test_summary_puts_cold_ttft_and_decode_beside_no_connector():
@@ -501,22 +505,3 @@ def test_the_lookup_warm_up_report_takes_medians_over_processes(capsys):
             main(bad)
         assert said in capsys.readouterr().err
 
-
-def test_instepk_leads_a_gib_through_the_kernel_at_allocation(tmp_path):
-    """The lead at its cap: _instepk is _instepa with PEGAFLOW_CUDA_LAYER_LEAD_MIB=1024 in its vLLM
-    process only (all of an 8K load, half of a 16K one), loads at allocation, refused under
-    asynchronous scheduling like the other systems that start loads there."""
-    from types import SimpleNamespace
-
-    from pegaflow.bench.ttft import Systems, main
-
-    args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
-    systems = Systems(args, tmp_path)
-    assert systems.env("server_instepk")["PEGAFLOW_CUDA_LAYER_LEAD_MIB"] == "1024"
-    assert systems.env("server_instepl")["PEGAFLOW_CUDA_LAYER_LEAD_MIB"] == "160"
-    kv, stop = systems.start("embedded_instepk")
-    stop()
-    extra = kv["kv_connector_extra_config"]
-    assert extra["load_in_step"] is True and extra["load_at_alloc"] is True
-    with pytest.raises(SystemExit, match="need --async-scheduling off"):
-        main(["--lengths", "256", "--systems", "none,server_instepk"])
