@@ -110,6 +110,10 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert worker["in_step_at_alloc"] == (1 if at_alloc else 0)
     assert [m.loads for m in metas].count(True) == 1, "one step's plan says it loads (the worker then orders it)"
     assert worker["in_step_loads"] == (1 if in_step else 0)
+    # the plan phase's parts through the C ABI: the pieces listed, the batch handed to the engine
+    assert (worker["in_step_build_ns"] > 0 and worker["in_step_submit_ns"] > 0) == bool(in_step)
+    assert worker["in_step_hop_ns"] + worker["in_step_store_ns"] + worker["in_step_build_ns"] \
+        + worker["in_step_submit_ns"] <= worker["in_step_plan_ns"]
     # each side's per-step hooks: one step per plan, and the time spent in them (vllm:pegaflow_*_hook_ns)
     conn.get_kv_connector_stats()
     sched_steps = sum(r.data["scheduler_steps"] for r in reports if r is not None)

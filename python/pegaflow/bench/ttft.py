@@ -461,7 +461,7 @@ def in_step_phases_ms(counters: dict) -> dict:
     if not loads:
         return {}
     out = {k: round(counters.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / loads / 1e6, 3)
-           for k in ("plan", "hop", "store", "load", "wait", "step")}
+           for k in ("plan", "hop", "store", "build", "submit", "load", "wait", "step")}
     for name, count, ns in (("alloc_to_start", "alloc_to_load_starts", "alloc_to_load_ns"),
                             ("fence", "load_fences", "load_fence_ns")):
         if counters.get(f"vllm:pegaflow_{count}"):

@@ -89,12 +89,15 @@ public final class WorkerSide {
      * worker sees it); then two parts of the plan: from the start until the plan's thread took
      * the load up (a thread hop), and from there until the store's plan returned (the rest of
      * the plan phase is the batches' enqueue); then how many in-step loads started when the
-     * scheduler allocated their blocks ({@link #startAtAlloc}), their phases timed from there.
+     * scheduler allocated their blocks ({@link #startAtAlloc}), their phases timed from there;
+     * then two more parts of the plan: listing the copy batches' pieces, and handing them to the
+     * copy engine ({@link LayeredLoad#buildNanos}, {@link LayeredLoad#submitNanos}).
      */
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
             STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_IN_STEP_LOADS = 6, STAT_IN_STEP_PLAN_NANOS = 7,
             STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_IN_STEP_STEP_NANOS = 10,
-            STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_IN_STEP_AT_ALLOC = 13, STAT_COUNT = 14;
+            STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_IN_STEP_AT_ALLOC = 13,
+            STAT_IN_STEP_BUILD_NANOS = 14, STAT_IN_STEP_SUBMIT_NANOS = 15, STAT_COUNT = 16;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
@@ -310,6 +313,8 @@ public final class WorkerSide {
                     LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds(), go);
                     stats.addAndGet(STAT_IN_STEP_HOP_NANOS, began - t0);
                     stats.addAndGet(STAT_IN_STEP_STORE_NANOS, Math.max(0, h.plannedNanos() - began));
+                    stats.addAndGet(STAT_IN_STEP_BUILD_NANOS, h.buildNanos());
+                    stats.addAndGet(STAT_IN_STEP_SUBMIT_NANOS, h.submitNanos());
                     stats.addAndGet(STAT_IN_STEP_PLAN_NANOS, System.nanoTime() - t0); // before anyone waiting sees it
                     return h;
                 } catch (RuntimeException refused) {

@@ -374,6 +374,11 @@ class ConnectorBrainTest {
         assertThat(stats[WorkerSide.STAT_IN_STEP_STORE_NANOS]).as("the store's plan, a part of the plan phase").isPositive()
                 .isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS] - stats[WorkerSide.STAT_IN_STEP_HOP_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_HOP_NANOS]).as("the hop to the plan's thread").isNotNegative();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_BUILD_NANOS]).as("the pieces listed after the store's plan").isPositive();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_SUBMIT_NANOS]).as("the batch handed to the copy engine").isPositive();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_HOP_NANOS] + stats[WorkerSide.STAT_IN_STEP_STORE_NANOS]
+                + stats[WorkerSide.STAT_IN_STEP_BUILD_NANOS] + stats[WorkerSide.STAT_IN_STEP_SUBMIT_NANOS])
+                .as("the plan phase's parts fit in it").isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]).isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
         assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended after the bytes landed")

@@ -61,14 +61,18 @@ final class CopyBatches {
         long[] bytes = new long[lanes];
         try {
             for (int k = 0; k < lanes; k++) {
+                long t0 = System.nanoTime();
                 CopyBatch batch = new CopyBatch(plan.direction().batch(),
                         (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream).holdUntil(layered.gate);
                 int[] groups = layerMajor(plan, worker, blockIds, batch, split.groupBytes(), k, lanes);
+                long t1 = System.nanoTime();
+                layered.built(t1 - t0);
                 if (batch.size() == 0) {
                     continue;
                 }
                 bytes[k] = batch.totalBytes();
                 TransferFuture part = transfer.submit(batch);
+                layered.submitted(System.nanoTime() - t1);
                 submitted.add(part);
                 layered.add(part, groups);
             }

@@ -26,6 +26,30 @@ public final class LayeredLoad {
         plannedNanos = System.nanoTime();
     }
 
+    private final java.util.concurrent.atomic.AtomicLong buildNanos = new java.util.concurrent.atomic.AtomicLong();
+    private final java.util.concurrent.atomic.AtomicLong submitNanos = new java.util.concurrent.atomic.AtomicLong();
+
+    /**
+     * Of the start after the store's plan: nanoseconds spent listing the copy batches' pieces
+     * (every part and lane together); the rest until {@code loadLayered} returned is {@link #submitNanos}.
+     */
+    public long buildNanos() {
+        return buildNanos.get();
+    }
+
+    /** Nanoseconds spent handing the built batches to the copy engine ({@code TransferEngine.submit}: a lane taken, the batch queued to its thread). */
+    public long submitNanos() {
+        return submitNanos.get();
+    }
+
+    void built(long nanos) {
+        buildNanos.addAndGet(nanos);
+    }
+
+    void submitted(long nanos) {
+        submitNanos.addAndGet(nanos);
+    }
+
     /** Completes when every byte landed and the load ended; fails naming the destination blocks. */
     public CompletableFuture<CopyResult> result() {
         return result;
