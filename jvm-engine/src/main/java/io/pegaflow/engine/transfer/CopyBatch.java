@@ -23,18 +23,14 @@ public final class CopyBatch {
     private long waitStream;
     private java.util.concurrent.CompletableFuture<?> gate;
     private int[] groupEnds = new int[0];
-    private long[] deviceAddress;
-    private long[] hostOffset;
-    private long[] length;
+    /** Piece i at [3i, 3i+3): device address, host offset, length (one array: one allocation, and a piece's three words together). */
+    private long[] pieces;
     private int size;
     private long totalBytes;
 
     public CopyBatch(Direction direction, int expectedPieces) {
         this.direction = direction;
-        int cap = Math.max(4, expectedPieces);
-        deviceAddress = new long[cap];
-        hostOffset = new long[cap];
-        length = new long[cap];
+        pieces = new long[3 * Math.max(4, expectedPieces)];
     }
 
     /** Adds one piece. {@code bytes} must be positive. */
@@ -42,15 +38,13 @@ public final class CopyBatch {
         if (bytes <= 0) {
             throw new IllegalArgumentException("copy piece of " + bytes + " bytes; expected > 0");
         }
-        if (size == length.length) {
-            int cap = size * 2;
-            deviceAddress = Arrays.copyOf(deviceAddress, cap);
-            hostOffset = Arrays.copyOf(hostOffset, cap);
-            length = Arrays.copyOf(length, cap);
+        int at = 3 * size;
+        if (at == pieces.length) {
+            pieces = Arrays.copyOf(pieces, 2 * at);
         }
-        deviceAddress[size] = device;
-        hostOffset[size] = hostOff;
-        length[size] = bytes;
+        pieces[at] = device;
+        pieces[at + 1] = hostOff;
+        pieces[at + 2] = bytes;
         size++;
         totalBytes += bytes;
     }
@@ -141,15 +135,24 @@ public final class CopyBatch {
     }
 
     public long deviceAddress(int i) {
-        return deviceAddress[i];
+        checkIndex(i);
+        return pieces[3 * i];
     }
 
     public long hostOffset(int i) {
-        return hostOffset[i];
+        checkIndex(i);
+        return pieces[3 * i + 1];
     }
 
     public long length(int i) {
-        return length[i];
+        checkIndex(i);
+        return pieces[3 * i + 2];
+    }
+
+    private void checkIndex(int i) {
+        if (i >= size) { // the array's spare capacity holds no pieces; below 0 the array itself throws
+            throw new IndexOutOfBoundsException("piece " + i + " of a batch of " + size);
+        }
     }
 
     /**
@@ -182,13 +185,16 @@ public final class CopyBatch {
 
     /** Bytes of pieces {@code [i, j)} of one run ({@link #runEnd}): back to back, so first start to last end. */
     public long runBytes(int i, int j) {
-        return hostOffset[j - 1] + length[j - 1] - hostOffset[i];
+        return hostOffset(j - 1) + length(j - 1) - hostOffset(i);
     }
 
     /** True when piece {@code i} starts where piece {@code i-1} ends, on both sides. */
     public boolean continuesPrevious(int i) {
-        return i > 0
-                && deviceAddress[i - 1] + length[i - 1] == deviceAddress[i]
-                && hostOffset[i - 1] + length[i - 1] == hostOffset[i];
+        if (i <= 0) {
+            return false;
+        }
+        checkIndex(i);
+        int p = 3 * (i - 1);
+        return pieces[p] + pieces[p + 2] == pieces[p + 3] && pieces[p + 1] + pieces[p + 2] == pieces[p + 4];
     }
 }
