@@ -9,7 +9,10 @@ import java.util.concurrent.TimeUnit;
  * out), then loadLayered on a copy engine that moves nothing, timed by the load's own parts
  * (LayeredLoad.plannedNanos, buildNanos, submitNanos: the worker counters in_step_store_ns,
  * in_step_build_ns, in_step_submit_ns). Prints the means of each part over the second half of
- * SECONDS of back-to-back loads (the first half warms the JIT):
+ * SECONDS of back-to-back loads (the first half warms the JIT). That engine's futures are done
+ * when submit returns, so its submit_ms is a no-op's (the CUDA engine's also waits for a free
+ * lane and pins pool chunks on first touch), and load_layered_ms includes the load's end, which
+ * a real copy runs later on the copy's thread:
  *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/PlanSplitProbe.java SECONDS
  */
 public class PlanSplitProbe {
@@ -41,6 +44,11 @@ public class PlanSplitProbe {
     for (int i = 0; i < BLOCKS; i++) { src[i] = i; dst[i] = BLOCKS + i; }
     engine.save("probe", 0, src, hashes).get(60, TimeUnit.SECONDS);
     engine.flush(60_000);
+    QueryResult check = engine.query("probe", hashes);
+    if (check.hitBlocks() != BLOCKS) {
+      throw new IllegalStateException("saved " + BLOCKS + " blocks, " + check.hitBlocks() + " resident");
+    }
+    engine.release("probe", check.lease());
     long start = System.nanoTime(), half = start + Long.parseLong(a[0]) * 500_000_000L, end = half + (half - start);
     long n = 0, query = 0, store = 0, build = 0, submit = 0, whole = 0;
     while (System.nanoTime() < end) {
@@ -53,6 +61,9 @@ public class PlanSplitProbe {
       if (t0 >= half) {
         n++; query += t1 - t0; store += load.plannedNanos() - t1; build += load.buildNanos(); submit += load.submitNanos(); whole += t2 - t1;
       }
+    }
+    if (n == 0) {
+      throw new IllegalArgumentException("no load timed in " + a[0] + " s; expected SECONDS of at least 2");
     }
     System.out.printf("{\"loads\": %d, \"query_ms\": %.3f, \"store_plan_ms\": %.3f, \"build_ms\": %.3f, \"submit_ms\": %.3f, \"load_layered_ms\": %.3f}%n",
         n, query / 1e6 / n, store / 1e6 / n, build / 1e6 / n, submit / 1e6 / n, whole / 1e6 / n);

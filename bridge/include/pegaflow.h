@@ -285,7 +285,8 @@ typedef struct pegaflow_api {
        worker_wait_layer; then (wave 3 builds) nanoseconds to the step's get_finished, of the
        submission's thread hop and of the store's plan, and how many started at allocation
        (sched_create's mode 8); then nanoseconds listing the copy batches' pieces and handing
-       them to the copy engine (the rest of the submission). Counters past cap are drained unseen. */
+       them to the copy engine (waiting for a free lane included): most of the submission's
+       rest. Counters past cap are drained unseen. */
     int32_t (*worker_stats)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
 
     /* ---- vLLM's prefix-caching block hash, for engines that are not vLLM (since ABI 4). ----

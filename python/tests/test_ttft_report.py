@@ -38,7 +38,18 @@ def test_summary_reads_the_target_against_the_processs_own_gpu_hit():
                                                         "own_gpu_hit": run([15, 16, 17], [8176] * 3, [1, 2])}}},
         "embedded": {"start_s": 5.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": True,
                                                           "warm": run([40], [8176], [1, 2]),
-                                                          "own_gpu_hit": run([32], [8176], [1, 3])}}},
+                                                          "own_gpu_hit": run([32], [8176], [1, 2])}}},
+        # no ratio where it would mislead: other answers, blocks loaded meanwhile, no reset
+        "server_instep": {"start_s": 5.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": True,
+                                                               "warm": run([40], [8176], [1, 2]),
+                                                               "own_gpu_hit": run([32], [8176], [1, 3])}}},
+        "server_async": {"start_s": 5.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": True,
+                                                              "warm": run([40], [8176], [1, 2]),
+                                                              "own_gpu_hit": run([32], [8176], [1, 2]),
+                                                              "own_gpu_hit_counters": {"vllm:pegaflow_loaded_blocks": 3.0}}}},
+        "embedded_instep": {"start_s": 5.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": False,
+                                                                 "warm": run([20], [8176], [1, 2]),
+                                                                 "own_gpu_hit": run([32], [8176], [1, 2])}}},
     }
     s = ttft.summarize(results, [8192], 131072, 55.0)
     floor = s["server"]["8k"]["line_floor_ms"]  # 19.52 ms, above the server process's GPU hit
@@ -46,7 +57,11 @@ def test_summary_reads_the_target_against_the_processs_own_gpu_hit():
     assert s["server"]["8k"]["warm_vs_own_bound"] == pytest.approx(26 / floor, abs=1e-3)
     assert s["server"]["8k"]["own_gpu_hit_identical"] is True
     assert s["embedded"]["8k"]["warm_vs_own_bound"] == pytest.approx(40 / 32, abs=1e-3)  # its GPU hit above the floor
-    assert s["embedded"]["8k"]["own_gpu_hit_identical"] is False
+    assert s["server_instep"]["8k"]["own_gpu_hit_identical"] is False
+    assert s["server_instep"]["8k"]["warm_vs_own_bound"] is None
+    assert s["server_async"]["8k"]["own_gpu_hit_loaded_blocks"] == 3
+    assert s["server_async"]["8k"]["warm_vs_own_bound"] is None
+    assert s["embedded_instep"]["8k"]["warm_vs_own_bound"] is None
     assert "own_gpu_hit_p50_ms" not in s["none"]["8k"]
     medians = ttft.rounds_summary(s, [8192])
     assert medians["server"]["8k"]["warm_vs_own_bound_median"] == pytest.approx(26 / floor, abs=1e-3)
@@ -352,6 +367,10 @@ def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream(
     phases = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_in_step_phases_ms"]
     assert phases["load"] == 40.0 and phases["alloc_to_start"] == 15.0 and phases["fence"] == 12.0
     assert phases["plan"] == 0.0  # a phase the run did not count
+    assert "build" not in phases and "submit" not in phases  # an older jar's 14 counters: absent, not 0
+    warm_counters.update({"vllm:pegaflow_in_step_build_ns": 1.2e6, "vllm:pegaflow_in_step_submit_ns": 0.4e6})
+    phases = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_in_step_phases_ms"]
+    assert phases["build"] == 0.6 and phases["submit"] == 0.2
 
 
 def test_overlap_refuses_a_negative_forward_delay():

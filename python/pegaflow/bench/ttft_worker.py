@@ -358,10 +358,14 @@ def main(spec_path: str, out_path: str) -> int:
             entry["reset_ok"] = reset()
             # this length's warm requests alone: the connector's counters they moved
             entry["warm"], entry["warm_threads"], entry["warm_counters"] = timed(ps)
-            # the same prompts again, now in vLLM's GPU cache: this process's own GPU hit, a second
+            # the same prompts again, now in vLLM's GPU cache: this process's own GPU hit, right
             # after its warm answers, so the warm-over-GPU-hit ratio does not span two processes
-            # (the host's speed differs between them by up to 2x)
+            # (the host's speed differs between them by up to 2x); the connector counters it
+            # moved show whether any of it came from the store instead (blocks loaded)
+            before_hit = counters()
             entry["own_gpu_hit"] = [run(p) for p in ps]
+            entry["own_gpu_hit_counters"] = {k: v - before_hit.get(k, 0.0) for k, v in counters().items()
+                                             if v != before_hit.get(k, 0.0)}
             profiled(length, "warm", ps[-1])
         assert reset()
         result["lengths"][str(length)] = entry

@@ -36,7 +36,8 @@ COUNTERS = {
     "in_step_hop_ns": "nanoseconds from an in-step load's start until the plan's thread took it up (part of in_step_plan_ns)",
     "in_step_store_ns": "nanoseconds the store's plan of in-step loads took (part of in_step_plan_ns; a round trip in server mode)",
     "in_step_build_ns": "nanoseconds listing in-step loads' copy pieces after the store's plan (part of in_step_plan_ns)",
-    "in_step_submit_ns": "nanoseconds handing in-step loads' copy batches to the copy engine (part of in_step_plan_ns: a lane taken, the batch queued)",
+    "in_step_submit_ns": "nanoseconds handing in-step loads' copy batches to the copy engine (part of in_step_plan_ns: waiting for a free lane, "
+                         "pinning pool chunks on first touch, the batch queued to the lane's thread)",
     "in_step_at_alloc": "in-step loads started where vLLM allocated their blocks (load_at_alloc), their phases timed from there",
     "alloc_to_load_starts": "in-step loads whose allocation this process saw (the worker shares the scheduler's process)",
     "alloc_to_load_ns": "nanoseconds from those loads' allocation (update_state_after_alloc) to start_load_kv",

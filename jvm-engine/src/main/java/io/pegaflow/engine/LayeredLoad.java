@@ -31,13 +31,18 @@ public final class LayeredLoad {
 
     /**
      * Of the start after the store's plan: nanoseconds spent listing the copy batches' pieces
-     * (every part and lane together); the rest until {@code loadLayered} returned is {@link #submitNanos}.
+     * (every part and lane together); most of the rest until {@code loadLayered} returned is
+     * {@link #submitNanos}.
      */
     public long buildNanos() {
         return buildNanos.get();
     }
 
-    /** Nanoseconds spent handing the built batches to the copy engine ({@code TransferEngine.submit}: a lane taken, the batch queued to its thread). */
+    /**
+     * Nanoseconds spent handing the built batches to the copy engine ({@code TransferEngine.submit}:
+     * for the CUDA engine, waiting for a free lane, pinning pool chunks on first touch, the batch
+     * queued to the lane's thread).
+     */
     public long submitNanos() {
         return submitNanos.get();
     }
