@@ -71,10 +71,17 @@ public class LayeredPlanBenchmark {
         };
     }
 
-    @Setup(Level.Trial)
-    public void setUp() throws Exception {
+    /** An engine holding a saved {@code blocks}-block prefix, its keys and the blocks a load writes into. */
+    public record Fixture(PegaEngine engine, BlockHashes hashes, long[] dst) {}
+
+    /**
+     * Instance "bench" with one worker of Llama-3.1-8B's 32 layers (addresses never
+     * dereferenced: nothing moves), a {@code blocks}-block prefix saved and resident; also
+     * used by bench/probe/PlanSplitProbe.java.
+     */
+    public static Fixture fixture(int blocks) throws Exception {
         int regionBlocks = 2 * blocks;
-        engine = PegaEngine.create(EngineConfig.builder().poolBytes(blocks * LAYERS * 2 * PIECE + (64L << 20))
+        PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolBytes(blocks * LAYERS * 2 * PIECE + (64L << 20))
                 .sweepInterval(Duration.ZERO).transfer(pool -> nothingMoves()).build());
         engine.registerInstance(new InstanceSpec("bench", "bench-ns", 1, 1));
         List<LayerRegion> layers = new ArrayList<>();
@@ -88,9 +95,9 @@ public class LayeredPlanBenchmark {
         engine.registerWorker("bench", new WorkerSpec(0, 0, 0, layers));
         byte[] packed = new byte[blocks * 32];
         new Random(1).nextBytes(packed);
-        hashes = new BlockHashes(packed, 32);
+        BlockHashes hashes = new BlockHashes(packed, 32);
         long[] src = new long[blocks];
-        dst = new long[blocks];
+        long[] dst = new long[blocks];
         for (int i = 0; i < blocks; i++) {
             src[i] = i;
             dst[i] = blocks + i;
@@ -102,6 +109,15 @@ public class LayeredPlanBenchmark {
             throw new IllegalStateException("saved " + blocks + " blocks, " + q.hitBlocks() + " resident");
         }
         engine.release("bench", q.lease());
+        return new Fixture(engine, hashes, dst);
+    }
+
+    @Setup(Level.Trial)
+    public void setUp() throws Exception {
+        Fixture f = fixture(blocks);
+        engine = f.engine();
+        hashes = f.hashes();
+        dst = f.dst();
     }
 
     @Benchmark
