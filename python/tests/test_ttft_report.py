@@ -226,7 +226,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk and _instepaw need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 

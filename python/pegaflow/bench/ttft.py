@@ -59,6 +59,7 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepaw")
+_AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
@@ -468,10 +469,11 @@ def in_step_phases_ms(counters: dict) -> dict:
     loads = counters.get("vllm:pegaflow_in_step_loads", 0)
     if not loads:
         return {}
-    # build and submit: counted by builds since efb74d6 (absent, not 0, with an older jar)
     out = {k: round(counters.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / loads / 1e6, 3)
-           for k in ("plan", "hop", "store", "build", "submit", "load", "wait", "step")
-           if k not in ("build", "submit") or f"vllm:pegaflow_in_step_{k}_ns" in counters}
+           for k in ("plan", "hop", "store", "load", "wait", "step")}
+    for k in ("build", "submit"):  # counted since efb74d6: absent, not 0, with an older jar
+        if f"vllm:pegaflow_in_step_{k}_ns" in counters:
+            out[k] = round(counters[f"vllm:pegaflow_in_step_{k}_ns"] / loads / 1e6, 3)
     for name, count, ns in (("alloc_to_start", "alloc_to_load_starts", "alloc_to_load_ns"),
                             ("fence", "load_fences", "load_fence_ns")):
         if counters.get(f"vllm:pegaflow_{count}"):
@@ -515,7 +517,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--pool-size", default="28gb", help="host bytes of every store (default 28gb)")
     ap.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
                     help="vLLM's asynchronous scheduling for every system (auto: vLLM's default, on on GPUs); "
-                         "off lets <system>_instepa, _instepl, _instepk and _instepaw start loads at allocation (load_at_alloc stays off under it)")
+                         f"off lets <system>{_AT_ALLOC_NAMES} start loads at allocation (load_at_alloc stays off under it)")
     ap.add_argument("--pool-dir", default="/dev/shm", help="where pegaflow-server keeps its pool (default /dev/shm)")
     ap.add_argument("--pegaflow-site", help="the original PegaFlow's wheel unpacked (system pegaflow)")
     ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
@@ -556,7 +558,7 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"pegaflow-bench ttft: system '{s}'; expected some of {','.join(SYSTEMS + VARIANTS)}")
     if any(s.endswith(AT_ALLOC) for s in systems_wanted) and args.async_scheduling != "off":
         # load_at_alloc stays off under vLLM's asynchronous scheduling: the system would be "_instep" under another name
-        raise SystemExit("pegaflow-bench ttft: the *_instepa, *_instepl, *_instepk and *_instepaw systems need --async-scheduling off (load_at_alloc is off "
+        raise SystemExit(f"pegaflow-bench ttft: the systems <system>{_AT_ALLOC_NAMES} need --async-scheduling off (load_at_alloc is off "
                          f"under vLLM's asynchronous scheduling); got --async-scheduling {args.async_scheduling}")
     if args.rounds < 1:
         raise SystemExit(f"pegaflow-bench ttft: --rounds {args.rounds}; expected at least 1")

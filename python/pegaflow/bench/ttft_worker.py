@@ -362,10 +362,7 @@ def main(spec_path: str, out_path: str) -> int:
             # after its warm answers, so the warm-over-GPU-hit ratio does not span two processes
             # (the host's speed differs between them by up to 2x); the connector counters it
             # moved show whether any of it came from the store instead (blocks loaded)
-            before_hit = counters()
-            entry["own_gpu_hit"] = [run(p) for p in ps]
-            entry["own_gpu_hit_counters"] = {k: v - before_hit.get(k, 0.0) for k, v in counters().items()
-                                             if v != before_hit.get(k, 0.0)}
+            entry["own_gpu_hit"], _, entry["own_gpu_hit_counters"] = timed(ps)
             profiled(length, "warm", ps[-1])
         assert reset()
         result["lengths"][str(length)] = entry

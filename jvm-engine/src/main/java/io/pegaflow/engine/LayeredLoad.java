@@ -3,6 +3,7 @@ package io.pegaflow.engine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.atomic.AtomicLong;
 
 /**
  * The copies of one {@link PegaEngine#loadLayered} load: each part's (a plan can come in two) transfer
@@ -14,6 +15,8 @@ public final class LayeredLoad {
     private final List<TransferFuture> parts = new java.util.concurrent.CopyOnWriteArrayList<>();
     private final List<int[]> groupOfRegion = new java.util.concurrent.CopyOnWriteArrayList<>();
     private volatile long plannedNanos;
+    private final AtomicLong buildNanos = new AtomicLong();
+    private final AtomicLong submitNanos = new AtomicLong();
     /** The copies wait for this ({@link PegaEngine#loadLayered(String, int, Token, long[], CompletableFuture)}); null: none. */
     CompletableFuture<?> gate;
 
@@ -25,9 +28,6 @@ public final class LayeredLoad {
     void planned() {
         plannedNanos = System.nanoTime();
     }
-
-    private final java.util.concurrent.atomic.AtomicLong buildNanos = new java.util.concurrent.atomic.AtomicLong();
-    private final java.util.concurrent.atomic.AtomicLong submitNanos = new java.util.concurrent.atomic.AtomicLong();
 
     /**
      * Of the start after the store's plan: nanoseconds spent listing the copy batches' pieces
