@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 import time
@@ -85,9 +86,14 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     req = b.add("r", p, max_tokens=3)
     conn = b.scheduler.connector
     assert load_async(b) == (not in_step)
+    leases = store_stats(b)["pegaflow_leases_created_total"]
     answers = {conn.get_num_new_matched_tokens(req, 0) for _ in range(3)}
     assert answers == {(64, not in_step)}  # 4 full blocks; the 70th token is always computed
-    assert store_stats(b)["pegaflow_active_leases"] == 1, "repeated lookups pin one lease, not three"
+    held = store_stats(b)
+    assert held["pegaflow_leases_created_total"] - leases == 1, "repeated lookups pin one lease, not three"
+    # the sim's worker shares the scheduler's process: the lookup also began its load (the
+    # lease's only share), so the blocks are pinned by that load, and no lease is left
+    assert (held["pegaflow_active_leases"], held["pegaflow_pinned_blocks"]) == (0, 4)
     metas = []
     build = conn.build_connector_meta
     conn.build_connector_meta = lambda out: metas.append(build(out)) or metas[-1]
@@ -652,11 +658,14 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
         a.add("r1", p, max_tokens=2)
         a.run()
         assert a.scheduler.reset_prefix_cache()  # what vLLM cached locally is gone: the store must serve
-        a.add("r2", p, max_tokens=2)  # a hit: its load is planned, then the server dies
+        # a hit: its lookup also began its load (the worker shares the scheduler's process), then
+        # the server dies before the step; the copy reads the pool this process maps, its blocks
+        # pinned under the plan's hold, and lands (its end, beside it, fails and is logged)
+        a.add("r2", p, max_tokens=2)
         a.at_first_load(lambda so: server.stop(kill=True))
         a.run()
-        assert a.stats.invalid_blocks > 0, "the failed load was reported block by block"
-        assert a.outputs["r2"] == a.outputs["r1"], "recomputed to the same result"
+        assert (a.stats.loaded_requests, a.stats.invalid_blocks) == (1, 0), "served from the pool it mapped"
+        assert a.outputs["r2"] == a.outputs["r1"]
         a.add("r3", prompt(51, 40), max_tokens=2)  # while the server is down: a miss, no crash
         a.run()
         assert a.outputs["r3"] == baseline(prompt(51, 40), 2)[0]
@@ -676,6 +685,41 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
             a.assert_drained()
         finally:
             server2.stop()
+    finally:
+        server.stop()
+
+
+def rpc_calls(server) -> dict[str, float]:
+    """The server's calls by method, gRPC and local socket together (pegaflow_rpc_requests_total)."""
+    out: dict[str, float] = {}
+    for line in server.http("/metrics")[1].splitlines():
+        m = re.match(r'pegaflow_rpc_requests_total\{.*method="(\w+)".*\} (\S+)$', line)
+        if m:
+            out[m[1]] = out.get(m[1], 0) + float(m[2])
+    return out
+
+
+@pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])
+def test_a_warm_request_asks_the_server_once_before_its_copy(engines, tmp_path, in_step):
+    """Server mode, the worker in the scheduler's process (vLLM's engine core with its worker
+    in-process, the default for one GPU): the lookup's Query also begins the load, so no
+    BeginLoad or LoadRest follows; the load's end goes beside the copy, off the request's path."""
+    server = start_server(tmp_path / "pool", pool_size="64mb")
+    try:
+        a = engines("a", {**server_extra(server.endpoint), "load_in_step": in_step})
+        p = prompt(52, 70)
+        a.add("r1", p, max_tokens=2)
+        a.run()
+        assert a.scheduler.reset_prefix_cache()
+        before = rpc_calls(server)
+        a.add("r2", p, max_tokens=2)
+        a.run()
+        a.assert_drained()
+        calls = {k: v - before.get(k, 0) for k, v in rpc_calls(server).items() if v != before.get(k, 0)}
+        assert a.stats.loaded_requests == 1 and a.outputs["r2"] == a.outputs["r1"]
+        assert calls.get("Query") == 1, calls
+        assert "BeginLoad" not in calls and "LoadRest" not in calls, calls
+        assert calls.get("EndCopy", 0) >= 1, calls  # the load's, beside its copy
     finally:
         server.stop()
 

@@ -286,18 +286,23 @@ def test_local_socket_connections_that_never_authenticate_are_closed_quickly(ser
     victim()
 
 
+def _own_instance(h: "Hostile", pb2) -> None:
+    """Registers the hostile tenant's own instance "hostile" (namespace ns-hostile, one worker of
+    two layers at addresses no process maps: the server never touches a worker's memory)."""
+    h.call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id="hostile",
+                                                           namespace="ns-hostile", tp_size=1, world_size=1))
+    h.call("RegisterWorker", pb2.RegisterWorkerRequest(instance_id="hostile", worker_rank=0, tp_rank=0, layers=[
+        pb2.LayerRegion(name=f"layers.{i}", layout=pb2.SPLIT_KV, base_address=(1 << 40) + i * (1 << 30),
+                        region_bytes=2 * BLOCKS * 4096, num_blocks=BLOCKS, block_stride=4096, segment_bytes=4096,
+                        segment_offset=BLOCKS * 4096) for i in range(2)]))
+
+
 def test_another_tenant_cannot_end_release_load_unregister_or_hijack_the_session(server, pb, victim):
     pb2 = pb[0]
     h = Hostile(server, pb)
     g = h.grpc.StatusCode
     try:
-        # its own instance in the same namespace: a real tenant, with real ids of its own
-        h.call("RegisterInstance", pb2.RegisterInstanceRequest(client_version="0.1.0", instance_id="hostile",
-                                                               namespace="ns-hostile", tp_size=1, world_size=1))
-        h.call("RegisterWorker", pb2.RegisterWorkerRequest(instance_id="hostile", worker_rank=0, tp_rank=0, layers=[
-            pb2.LayerRegion(name=f"layers.{i}", layout=pb2.SPLIT_KV, base_address=(1 << 40) + i * (1 << 30),
-                            region_bytes=2 * BLOCKS * 4096, num_blocks=BLOCKS, block_stride=4096, segment_bytes=4096,
-                            segment_offset=BLOCKS * 4096) for i in range(2)]))
+        _own_instance(h, pb2)  # a real tenant, with real ids of its own
         # a lease of the victim's that leaked ...
         q = victim.client.query("victim", victim.hashes)
         assert q.hit_blocks == 2
@@ -451,6 +456,41 @@ def test_a_tenant_cannot_query_load_or_release_as_the_victims_instance(server, p
     finally:
         h.close()
     victim.client.release("victim", leaked.lease)
+    healthy(server, pb)
+    victim()
+
+
+def test_a_query_that_begins_a_load_begins_it_only_for_the_callers_own_registered_worker(server, pb, victim):
+    pb2 = pb[0]
+    h = Hostile(server, pb)
+    g = h.grpc.StatusCode
+    try:
+        h.refused("Query", pb2.QueryRequest(instance_id="victim", hashes=b"".join(victim.hashes), hash_len=32,
+                                            begin=True, begin_worker_rank=0), g.PERMISSION_DENIED)
+        assert server.metric("pegaflow_pinned_blocks") == 0, "nothing of the victim's was pinned"
+        _own_instance(h, pb2)
+        own = os.urandom(64)
+        saved = h.call("ReserveSave", pb2.ReserveSaveRequest(instance_id="hostile", worker_rank=0, block_ids=[4, 5],
+                                                              hashes=own, hash_len=32))
+        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=saved.id, ok=True))
+        for rank, code in ((-1, g.INVALID_ARGUMENT), (1, g.FAILED_PRECONDITION), (1 << 30, g.FAILED_PRECONDITION)):
+            h.refused("Query", pb2.QueryRequest(instance_id="hostile", hashes=own, hash_len=32, begin=True,
+                                                begin_worker_rank=rank), code)
+        assert server.metric("pegaflow_active_leases") == 0 and server.metric("pegaflow_pinned_blocks") == 0, \
+            "a refused begin leased nothing"
+        mine = h.call("Query", pb2.QueryRequest(instance_id="hostile", hashes=own, hash_len=32, begin=True,
+                                                begin_worker_rank=0))
+        assert mine.hit_blocks == 2 and mine.begun.blocks == 2 and set(mine.begun.run_block) == {0, 1}
+        assert server.metric("pegaflow_active_leases") == 0, "the lease's only share went with the begun load"
+        assert server.metric("pegaflow_pinned_blocks") == 2
+        # the begun load is the caller's: another instance can neither end nor extend it
+        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=mine.begun.id, ok=True), g.PERMISSION_DENIED)
+        h.refused("LoadRest", pb2.LoadRestRequest(instance_id="victim", worker_rank=0, id=mine.begun.id, from_block=0,
+                                                  to_block=1), g.PERMISSION_DENIED)
+        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, ok=False))
+        assert server.metric("pegaflow_pinned_blocks") == 0
+    finally:
+        h.close()
     healthy(server, pb)
     victim()
 

@@ -17,6 +17,7 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.InvalidArgumentException;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.Token;
+import io.pegaflow.engine.UnknownInstanceException;
 import io.pegaflow.engine.PegaflowException;
 import io.pegaflow.engine.QueryResult;
 import io.pegaflow.engine.WorkerSpec;
@@ -593,15 +594,37 @@ public final class RemoteStore implements BlockStore {
 
     @Override
     public QueryResult query(String instanceId, BlockHashes hashes) {
+        return query(instanceId, hashes, -1);
+    }
+
+    /** {@inheritDoc} A server older than the query's begin answers without a plan: the load then asks for one. */
+    @Override
+    public QueryResult queryAndBegin(String instanceId, BlockHashes hashes, int workerRank) {
+        BlockStore.checkBeginRank(workerRank);
+        if (!workerRegions.containsKey(instanceId + "/" + workerRank)) {
+            // its copies run where it registered: a plan begun here would never be taken
+            throw new UnknownInstanceException("worker rank " + workerRank + " of instance '" + instanceId
+                    + "' is not registered through this client; begin its load where it registered");
+        }
+        return query(instanceId, hashes, workerRank);
+    }
+
+    /** {@code beginRank} < 0: a plain query. */
+    private QueryResult query(String instanceId, BlockHashes hashes, int beginRank) {
         if (hashes == null) {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
-        QueryRequest req = QueryRequest.newBuilder().setInstanceId(instanceId)
-                .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen()).build();
+        QueryRequest.Builder b = QueryRequest.newBuilder().setInstanceId(instanceId)
+                .setHashes(UnsafeByteOperations.unsafeWrap(hashes.packed())).setHashLen(hashes.hashLen());
+        // a plan that might not fit one local-socket answer is asked for by the load (over gRPC if need be)
+        if (beginRank >= 0 && fitsLocal(instanceId, beginRank, hashes.count())) {
+            b.setBegin(true).setBeginWorkerRank(beginRank);
+        }
+        QueryRequest req = b.build();
         byte[] fast = local.call(Wire.QUERY, req);
         QueryResponse r = fast != null ? parse(QueryResponse.parser(), fast) : call(s -> s.query(req));
         return new QueryResult(r.getHitBlocks(), r.getLease().isEmpty() ? null : Token.fromBytes(r.getLease().toByteArray()),
-                r.getPendingBlocks());
+                r.getPendingBlocks(), r.hasBegun() ? plan(r.getBegun()) : null);
     }
 
     @Override

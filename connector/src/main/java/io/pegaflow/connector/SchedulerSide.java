@@ -101,6 +101,7 @@ public final class SchedulerSide {
         PegaEngine probeEngine;
         long probeGeneration;
         boolean probed;
+        long probeFreshUntil; // nanoTime: a probe whose lookup began the load is looked up again after it
         // blocks, per group
         long[][] tables = emptyTables();
         final int[] savedUpTo = new int[groups.size()];
@@ -130,7 +131,12 @@ public final class SchedulerSide {
     }
 
     /** A hit: blocks [base, end) loadable, each group's lease and first leased block; or pending. */
-    private record Hit(int end, Token[] leases, int[] from, boolean pending) {}
+    /** {@code freshUntil}: nanoTime after which a load the lookup began is asked for again (Long.MAX_VALUE: none began). */
+    private record Hit(int end, Token[] leases, int[] from, boolean pending, long freshUntil) {
+        Hit(int end, Token[] leases, int[] from, boolean pending) {
+            this(end, leases, from, pending, Long.MAX_VALUE);
+        }
+    }
 
     /**
      * @param source      where the store's engine is found at each call (none: every lookup misses)
@@ -283,13 +289,15 @@ public final class SchedulerSide {
             return 0;
         }
         if (r.probed && r.probeGeneration == now.generation() && r.probeBase == base
-                && r.probeWindow.count() == usable && r.probeWindow.sameAs(hashes, base)) {
+                && r.probeWindow.count() == usable && r.probeWindow.sameAs(hashes, base)
+                && System.nanoTime() < r.probeFreshUntil) {
             return (long) r.probeHit * blockSize;
         }
         dropProbe(r);
         Hit q;
         try {
-            q = findHit(now.engine(), hashes, base, base + usable);
+            // a decode instance waiting for the whole prefix asks again each step: no load to begin yet
+            q = findHit(now.engine(), hashes, base, base + usable, !(waitFullPrefix && !r.prefixWaitOver));
         } catch (PegaflowException e) {
             totals[STAT_LOOKUP_FAILURES]++;
             r.waitingSince = 0;
@@ -324,6 +332,7 @@ public final class SchedulerSide {
         System.arraycopy(q.from(), 0, r.probeFrom, 0, groups.size());
         r.probeEngine = now.engine();
         r.probeGeneration = now.generation();
+        r.probeFreshUntil = q.freshUntil();
         return (long) hit * blockSize;
     }
 
@@ -335,17 +344,24 @@ public final class SchedulerSide {
      * moved left past what is missing. Nothing stays leased on a miss, a "pending" answer or
      * an exception.
      */
-    private Hit findHit(PegaEngine e, BlockHashes hashes, int base, int end) {
+    private Hit findHit(PegaEngine e, BlockHashes hashes, int base, int end, boolean mayBegin) {
         int n = groups.size();
         Token[] leases = new Token[n];
         int[] from = new int[n];
         int[] to = new int[n];
+        long freshUntil = Long.MAX_VALUE;
         boolean done = false;
         try {
             int k = end;
             for (int g = 0; g < n; g++) {
                 if (groups.get(g).kind() == CacheGroup.Kind.FULL) {
-                    QueryResult q = e.query(groups.get(g).instanceId(), hashes.slice(base, k));
+                    QueryResult q = n == 1 && mayBegin ? queryAndBegin(e, groups.get(g).instanceId(), hashes.slice(base, k))
+                            : e.query(groups.get(g).instanceId(), hashes.slice(base, k));
+                    if (q.begun() != null) {
+                        // half the plan's hold: a load taken later must end before it reports
+                        // (CopyEnds), so a request that waits that long looks up again
+                        freshUntil = System.nanoTime() + q.begun().holdNanos() / 2;
+                    }
                     if (q.pending()) {
                         releaseQuietly(e, g, q.lease());
                         return new Hit(base, leases, from, true);
@@ -407,13 +423,26 @@ public final class SchedulerSide {
                 }
             }
             done = true;
-            return new Hit(k, leases, from, false);
+            return new Hit(k, leases, from, false, freshUntil);
         } finally {
             if (!done) {
                 releaseAll(e, leases);
                 Arrays.fill(leases, null);
             }
         }
+    }
+
+    /**
+     * A lookup of a model with one KV-cache group: where the worker runs in this process (vLLM's
+     * engine core with the worker in-process), the store also begins its load of the hit
+     * ({@link PegaEngine#queryAndBegin}), so the step that loads asks the store for nothing (in
+     * server mode, one round trip of the local socket in that step instead of two). Its lease,
+     * released (a shorter hit, "not yet", no load), rolls that load back. Hybrid models, whose
+     * lookups may shrink and re-lease a group's hit, ask for the plan at their load.
+     */
+    private static QueryResult queryAndBegin(PegaEngine e, String instanceId, BlockHashes hashes) {
+        WorkerSide w = WorkerSide.colocated(instanceId);
+        return w == null ? e.query(instanceId, hashes) : e.queryAndBegin(instanceId, hashes, w.workerRank());
     }
 
     private void dropProbe(Req r) {

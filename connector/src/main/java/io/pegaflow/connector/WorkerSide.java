@@ -149,6 +149,11 @@ public final class WorkerSide {
         COLOCATED.put(this.groups.get(0).instanceId(), this); // the newest (a restarted connector's)
     }
 
+    /** This worker's rank in its instance. */
+    int workerRank() {
+        return workerRank;
+    }
+
     /** The worker of store instance {@code instanceId} in this process, or null. */
     static WorkerSide colocated(String instanceId) {
         return COLOCATED.get(instanceId);

@@ -249,10 +249,15 @@ class ConnectorBrainTest {
         // Warm: the same 4 full blocks plus a partial one; a lookup repeated three times
         // returns the same answer and pins one lease.
         long tokens = 4 * BLOCK + 5;
+        long leases = engine.stats().get(Counter.LEASES_CREATED);
         for (int i = 0; i < 3; i++) {
             assertThat(sched.lookup("warm", h, tokens, 0)).isEqualTo(4 * BLOCK);
         }
-        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isEqualTo(1);
+        assertThat(engine.stats().get(Counter.LEASES_CREATED) - leases).as("one lookup asked the store").isEqualTo(1);
+        // the worker is in this process: the lookup also began its load (the lease's only share)
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(4);
+        long loadsAsked = engine.stats().get(Counter.LOAD_REQUESTS);
         sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
         byte[] plan = sched.buildPlan();
         assertThat(StepPlan.decode(plan).loads()).hasSize(1);
@@ -264,6 +269,8 @@ class ConnectorBrainTest {
             assertThat(block(20 + i)).as("block %d", i).isEqualTo(saved[i]);
         }
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThat(engine.stats().get(Counter.LOAD_REQUESTS)).as("the load took the begun plan").isEqualTo(loadsAsked);
         long[] stats = worker.drainStats();
         assertThat(stats[WorkerSide.STAT_SAVED_BLOCKS]).as("vLLM's connector stats: the cold save").isEqualTo(4);
         assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
@@ -302,9 +309,10 @@ class ConnectorBrainTest {
         finishedSendingAfter(List.of("a"));
         assertThat(sched.lookup("b", h, 4 * BLOCK + 1, 0)).isEqualTo(4 * BLOCK);
         assertThat(sched.lookup("b", h, 4 * BLOCK + 1, 2 * BLOCK)).isEqualTo(2 * BLOCK);
-        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("the first probe's lease was released").isEqualTo(1);
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("the first probe's lease was released").isEqualTo(2);
         sched.afterAlloc("b", ids(30, 5), 0);
-        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("allocation without a load releases it").isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("allocation without a load releases it").isZero();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
     }
 
     @Test
@@ -667,6 +675,32 @@ class ConnectorBrainTest {
     }
 
     @Test
+    void aProbeWhoseBegunLoadAgedPastHalfItsHoldIsLookedUpAgain() throws Exception {
+        engine.close();
+        // the plan's hold is the copy TTL when shorter than 10 s: 400 ms, so a probe is fresh for 200
+        engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
+                .leaseTtl(Duration.ofSeconds(30)).copyTtl(Duration.ofMillis(400)).build());
+        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
+        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
+        bound.set(new EngineSource.Binding(engine, 2));
+        BlockHashes h = storedTwoBlocks();
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        long queries = engine.stats().get(Counter.QUERY_REQUESTS);
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(engine.stats().get(Counter.QUERY_REQUESTS)).as("fresh: answered from the probe").isEqualTo(queries);
+        Thread.sleep(250);
+        assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
+        assertThat(engine.stats().get(Counter.QUERY_REQUESTS)).as("past half the hold: looked up again").isEqualTo(queries + 1);
+        sched.afterAlloc("b", ids(20, 3), 2 * BLOCK);
+        worker.startLoads(sched.buildPlan());
+        assertThat(recvingAfter(List.of(), new ArrayList<>())).containsExactly("b");
+        assertThat(worker.drainLoadErrors()).as("the new lookup's load, within its hold").isEmpty();
+        engine.flush(10_000);
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("the old begun load was rolled back").isZero();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+    }
+
+    @Test
     void aProbeFromAnEarlierGenerationIsNotReused() throws Exception {
         BlockHashes h = storedTwoBlocks();
         assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
@@ -674,7 +708,9 @@ class ConnectorBrainTest {
         bound.set(new EngineSource.Binding(engine, 2)); // the link replaced its engine
         assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         assertThat(engine.stats().get(Counter.QUERY_REQUESTS)).as("looked up again").isEqualTo(queries + 1);
-        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("one lease: the old one was released where it was issued")
-                .isEqualTo(1);
+        sched.afterAlloc("b", ids(30, 3), 0); // releases the new probe
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).as("the old probe was released where it was issued")
+                .isZero();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
     }
 }

@@ -51,6 +51,27 @@ public interface BlockStore extends AutoCloseable {
 
     QueryResult query(String instanceId, BlockHashes hashes);
 
+    /**
+     * {@link #query} that, on a final hit, also begins worker {@code workerRank}'s load of the
+     * leased blocks as {@link #beginLoad} would (its share consumed, the blocks pinned, the
+     * load open until {@link #endCopy}), with the destination block ids left to the copier,
+     * which checks them against its own regions: the answer's {@link QueryResult#begun} is that
+     * load's whole plan. One call where a lookup and its load's plan took two (in server mode,
+     * one round trip of the local socket instead of two in the step that loads). {@code begun}
+     * is null where the store began none: no hit, "not yet", the plan over {@link
+     * Limits#MAX_PLAN_SLOTS}, the open-copy quota reached, or a store that does not begin loads
+     * at a query; the worker's load then asks with {@link #beginLoad} and meets any refusal
+     * there. A rank the instance does not have is refused (nothing leased).
+     */
+    QueryResult queryAndBegin(String instanceId, BlockHashes hashes, int workerRank);
+
+    /** {@link #queryAndBegin}'s rank, checked where the call enters (engine, store, client). */
+    static void checkBeginRank(int workerRank) {
+        if (workerRank < 0) {
+            throw new InvalidArgumentException("query: worker rank " + workerRank + " to begin a load for; expected >= 0");
+        }
+    }
+
     /** Drops a lease of {@code instanceId} (a lease of another instance is refused). */
     void release(String instanceId, Token lease);
 

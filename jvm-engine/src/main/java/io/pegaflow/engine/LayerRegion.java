@@ -31,6 +31,30 @@ public record LayerRegion(
         return segmentBytes * layout.segments();
     }
 
+    /**
+     * Block ids against the smallest of the selected regions ({@code null}: all of them): one
+     * pass over the ids, whatever the layer count; the message names that region. Where a copy's
+     * block ids come from its caller, before any address is made of them.
+     */
+    public static void checkBlockIds(LayerRegion[] regions, int[] regionIdx, long[] ids, String what) {
+        LayerRegion smallest = null;
+        int n = regionIdx == null ? regions.length : regionIdx.length;
+        for (int k = 0; k < n; k++) {
+            LayerRegion r = regions[regionIdx == null ? k : regionIdx[k]];
+            if (smallest == null || r.numBlocks() < smallest.numBlocks()) {
+                smallest = r;
+            }
+        }
+        if (smallest != null) {
+            for (int i = 0; i < ids.length; i++) {
+                if (ids[i] < 0 || ids[i] >= smallest.numBlocks()) {
+                    throw new InvalidArgumentException(what + "[" + i + "] = " + ids[i] + " out of range [0, "
+                            + smallest.numBlocks() + ") for layer '" + smallest.layerName() + "'");
+                }
+            }
+        }
+    }
+
     /** Address of segment {@code segment} of block {@code blockId}; arguments are not checked. */
     public long pieceAddress(long blockId, int segment) {
         return baseAddress + blockId * blockStride + segment * segmentOffset;

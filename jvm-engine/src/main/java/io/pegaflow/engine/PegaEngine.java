@@ -61,6 +61,10 @@ public final class PegaEngine implements AutoCloseable {
     private final Map<String, Set<CompletableFuture<?>>> pending = new ConcurrentHashMap<>();
     /** When each copy ends, and the ends told beside their futures. */
     private final CopyEnds ends;
+    /** Loads a query began for a worker of this process, until the load takes its plan. */
+    private final BegunLoads begun;
+    /** The world size of each instance registered through this engine (a lease has a share per worker). */
+    private final Map<String, Integer> worldSizes = new ConcurrentHashMap<>();
     /** Operations hold the read lock while they start; close takes the write lock to stop new ones. */
     private final ReentrantReadWriteLock gate = new ReentrantReadWriteLock();
     private boolean closed;
@@ -72,6 +76,7 @@ public final class PegaEngine implements AutoCloseable {
         this.pool = pool;
         this.clock = clock;
         this.ends = new CopyEnds(store, clock);
+        this.begun = new BegunLoads(clock);
         try {
             this.prefaultNanos = prefault ? pool.prefault(threads) : 0;
             this.transfer = transfer.apply(pool);
@@ -146,6 +151,7 @@ public final class PegaEngine implements AutoCloseable {
         startOp();
         try {
             store.registerInstance(spec);
+            worldSizes.put(spec.instanceId(), spec.worldSize());
         } finally {
             endOp();
         }
@@ -188,7 +194,9 @@ public final class PegaEngine implements AutoCloseable {
             Set<CompletableFuture<?>> running = pending.get(instanceId);
             List<CompletableFuture<?>> waited = running == null ? List.of() : new ArrayList<>(running);
             awaitQuietly(waited);
+            rollBack(begun.dropAll(instanceId));
             store.unregisterInstance(instanceId);
+            worldSizes.remove(instanceId);
             regions.remove(instanceId);
             if (running != null) {
                 running.removeAll(waited); // a copy started meanwhile stays tracked for close() and flush()
@@ -335,13 +343,68 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
-    /** Drops a lease of {@code instanceId} and all its remaining shares. */
+    /**
+     * {@link #query} that, on a final hit, also begins the load of worker {@code workerRank}
+     * of this process ({@link BlockStore#queryAndBegin}): that worker's {@link #load} or {@link
+     * #loadLayered} of the lease then copies at once, without asking the store for a plan (in
+     * server mode, a round trip fewer in the step that loads). Releasing the lease instead rolls
+     * the begun load back. The worker's regions must be registered here; otherwise this is a
+     * plain query.
+     */
+    public QueryResult queryAndBegin(String instanceId, BlockHashes hashes, int workerRank) {
+        BlockStore.checkBeginRank(workerRank);
+        startOp();
+        try {
+            ends.awaitEnds(false);
+            Map<Integer, LayerRegion[]> byRank = regions.get(instanceId);
+            if (byRank == null || !byRank.containsKey(workerRank)) {
+                return store.query(instanceId, hashes); // its copies run in another process: it asks there
+            }
+            long asked = clock.getAsLong(); // before the store issued the plan: its hold runs from later
+            QueryResult q = store.queryAndBegin(instanceId, hashes, workerRank);
+            if (q.begun() != null && q.lease() != null) {
+                rollBack(begun.put(new BegunLoads.Begun(q.lease(), instanceId, workerRank, q.begun(), asked)));
+            }
+            return q;
+        } finally {
+            endOp();
+        }
+    }
+
+    /**
+     * Drops a lease of {@code instanceId} and all its remaining shares; a load a query began
+     * with it ({@link #queryAndBegin}) is rolled back (its blocks unpinned).
+     */
     public void release(String instanceId, Token leaseId) {
         startOp();
         try {
-            store.release(instanceId, leaseId);
+            BegunLoads.Begun b = leaseId == null ? null : begun.drop(leaseId, instanceId);
+            if (b == null) {
+                store.release(instanceId, leaseId);
+                return;
+            }
+            rollBack(List.of(b));
+            if (worldSizes.getOrDefault(instanceId, 0) == 1) {
+                return; // the begun load held the lease's only share: the store dropped the lease then
+            }
+            try {
+                store.release(instanceId, leaseId); // the other workers' shares
+            } catch (UnknownLeaseException consumed) {
+                // every share was consumed: nothing else is pinned by it
+            }
         } finally {
             endOp();
+        }
+    }
+
+    /** Ends begun loads that no copy will take as failed (their pins dropped); a store that already dropped them is fine. */
+    private void rollBack(List<BegunLoads.Begun> loads) {
+        for (BegunLoads.Begun b : loads) {
+            try {
+                store.endCopy(b.instanceId(), b.plan().id(), false, 0, 0);
+            } catch (RuntimeException gone) {
+                // expired (the copy TTL rolled it back), unregistered, or the server is gone
+            }
         }
     }
 
@@ -396,6 +459,14 @@ public final class PegaEngine implements AutoCloseable {
             // head planned first lets no layer start sooner; it adds a lane beside the rest's
             // (both contending for the GPU's SMs with the forward) and delays the rest's group 0
             // by the head's enqueue (docs/benchmarks, the seventh H200 run).
+            BegunLoads.Begun b = leaseId == null || dstBlockIds == null ? null : begun.take(leaseId, instanceId, workerRank);
+            if (b != null) {
+                checkBegun(b, dstBlockIds);
+                if (layered != null) {
+                    layered.planned();
+                }
+                return submit(instanceId, workerRank, b.plan(), null, dstBlockIds.clone(), 0, b.asked(), layered);
+            }
             int head = dstBlockIds == null || layered != null ? 0 : headBlocks(dstBlockIds.length);
             long asked = clock.getAsLong(); // before the store issued the plan: its hold runs from later
             if (head == 0) {
@@ -413,6 +484,23 @@ public final class PegaEngine implements AutoCloseable {
                     dstBlockIds.clone(), 0, asked, layered);
         } finally {
             endOp();
+        }
+    }
+
+    /**
+     * A begun load's destination ids, checked here as the store checks a beginLoad's (the store
+     * never saw them); a bad one rolls the load back and is refused.
+     */
+    private void checkBegun(BegunLoads.Begun b, long[] dstBlockIds) {
+        try {
+            if (dstBlockIds.length != b.plan().blocks()) {
+                throw new InvalidArgumentException("load of lease " + b.lease() + ": " + dstBlockIds.length
+                        + " destination block ids for " + b.plan().blocks() + " leased blocks; expected equal counts");
+            }
+            LayerRegion.checkBlockIds(regionsOf(b.instanceId(), b.workerRank()), null, dstBlockIds, "dstBlockIds");
+        } catch (RuntimeException refused) {
+            rollBack(List.of(b));
+            throw refused;
         }
     }
 
@@ -583,6 +671,7 @@ public final class PegaEngine implements AutoCloseable {
         List<CompletableFuture<?>> all = new ArrayList<>();
         pending.values().forEach(all::addAll);
         awaitQuietly(all);
+        rollBack(begun.dropAll(null));
         ends.shutdown();
         try {
             store.close();

@@ -256,6 +256,112 @@ public abstract class BlockStoreContract {
         verifyInvariants();
     }
 
+    @Test
+    void aQueryThatBeginsALoadLetsItsWorkerCopyWithoutAskingAgain() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        long loadsBefore = engine.stats().get(Counter.LOAD_REQUESTS);
+        QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(h), 0);
+        assertThat(q.hitBlocks()).isEqualTo(2);
+        assertThat(q.begun()).as("the worker's plan came with the lease").isNotNull();
+        assertThat(q.begun().blocks()).isEqualTo(2);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("its only share consumed").isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isEqualTo(2);
+        assertThat(engine.stats().get(Counter.LOAD_REQUESTS) - loadsBefore).isEqualTo(1);
+
+        engine.load("inst", 0, q.lease(), new long[] {4, 5}).join();
+        engine.flush(10_000);
+        assertThat(world.holdsPattern(4, h[0]) && world.holdsPattern(5, h[1])).isTrue();
+        assertThat(engine.stats().get(Counter.LOAD_REQUESTS) - loadsBefore).as("no second plan asked for").isEqualTo(1);
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {6, 7}))
+                .as("the plan is taken once; the lease is gone").isInstanceOf(UnknownLeaseException.class);
+
+        QueryResult miss = engine.queryAndBegin("inst", BlockHashes.of(KvWorld.randomHashes(rnd, 2)), 0);
+        assertThat(miss.hitBlocks()).isZero();
+        assertThat(miss.begun()).isNull();
+        verifyInvariants();
+    }
+
+    @Test
+    void releasingALeaseWhoseLoadBeganRollsTheLoadBackAndTheOtherSharesGo() {
+        start(8, 2, null);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(h), 1);
+        assertThat(q.begun()).isNotNull();
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("worker 0's share remains").isEqualTo(1);
+        engine.release("inst", q.lease());
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+
+        // both workers load: one from the begun plan, the other asking for its own
+        QueryResult q2 = engine.queryAndBegin("inst", BlockHashes.of(h), 0);
+        engine.load("inst", 1, q2.lease(), new long[] {4, 5}).join();
+        engine.load("inst", 0, q2.lease(), new long[] {4, 5}).join();
+        engine.flush(10_000);
+        assertThat(world.holdsPattern(4, h[0]) && world.holdsPattern(5, h[1])).isTrue();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        verifyInvariants();
+    }
+
+    @Test
+    void aBegunLoadIntoBadBlockIdsIsRefusedAndRolledBack() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(h), 0);
+        assertThatThrownBy(() -> engine.load("inst", 0, q.lease(), new long[] {4, 5, 6}))
+                .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("3 destination block ids for 2 leased blocks");
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+
+        QueryResult q2 = engine.queryAndBegin("inst", BlockHashes.of(h), 0);
+        assertThatThrownBy(() -> engine.loadLayered("inst", 0, q2.lease(), new long[] {4, 32}))
+                .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("dstBlockIds[1] = 32 out of range [0, 32)");
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        assertThatThrownBy(() -> engine.release("inst", q2.lease())).as("its only share went with the begun load")
+                .isInstanceOf(UnknownLeaseException.class);
+        verifyInvariants();
+    }
+
+    @Test
+    void aQueryBeginsNoLoadForAWorkerNotRegisteredAndLeasesNothing() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        assertThatThrownBy(() -> engine.queryAndBegin("inst", BlockHashes.of(h), -1))
+                .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("worker rank -1");
+        QueryResult elsewhere = engine.queryAndBegin("inst", BlockHashes.of(h), 3);
+        assertThat(elsewhere.begun()).as("rank 3's regions are not in this process: a plain query").isNull();
+        engine.release("inst", elsewhere.lease());
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        verifyInvariants();
+    }
+
+    @Test
+    void aStoreBeginsNoLoadForARankTheInstanceDoesNotHave() {
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        try (BlockStore store = store(config(1 << 20).build());
+                KvWorld w = new KvWorld("half", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 2, 32, 256, 0)) {
+            store.registerInstance(w.spec);
+            store.registerWorker("half", w.workers.get(0));
+            CopyPlan save = store.reserveSave("half", 0, null, new long[] {0, 1}, BlockHashes.of(h));
+            store.endCopy("half", save.id(), true, 0, 0);
+            assertThatThrownBy(() -> store.queryAndBegin("half", BlockHashes.of(h), 1))
+                    .isInstanceOf(UnknownInstanceException.class).hasMessageContaining("worker rank 1");
+            assertThat(store.stats().get(Gauge.ACTIVE_LEASES)).as("nothing leased").isZero();
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+            QueryResult q = store.queryAndBegin("half", BlockHashes.of(h), 0);
+            assertThat(q.begun().runBlock()).containsExactly(0, 1);
+            assertThat(openOperations()).isEqualTo(1);
+            store.endCopy("half", q.begun().id(), true, 0, 0);
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+            assertThat(openOperations()).isZero();
+            verifyInvariants();
+        }
+    }
+
     /** Registers {@code other} (instance "other" of another namespace) and saves two blocks there; their hashes. */
     private byte[][] savedInAnotherNamespace(KvWorld other) {
         other.register(engine);

@@ -294,10 +294,15 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     /** Query + lease on {@code store}: the gRPC method and the local socket's ({@link LocalSocketServer}). */
     static QueryResponse query(LocalStore store, Tenants tenants, Caller caller, QueryRequest r) {
         tenants.require(instanceId(r.getInstanceId()), caller, "a query");
-        QueryResult q = store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
+        QueryResult q = r.getBegin()
+                ? store.queryAndBegin(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()), r.getBeginWorkerRank())
+                : store.query(r.getInstanceId(), hashes(r.getHashes(), r.getHashLen()));
         QueryResponse.Builder b = QueryResponse.newBuilder().setHitBlocks(q.hitBlocks()).setPendingBlocks(q.pendingBlocks());
         if (q.hasLease()) {
             b.setLease(ByteString.copyFrom(q.lease().toBytes()));
+        }
+        if (q.begun() != null) {
+            b.setBegun(plan(q.begun()));
         }
         return b.build();
     }

@@ -99,27 +99,9 @@ final class Instance {
             return idx;
         }
 
-        /**
-         * Block ids against the smallest of the selected regions ({@code null}: all of the
-         * worker's): one pass over the ids, whatever the layer count; the message names that region.
-         */
+        /** {@link LayerRegion#checkBlockIds} over this worker's regions. */
         void checkBlockIds(int[] regionIdx, long[] ids, String what) {
-            LayerRegion smallest = null;
-            int n = regionIdx == null ? regions.length : regionIdx.length;
-            for (int k = 0; k < n; k++) {
-                LayerRegion r = regions[regionIdx == null ? k : regionIdx[k]];
-                if (smallest == null || r.numBlocks() < smallest.numBlocks()) {
-                    smallest = r;
-                }
-            }
-            if (smallest != null) {
-                for (int i = 0; i < ids.length; i++) {
-                    if (ids[i] < 0 || ids[i] >= smallest.numBlocks()) {
-                        throw new InvalidArgumentException(what + "[" + i + "] = " + ids[i] + " out of range [0, "
-                                + smallest.numBlocks() + ") for layer '" + smallest.layerName() + "'");
-                    }
-                }
-            }
+            LayerRegion.checkBlockIds(regions, regionIdx, ids, what);
         }
     }
 }

@@ -57,19 +57,25 @@ final class LoadPath {
         this.distinct = distinct;
     }
 
-    /** See {@link LocalStore#query}. */
-    QueryResult query(String instanceId, BlockHashes hashes) {
+    /**
+     * See {@link LocalStore#query}; with {@code beginRank >= 0}, {@link LocalStore#queryAndBegin}:
+     * a final hit also begins that worker's load.
+     */
+    QueryResult query(String instanceId, BlockHashes hashes, int beginRank) {
         if (hashes == null) {
             throw new InvalidArgumentException("query: hashes must not be null");
         }
         int n = hashes.count();
         Token leaseId = null;
+        CopyPlan begun = null;
         int hit;
         String answered = null; // the namespace of a final answer (not "not yet"), for the hit-rate ceiling
         lock.lock();
         try {
             lock.checkOpen();
             Instance inst = registry.sealed(instanceId);
+            // a rank the instance does not have is bad input: refused before anything is leased
+            Instance.Worker beginWorker = beginRank < 0 ? null : InstanceRegistry.worker(inst, beginRank);
             long now = clock.getAsLong();
             expireLeases(now);
             if (n > 0) {
@@ -121,6 +127,9 @@ final class LoadPath {
             count.accept(Counter.TIER_MISS_BLOCKS, n - hit);
             if (hit > 0) {
                 leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
+                if (beginWorker != null && mayBegin(leases.get(leaseId), beginWorker)) {
+                    begun = begin(inst, beginWorker, leases.get(leaseId), Integer.MAX_VALUE);
+                }
             }
             count.accept(Counter.QUERY_REQUESTS, 1);
             count.accept(Counter.HIT_BLOCKS, hit);
@@ -136,7 +145,19 @@ final class LoadPath {
         if (answered != null) {
             distinct.observe(answered, hashes, clock.getAsLong()); // outside the store's lock: the sketch has its own
         }
-        return new QueryResult(hit, leaseId);
+        return new QueryResult(hit, leaseId, 0, begun);
+    }
+
+    /**
+     * Under lock: whether a query's lease may begin {@code worker}'s load at once. Where it may
+     * not (the plan over {@link Limits#MAX_PLAN_SLOTS}, half the open-copy quotas taken, a fault
+     * injected for the next load), the query still answers and the worker's own beginLoad meets
+     * the same refusal with its error.
+     */
+    private boolean mayBegin(Lease lease, Instance.Worker worker) {
+        return injectedLoadFailures.get() == 0
+                && (long) lease.blocks.length * worker.regions.length <= Limits.MAX_PLAN_SLOTS
+                && quotas.allowsBegun(lease.instance, copies.size());
     }
 
     /** See {@link LocalStore#release}. */
@@ -190,18 +211,26 @@ final class LoadPath {
             Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
             worker.checkBlockIds(null, dstBlockIds, "dstBlockIds");
             quotas.checkCopy(lease.instance, "a load", copies.size());
-            Block[] blocks = lease.blocks;
-            lease.consumedBy.set(workerRank);
-            pool.pinAll(blocks);
-            if (lease.fullyConsumed()) {
-                leases.remove(leaseId);
-            }
-            count.accept(Counter.LOAD_REQUESTS, 1);
-            Token id = copies.newId();
-            OpenLoad load = new OpenLoad(inst, worker, blocks, copies.deadline());
-            copies.opened(id, load);
-            return load.plan(id, 0, Math.min(planBlocks, blocks.length), copies.holdNanos());
+            return begin(inst, worker, lease, planBlocks);
         });
+    }
+
+    /**
+     * Under lock, its checks passed: consumes {@code worker}'s share of {@code lease}, pins the
+     * leased blocks and opens the load; its plan holds the first {@code planBlocks} blocks' runs.
+     */
+    private CopyPlan begin(Instance inst, Instance.Worker worker, Lease lease, int planBlocks) {
+        Block[] blocks = lease.blocks;
+        lease.consumedBy.set(worker.spec.workerRank());
+        pool.pinAll(blocks);
+        if (lease.fullyConsumed()) {
+            leases.remove(lease.id);
+        }
+        count.accept(Counter.LOAD_REQUESTS, 1);
+        Token id = copies.newId();
+        OpenLoad load = new OpenLoad(inst, worker, blocks, copies.deadline());
+        copies.opened(id, load);
+        return load.plan(id, 0, Math.min(planBlocks, blocks.length), copies.holdNanos());
     }
 
     /** See {@link LocalStore#planRest}. */

@@ -307,7 +307,13 @@ public final class LocalStore implements BlockStore {
      */
     @Override
     public QueryResult query(String instanceId, BlockHashes hashes) {
-        return loads.query(instanceId, hashes);
+        return loads.query(instanceId, hashes, -1);
+    }
+
+    @Override
+    public QueryResult queryAndBegin(String instanceId, BlockHashes hashes, int workerRank) {
+        BlockStore.checkBeginRank(workerRank);
+        return loads.query(instanceId, hashes, workerRank);
     }
 
     /** Drops a lease and all its remaining shares. */

@@ -76,6 +76,15 @@ public record Quotas(int leasesPerInstance, long leasedBlocksPerInstance, int op
         }
     }
 
+    /**
+     * Whether a query may begin a load for {@code inst} ({@code total}: all instances' open
+     * copies): below half of each open-copy quota, so loads begun for requests still waiting in
+     * vLLM's queue never take the room that saves and the loads of running steps need.
+     */
+    boolean allowsBegun(Instance inst, int total) {
+        return inst.openCopies < openCopiesPerInstance / 2 && total < openCopies / 2;
+    }
+
     /** Refuses another open copy ({@code what}: "a save", "a load") for {@code inst}; {@code total}: all instances'. */
     void checkCopy(Instance inst, String what, int total) {
         if (inst.openCopies >= openCopiesPerInstance) {
