@@ -524,3 +524,54 @@ def test_the_lookup_warm_up_report_takes_medians_over_processes(capsys):
             main(bad)
         assert said in capsys.readouterr().err
 
+
+
+def test_summary_gives_the_server_calls_of_a_lengths_warm_requests():
+    """Server mode: the control path by phase as the server counted it (ttft_worker's
+    ``server:`` counters, moved by the warm phase), per request and per call."""
+    warm_counters = {"server:calls:Query": 2.0, "server:seconds:Query": 0.001, "server:calls:EndCopy": 3.0,
+                     "server:seconds:EndCopy": 0.0009, "server:calls:BeginLoad": 0.0}
+    results = {"server": {"start_s": 5.0, "lengths": {"8192": {
+        "cold": run([205, 215], [0, 0], [1, 2]), "reset_ok": True, "warm": run([60, 70], [8176] * 2, [1, 2]),
+        "warm_counters": warm_counters}}}}
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
+    assert row["warm_server_calls"] == {"EndCopy": {"per_request": 1.5, "mean_ms": 0.3},
+                                        "Query": {"per_request": 1.0, "mean_ms": 0.5}}
+    del warm_counters["server:calls:Query"], warm_counters["server:calls:EndCopy"]
+    assert "warm_server_calls" not in ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
+
+
+def test_worker_reads_the_servers_calls_from_its_metrics():
+    import http.server
+    import threading
+
+    from pegaflow.bench import ttft_worker
+
+    text = ('# TYPE pegaflow_rpc_duration_seconds histogram\n'
+            'pegaflow_rpc_duration_seconds_bucket{method="Query",le="0.001"} 3\n'
+            'pegaflow_rpc_duration_seconds_count{method="Query"} 4\n'
+            'pegaflow_rpc_duration_seconds_sum{method="Query"} 0.002\n'
+            'pegaflow_rpc_duration_seconds_count{method="EndCopy"} 1\n'
+            'pegaflow_rpc_duration_seconds_sum{method="EndCopy"} 0.0001\n'
+            'pegaflow_rpc_requests_total{method="Query",status="OK"} 4.0\n').encode()
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(text)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
+        assert ttft_worker.server_rpc(url) == {"server:calls:Query": 4.0, "server:seconds:Query": 0.002,
+                                               "server:calls:EndCopy": 1.0, "server:seconds:EndCopy": 0.0001}
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert ttft_worker.server_rpc(None) == {}
+    assert ttft_worker.server_rpc(url) == {}, "a server that does not answer: no figures, no failure"

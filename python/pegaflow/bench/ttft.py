@@ -146,7 +146,9 @@ class Systems:
         return env
 
     def start(self, system: str):
-        """(kv_transfer config or None, a stop function)."""
+        """(kv_transfer config or None, a stop function); ``self.server_metrics``: the
+        ``/metrics`` address of the pegaflow-server it started (None for other systems)."""
+        self.server_metrics = None
         base, _, variant = system.partition("_") if system in VARIANTS else (system, "", "")
         if variant:
             kv, stop = self.start(base)
@@ -168,6 +170,7 @@ class Systems:
 
             server = start_server(Path(self.args.pool_dir) / f"pegaflow-ttft-{os.getpid()}.pool",
                                   pool_size=self.args.pool_size)
+            self.server_metrics = f"http://127.0.0.1:{server.http_port}/metrics"
             return {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                     "kv_connector_extra_config": {"mode": "server", "endpoint": server.endpoint}}, server.stop
@@ -233,8 +236,8 @@ def _worker_process(systems: Systems, name: str, system: str, spec: dict, timeou
 def run_worker(systems: Systems, system: str, spec: dict, timeout: float, name: str | None = None) -> dict:
     kv, stop = systems.start(system)
     try:
-        return _worker_process(systems, name or system, system, dict(spec, kv_transfer=kv, gpu_hit=system == "none"),
-                               timeout)
+        return _worker_process(systems, name or system, system, dict(spec, kv_transfer=kv, gpu_hit=system == "none",
+                                                                     server_metrics=systems.server_metrics), timeout)
     finally:
         stop()
 
@@ -401,6 +404,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 phases = in_step_phases_ms(r.get("warm_counters") or {})
                 if phases:
                     row["warm_in_step_phases_ms"] = phases  # this length's warm in-step loads alone
+                calls = server_calls(r.get("warm_counters") or {}, len(warm))
+                if calls:
+                    row["warm_server_calls"] = calls  # server mode: the control path of this length's warm requests
             for phase in ("cold", "warm"):
                 # the process's threads during the phase: the main thread's CPU and switches, the others' CPU
                 if r.get(f"{phase}_threads"):
@@ -478,6 +484,22 @@ def in_step_phases_ms(counters: dict) -> dict:
                             ("fence", "load_fences", "load_fence_ns")):
         if counters.get(f"vllm:pegaflow_{count}"):
             out[name] = round(counters.get(f"vllm:pegaflow_{ns}", 0) / counters[f"vllm:pegaflow_{count}"] / 1e6, 3)
+    return out
+
+
+def server_calls(counters: dict, requests: int) -> dict:
+    """Server mode: the pegaflow-server calls a phase moved (``server:calls:<method>`` and
+    ``server:seconds:<method>``, from its ``/metrics``; gRPC and local socket alike), by method:
+    calls per request and mean ms per call as the server timed them (its side of each round
+    trip). A warm request's control path by phase: Query (lookup and lease, and the plan where
+    the lookup began the load), BeginLoad and LoadRest (the plan, where it did not), EndCopy
+    (the ends, beside the copies), ReserveSave (saves). Empty for other systems."""
+    out = {}
+    for key, n in sorted(counters.items()):
+        if key.startswith("server:calls:") and n > 0:
+            method = key.split(":", 2)[2]
+            out[method] = {"per_request": round(n / requests, 2) if requests else None,
+                           "mean_ms": round(counters.get(f"server:seconds:{method}", 0.0) / n * 1e3, 3)}
     return out
 
 

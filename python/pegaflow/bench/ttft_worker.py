@@ -22,6 +22,26 @@ import threading
 import time
 
 
+def server_rpc(url: str | None) -> dict:
+    """pegaflow-server's calls so far by method from its ``/metrics`` at ``url``
+    (``pegaflow_rpc_duration_seconds`` count and sum: gRPC and local socket, every status);
+    empty without a server or when it does not answer."""
+    if not url:
+        return {}
+    import re
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict = {}
+    for m in re.finditer(r'^pegaflow_rpc_duration_seconds_(count|sum)\{method="(\w+)"\} (\S+)$', text, re.M):
+        out[f"server:{'calls' if m[1] == 'count' else 'seconds'}:{m[2]}"] = float(m[3])
+    return out
+
+
 def prompt_set(length: int, n: int, seed: int, vocab: int) -> list[list[int]]:
     """n prompts of ``length`` tokens, no two sharing a first token (so no shared prefix)."""
     rnd = random.Random(seed * 1_000_003 + length)
@@ -244,12 +264,16 @@ def main(spec_path: str, out_path: str) -> int:
         return 0
 
     def counters() -> dict:
-        """This project's connector counters (vllm:pegaflow_*); empty for other connectors."""
+        """This project's connector counters (vllm:pegaflow_*), and in server mode the server's
+        calls by method (``server:calls:<method>``, ``server:seconds:<method>``); empty for other
+        connectors."""
         try:
-            return {m.name: float(m.value) for m in llm.get_metrics()
-                    if m.name.startswith("vllm:pegaflow_") and isinstance(getattr(m, "value", None), (int, float))}
+            out = {m.name: float(m.value) for m in llm.get_metrics()
+                   if m.name.startswith("vllm:pegaflow_") and isinstance(getattr(m, "value", None), (int, float))}
         except Exception:  # noqa: BLE001 - a report without them
-            return {}
+            out = {}
+        out.update(server_rpc(spec.get("server_metrics")))
+        return out
 
     def cprofiled(label: str, work):
         """With $PEGAFLOW_TTFT_CPROFILE (a folder) and a label: ``work`` under cProfile (this

@@ -104,6 +104,13 @@ final class Warmup {
                         client.call(Wire.RELEASE, ReleaseRequest.newBuilder().setInstanceId(instance)
                                 .setLease(again.getLease()).build());
                     }
+                    // a lookup that begins its load (a worker in the scheduler's process), then its end
+                    QueryResponse begun = QueryResponse.parseFrom(client.call(Wire.QUERY,
+                            query.toBuilder().setBegin(true).setBeginWorkerRank(0).build()));
+                    if (begun.hasBegun()) {
+                        client.call(Wire.END_COPY, EndCopyRequest.newBuilder().setInstanceId(instance)
+                                .setId(begun.getBegun().getId()).setOk(round % 3 != 1).build());
+                    }
                 }
             }
             store.unregisterInstance(instance);
