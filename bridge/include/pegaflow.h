@@ -222,7 +222,10 @@ typedef struct pegaflow_api {
        ("not yet" until it is all there, up to the wait limit): a P/D decode instance; plus 4
        and 8: see "Loads inside the step" below; plus 16: the JVM warms the scheduler side's
        per-request path up on a scratch engine of its own, once per process, on its own thread
-       (accepted since ABI 9's wave 3 builds of 2026-12-04; older ones refuse the mode). */
+       (accepted since ABI 9's wave 3 builds of 2026-12-04; older ones refuse the mode); plus
+       32: each load asks the store for its plan itself; without it, where the worker runs in
+       this process and the model has one group, the lookup's store call begins the worker's
+       load (one round trip to a server before the copy; builds since 2026-12-05). */
     int32_t (*sched_create)(int64_t link, const char *groups, int32_t block_size,
                             int32_t load_enabled, int64_t *out_sched);
     /* get_num_new_matched_tokens: tokens loadable beyond num_computed (0 on a miss or a store

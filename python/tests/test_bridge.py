@@ -328,7 +328,7 @@ def test_the_c_host_gets_a_clear_error_without_a_java_runtime(tmp_path):
 
 def test_the_scheduler_side_asks_for_the_lookup_warm_up_by_a_mode_bit(monkeypatch):
     """sched_create's bit 16 starts the JVM's lookup warm-up (LookupWarmUp, on its own thread) and
-    the side answers lookups meanwhile; a bit past those defined is refused, naming bit 16; an
+    the side answers lookups meanwhile; a bit past those defined is refused, naming bits 16 and 32; an
     engine jar that refuses bit 16 (one built before it) gets the side without the warm-up."""
     import ctypes
 
@@ -344,8 +344,11 @@ def test_the_scheduler_side_asks_for_the_lookup_warm_up_by_a_mode_bit(monkeypatc
         finally:
             brain.close()
         out = ctypes.c_int64()
-        with pytest.raises(errors.InvalidArgumentError, match=r"load mode 33; .*plus 16 to warm the lookup path up"):
-            _bridge.api().call("sched_create", link.handle, b"0 0 warm", 16, 33, ctypes.byref(out))
+        with pytest.raises(errors.InvalidArgumentError,
+                           match=r"load mode 65; .*plus 16 to warm the lookup path up, plus 32 to plan each load at the load"):
+            _bridge.api().call("sched_create", link.handle, b"0 0 warm", 16, 65, ctypes.byref(out))
+        planned_at_load = SchedulerBrain(link.handle, [Group("warm")], 16, True, in_step=True, begin_at_lookup=False)
+        planned_at_load.close()  # bit 32 accepted
 
         api, modes = _bridge.api(), []
 

@@ -699,14 +699,18 @@ def rpc_calls(server) -> dict[str, float]:
     return out
 
 
-@pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])
-def test_a_warm_request_asks_the_server_once_before_its_copy(engines, tmp_path, in_step):
+@pytest.mark.parametrize("in_step, begin", [(True, True), (False, True), (True, False)],
+                         ids=["in_step", "async", "plan_at_load"])
+def test_a_warm_request_asks_the_server_once_before_its_copy(engines, tmp_path, in_step, begin):
     """Server mode, the worker in the scheduler's process (vLLM's engine core with its worker
     in-process, the default for one GPU): the lookup's Query also begins the load, so no
-    BeginLoad or LoadRest follows; the load's end goes beside the copy, off the request's path."""
+    BeginLoad or LoadRest follows; the load's end goes beside the copy, off the request's path.
+    With begin_at_lookup false the load asks for its plan itself: one BeginLoad more."""
     server = start_server(tmp_path / "pool", pool_size="64mb")
     try:
-        a = engines("a", {**server_extra(server.endpoint), "load_in_step": in_step})
+        # the link's health check is an empty Query each interval: none inside the counted window
+        a = engines("a", {**server_extra(server.endpoint), "health_interval_s": 60, "load_in_step": in_step,
+                          "begin_at_lookup": begin})
         p = prompt(52, 70)
         a.add("r1", p, max_tokens=2)
         a.run()
@@ -718,7 +722,7 @@ def test_a_warm_request_asks_the_server_once_before_its_copy(engines, tmp_path, 
         calls = {k: v - before.get(k, 0) for k, v in rpc_calls(server).items() if v != before.get(k, 0)}
         assert a.stats.loaded_requests == 1 and a.outputs["r2"] == a.outputs["r1"]
         assert calls.get("Query") == 1, calls
-        assert "BeginLoad" not in calls and "LoadRest" not in calls, calls
+        assert calls.get("BeginLoad", 0) == (0 if begin else 1) and "LoadRest" not in calls, calls
         assert calls.get("EndCopy", 0) >= 1, calls  # the load's, beside its copy
     finally:
         server.stop()

@@ -64,6 +64,14 @@ def test_load_at_alloc_is_off_unless_asked_for():
         Settings.from_extra({"load_at_alloc": "sometimes"}, {})
 
 
+def test_begin_at_lookup_is_on_unless_turned_off():
+    assert Settings.from_extra({}, {}).begin_at_lookup is True
+    assert Settings.from_extra({"begin_at_lookup": False}, {}).begin_at_lookup is False
+    assert Settings.from_extra({}, {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}).begin_at_lookup is False
+    with pytest.raises(InvalidArgumentError, match=r"begin_at_lookup 'maybe'; expected true or false"):
+        Settings.from_extra({"begin_at_lookup": "maybe"}, {})
+
+
 def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
     """Under vLLM's asynchronous scheduling the previous step's forward may still write into a
     block allocated for the next: an early copy into it would race, so the setting is refused

@@ -226,11 +226,12 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk and _instepaw need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
 @pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),
+                                                 ("instepab", "PEGAFLOW_BEGIN_AT_LOOKUP", "0"),
                                                  ("instepk", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "1024"),
                                                  ("instepl", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "160")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
@@ -252,6 +253,22 @@ def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, syste
     assert extra["load_in_step"] is True and extra["load_at_alloc"] is True
     with pytest.raises(SystemExit, match="need --async-scheduling off"):
         main(["--lengths", "256", "--systems", f"none,server_{system}"])
+
+
+def test_instepb_loads_in_the_step_asking_for_its_plans_itself(tmp_path):
+    """_instepb: _instep (no load at allocation, so any scheduling) with PEGAFLOW_BEGIN_AT_LOOKUP=0
+    in its vLLM process: the A/B of a lookup that begins its load."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import Systems
+
+    args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
+    systems = Systems(args, tmp_path)
+    assert systems.env("embedded_instepb")["PEGAFLOW_BEGIN_AT_LOOKUP"] == "0"
+    kv, stop = systems.start("embedded_instepb")
+    stop()
+    extra = kv["kv_connector_extra_config"]
+    assert extra["load_in_step"] is True and "load_at_alloc" not in extra
 
 
 def test_summary_puts_cold_ttft_and_decode_beside_no_connector():

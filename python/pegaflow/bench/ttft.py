@@ -53,14 +53,18 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # step's input copies on the copy engine wait behind none of it) and "<system>_instepk" with its
 # first GiB so (the lead's cap: all of an 8K load, half of a 16K one, the copy engine taking the
 # rest when the step opens the hold, both at once); "<system>_instepaw" is _instepa without the
-# JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call.
+# JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
+# and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
+# themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins them by default: the A/B of
+# one round trip before the copy against the store's plan moved onto vLLM's scheduling thread.
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
-               "instepaw": {"PEGAFLOW_WARM_UP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepk", "instepaw")
+               "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
+               "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
-VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
+VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepb", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
 

@@ -42,7 +42,7 @@ def _tables(tables: Sequence[Sequence[int]]) -> tuple[array.array, array.array, 
 class SchedulerBrain:
     def __init__(self, link_handle: int, groups: Sequence[Group], block_size: int, load_enabled: bool,
                  wait_full_prefix: bool = False, in_step: bool = False, at_alloc: bool = False,
-                 warm_up: bool = False):
+                 warm_up: bool = False, begin_at_lookup: bool = True):
         out = c_int64()
         self._api = _bridge.api()
         mode = (2 if wait_full_prefix else 1) if load_enabled else 0  # sched_create's load mode (pegaflow.h)
@@ -53,6 +53,8 @@ class SchedulerBrain:
         mode |= 8 if self.in_step and at_alloc else 0
         # the JVM compiles the per-request path on a scratch engine first (LookupWarmUp), once per process
         mode |= 16 if warm_up else 0
+        # a load asks for its plan itself rather than taking the one its lookup began
+        mode |= 0 if begin_at_lookup else 32
         try:
             self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
         except InvalidArgumentError:

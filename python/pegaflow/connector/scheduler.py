@@ -70,7 +70,8 @@ class SchedulerCore:
     metadata class for failed loads of several groups (None where vLLM reports them itself)."""
 
     def __init__(self, link, groups, block_size: int, hash_algo: str, role: str, load_enabled: bool,
-                 save_enabled: bool, in_step: bool, failed_meta, events_enabled: bool, at_alloc: bool = False):
+                 save_enabled: bool, in_step: bool, failed_meta, events_enabled: bool, at_alloc: bool = False,
+                 begin_at_lookup: bool = True):
         self._link = link
         self._groups = groups
         self._block_size = block_size
@@ -88,7 +89,8 @@ class SchedulerCore:
         # a P/D decode instance (kv_consumer) waits for the prefill's whole prefix (docs/cluster.md)
         self.brain = SchedulerBrain(link.handle, [g.group for g in groups], block_size, load_enabled,
                                     wait_full_prefix=role == "kv_consumer", in_step=in_step, at_alloc=at_alloc,
-                                    warm_up=load_enabled and lookup_warm_up_enabled())
+                                    warm_up=load_enabled and lookup_warm_up_enabled(),
+                                    begin_at_lookup=begin_at_lookup)
         self._requests: dict[str, Request] = {}
         self._loads = False  # a load committed since the last plan (take_loads)
         self._hashes_sent: dict[str, int] = {}

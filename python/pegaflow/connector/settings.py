@@ -30,6 +30,9 @@ _KEYS = {
     "load_at_alloc": "true | false: with load_in_step, start a hit's load when vLLM allocates its blocks "
     "(update_state_after_alloc) rather than in the step's start_load_kv, where the worker runs in the scheduler's "
     "process (TP 1); default false (env PEGAFLOW_LOAD_AT_ALLOC)",
+    "begin_at_lookup": "true | false: where vLLM's worker runs in the scheduler's process and the model has one "
+    "KV-cache group, the lookup's store call also begins the worker's load (one round trip to the server before a "
+    "warm request's copy); false: the load asks for its plan itself (default true, env PEGAFLOW_BEGIN_AT_LOOKUP)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -47,6 +50,7 @@ class Settings:
     cross_layer_blocks: bool = True
     load_in_step: bool | None = None  # None: auto (in_step_default)
     load_at_alloc: bool = False
+    begin_at_lookup: bool = True
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
 
@@ -107,6 +111,7 @@ class Settings:
         flag = boolean("cross_layer_blocks", "PEGAFLOW_CROSS_LAYER_BLOCKS")
         in_step = boolean("load_in_step", "PEGAFLOW_LOAD_IN_STEP", auto=True)
         at_alloc = boolean("load_at_alloc", "PEGAFLOW_LOAD_AT_ALLOC", default=False)
+        begin = boolean("begin_at_lookup", "PEGAFLOW_BEGIN_AT_LOOKUP", default=True)
         paths = raw.get("ssd_cache_path", env.get("PEGAFLOW_SSD_CACHE_PATH", ""))
         if isinstance(paths, str):
             paths = [p.strip() for p in paths.split(",") if p.strip()]
@@ -120,6 +125,7 @@ class Settings:
             cross_layer_blocks=flag,
             load_in_step=in_step,
             load_at_alloc=at_alloc,
+            begin_at_lookup=begin,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,
             pool_size=str(raw.get("pool_size", env.get("PEGAFLOW_POOL_SIZE", "8gb"))),

@@ -91,17 +91,18 @@ final class ConnectorExports {
     static int pfSchedCreate(long link, MemorySegment groups, int blockSize, int loadEnabled, MemorySegment out) {
         return guard(() -> {
             MemorySegment o = buffer(out, 8, "out");
-            int mode = loadEnabled & ~(IN_STEP | AT_ALLOC | WARM_UP);
+            int mode = loadEnabled & ~(IN_STEP | AT_ALLOC | WARM_UP | PLAN_AT_LOAD);
             if (mode < 0 || mode > 2) {
                 throw new io.pegaflow.engine.InvalidArgumentException("sched_create load mode " + loadEnabled
                         + "; expected 0 (no loads), 1 (load) or 2 (load, waiting for the whole prefix: a P/D decode"
                         + " instance), plus 4 for loads inside the step, plus 8 to start those where their blocks are allocated,"
-                        + " plus 16 to warm the lookup path up");
+                        + " plus 16 to warm the lookup path up, plus 32 to plan each load at the load, not at its lookup");
             }
             SchedulerSide s = new SchedulerSide(LinkExports.LINKS.get(link), groups(groups), blockSize,
                     mode != 0, mode == 2);
             s.inStepLoads((loadEnabled & IN_STEP) != 0);
             s.loadsAtAlloc((loadEnabled & AT_ALLOC) != 0);
+            s.beginAtLookup((loadEnabled & PLAN_AT_LOAD) == 0);
             if ((loadEnabled & WARM_UP) != 0) {
                 startWarmUp(blockSize);
             }
@@ -236,6 +237,8 @@ final class ConnectorExports {
     static final int AT_ALLOC = 8;
     /** sched_create mode bit: warm the lookup path up on a scratch engine ({@code LookupWarmUp}), once per process. */
     static final int WARM_UP = 16;
+    /** sched_create mode bit: a load asks for its plan itself, never taking one its lookup began. */
+    static final int PLAN_AT_LOAD = 32;
 
     /** start_load_kv: as worker_start_loads; *out_in_step gets the step's loads that run inside it (ABI 6). */
     static int pfWorkerStartStepLoads(long worker, MemorySegment plan, long len, MemorySegment outInStep) {

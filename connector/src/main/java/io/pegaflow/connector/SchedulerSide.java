@@ -84,6 +84,7 @@ public final class SchedulerSide {
     /** Loads run inside the step that uses them (vLLM told the tokens are ready); one KV-cache group only. */
     private boolean inStepLoads;
     private boolean loadsAtAlloc;
+    private boolean beginAtLookup = true;
     /** Requests whose in-step load was in a recent plan: their targets are matched against failed blocks. */
     private final java.util.Set<Req> inStepRecent = new java.util.HashSet<>();
 
@@ -204,6 +205,14 @@ public final class SchedulerSide {
         loadsAtAlloc = on;
     }
 
+    /**
+     * Whether a lookup of a model with one KV-cache group begins the load of this process's
+     * worker ({@link #queryAndBegin}; on by default); off, each load asks for its plan itself.
+     */
+    public void beginAtLookup(boolean on) {
+        beginAtLookup = on;
+    }
+
     /** Whether hits are loaded inside the step (see {@link #inStepLoads(boolean)}). */
     public boolean inStepLoads() {
         return inStepLoads;
@@ -297,7 +306,7 @@ public final class SchedulerSide {
         Hit q;
         try {
             // a decode instance waiting for the whole prefix asks again each step: no load to begin yet
-            q = findHit(now.engine(), hashes, base, base + usable, !(waitFullPrefix && !r.prefixWaitOver));
+            q = findHit(now.engine(), hashes, base, base + usable, beginAtLookup && !(waitFullPrefix && !r.prefixWaitOver));
         } catch (PegaflowException e) {
             totals[STAT_LOOKUP_FAILURES]++;
             r.waitingSince = 0;
