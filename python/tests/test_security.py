@@ -487,8 +487,16 @@ def test_a_query_that_begins_a_load_begins_it_only_for_the_callers_own_registere
         h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=mine.begun.id, ok=True), g.PERMISSION_DENIED)
         h.refused("LoadRest", pb2.LoadRestRequest(instance_id="victim", worker_rank=0, id=mine.begun.id, from_block=0,
                                                   to_block=1), g.PERMISSION_DENIED)
-        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, ok=False))
+        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="victim", id=mine.begun.id, unused=True),
+                  g.PERMISSION_DENIED)
+        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, unused=True, ok=True),
+                  g.INVALID_ARGUMENT)
+        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=saved.id, unused=True),
+                  g.INVALID_ARGUMENT)  # ended long ago, and a save: never an unused load
+        assert server.metric("pegaflow_pinned_blocks") == 2, "refused ends changed nothing"
+        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, unused=True))
         assert server.metric("pegaflow_pinned_blocks") == 0
+        assert server.metric("pegaflow_loads_unused_total") == 1
     finally:
         h.close()
     healthy(server, pb)

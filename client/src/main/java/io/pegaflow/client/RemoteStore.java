@@ -593,6 +593,18 @@ public final class RemoteStore implements BlockStore {
     }
 
     @Override
+    public void dropBegun(String instanceId, Token planId) {
+        if (planId == null) {
+            throw new InvalidArgumentException("drop of a begun load: the copy id is null");
+        }
+        EndCopyRequest req = EndCopyRequest.newBuilder().setInstanceId(instanceId)
+                .setId(ByteString.copyFrom(planId.toBytes())).setUnused(true).build();
+        if (local.call(Wire.END_COPY, req) == null) {
+            call(s -> s.endCopy(req));
+        }
+    }
+
+    @Override
     public QueryResult query(String instanceId, BlockHashes hashes) {
         return query(instanceId, hashes, -1);
     }

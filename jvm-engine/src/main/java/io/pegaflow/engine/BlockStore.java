@@ -49,6 +49,13 @@ public interface BlockStore extends AutoCloseable {
      */
     CopyResult endCopy(String instanceId, Token planId, boolean ok, long bytes, long nanos);
 
+    /**
+     * Rolls back a load {@link #queryAndBegin} began that no copy took (its lease released
+     * instead), counted as unused rather than failed; any other copy is refused. A store that
+     * cannot tell (an older server) ends it as a failed load.
+     */
+    void dropBegun(String instanceId, Token planId);
+
     QueryResult query(String instanceId, BlockHashes hashes);
 
     /**

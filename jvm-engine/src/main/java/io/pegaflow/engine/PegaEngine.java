@@ -401,7 +401,7 @@ public final class PegaEngine implements AutoCloseable {
     private void rollBack(List<BegunLoads.Begun> loads) {
         for (BegunLoads.Begun b : loads) {
             try {
-                store.endCopy(b.instanceId(), b.plan().id(), false, 0, 0);
+                store.dropBegun(b.instanceId(), b.plan().id());
             } catch (RuntimeException gone) {
                 // expired (the copy TTL rolled it back), unregistered, or the server is gone
             }

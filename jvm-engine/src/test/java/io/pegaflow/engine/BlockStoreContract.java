@@ -289,10 +289,13 @@ public abstract class BlockStoreContract {
         start(8, 2, null);
         byte[][] h = KvWorld.randomHashes(rnd, 2);
         saveAll(h, 0);
+        long failures = engine.stats().get(Counter.LOAD_FAILURES);
         QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(h), 1);
         assertThat(q.begun()).isNotNull();
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("worker 0's share remains").isEqualTo(1);
         engine.release("inst", q.lease());
+        assertThat(engine.stats().get(Counter.LOADS_UNUSED)).as("counted as unused").isEqualTo(1);
+        assertThat(engine.stats().get(Counter.LOAD_FAILURES)).as("not as failed").isEqualTo(failures);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
 
@@ -355,7 +358,23 @@ public abstract class BlockStoreContract {
             QueryResult q = store.queryAndBegin("half", BlockHashes.of(h), 0);
             assertThat(q.begun().runBlock()).containsExactly(0, 1);
             assertThat(openOperations()).isEqualTo(1);
+            CopyPlan other = store.reserveSave("half", 0, null, new long[] {2}, BlockHashes.of(KvWorld.randomHashes(rnd, 1)));
+            assertThatThrownBy(() -> store.dropBegun("half", other.id())).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("is not a load a query began");
+            store.endCopy("half", other.id(), false, 0, 0);
+            assertThat(openOperations()).as("the refused drop changed nothing").isEqualTo(1);
             store.endCopy("half", q.begun().id(), true, 0, 0);
+            assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+            assertThat(openOperations()).isZero();
+            CopyPlan asked = store.beginLoad("half", 0, store.query("half", BlockHashes.of(h)).lease(), new long[] {4, 5});
+            assertThatThrownBy(() -> store.dropBegun("half", asked.id())).as("a load its worker began: ended, not dropped")
+                    .isInstanceOf(InvalidArgumentException.class);
+            QueryResult again = store.queryAndBegin("half", BlockHashes.of(h), 0);
+            store.dropBegun("half", again.begun().id());
+            assertThatThrownBy(() -> store.dropBegun("half", again.begun().id())).isInstanceOf(InvalidArgumentException.class)
+                    .hasMessageContaining("is unknown");
+            store.endCopy("half", asked.id(), true, 0, 0);
+            assertThat(store.stats().get(Counter.LOADS_UNUSED)).isEqualTo(1);
             assertThat(store.stats().get(Gauge.PINNED_BLOCKS)).isZero();
             assertThat(openOperations()).isZero();
             verifyInvariants();

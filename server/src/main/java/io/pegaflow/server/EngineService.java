@@ -281,6 +281,13 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     /** EndCopy on {@code store}: the gRPC method and the local socket's. */
     static CopyResult endCopy(LocalStore store, Tenants tenants, Caller caller, EndCopyRequest r) {
         tenants.require(instanceId(r.getInstanceId()), caller, "ending a copy");
+        if (r.getUnused()) {
+            if (r.getOk()) {
+                throw new InvalidArgumentException("end of copy: unused and ok both set; an unused begun load is not ok");
+            }
+            store.dropBegun(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"));
+            return CopyResult.getDefaultInstance();
+        }
         io.pegaflow.engine.CopyResult c = store.endCopy(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"),
                 r.getOk(), r.getBytes(), r.getNanos());
         return CopyResult.newBuilder().setBlocks(c.blocks()).setSkippedBlocks(c.skippedBlocks()).setBytes(c.bytes()).build();

@@ -16,6 +16,7 @@ public enum Counter {
     LOAD_BYTES("pegaflow_load_bytes_total", "bytes copied out of the host pool"),
     LOAD_NANOS("pegaflow_load_transfer_nanoseconds_total", "time spent in load copies, summed over batches"),
     LOAD_FAILURES("pegaflow_load_failures_total", "load batches whose copy failed"),
+    LOADS_UNUSED("pegaflow_loads_unused_total", "loads a query began that no copy took: rolled back when their lease was released (a changed or finished request, no load after allocation)"),
     QUERY_REQUESTS("pegaflow_query_requests_total", "prefix queries"),
     HIT_BLOCKS("pegaflow_cache_block_hits_total", "queried blocks found in the leading resident prefix"),
     MISS_BLOCKS("pegaflow_cache_block_misses_total", "queried blocks after the leading resident prefix"),

@@ -128,7 +128,7 @@ final class LoadPath {
             if (hit > 0) {
                 leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
                 if (beginWorker != null && mayBegin(leases.get(leaseId), beginWorker)) {
-                    begun = begin(inst, beginWorker, leases.get(leaseId), Integer.MAX_VALUE);
+                    begun = begin(inst, beginWorker, leases.get(leaseId), Integer.MAX_VALUE, true);
                 }
             }
             count.accept(Counter.QUERY_REQUESTS, 1);
@@ -211,15 +211,16 @@ final class LoadPath {
             Limits.checkPlan("load", dstBlockIds.length, worker.regions.length);
             worker.checkBlockIds(null, dstBlockIds, "dstBlockIds");
             quotas.checkCopy(lease.instance, "a load", copies.size());
-            return begin(inst, worker, lease, planBlocks);
+            return begin(inst, worker, lease, planBlocks, false);
         });
     }
 
     /**
      * Under lock, its checks passed: consumes {@code worker}'s share of {@code lease}, pins the
-     * leased blocks and opens the load; its plan holds the first {@code planBlocks} blocks' runs.
+     * leased blocks and opens the load ({@code byQuery}: a query began it); its plan holds the
+     * first {@code planBlocks} blocks' runs.
      */
-    private CopyPlan begin(Instance inst, Instance.Worker worker, Lease lease, int planBlocks) {
+    private CopyPlan begin(Instance inst, Instance.Worker worker, Lease lease, int planBlocks, boolean byQuery) {
         Block[] blocks = lease.blocks;
         lease.consumedBy.set(worker.spec.workerRank());
         pool.pinAll(blocks);
@@ -228,7 +229,7 @@ final class LoadPath {
         }
         count.accept(Counter.LOAD_REQUESTS, 1);
         Token id = copies.newId();
-        OpenLoad load = new OpenLoad(inst, worker, blocks, copies.deadline());
+        OpenLoad load = new OpenLoad(inst, worker, blocks, copies.deadline(), byQuery);
         copies.opened(id, load);
         return load.plan(id, 0, Math.min(planBlocks, blocks.length), copies.holdNanos());
     }

@@ -373,13 +373,7 @@ public final class LocalStore implements BlockStore {
                     + "; expected a copy id and bytes, nanos >= 0");
         }
         return lock.locked(() -> {
-            lock.checkOpen();
-            OpenCopy op = copies.get(planId);
-            if (op == null) {
-                throw new InvalidArgumentException("copy " + planId
-                        + " is unknown: already ended, rolled back, expired, or its instance was unregistered");
-            }
-            op.instance().checkOwner(instanceId, "copy " + planId);
+            OpenCopy op = openCopy(instanceId, planId);
             copies.ended(planId, op);
             boolean save = op instanceof Reservation;
             int blocks;
@@ -403,6 +397,39 @@ public final class LocalStore implements BlockStore {
             }
             return new CopyResult(ok ? blocks : 0, 0, ok ? bytes : 0);
         });
+    }
+
+    /**
+     * Rolls back a load that {@link #queryAndBegin} began and no copy took (its lease released
+     * instead): its blocks are unpinned as a failed load's, and it counts as unused ({@link
+     * Counter#LOADS_UNUSED}), not as a failure. Any other copy is refused, and nothing changes.
+     */
+    @Override
+    public void dropBegun(String instanceId, Token planId) {
+        if (planId == null) {
+            throw new InvalidArgumentException("drop of a begun load: the copy id is null");
+        }
+        lock.locked(() -> {
+            OpenCopy op = openCopy(instanceId, planId);
+            if (!(op instanceof OpenLoad l) || !l.byQuery()) {
+                throw new InvalidArgumentException("copy " + planId + " is not a load a query began; end it with endCopy");
+            }
+            copies.ended(planId, op);
+            pool.unpinAll(l.blocks());
+            count(Counter.LOADS_UNUSED, 1);
+        });
+    }
+
+    /** Under lock: the open copy {@code planId}, issued to {@code instanceId}. */
+    private OpenCopy openCopy(String instanceId, Token planId) {
+        lock.checkOpen();
+        OpenCopy op = copies.get(planId);
+        if (op == null) {
+            throw new InvalidArgumentException("copy " + planId
+                    + " is unknown: already ended, rolled back, expired, or its instance was unregistered");
+        }
+        op.instance().checkOwner(instanceId, "copy " + planId);
+        return op;
     }
 
     // ---------------------------------------------------------------- other hosts (cross-node sharing: PeerShare)

@@ -33,8 +33,9 @@ sealed interface OpenCopy permits OpenCopy.Reservation, OpenCopy.OpenLoad {
         }
     }
 
-    /** An open load: the worker it copies for and the blocks it pinned. */
-    record OpenLoad(Instance instance, Instance.Worker worker, Block[] blocks, long deadlineNanos) implements OpenCopy {
+    /** An open load: the worker it copies for, the blocks it pinned, and whether a query began it (queryAndBegin). */
+    record OpenLoad(Instance instance, Instance.Worker worker, Block[] blocks, long deadlineNanos, boolean byQuery)
+            implements OpenCopy {
         /**
          * Where each of the worker's slots is for leased blocks {@code from .. to - 1}, as runs
          * (lease index = index into the destination ids); the plan's block count is the whole
