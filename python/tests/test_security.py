@@ -491,8 +491,13 @@ def test_a_query_that_begins_a_load_begins_it_only_for_the_callers_own_registere
                   g.PERMISSION_DENIED)
         h.refused("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, unused=True, ok=True),
                   g.INVALID_ARGUMENT)
-        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=saved.id, unused=True),
-                  g.INVALID_ARGUMENT)  # ended long ago, and a save: never an unused load
+        h.refused("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, unused=True, bytes=1),
+                  g.INVALID_ARGUMENT)
+        open_save = h.call("ReserveSave", pb2.ReserveSaveRequest(instance_id="hostile", worker_rank=0, block_ids=[6],
+                                                                  hashes=os.urandom(32), hash_len=32))
+        assert "not a load a query began" in h.refused(
+            "EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=open_save.id, unused=True), g.INVALID_ARGUMENT)
+        h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=open_save.id, ok=False))
         assert server.metric("pegaflow_pinned_blocks") == 2, "refused ends changed nothing"
         h.call("EndCopy", pb2.EndCopyRequest(instance_id="hostile", id=mine.begun.id, unused=True))
         assert server.metric("pegaflow_pinned_blocks") == 0

@@ -177,7 +177,9 @@ class Systems:
             self.server_metrics = f"http://127.0.0.1:{server.http_port}/metrics"
             return {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                    "kv_connector_extra_config": {"mode": "server", "endpoint": server.endpoint}}, server.stop
+                    # the link's health check is an empty Query each interval: none in the counted phases
+                    "kv_connector_extra_config": {"mode": "server", "endpoint": server.endpoint,
+                                                  "health_interval_s": 3600}}, server.stop
         if system == "vllm_native":
             return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                     "kv_connector_extra_config": {"cpu_bytes_to_use": self.pool_bytes}}, lambda: None

@@ -358,12 +358,13 @@ def main(spec_path: str, out_path: str) -> int:
         # the phase's answers, what this process's threads did meanwhile (the decode gap's
         # evidence) and the connector counters the phase moved
         probe = cpu_probe()  # before the snapshots: its own time is not the phase's
-        before, host, t, counted = threads(), machine(), time.perf_counter(), counters()
+        counted = counters()  # outside the thread snapshots: in server mode it reads the server's /metrics
+        before, host, t = threads(), machine(), time.perf_counter()
         done = cprofiled(label, lambda: [run(p) for p in rows])
-        after = counters()
-        moved = {k: v - counted.get(k, 0.0) for k, v in after.items() if v != counted.get(k, 0.0)}
         use = thread_use(before, threads(), time.perf_counter() - t, main_tid)
         use["machine"] = machine_use(host, machine())
+        after = counters()
+        moved = {k: v - counted.get(k, 0.0) for k, v in after.items() if v != counted.get(k, 0.0)}
         use["cpu_probe"] = probe
         return done, use, moved
 

@@ -58,10 +58,11 @@ class SchedulerBrain:
         try:
             self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode, ctypes.byref(out))
         except InvalidArgumentError:
-            if not mode & 16:
+            if not mode & (16 | 32):
                 raise
-            # an engine jar from before the warm-up's bit refuses it: the side serves the same without
-            self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode & ~16,
+            # an engine jar from before the warm-up's bit (or bit 32) refuses it: the side serves the
+            # same without (such a jar plans every load at the load)
+            self._api.call("sched_create", link_handle, _groups_text(groups), block_size, mode & ~(16 | 32),
                            ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)

@@ -270,7 +270,8 @@ class ConnectorBrainTest {
         }
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
-        assertThat(engine.stats().get(Counter.LOAD_REQUESTS)).as("the load took the begun plan").isEqualTo(loadsAsked);
+        assertThat(engine.stats().get(Counter.LOAD_REQUESTS)).as("the load took the begun plan, counted at its end")
+                .isEqualTo(loadsAsked + 1);
         long[] stats = worker.drainStats();
         assertThat(stats[WorkerSide.STAT_SAVED_BLOCKS]).as("vLLM's connector stats: the cold save").isEqualTo(4);
         assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);

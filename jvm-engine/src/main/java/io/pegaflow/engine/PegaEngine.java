@@ -397,7 +397,7 @@ public final class PegaEngine implements AutoCloseable {
         }
     }
 
-    /** Ends begun loads that no copy will take as failed (their pins dropped); a store that already dropped them is fine. */
+    /** Drops begun loads that no copy will take, as unused (their pins dropped); a store that already dropped them is fine. */
     private void rollBack(List<BegunLoads.Begun> loads) {
         for (BegunLoads.Begun b : loads) {
             try {
@@ -499,7 +499,11 @@ public final class PegaEngine implements AutoCloseable {
             }
             LayerRegion.checkBlockIds(regionsOf(b.instanceId(), b.workerRank()), null, dstBlockIds, "dstBlockIds");
         } catch (RuntimeException refused) {
-            rollBack(List.of(b));
+            try {
+                store.endCopy(b.instanceId(), b.plan().id(), false, 0, 0); // refused: a failed load, not an unused one
+            } catch (RuntimeException gone) {
+                // expired, unregistered, or the server is gone: nothing stays pinned by it
+            }
             throw refused;
         }
     }

@@ -282,8 +282,9 @@ final class EngineService extends EngineGrpc.EngineImplBase {
     static CopyResult endCopy(LocalStore store, Tenants tenants, Caller caller, EndCopyRequest r) {
         tenants.require(instanceId(r.getInstanceId()), caller, "ending a copy");
         if (r.getUnused()) {
-            if (r.getOk()) {
-                throw new InvalidArgumentException("end of copy: unused and ok both set; an unused begun load is not ok");
+            if (r.getOk() || r.getBytes() != 0 || r.getNanos() != 0) {
+                throw new InvalidArgumentException("end of copy: unused with ok " + r.getOk() + ", bytes " + r.getBytes()
+                        + ", nanos " + r.getNanos() + "; an unused begun load moved nothing (expected false, 0, 0)");
             }
             store.dropBegun(r.getInstanceId(), Token.fromBytes(r.getId().toByteArray(), "copy id"));
             return CopyResult.getDefaultInstance();

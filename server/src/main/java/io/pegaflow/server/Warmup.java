@@ -108,8 +108,9 @@ final class Warmup {
                     QueryResponse begun = QueryResponse.parseFrom(client.call(Wire.QUERY,
                             query.toBuilder().setBegin(true).setBeginWorkerRank(0).build()));
                     if (begun.hasBegun()) {
+                        // copied, or dropped unused as a scheduler does when it drops the request
                         client.call(Wire.END_COPY, EndCopyRequest.newBuilder().setInstanceId(instance)
-                                .setId(begun.getBegun().getId()).setOk(round % 3 != 1).build());
+                                .setId(begun.getBegun().getId()).setOk(round % 3 != 1).setUnused(round % 3 == 1).build());
                     }
                 }
             }

@@ -227,7 +227,9 @@ final class LoadPath {
         if (lease.fullyConsumed()) {
             leases.remove(lease.id);
         }
-        count.accept(Counter.LOAD_REQUESTS, 1);
+        if (!byQuery) {
+            count.accept(Counter.LOAD_REQUESTS, 1); // a query's is counted at its end: one dropped unused never ran
+        }
         Token id = copies.newId();
         OpenLoad load = new OpenLoad(inst, worker, blocks, copies.deadline(), byQuery);
         copies.opened(id, load);

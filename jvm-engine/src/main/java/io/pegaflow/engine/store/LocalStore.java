@@ -385,6 +385,9 @@ public final class LocalStore implements BlockStore {
                 case OpenLoad l -> {
                     pool.unpinAll(l.blocks());
                     blocks = l.blocks().length;
+                    if (l.byQuery()) {
+                        count(Counter.LOAD_REQUESTS, 1); // a load a query began: counted once a copy took it
+                    }
                 }
             }
             if (ok) {
