@@ -22,7 +22,8 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * Runs a request's path through the connector's brain (the scheduler side's lookup of a stored
  * prefix and of a miss, the allocation hook, the step's plan with its loads and saves, the
  * request's end; the worker side's in-step load of the plan, layer by layer, and its end; and
- * under them the store's query, lease, load plan and release) on a scratch engine of its own,
+ * under them the store's query, lease, load plan and release, the plan mostly begun by the
+ * lookup as by default, now and then asked for by the load) on a scratch engine of its own,
  * so the JIT has compiled it before vLLM's first requests: in a fresh process those run
  * interpreted or lightly compiled code, on vLLM's scheduling and forward threads, where their
  * time is time to first token
@@ -186,6 +187,8 @@ public final class LookupWarmUp {
             int n = BLOCKS >> k;
             long computed = round % 5 == 4 ? (long) (n / 4) * blockSize : 0;
             String hit = "h" + round;
+            // mostly a lookup that begins its load (the default), now and then a load that asks for its plan
+            side.beginAtLookup(round % 7 != 6);
             long tokens = side.lookup(hit, prefixes[k], (long) n * blockSize + 1, computed);
             hitTokens += tokens;
             expected += (long) n * blockSize - computed;
