@@ -52,14 +52,18 @@ class ConnectorBrainTest {
 
     @BeforeEach
     void start() {
-        engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
-                .leaseTtl(Duration.ofSeconds(30)).build());
         layers = List.of(region("layers.0"), region("layers.1"));
-        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
-        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
-        bound.set(new EngineSource.Binding(engine, 1));
+        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(30)), 1);
         sched = new SchedulerSide(bound::get, "vllm", BLOCK, true);
         worker = new WorkerSide(bound::get, "vllm", 0);
+    }
+
+    /** A fresh engine of {@code config} with this test's instance and worker, handed out as link generation {@code generation}. */
+    private void bind(EngineConfig.Builder config, long generation) {
+        engine = PegaEngine.create(config.build());
+        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
+        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
+        bound.set(new EngineSource.Binding(engine, generation));
     }
 
     @AfterEach
@@ -146,16 +150,13 @@ class ConnectorBrainTest {
     private SaveSubmits saveOnStreamThenLoad(long stream) throws InterruptedException {
         engine.close();
         List<RecordingTransfer> made = new ArrayList<>();
-        engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
+        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
                 .transfer(pool -> {
                     RecordingTransfer t = new RecordingTransfer(new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1),
                             new java.util.concurrent.CopyOnWriteArrayList<>(), new java.util.concurrent.CopyOnWriteArrayList<>());
                     made.add(t);
                     return t;
-                }).build());
-        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
-        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
-        bound.set(new EngineSource.Binding(engine, 2));
+                }), 2);
         BlockHashes h = hashes(2);
         assertThat(sched.lookup("a", h, 2 * BLOCK + 1, 0)).isZero();
         sched.afterAlloc("a", ids(0, 3), 0);
@@ -679,11 +680,8 @@ class ConnectorBrainTest {
     void aProbeWhoseBegunLoadAgedPastHalfItsHoldIsLookedUpAgain() throws Exception {
         engine.close();
         // the plan's hold is the copy TTL when shorter than 10 s: 400 ms, so a probe is fresh for 200
-        engine = PegaEngine.create(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO)
-                .leaseTtl(Duration.ofSeconds(30)).copyTtl(Duration.ofMillis(400)).build());
-        engine.registerInstance(new InstanceSpec("vllm", "ns", 1, 1));
-        engine.registerWorker("vllm", new WorkerSpec(0, 0, 0, layers));
-        bound.set(new EngineSource.Binding(engine, 2));
+        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(30))
+                .copyTtl(Duration.ofMillis(400)), 2);
         BlockHashes h = storedTwoBlocks();
         assertThat(sched.lookup("b", h, 2 * BLOCK + 1, 0)).isEqualTo(2 * BLOCK);
         long queries = engine.stats().get(Counter.QUERY_REQUESTS);
