@@ -51,7 +51,7 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
     public static final String LANES_ENV = "PEGAFLOW_CUDA_LAYER_LANES";
     public static final String BLOCKS_ENV = "PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS";
     public static final String DMA_ENV = "PEGAFLOW_CUDA_LAYER_DMA";
-    /** MiB of {@link #leadBytes}, 0 to 1024. */
+    /** MiB of {@link #leadBytes}, 0 to 16384 (more than any one load: the whole held load through the kernel). */
     public static final String LEAD_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_MIB";
 
     /** No lead ({@link #leadBytes} 0): a held load waits whole. */
@@ -69,8 +69,8 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
         if (kernelBlocks < 0 || kernelBlocks > 65535) {
             throw new InvalidArgumentException("layer kernel blocks " + kernelBlocks + "; expected 0 (no cap) to 65535");
         }
-        if (leadBytes < 0 || leadBytes > (1L << 30)) {
-            throw new InvalidArgumentException("held load lead of " + leadBytes + " bytes; expected 0 (none) to 1 GiB");
+        if (leadBytes < 0 || leadBytes > (1L << 34)) {
+            throw new InvalidArgumentException("held load lead of " + leadBytes + " bytes; expected 0 (none) to 16 GiB");
         }
     }
 
@@ -119,8 +119,8 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
                 "thread blocks per copy-kernel launch of a layer-wise load, 0 (no cap) to 65535");
         long copyEngine = parse(dma, DMA_ENV, 0, 1, PER_LAYER.copyEngine ? 1 : 0,
                 "0 (the copy kernel reads the pool) or 1 (the copy engine moves every layer)");
-        long lead = parse(leadMib, LEAD_ENV, 0, 1024, PER_LAYER.leadBytes >> 20,
-                "MiB of a held layer-wise load queued before its hold opens, 0 (none) to 1024") << 20;
+        long lead = parse(leadMib, LEAD_ENV, 0, 16384, PER_LAYER.leadBytes >> 20,
+                "MiB of a held layer-wise load queued before its hold opens, 0 (none) to 16384") << 20;
         return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1, lead);
     }
 

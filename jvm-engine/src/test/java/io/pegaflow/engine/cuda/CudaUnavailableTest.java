@@ -79,8 +79,10 @@ class CudaUnavailableTest {
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_DMA=2").hasMessageContaining("0 (the copy kernel reads the pool)");
         assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, "yes")).hasMessageContaining("=yes");
         assertThat(LayerSplit.fromEnvironment(null, null, null, null, " 128")).isEqualTo(LayerSplit.PER_LAYER.withLead(128L << 20));
-        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, null, "2048"))
-                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_LEAD_MIB=2048").hasMessageContaining("0 (none) to 1024");
+        assertThat(LayerSplit.fromEnvironment(null, null, null, null, "16384").leadBytes()).isEqualTo(16L << 30);
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, null, "16385"))
+                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_LEAD_MIB=16385").hasMessageContaining("0 (none) to 16384");
+        assertThatThrownBy(() -> LayerSplit.PER_LAYER.withLead((16L << 30) + 1)).hasMessageContaining("expected 0 (none) to 16 GiB");
         assertThatThrownBy(() -> LayerSplit.PER_LAYER.withLead(-1)).hasMessageContaining("lead of -1 bytes");
     }
 
