@@ -2,7 +2,9 @@
 # GPU machine, after ci/gpu-vllm/install.sh: pegaflow-bench ttft on the staged vLLM 0.26 with this
 # checkout's python/ (docs/gpu.md, "A real vLLM on the H200"). Arguments after OUT_DIR go to
 # `pegaflow-bench ttft` (--systems, --lengths, --rounds ...); the fixed ones are the thirteenth
-# run's: 5 prompts a length, a 14 GB pool, asynchronous scheduling off. NAME (default ttft) names
+# run's: 5 prompts a length, a 14 GB pool, asynchronous scheduling off, and 180 s per vLLM process
+# (110 until the sixteenth run, whose first process on a fresh machine, the reference system
+# none, took longer than that to start on cold caches and left the run without its GPU hit). NAME (default ttft) names
 # $OUT/$NAME.json and its log; TTFT_S (default 540) bounds the run; PEGAFLOW_JAR picks another
 # engine jar than the wheel's (a jar carried beside the tree). PROFILE=1: the ttft worker's
 # torch.profiler traces (the longest length's cold, GPU-hit and warm requests, vLLM's step parts
@@ -18,7 +20,7 @@ export PYTHONPATH=$PWD/python:/tmp/vllm-site JAVA_HOME=/tmp/ours-site/pegaflow/_
 if [ "${PROFILE:-0}" = 1 ]; then
   export PEGAFLOW_TTFT_PROFILE=$out/prof-$name  # the ttft worker makes the folder
 fi
-timeout "${TTFT_S:-540}" python3 -m pegaflow.cli ttft --prompts 5 --pool-size 14gb --timeout 110 --async-scheduling off \
+timeout "${TTFT_S:-540}" python3 -m pegaflow.cli ttft --prompts 5 --pool-size 14gb --timeout 180 --async-scheduling off \
   --pegaflow-site /tmp/pf-site --vllm-site /tmp/vllm-site --json "$out/$name.json" "$@" > "$out/$name.log" 2>&1
 rc=$?
 if [ "${PROFILE:-0}" = 1 ] && ls "$out/prof-$name"/*.json.gz > /dev/null 2>&1; then
