@@ -268,6 +268,30 @@ class CudaBounceTest {
         }
     }
 
+    /**
+     * A held layer-wise load whose lead covers all of it (the lead's cap, more than any one load:
+     * {@code PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384}): every layer through the kernel before the hold
+     * opens, nothing on the copy engine, and the load completes without waiting for the hold
+     * (nothing is left for the step to queue).
+     */
+    @Test
+    void aLeadOfTheWholeLoadLandsItAllBeforeItsHoldOpens() throws Exception {
+        Moves m = Moves.scattered(12);
+        try (HostPool own = HostPool.anonymous(16L << 20); CudaTransferEngine engine = CudaTransferEngine.create(own,
+                CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4)
+                        .withLayerSplit(LayerSplit.fromEnvironment(null, null, null, null, "16384")))) {
+            byte[] before = savedLayerMajor(engine, m, 18);
+            long bounced = engine.bouncedBytes();
+            java.util.concurrent.CompletableFuture<Void> go = new java.util.concurrent.CompletableFuture<>();
+            TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(go));
+            assertThat(load).as("done with its hold still closed").succeedsWithin(java.time.Duration.ofSeconds(20));
+            awaitEveryLayer(load);
+            assertThat(go).as("the hold never opened").isNotDone();
+            assertLoaded(before, m);
+            assertThat(engine.bouncedBytes()).as("the whole lead through the kernel, nothing on the copy engine").isEqualTo(bounced);
+        }
+    }
+
     /** An engine over {@code own} with 4 MiB pinned chunks (16 blocks) and 1 MiB bounce slots. */
     private static CudaTransferEngine smallChunks(HostPool own) {
         return CudaTransferEngine.create(own, CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4));
