@@ -4,9 +4,9 @@
 # `pegaflow-bench ttft` (--systems, --lengths, --rounds ...); the fixed ones are the thirteenth
 # run's: 5 prompts a length, a 14 GB pool, asynchronous scheduling off, and 180 s per vLLM process
 # (110 until the sixteenth run, whose first process on a fresh machine, the reference system
-# none, took longer than that to start on cold caches and left the run without its GPU hit). NAME (default ttft) names
-# $OUT/$NAME.json and its log; TTFT_S (default 540) bounds the run; PEGAFLOW_JAR picks another
-# engine jar than the wheel's (a jar carried beside the tree). PROFILE=1: the ttft worker's
+# none, took longer than that to start on cold caches and left the run without its GPU hit).
+# NAME (default ttft) names $OUT/$NAME.json and its log; TTFT_S (default 540) bounds the run;
+# PEGAFLOW_JAR picks another engine jar than the wheel's (a jar carried beside the tree). PROFILE=1: the ttft worker's
 # torch.profiler traces (the longest length's cold, GPU-hit and warm requests, vLLM's step parts
 # and the connector's hooks as ranges) in $OUT/prof-$NAME, summarized in $OUT/$NAME-profile.json.
 set -u
