@@ -53,7 +53,10 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # step's input copies on the copy engine wait behind none of it) and "<system>_instepk" with its
 # first GiB so (all of an 8K load, half of a 16K one, the copy engine taking the rest when the
 # step opens the hold, both at once) and "<system>_instepz" with the whole load so (the lead's
-# cap, 16 GiB, past any one load: nothing waits for the step); "<system>_instepaw" is _instepa without the
+# cap, 16 GiB, past any one load: nothing waits for the step); "<system>_instepp" leads the whole load
+# through the copy engine paced one layer at a time (PEGAFLOW_CUDA_LAYER_LEAD_PACED=1: the step's input
+# copies wait behind one layer at most, the rest queued at once when the step opens the hold);
+# "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
 # themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins them by default: the A/B of
@@ -62,9 +65,10 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
                "instepz": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384"},
+               "instepp": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepaw", "instepab")
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepb", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))

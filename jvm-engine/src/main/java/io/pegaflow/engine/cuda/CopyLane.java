@@ -185,6 +185,8 @@ final class CopyLane {
         // passed its hold before it came here (CudaTransferEngine.submit)
         boolean led = groups > 1 && batch.held() && options.layerSplit().leadBytes() > 0;
         int heldFrom = !batch.held() ? groups : led ? options.layerSplit().leadGroups(batch) : 0;
+        // a paced lead takes the groups' own path, one group queued at a time (LayerSplit.leadPaced)
+        boolean paced = led && options.layerSplit().leadPaced();
         for (int g = 0; g < groups; g++) {
             if (g == heldFrom) {
                 batch.awaitGate();
@@ -193,7 +195,7 @@ final class CopyLane {
             int start = batch.size() == 0 ? 0 : batch.groupStart(g);
             boolean scattered = false;
             boolean leadOnAux = false;
-            if (led && g < heldFrom) {
+            if (led && g < heldFrom && !paced) {
                 // a held batch's lead, queued before its step: the kernel moves it, no copy
                 // engine, so the step's own input copies (queued on the copy engine meanwhile)
                 // wait behind none of it; on aux where there is one, so the copy engine's
@@ -221,6 +223,9 @@ final class CopyLane {
                     CudaDriver.eventRecord(groupEvents[g], stream);
                 }
                 future.queued(g + 1);
+                if (paced && g < heldFrom - 1) {
+                    paceLead(batch, groupEvents[g]);
+                }
             }
         }
         if (auxBehind) {
@@ -228,6 +233,19 @@ final class CopyLane {
             CudaDriver.streamWaitEvent(stream, callerEvent);
         }
         CudaDriver.eventRecord(doneEvent, stream);
+    }
+
+    /**
+     * A paced lead's wait between its groups: until the group just queued landed (its event) or
+     * the batch's hold opened, whichever comes first. The step's input copies, queued on the copy
+     * engine meanwhile, so find at most one group ahead of them; once the hold opens the rest go
+     * at once. Spins: the wait is one group's copy (about a millisecond at 16K tokens), and a
+     * parked thread woken late would leave PCIe idle for longer than the copy engine needs.
+     */
+    private static void paceLead(CopyBatch batch, long groupEvent) {
+        while (!batch.gateOpen() && !CudaDriver.eventQuery(groupEvent)) {
+            Thread.onSpinWait();
+        }
     }
 
     // Per-batch state of enqueue (one batch holds the lane at a time).

@@ -117,7 +117,7 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                 bounceFromEnvironment(System.getenv(BOUNCE_ENV)), bounceSlotsFromEnvironment(System.getenv(BOUNCE_SLOTS_ENV)),
                 LayerSplit.fromEnvironment(System.getenv(LayerSplit.GROUP_ENV), System.getenv(LayerSplit.LANES_ENV),
                         System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV),
-                        System.getenv(LayerSplit.LEAD_ENV)));
+                        System.getenv(LayerSplit.LEAD_ENV), System.getenv(LayerSplit.PACED_ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {

@@ -324,7 +324,7 @@ public final class CudaTransferEngine implements TransferEngine {
     public io.pegaflow.engine.transfer.LayerSplit layerSplit() {
         io.pegaflow.engine.transfer.LayerSplit s = options.layerSplit();
         return options.bounceBytes() > 0 || (s.groupBytes() == 0 && !s.copyEngine()) ? s
-                : new io.pegaflow.engine.transfer.LayerSplit(0, s.lanes(), s.kernelBlocks(), false, s.leadBytes());
+                : new io.pegaflow.engine.transfer.LayerSplit(0, s.lanes(), s.kernelBlocks(), false, s.leadBytes(), s.leadPaced());
     }
 
     /**

@@ -90,6 +90,11 @@ public final class CopyBatch {
         return gate != null;
     }
 
+    /** Whether the batch may be copied now: no hold, or its hold completed ({@link #holdUntil}). */
+    public boolean gateOpen() {
+        return gate == null || gate.isDone();
+    }
+
     /** Blocks the calling thread until the batch may be copied ({@link #holdUntil}). */
     public void awaitGate() {
         opened().join();

@@ -28,15 +28,23 @@ import io.pegaflow.engine.InvalidArgumentException;
  *                     engine holds the whole batch), the rest when
  *                     the hold opens: a load started where vLLM allocates its blocks then
  *                     copies while vLLM prepares the step instead of leaving PCIe idle. The
- *                     lead goes through the copy kernel, never the copy engine, so the step's
+ *                     lead goes through the copy kernel, never the copy engine (unless
+ *                     {@code leadPaced}), so the step's
  *                     input copies (on the copy engine, queued meanwhile) wait behind none of
  *                     it, whereas they waited behind a load queued whole at allocation. 0
  *                     (the default): the whole load waits. Only where nothing writes the
  *                     load's blocks between the allocation and the step's start: vLLM zeroes
  *                     newly allocated blocks on its compute stream in that window where its
  *                     KV cache needs zeroing (the connector refuses the setting there)
+ * @param leadPaced    the lead goes the way the rest goes (the copy engine where {@code
+ *                     copyEngine}), one group at a time: each queued once the group before
+ *                     it landed, and every group left queued at once when the hold opens.
+ *                     The step's input copies, queued on the copy engine meanwhile, wait
+ *                     behind one group at most instead of the whole lead, and the lead
+ *                     moves at the copy engine's rate instead of the kernel's beside vLLM's
+ *                     step. Nothing without {@code leadBytes}
  */
-public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine, long leadBytes) {
+public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine, long leadBytes, boolean leadPaced) {
     /**
      * One layer per group, one batch, the pool side through the copy engine, kernels of at most
      * 32 thread blocks: the default. Without the cap one layer's copy kernel (a thread block per
@@ -45,7 +53,7 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
      * (docs/benchmarks/README.md, seventh and eighth H200 runs). The copy engine moved the same
      * layers sooner than the capped kernel with the forward beside it (the tenth run).
      */
-    public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32, true, 0);
+    public static final LayerSplit PER_LAYER = new LayerSplit(0, 1, 32, true, 0, false);
     /** The environment variables {@link #fromEnvironment} reads (KiB, a count, a count, 0 or 1). */
     public static final String GROUP_ENV = "PEGAFLOW_CUDA_LAYER_GROUP_KIB";
     public static final String LANES_ENV = "PEGAFLOW_CUDA_LAYER_LANES";
@@ -53,10 +61,17 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
     public static final String DMA_ENV = "PEGAFLOW_CUDA_LAYER_DMA";
     /** MiB of {@link #leadBytes}, 0 to 16384 (more than any one load: the whole held load through the kernel). */
     public static final String LEAD_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_MIB";
+    /** 0 or 1: {@link #leadPaced}. */
+    public static final String PACED_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_PACED";
 
     /** No lead ({@link #leadBytes} 0): a held load waits whole. */
     public LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine) {
-        this(groupBytes, lanes, kernelBlocks, copyEngine, 0);
+        this(groupBytes, lanes, kernelBlocks, copyEngine, 0, false);
+    }
+
+    /** A lead through the copy kernel ({@link #leadPaced} false). */
+    public LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean copyEngine, long leadBytes) {
+        this(groupBytes, lanes, kernelBlocks, copyEngine, leadBytes, false);
     }
 
     public LayerSplit {
@@ -76,7 +91,12 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
 
     /** This split with {@link #leadBytes} {@code bytes}. */
     public LayerSplit withLead(long bytes) {
-        return new LayerSplit(groupBytes, lanes, kernelBlocks, copyEngine, bytes);
+        return new LayerSplit(groupBytes, lanes, kernelBlocks, copyEngine, bytes, leadPaced);
+    }
+
+    /** This split with {@link #leadPaced} {@code paced}. */
+    public LayerSplit withLeadPaced(boolean paced) {
+        return new LayerSplit(groupBytes, lanes, kernelBlocks, copyEngine, leadBytes, paced);
     }
 
     /**
@@ -112,6 +132,12 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
 
     /** As {@link #fromEnvironment(String, String, String, String)}, with {@link #LEAD_ENV} (MiB). */
     public static LayerSplit fromEnvironment(String groupKib, String lanes, String kernelBlocks, String dma, String leadMib) {
+        return fromEnvironment(groupKib, lanes, kernelBlocks, dma, leadMib, null);
+    }
+
+    /** As {@link #fromEnvironment(String, String, String, String, String)}, with {@link #PACED_ENV} ({@code 0} or {@code 1}). */
+    public static LayerSplit fromEnvironment(String groupKib, String lanes, String kernelBlocks, String dma, String leadMib,
+            String paced) {
         long group = parse(groupKib, GROUP_ENV, 0, 1 << 20, PER_LAYER.groupBytes >> 10,
                 "KiB of each block's slots per group of a layer-wise load, 0 (one layer per group) to 1048576") << 10;
         long n = parse(lanes, LANES_ENV, 1, 16, PER_LAYER.lanes, "copy lanes a layer-wise load is dealt over, 1 to 16");
@@ -121,7 +147,9 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
                 "0 (the copy kernel reads the pool) or 1 (the copy engine moves every layer)");
         long lead = parse(leadMib, LEAD_ENV, 0, 16384, PER_LAYER.leadBytes >> 20,
                 "MiB of a held layer-wise load queued before its hold opens, 0 (none) to 16384") << 20;
-        return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1, lead);
+        long pace = parse(paced, PACED_ENV, 0, 1, PER_LAYER.leadPaced ? 1 : 0,
+                "0 (a held load's lead through the copy kernel) or 1 (its copy path, one group at a time)");
+        return new LayerSplit(group, (int) n, (int) blocks, copyEngine == 1, lead, pace == 1);
     }
 
     /**

@@ -281,15 +281,49 @@ class CudaBounceTest {
                 CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4)
                         .withLayerSplit(LayerSplit.fromEnvironment(null, null, null, null, "16384")))) {
             byte[] before = savedLayerMajor(engine, m, 18);
-            long bounced = engine.bouncedBytes();
-            java.util.concurrent.CompletableFuture<Void> go = new java.util.concurrent.CompletableFuture<>();
-            TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(go));
-            assertThat(load).as("done with its hold still closed").succeedsWithin(java.time.Duration.ofSeconds(20));
-            awaitEveryLayer(load);
-            assertThat(go).as("the hold never opened").isNotDone();
-            assertLoaded(before, m);
-            assertThat(engine.bouncedBytes()).as("the whole lead through the kernel, nothing on the copy engine").isEqualTo(bounced);
+            assertThat(wholeLeadWithItsHoldClosed(engine, before, m)).as("the whole lead through the kernel, nothing on the copy engine")
+                    .isZero();
         }
+    }
+
+    /**
+     * A paced lead of the whole load ({@code PEGAFLOW_CUDA_LAYER_LEAD_PACED=1}): the layers go
+     * through the copy engine, one at a time, and all land before the hold opens; with the hold
+     * opened while the lead still goes, the layers left are queued at once and every byte lands.
+     */
+    @Test
+    void aPacedLeadGoesThroughTheCopyEngineAndStopsPacingWhenItsHoldOpens() throws Exception {
+        Moves m = Moves.scattered(12);
+        long loadBytes = (long) m.dst.length * LAYERS * SEGMENTS * PIECE;
+        try (HostPool own = HostPool.anonymous(16L << 20); CudaTransferEngine engine = CudaTransferEngine.create(own,
+                CudaOptions.defaults().withRegisterChunk(4L << 20).withBounce(4L << 20, 4)
+                        .withLayerSplit(LayerSplit.fromEnvironment(null, null, null, null, "16384", "1")))) {
+            byte[] before = savedLayerMajor(engine, m, 19);
+            assertThat(wholeLeadWithItsHoldClosed(engine, before, m)).as("the whole lead through the copy engine").isEqualTo(loadBytes);
+
+            fillDevice(20);
+            java.util.concurrent.CompletableFuture<Void> open = new java.util.concurrent.CompletableFuture<>();
+            TransferFuture again = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(open));
+            open.complete(null);
+            awaitEveryLayer(again);
+            assertThat(again).succeedsWithin(java.time.Duration.ofSeconds(20));
+            assertLoaded(before, m);
+        }
+    }
+
+    /**
+     * {@code m}'s load held by a hold that never opens, on an engine whose lead covers all of it:
+     * done with the hold closed, every byte landed; returns the bytes it moved through the copy engine.
+     */
+    private long wholeLeadWithItsHoldClosed(CudaTransferEngine engine, byte[] before, Moves m) throws Exception {
+        long bounced = engine.bouncedBytes();
+        java.util.concurrent.CompletableFuture<Void> go = new java.util.concurrent.CompletableFuture<>();
+        TransferFuture load = engine.submit(layerMajor(CopyBatch.Direction.TO_DEVICE, m.dst, m.slots).holdUntil(go));
+        assertThat(load).as("done with its hold still closed").succeedsWithin(java.time.Duration.ofSeconds(20));
+        awaitEveryLayer(load);
+        assertThat(go).as("the hold never opened").isNotDone();
+        assertLoaded(before, m);
+        return engine.bouncedBytes() - bounced;
     }
 
     /** An engine over {@code own} with 4 MiB pinned chunks (16 blocks) and 1 MiB bounce slots. */

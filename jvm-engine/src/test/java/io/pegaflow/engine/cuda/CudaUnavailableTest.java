@@ -84,6 +84,11 @@ class CudaUnavailableTest {
                 .hasMessageContaining("PEGAFLOW_CUDA_LAYER_LEAD_MIB=16385").hasMessageContaining("0 (none) to 16384");
         assertThatThrownBy(() -> LayerSplit.PER_LAYER.withLead((16L << 30) + 1)).hasMessageContaining("expected 0 (none) to 16 GiB");
         assertThatThrownBy(() -> LayerSplit.PER_LAYER.withLead(-1)).hasMessageContaining("lead of -1 bytes");
+        assertThat(LayerSplit.fromEnvironment(null, null, null, null, "64", " 1 "))
+                .isEqualTo(LayerSplit.PER_LAYER.withLead(64L << 20).withLeadPaced(true));
+        assertThat(LayerSplit.fromEnvironment(null, null, null, null, "64", "0").leadPaced()).isFalse();
+        assertThatThrownBy(() -> LayerSplit.fromEnvironment(null, null, null, null, null, "on"))
+                .hasMessageContaining("PEGAFLOW_CUDA_LAYER_LEAD_PACED=on").hasMessageContaining("0 (a held load's lead through the copy kernel)");
     }
 
     @Test
