@@ -59,7 +59,7 @@ public record LayerSplit(long groupBytes, int lanes, int kernelBlocks, boolean c
     public static final String LANES_ENV = "PEGAFLOW_CUDA_LAYER_LANES";
     public static final String BLOCKS_ENV = "PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS";
     public static final String DMA_ENV = "PEGAFLOW_CUDA_LAYER_DMA";
-    /** MiB of {@link #leadBytes}, 0 to 16384 (more than any one load: the whole held load through the kernel). */
+    /** MiB of {@link #leadBytes}, 0 to 16384 (more than any one load: the whole held load ahead of its step). */
     public static final String LEAD_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_MIB";
     /** 0 or 1: {@link #leadPaced}. */
     public static final String PACED_ENV = "PEGAFLOW_CUDA_LAYER_LEAD_PACED";
