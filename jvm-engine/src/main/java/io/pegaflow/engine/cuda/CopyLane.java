@@ -242,8 +242,12 @@ final class CopyLane {
      * at once. Spins: the wait is one group's copy (about a millisecond at 16K tokens), and a
      * parked thread woken late would leave PCIe idle for longer than the copy engine needs.
      */
-    private static void paceLead(CopyBatch batch, long groupEvent) {
-        while (!batch.gateOpen() && !CudaDriver.eventQuery(groupEvent)) {
+    private void paceLead(CopyBatch batch, long groupEvent) {
+        while (!batch.gateOpen()) {
+            if (CudaDriver.eventQuery(groupEvent)) {
+                engine.countPaced();
+                return;
+            }
             Thread.onSpinWait();
         }
     }

@@ -76,6 +76,7 @@ public final class CudaTransferEngine implements TransferEngine {
             "0 (one listed copy per pool stretch) or 1 (pitched copies where stretches lie at one stride, the default)") == 1;
     private final Arena arena = Arena.ofShared();
     private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
+    private final java.util.concurrent.atomic.AtomicLong pacedGroups = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pitchedCopies = new java.util.concurrent.atomic.AtomicLong();
     private final BlockingQueue<CopyLane> saveLanes;
     private final BlockingQueue<CopyLane> loadLanes;
@@ -247,6 +248,18 @@ public final class CudaTransferEngine implements TransferEngine {
 
     void countBounced(long bytes) {
         bouncedBytes.addAndGet(bytes);
+    }
+
+    /**
+     * Groups of paced leads ({@link io.pegaflow.engine.transfer.LayerSplit#leadPaced}) queued only
+     * once the group before them landed, their hold still closed, since creation.
+     */
+    public long pacedGroups() {
+        return pacedGroups.get();
+    }
+
+    void countPaced() {
+        pacedGroups.incrementAndGet();
     }
 
     void countPitched() {

@@ -283,6 +283,7 @@ class CudaBounceTest {
             byte[] before = savedLayerMajor(engine, m, 18);
             assertThat(wholeLeadWithItsHoldClosed(engine, before, m)).as("the whole lead through the kernel, nothing on the copy engine")
                     .isZero();
+            assertThat(engine.pacedGroups()).as("a lead through the kernel is queued whole, not paced").isZero();
         }
     }
 
@@ -300,6 +301,7 @@ class CudaBounceTest {
                         .withLayerSplit(LayerSplit.fromEnvironment(null, null, null, null, "16384", "1")))) {
             byte[] before = savedLayerMajor(engine, m, 19);
             assertThat(wholeLeadWithItsHoldClosed(engine, before, m)).as("the whole lead through the copy engine").isEqualTo(loadBytes);
+            assertThat(engine.pacedGroups()).as("each layer after the first queued once the one before it landed").isEqualTo(LAYERS - 1);
 
             fillDevice(20);
             java.util.concurrent.CompletableFuture<Void> open = new java.util.concurrent.CompletableFuture<>();
