@@ -43,7 +43,9 @@ final class CopyBatches {
             }
         }
         long bytes = batch.totalBytes();
-        return transfer.submit(batch).thenApply(v -> bytes);
+        // an engine reads a batch only until its future completes (TransferEngine): then the
+        // batch's piece array goes back for the next one, before anyone waiting hears
+        return transfer.submit(batch).whenComplete((v, e) -> batch.release()).thenApply(v -> bytes);
     }
 
     /**
@@ -58,6 +60,7 @@ final class CopyBatches {
         LayerSplit split = transfer.layerSplit();
         int lanes = Math.max(1, Math.min(split.lanes(), worker.length));
         List<TransferFuture> submitted = new ArrayList<>(lanes);
+        List<CompletableFuture<Void>> ended = new ArrayList<>(lanes);
         long[] bytes = new long[lanes];
         try {
             for (int k = 0; k < lanes; k++) {
@@ -68,12 +71,14 @@ final class CopyBatches {
                 long t1 = System.nanoTime();
                 layered.built(t1 - t0);
                 if (batch.size() == 0) {
+                    batch.release();
                     continue;
                 }
                 bytes[k] = batch.totalBytes();
                 TransferFuture part = transfer.submit(batch);
                 layered.submitted(System.nanoTime() - t1);
                 submitted.add(part);
+                ended.add(part.whenComplete((v, e) -> batch.release())); // as in copy
                 layered.add(part, groups);
             }
         } catch (RuntimeException | Error e) {
@@ -87,7 +92,7 @@ final class CopyBatches {
             throw e;
         }
         long total = java.util.Arrays.stream(bytes).sum();
-        return CompletableFuture.allOf(submitted.toArray(CompletableFuture[]::new)).thenApply(v -> total);
+        return CompletableFuture.allOf(ended.toArray(CompletableFuture[]::new)).thenApply(v -> total);
     }
 
     /**

@@ -717,6 +717,43 @@ public abstract class BlockStoreContract {
     }
 
     /**
+     * A load whose batch is large enough for the kept piece arrays ({@link
+     * io.pegaflow.engine.transfer.PieceArrays}: 512 blocks of 3 layers, 3,072 pieces) hands the
+     * array back before its caller hears the copy ended, so the next load of that size takes it
+     * instead of allocating one (a 16K-token load's array is 1.5 MiB, which a young generation of
+     * a few MiB would collect every request or two); the reused array's old pieces never reach
+     * the copy: every block lands with its own bytes, layered and plain loads alike.
+     */
+    @Test
+    void aLargeLoadsPieceArrayGoesBackForTheNextLoad() {
+        engine = engine(config(2L << 20).build());
+        world = new KvWorld("inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 3, 1536, 256, 0);
+        world.register(engine);
+        byte[][] h = KvWorld.randomHashes(rnd, 512);
+        saveAll(h, 0);
+        for (int round = 0; round < 4; round++) {
+            long reused = io.pegaflow.engine.transfer.PieceArrays.reused();
+            long[] dst = new long[512];
+            int first = 512 + (round % 2) * 512; // the destinations move between rounds
+            Arrays.setAll(dst, i -> first + 511 - i);
+            QueryResult q = engine.query("inst", BlockHashes.of(h));
+            assertThat(q.hitBlocks()).isEqualTo(512);
+            CopyResult r = round < 2 ? engine.loadLayered("inst", 0, q.lease(), dst).result().join()
+                    : engine.load("inst", 0, q.lease(), dst).join();
+            assertThat(r.blocks()).isEqualTo(512);
+            if (round > 0) {
+                assertThat(io.pegaflow.engine.transfer.PieceArrays.reused() - reused)
+                        .as("round %d took the array the load before it gave back", round).isPositive();
+            }
+            for (int i = 0; i < 512; i++) {
+                assertThat(world.holdsPattern(dst[i], h[i])).as("round %d block %d", round, i).isTrue();
+            }
+        }
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+        verifyInvariants();
+    }
+
+    /**
      * A layered load through an engine that asks for layer groups of two layers' slots dealt
      * over two lanes ({@link TransferEngine#layerSplit}): five per-layer regions make groups
      * {0,1}, {2,3}, {4}, the first and last in one batch and the middle one in the other

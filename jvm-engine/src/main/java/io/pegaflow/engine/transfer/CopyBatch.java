@@ -30,7 +30,7 @@ public final class CopyBatch {
 
     public CopyBatch(Direction direction, int expectedPieces) {
         this.direction = direction;
-        pieces = new long[3 * Math.max(4, expectedPieces)];
+        pieces = PieceArrays.take(3 * Math.max(4, expectedPieces));
     }
 
     /** Adds one piece. {@code bytes} must be positive. */
@@ -39,8 +39,11 @@ public final class CopyBatch {
             throw new IllegalArgumentException("copy piece of " + bytes + " bytes; expected > 0");
         }
         int at = 3 * size;
-        if (at == pieces.length) {
-            pieces = Arrays.copyOf(pieces, 2 * at);
+        if (at + 3 > pieces.length) { // a kept array's length is a power of two, not a multiple of three
+            long[] grown = PieceArrays.take(2 * at + 3);
+            System.arraycopy(pieces, 0, grown, 0, at);
+            PieceArrays.give(pieces);
+            pieces = grown;
         }
         pieces[at] = device;
         pieces[at + 1] = hostOff;
@@ -51,6 +54,21 @@ public final class CopyBatch {
 
     public Direction direction() {
         return direction;
+    }
+
+    /**
+     * Once the batch's copies ended (its {@link TransferEngine#submit} future completed either
+     * way, or it was never submitted): a large batch's piece array goes back to {@link
+     * PieceArrays} for the next batch, and this batch can no longer be read (its pieces throw
+     * {@link NullPointerException}; its size, groups and bytes stay). A batch too small for
+     * the pool keeps its array and stays readable. Again: no effect.
+     */
+    public void release() {
+        long[] p = pieces;
+        if (p != null && PieceArrays.kept(p.length)) {
+            pieces = null;
+            PieceArrays.give(p);
+        }
     }
 
     /**

@@ -15,6 +15,9 @@ import io.pegaflow.engine.LayerRegion;
  *       has streams; a host engine has nothing to order against.</li>
  *   <li>Any thread may call {@link #submit}; batches submitted concurrently may run
  *       concurrently. Pieces of one batch never overlap each other.</li>
+ *   <li>An engine reads a batch only until the future {@link #submit} returned completes
+ *       (either way): then the caller may {@link CopyBatch#release} it, and its piece array
+ *       goes to the next batch.</li>
  *   <li>{@link #close()} waits for submitted batches to finish.</li>
  * </ul>
  */
