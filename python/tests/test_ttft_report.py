@@ -129,11 +129,24 @@ def test_profile_summary_reads_a_trace(tmp_path):
     c = s["load_copy_kernels"]
     assert (c["count"], c["first_launch"], c["first_start"], c["last_end"], c["busy_ms"]) == (3, 2.8, 3.0, 4.5, 1.5)
     assert c["streams"]["9"] == {"count": 2, "first_start": 3.0, "last_end": 4.5, "grids": [64, 128]}
-    assert s["load_memcpys"] == {"count": 4, "first_start": 2.0, "last_end": 5.25, "busy_ms": 1.0}
+    assert s["load_memcpys"] == {"count": 4, "first_start": 2.0, "last_end": 5.25, "busy_ms": 1.0,
+                                 "idle_gaps": [[2.25, 0.75], [3.25, 0.75], [4.25, 0.75]]}
     assert s["step_input_copies"] == {"count": 1, "max_wait_ms": 0.6, "worst_launched": 0.4, "total_wait_ms": 0.6}
     # the forward's thread only, before the first token's copy: 5, 6, 7, 90 us
     assert s["forward_launch_us"] == {"count": 4, "median": 7, "mean": 27.0}
     assert main([]) == 2
+
+
+def test_profile_summary_lists_where_the_loads_copy_engine_stood_idle():
+    """Gaps of 0.1 ms or more between the load's copies (overlapping copies merged), where they
+    began and how long: a paced lead's turn between layers, or its thread not queuing."""
+    from pegaflow.bench.profile_summary import idle_gaps
+
+    copies = [{"ts": 0.0, "dur": 150}, {"ts": 100.0, "dur": 100},  # overlapping: one stretch to 200 us
+              {"ts": 250.0, "dur": 100},  # 50 us later: too short to list
+              {"ts": 2750.0, "dur": 150}]  # 2.4 ms idle
+    assert idle_gaps(copies, lambda us: round(us / 1e3, 2)) == [[0.35, 2.4]]
+    assert idle_gaps([], lambda us: us) == []
 
 
 def test_profile_summary_times_the_first_tokens_copy_beside_a_save(tmp_path):
@@ -191,8 +204,9 @@ def test_profile_summary_places_the_hooks_in_vllms_step(tmp_path):
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
     r = summarize(str(path), layers=1)["step_ranges"]
-    assert r["vllm.schedule"] == {"count": 1, "first_start": 0.1, "last_end": 1.0, "total_ms": 0.9}
-    assert r["pegaflow.wait_for_layer_load"] == {"count": 2, "first_start": 1.7, "last_end": 1.87, "total_ms": 0.12}
+    assert r["vllm.schedule"] == {"count": 1, "first_start": 0.1, "last_end": 1.0, "total_ms": 0.9, "longest_ms": 0.9}
+    assert r["pegaflow.wait_for_layer_load"] == {"count": 2, "first_start": 1.7, "last_end": 1.87, "total_ms": 0.12,
+                                                 "longest_ms": 0.07}
     assert r["vllm.update_from_output"]["last_end"] == 3.9
     assert step_ranges(ev, None)["vllm.schedule"]["count"] == 1  # no token copy: the first update ends it
     assert step_ranges([e for e in ev if e["name"] != "vllm.update_from_output"], 3500.0) == {}

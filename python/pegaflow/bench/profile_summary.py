@@ -6,7 +6,7 @@ started, when the first token was copied to the host, and this project's load co
 (``pega_copy`` kernels: per CUDA stream, when they started and ended, and how long they ran), and
 when the thread that launched them made its first launch; the load's copy-engine copies
 (host-to-device ``gpu_memcpy`` records on streams other than the attention's, up to the first
-token's copy); the step's own host-to-device copies on the attention's stream (vLLM's inputs:
+token's copy), with the gaps where the copy engine stood idle between them (``idle_gaps``); the step's own host-to-device copies on the attention's stream (vLLM's inputs:
 how long the longest waited from its launch to its start); the decode steps after it (from one
 sampled-token copy to the host to the next: the step's length and how long the attention's stream
 ran kernels in it, medians); how long each kernel launch of the forward's thread took (median and mean in
@@ -90,7 +90,8 @@ def summarize(path: str, layers: int = 32) -> dict:
         if dma:
             out["load_memcpys"] = {"count": len(dma), "first_start": ms(min(e["ts"] for e in dma)),
                                    "last_end": ms(max(e["ts"] + e["dur"] for e in dma)),
-                                   "busy_ms": round(sum(e["dur"] for e in dma) / 1e3, 2)}
+                                   "busy_ms": round(sum(e["dur"] for e in dma) / 1e3, 2),
+                                   "idle_gaps": idle_gaps(dma, ms)}
         # the step's own host-to-device copies (vLLM's inputs, on the attention's stream): how long
         # each waited between its launch and its start; a load queued first on the copy engine
         # holds them, and the forward behind them (docs/gpu.md, "Loads started at allocation")
@@ -158,12 +159,30 @@ def summarize(path: str, layers: int = 32) -> dict:
     return out
 
 
+IDLE_GAP_US = 100
+
+
+def idle_gaps(copies: list, ms) -> list:
+    """Where the load's copy engine stood idle between its first copy and its last: each gap of
+    ``IDLE_GAP_US`` or more as [ms from the trace's start where it began, its ms]. Between the
+    layers of a paced lead a gap is the lane's turn (one layer landed, the next queued); a longer
+    one is the lane's thread not queuing (nineteenth GPU run: ~2.4 ms, once per warm request)."""
+    gaps = []
+    end = None
+    for e in sorted(copies, key=lambda e: e["ts"]):
+        if end is not None and e["ts"] - end >= IDLE_GAP_US:
+            gaps.append([ms(end), round((e["ts"] - end) / 1e3, 2)])
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+    return gaps
+
+
 def step_ranges(stamped: list, token_ts) -> dict:
     """The named ranges of the first step that produced a token (``vllm.*``: the engine step's
     parts the ttft worker wraps; ``pegaflow.*``: the connector's hooks), from the trace's start to
     the end of the first ``vllm.update_from_output`` after the token's copy (``token_ts``; without
     it, the first one): per name, how many, the first's start and the last's end (trace
-    microseconds) and the time in them (ms)."""
+    microseconds), the time in them and the longest one (ms: one ``wait_for_layer_load`` of
+    1.4 ms among 0.1-0.2 ms ones is vLLM's thread held while the lane's thread stood still)."""
     named = sorted((e for e in stamped if e.get("cat") == "user_annotation" and "dur" in e
                     and e.get("name", "").startswith(("vllm.", "pegaflow."))), key=lambda e: e["ts"])
     updates = [e for e in named if e["name"] == "vllm.update_from_output"]
@@ -176,10 +195,12 @@ def step_ranges(stamped: list, token_ts) -> dict:
     for e in named:
         if e["ts"] > end_ts:
             break
-        r = out.setdefault(e["name"], {"count": 0, "first_start": e["ts"], "last_end": e["ts"], "total_ms": 0.0})
+        r = out.setdefault(e["name"], {"count": 0, "first_start": e["ts"], "last_end": e["ts"], "total_ms": 0.0,
+                                       "longest_ms": 0.0})
         r["count"] += 1
         r["last_end"] = max(r["last_end"], e["ts"] + e["dur"])
         r["total_ms"] = round(r["total_ms"] + e["dur"] / 1e3, 3)
+        r["longest_ms"] = max(r["longest_ms"], round(e["dur"] / 1e3, 3))
     return out
 
 
