@@ -137,6 +137,23 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert main([]) == 2
 
 
+def test_a_failed_api_servers_excerpt_keeps_the_root_cause_above_its_end():
+    """vLLM's engine core prints the root cause, then the API server's own long traceback ends the
+    log ("See root cause above"): the excerpt keeps the first traceback's start and the end."""
+    from pegaflow.bench.openai_http import log_excerpt
+
+    cause = ("(EngineCore pid=7) Traceback (most recent call last):\n"
+             "(EngineCore pid=7) pegaflow.errors.InvalidArgumentError: the root cause\n")
+    api = "".join(f"(APIServer pid=6)   File \"x.py\", line {i}, in f\n" for i in range(200))
+    text = "INFO starting\n" + cause + "(APIServer pid=6) Traceback (most recent call last):\n" + api + \
+        "(APIServer pid=6) RuntimeError: Engine core initialization failed. See root cause above.\n"
+    out = log_excerpt(text)
+    assert out.startswith("(EngineCore pid=7) Traceback") and "the root cause" in out
+    assert out.endswith("See root cause above.\n")
+    short = "INFO\n" + cause
+    assert log_excerpt(short) == short  # all of it is the tail already: nothing twice
+
+
 def test_profile_summary_lists_where_the_loads_copy_engine_stood_idle():
     """Gaps of 0.1 ms or more between the load's copies (overlapping copies merged), where they
     began and how long: a paced lead's turn between layers, or its thread not queuing."""

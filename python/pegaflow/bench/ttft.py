@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import socket
 import statistics
 import subprocess
@@ -267,7 +268,9 @@ def split_key(key: str) -> tuple[str, int]:
 
 
 def load_test(systems: Systems, system: str, args, model: str, timeout: float) -> dict:
-    """``--load-requests`` requests through vLLM's OpenAI server, ``--concurrency`` at a time."""
+    """``--load-requests`` requests through vLLM's OpenAI server, ``--concurrency`` at a time. The
+    server's whole log is kept beside the report (``<report>-<system>.api.log``): in the nineteenth
+    GPU run a server that did not start left only the end of its traceback, not the cause."""
     kv, stop = systems.start(system)
     port = _free_port()
     log = systems.work / f"{system}.api.log"
@@ -318,6 +321,10 @@ def load_test(systems: Systems, system: str, args, model: str, timeout: float) -
         except subprocess.TimeoutExpired:
             proc.kill()
         stop()
+        try:  # the whole log beside the report: the work folder goes at the run's end
+            shutil.copyfile(log, Path(args.json).with_name(f"{Path(args.json).stem}-{system}.api.log"))
+        except OSError:
+            pass
 
 
 def cold_start(args, work: Path, spec: dict, length: int) -> dict:
@@ -631,7 +638,7 @@ def main(argv: list[str]) -> int:
                 try:
                     results[key]["load"] = load_test(systems, system, args, model, args.timeout)
                 except (RuntimeError, OSError) as e:
-                    results[key]["load"] = {"error": str(e)[-2000:]}
+                    results[key]["load"] = {"error": str(e)[-8000:]}  # the API server's first traceback and its end
             # what is measured so far survives a run cut short
             partial = Path(args.json).with_suffix(".partial.json")
             partial.parent.mkdir(parents=True, exist_ok=True)
