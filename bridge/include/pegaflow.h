@@ -275,7 +275,11 @@ typedef struct pegaflow_api {
     int32_t (*worker_await_preempted)(int64_t worker, const uint8_t *plan, int64_t len);
     /* get_finished: lines "S <id>" (saves done) and "R <id>" (load done) into buf. When they
        do not fit (PF_INVALID_ARGUMENT, *out_len set) they are kept for the next call. A
-       request whose load failed in any group also has a line "F <id>" (since ABI 4). */
+       request whose load failed in any group also has a line "F <id>" (since ABI 4). Last,
+       "I -" when nothing is left for a later call to report as of this one (no load in
+       flight, no finished request's saves pending): until the host starts loads or passes
+       finished ids again it may skip the call (since ABI 9's later builds; a host ignores
+       lines of letters it does not know). */
     int32_t (*worker_get_finished)(int64_t worker, const char *finished_ids, char *buf, int32_t cap,
                                    int32_t *out_len);
     /* get_block_ids_with_load_errors: drains the failed destination block ids. */

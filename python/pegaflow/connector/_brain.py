@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import array
 import ctypes
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from ctypes import c_int32, c_int64
@@ -39,6 +40,28 @@ def _tables(tables: Sequence[Sequence[int]]) -> tuple[array.array, array.array, 
     return ids, array.array("q", (len(t) for t in tables)), len(tables)
 
 
+class CountersDue:
+    """Whether a side's counters are worth reading from the JVM: after something that may have
+    moved them (``mark``), or once ``EVERY_NS`` passed since the last read all the same (copies
+    end on the store's threads); a decode step that loads and saves nothing reads none."""
+
+    EVERY_NS = 250_000_000
+
+    def __init__(self):
+        self.due, self.at = True, 0
+
+    def mark(self) -> None:
+        self.due = True
+
+    def take(self) -> bool:
+        """True (and the next read is not due) when a read is due now."""
+        now = time.monotonic_ns()
+        if not self.due and now - self.at < self.EVERY_NS:
+            return False
+        self.due, self.at = False, now
+        return True
+
+
 class SchedulerBrain:
     def __init__(self, link_handle: int, groups: Sequence[Group], block_size: int, load_enabled: bool,
                  wait_full_prefix: bool = False, in_step: bool = False, at_alloc: bool = False,
@@ -66,12 +89,20 @@ class SchedulerBrain:
                            ctypes.byref(out))
         self.handle: int | None = out.value
         self._buf = ctypes.create_string_buffer(1 << 16)
+        # Whether a call since the last build_plan / stats may have changed what they return:
+        # without one, a decode step's plan is empty and the counters are as they were, and the
+        # step makes neither call into the JVM (docs/benchmarks/README.md, "Calls into the JVM
+        # per step"). The counters are read
+        # at least every STATS_EVERY_NS all the same.
+        self._plan_due = True
+        self._counts = CountersDue()
 
     def lookup(self, req_id: str, hashes: Sequence[bytes], num_tokens: int, num_computed: int,
                tail_tokens: Sequence[int] | None = None) -> int:
         """The hit in tokens (-1: "not yet"). ``tail_tokens``: the prompt's tokens after its full
         blocks ``hashes``, for P/D's tail flow (the brain derives the tail's key and answers
         every prompt token but the last when the hit reaches it)."""
+        self._changed()
         packed, n, length = _hashes(hashes)
         out = c_int64()
         if tail_tokens is None:
@@ -86,9 +117,15 @@ class SchedulerBrain:
     STATS = ("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "lookup_failures", "wait_timeouts",
              "prefix_waits", "hit_shrinks")
 
+    def _changed(self) -> None:
+        self._plan_due = True
+        self._counts.mark()
+
     def stats(self) -> dict[str, int]:
-        """The brain's counters since the last call (``STATS``, SchedulerSide.STAT_* order); none once closed."""
-        if self.handle is None:
+        """The brain's counters since the last call (``STATS``, SchedulerSide.STAT_* order); none once
+        closed, and none without a call into the JVM while no call since the last one could have
+        changed them (lookups, allocations, schedules, ends; ``CountersDue``)."""
+        if self.handle is None or not self._counts.take():
             return {}
         buf, count = (c_int64 * len(self.STATS))(), c_int32()
         self._api.call("sched_stats", self.handle, buf, len(buf), ctypes.byref(count))
@@ -96,6 +133,7 @@ class SchedulerBrain:
 
     def after_alloc(self, req_id: str, tables: Sequence[Sequence[int]], num_external_tokens: int) -> None:
         """``tables``: the request's block table of each KV-cache group."""
+        self._changed()
         ids, counts, n = _tables(tables)
         self._api.call("sched_after_alloc", self.handle, req_id.encode(), ids.buffer_info()[0], counts.buffer_info()[0],
                        n, num_external_tokens)
@@ -103,15 +141,22 @@ class SchedulerBrain:
     def schedule(self, req_id: str, hashes: Sequence[bytes], hash_offset: int, new_block_ids: Sequence[Sequence[int]],
                  resumed: bool, num_computed: int, num_scheduled: int) -> None:
         """``new_block_ids``: each KV-cache group's new block ids (its whole table when resumed)."""
+        self._changed()
         packed, n, length = _hashes(hashes)
         ids, counts, n_groups = _tables(new_block_ids)
         self._api.call("sched_schedule", self.handle, req_id.encode(), packed, n, length, hash_offset,
                        ids.buffer_info()[0], counts.buffer_info()[0], n_groups, int(resumed), num_computed, num_scheduled)
 
     def preempted(self, req_id: str) -> None:
+        self._changed()
         self._api.call("sched_preempted", self.handle, req_id.encode())
 
     def build_plan(self) -> bytes:
+        """This step's plan for the workers; empty, without a call into the JVM, when no call since
+        the last plan could have added to it (a decode step inside a block)."""
+        if not self._plan_due:
+            return b""
+        self._plan_due = False
         size = c_int64()
         try:
             self._api.call("sched_build_plan", self.handle, self._buf, len(self._buf), ctypes.byref(size))
@@ -123,6 +168,7 @@ class SchedulerBrain:
         return self._buf.raw[: size.value]
 
     def request_finished(self, req_id: str) -> bool:
+        self._changed()
         hold = c_int32()
         self._api.call("sched_request_finished", self.handle, req_id.encode(), ctypes.byref(hold))
         return bool(hold.value)
@@ -130,12 +176,14 @@ class SchedulerBrain:
     def failed_blocks(self, block_ids: Iterable[int]) -> None:
         ids, address, n = _ids(block_ids)
         if n:
+            self._changed()
             self._api.call("sched_failed_blocks", self.handle, address, n)
 
     def finished(self, sending: Iterable[str] | None, recving: Iterable[str] | None,
                  failed: Iterable[str] | None = None) -> None:
         s, r, f = ("\n".join(ids or ()) for ids in (sending, recving, failed))
         if s or r or f:
+            self._changed()
             self._api.call("sched_finished", self.handle, s.encode(), r.encode(), f.encode())
 
     def close(self) -> None:
@@ -153,6 +201,7 @@ class WorkerBrain:
         self._text = ctypes.create_string_buffer(1 << 14)
         self._errors = (c_int64 * 1024)()
         self._stats = (c_int64 * len(self.STATS))()
+        self.idle = False  # the last get_finished's "I" line: nothing left for a later call (WorkerSide.idle)
 
     def warm_up(self, block_size: int) -> bool:
         """Starts the process's warm-up of the request path (lookups, plans, in-step loads) on a
@@ -193,9 +242,12 @@ class WorkerBrain:
                 raise
             self._text = ctypes.create_string_buffer(size.value * 2 + 1)  # the results were kept for this call
             self._api.call("worker_get_finished", self.handle, b"", self._text, len(self._text), ctypes.byref(size))
-        out: dict[str, set[str]] = {"S": set(), "R": set(), "F": set()}
+        out: dict[str, set[str]] = {"S": set(), "R": set(), "F": set(), "I": set()}
         for line in self._text.value.decode().splitlines():
-            out[line[0]].add(line[2:])
+            out.setdefault(line[0], set()).add(line[2:])
+        # "I": nothing is left for a later call to report (WorkerSide.idle); a jar without the
+        # line never says so, and every step asks
+        self.idle = bool(out["I"])
         return out["S"], out["R"], out["F"]
 
     def load_errors(self) -> set[int]:

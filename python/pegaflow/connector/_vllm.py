@@ -486,7 +486,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         and this side's time in its hooks (this call's own until here included)."""
         began = time.perf_counter_ns()
         if self._worker is not None and self._worker.brain is not None:
-            data = self._worker.brain.stats()
+            data = self._worker.stats()
             if self._alloc_gap[0]:
                 data["alloc_to_load_starts"], data["alloc_to_load_ns"] = self._alloc_gap
                 self._alloc_gap = [0, 0]

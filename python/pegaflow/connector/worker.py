@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from ..errors import InvalidArgumentError, PegaflowError
 from . import _groups, _layout, _runtime
-from ._brain import Group, WorkerBrain
+from ._brain import CountersDue, Group, WorkerBrain
 from ._keys import lookup_warm_up_enabled
 from .settings import Settings
 
@@ -63,6 +63,13 @@ class WorkerCore:
         # get_finished that reported a failed load ("F") puts any there (WorkerSide), so a
         # decode step asks nothing (one call into the JVM less per step)
         self._errors_possible = False
+        # whether a get_finished without finished ids can report anything: until the store says
+        # it is idle (no load in flight, no finished request's saves pending), and again once a
+        # plan starts loads; a decode step then makes no call (docs/benchmarks, "Calls into the JVM per step")
+        self._pending = True
+        # the store's counters are read after a plan with loads or saves or a get_finished that
+        # asked (copies end on the store's threads: what they count is read then, or later)
+        self._counts = CountersDue()
         self._layer_index: dict[str, int] = {}  # vLLM layer name -> its region's index (group 0)
 
     def register(self, kv_caches: dict, num_blocks: int, mla: bool, facts: dict, tp_rank: int = 0, tp_size: int = 1,
@@ -141,6 +148,8 @@ class WorkerCore:
         if self.brain is not None and plan and self.load_enabled:
             self.step_loads = self.brain.start_loads(plan)
             self._errors_possible |= self.step_loads > 0
+            self._pending = True  # its asynchronous loads, if any, are reported by a later get_finished
+            self._counts.mark()
 
     def wait_layer(self, layer_name: str) -> None:
         """Before layer ``layer_name`` reads its KV: the current CUDA stream (or this thread, for
@@ -156,12 +165,20 @@ class WorkerCore:
         CUDA stream (the KV writes), so it never copies a half-written block."""
         if self.brain is not None and plan and self.save_enabled:
             self.brain.submit_saves(plan, self._stream_of() if self._stream_of else 0)
+            self._counts.mark()
 
     def get_finished(self, finished_req_ids: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
-        """(saves done, loads done, loads of those that failed)."""
+        """(saves done, loads done, loads of those that failed). No call into the store while it
+        said it is idle and nothing came since: no finished ids, no in-step loads, no plan that
+        started loads (``_pending``)."""
         if self.brain is None:
             return set(), set(), set()
-        sending, recving, failed = self.brain.get_finished(finished_req_ids)
+        finished = list(finished_req_ids or ())
+        if not finished and not self.step_loads and not self._pending:
+            return set(), set(), set()
+        sending, recving, failed = self.brain.get_finished(finished)
+        self._pending = not getattr(self.brain, "idle", False)
+        self._counts.mark()
         self._errors_possible |= bool(failed)
         return sending, recving, failed
 
@@ -179,6 +196,14 @@ class WorkerCore:
             if time.monotonic() > end:
                 raise TimeoutError(f"{kind} {req} not reported in {timeout_s} s")
             time.sleep(0.0002)
+
+    def stats(self) -> dict[str, int]:
+        """The store's counters of this worker since the last read (vLLM's connector stats); {}
+        without a call into the JVM while nothing since the last read could have moved them
+        (``CountersDue``: a decode step that loads and saves nothing)."""
+        if self.brain is None or not self._counts.take():
+            return {}
+        return self.brain.stats()
 
     def load_errors(self) -> set[int]:
         """Block ids whose load failed since the last call (vLLM recomputes them)."""

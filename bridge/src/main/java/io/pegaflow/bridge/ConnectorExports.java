@@ -261,28 +261,39 @@ final class ConnectorExports {
         return guard(() -> workerSide(worker).awaitPreempted(bytes(plan, len, "plan")));
     }
 
+    /** The last line of a {@link #pfWorkerGetFinished} answer when the worker is {@link WorkerSide#idle}. */
+    private static final byte[] IDLE_LINE = "I -\n".getBytes(StandardCharsets.UTF_8);
+
     /**
      * {@code finished}: ids vLLM finished this step ('\n'-separated). Writes lines "S <id>"
-     * (saves done: free the blocks) and "R <id>" (load done) into {@code buf}; *out_len is
-     * the text's length (it is kept for the next call when it does not fit).
+     * (saves done: free the blocks), "R <id>" (load done) and "F <id>" (that load failed) into
+     * {@code buf}, then "I -" when nothing is left for a later call to report ({@link
+     * WorkerSide#idle}, as of this call); *out_len is the text's length (the results are kept
+     * for the next call when they do not fit, and its "I" line is that call's).
      */
     static int pfWorkerGetFinished(long worker, MemorySegment finished, MemorySegment buf, int cap, MemorySegment outLen) {
         return guard(() -> {
+            WorkerSide side = workerSide(worker);
             byte[] text = UNREAD_FINISHED.remove(worker);
             if (text == null) {
-                WorkerSide.Finished f = workerSide(worker).getFinished(lines(finished, "finished"));
+                WorkerSide.Finished f = side.getFinished(lines(finished, "finished"));
                 StringBuilder sb = new StringBuilder();
                 f.sending().forEach(id -> sb.append("S ").append(id).append('\n'));
                 f.recving().forEach(id -> sb.append("R ").append(id).append('\n'));
                 f.failed().forEach(id -> sb.append("F ").append(id).append('\n'));
                 text = sb.toString().getBytes(StandardCharsets.UTF_8);
             } else {
-                workerSide(worker).noteFinished(lines(finished, "finished")); // results are taken on the next call
+                side.noteFinished(lines(finished, "finished")); // results are taken on the next call
             }
-            if (cap <= text.length) {
+            byte[] out = text;
+            if (side.idle()) {
+                out = java.util.Arrays.copyOf(text, text.length + IDLE_LINE.length);
+                System.arraycopy(IDLE_LINE, 0, out, text.length, IDLE_LINE.length);
+            }
+            if (cap <= out.length) {
                 UNREAD_FINISHED.put(worker, text); // returned by the next call, with a larger buffer
             }
-            putText(text, buf, cap, outLen, "finished list");
+            putText(out, buf, cap, outLen, "finished list");
         });
     }
 

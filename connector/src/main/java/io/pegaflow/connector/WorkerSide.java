@@ -507,6 +507,17 @@ public final class WorkerSide {
         return new Finished(sending, recving, failedLoads);
     }
 
+    /**
+     * Whether a later {@link #getFinished} without new finished requests can report nothing: no
+     * in-step load of a step, no load in flight, no request vLLM finished whose saves are still
+     * to be reported. The Python worker then skips that call on the steps after, until it starts
+     * loads or vLLM finishes a request (a call into the JVM inside vLLM's step costs far more than
+     * outside one: docs/benchmarks/README.md, "Calls into the JVM per step").
+     */
+    public boolean idle() {
+        return stepLoads.isEmpty() && loads.isEmpty() && finishedByVllm.isEmpty();
+    }
+
     /** Records requests vLLM finished, whose saves {@link #getFinished} reports once done. */
     public void noteFinished(List<String> finishedRequestIds) {
         finishedByVllm.addAll(finishedRequestIds);

@@ -240,10 +240,15 @@ class ConnectorBrainTest {
     @Test
     void coldThenWarmLoadsTheSavedBytesIntoOtherBlocks() throws Exception {
         BlockHashes h = hashes(4);
+        assertThat(worker.idle()).as("a new worker has nothing to report").isTrue();
         runCold("cold", h, 4 * BLOCK + 3, 0);
         byte[][] saved = {block(0), block(1), block(2), block(3)};
+        assertThat(worker.idle()).as("a running request's saves are reported once vLLM finished it").isTrue();
         assertThat(sched.requestFinished("cold")).as("blocks held until the save is done").isTrue();
-        assertThat(finishedSendingAfter(List.of("cold"))).containsExactly("cold");
+        worker.noteFinished(List.of("cold"));
+        assertThat(worker.idle()).as("finished, its saves to be reported: not idle").isFalse();
+        assertThat(finishedSendingAfter(List.of())).containsExactly("cold");
+        assertThat(worker.idle()).as("reported: idle again").isTrue();
         sched.finished(List.of("cold"), List.of());
         assertThat(sched.trackedRequests()).isZero();
 
@@ -263,8 +268,10 @@ class ConnectorBrainTest {
         byte[] plan = sched.buildPlan();
         assertThat(StepPlan.decode(plan).loads()).hasSize(1);
         worker.startLoads(plan);
+        assertThat(worker.idle()).as("a load in flight: a later get_finished reports it").isFalse();
         List<String> recving = recvingAfter(List.of(), new ArrayList<>());
         assertThat(recving).containsExactly("warm");
+        assertThat(worker.idle()).isTrue();
         assertThat(worker.drainLoadErrors()).isEmpty();
         for (int i = 0; i < 4; i++) {
             assertThat(block(20 + i)).as("block %d", i).isEqualTo(saved[i]);
