@@ -92,8 +92,7 @@ class SchedulerBrain:
         # Whether a call since the last build_plan / stats may have changed what they return:
         # without one, a decode step's plan is empty and the counters are as they were, and the
         # step makes neither call into the JVM (docs/benchmarks/README.md, "Calls into the JVM
-        # per step"). The counters are read
-        # at least every STATS_EVERY_NS all the same.
+        # per step"; the counters are read now and then all the same: CountersDue).
         self._plan_due = True
         self._counts = CountersDue()
 
