@@ -720,8 +720,8 @@ public abstract class BlockStoreContract {
      * A load whose batch is large enough for the kept piece arrays ({@link
      * io.pegaflow.engine.transfer.PieceArrays}: 512 blocks of 3 layers, 3,072 pieces) hands the
      * array back before its caller hears the copy ended, so the next load of that size takes it
-     * instead of allocating one (a 16K-token load's array is 1.5 MiB, which a young generation of
-     * a few MiB would collect every request or two); the reused array's old pieces never reach
+     * instead of allocating one (a 16K-token load's array would otherwise fill a small young
+     * generation within a request or two); the reused array's old pieces never reach
      * the copy: every block lands with its own bytes, layered and plain loads alike.
      */
     @Test

@@ -6,12 +6,12 @@ import java.util.concurrent.atomic.AtomicLong;
 /**
  * Piece arrays of large copy batches ({@link CopyBatch}), handed back once a batch's copies
  * ended ({@link CopyBatch#release}) and given to the next batch of that size. A warm 16K-token
- * load of a Llama-3.1-8B-shaped model lists 65,536 pieces: 1.5 MiB of longs per request, and
- * its save as much. Allocated anew each time, that array alone filled the young generation of
- * the JVM inside vLLM's process (whose heap starts at 16 MiB, docs/bridge.md) every request or
- * two, and each collection stops every Java thread for its length: the copy lane's thread
- * between the layers it queues, vLLM's thread in {@code wait_for_layer_load}
- * (docs/benchmarks/README.md, nineteenth GPU run).
+ * load of a Llama-3.1-8B-shaped model lists 65,536 pieces, three longs each, and its save as
+ * many. Allocated anew each time, that array alone filled the small young generation of the JVM
+ * inside vLLM's process (its heap starts small, docs/bridge.md) within a request or two, and
+ * each collection stops every Java thread for its length: the copy lane's thread between the
+ * layers it queues, vLLM's thread in {@code wait_for_layer_load} (docs/benchmarks/README.md, the
+ * nineteenth GPU run and the probe's figures under "JMH micro-benchmarks").
  *
  * <p>Arrays of {@link #MIN_LONGS} longs or more are kept by power-of-two length, at most
  * {@link #PER_LENGTH} of each and {@link #MAX_KEPT_BYTES} together; smaller batches allocate
