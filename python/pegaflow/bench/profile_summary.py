@@ -166,7 +166,7 @@ def idle_gaps(copies: list, ms) -> list:
     """Where the load's copy engine stood idle between its first copy and its last: each gap of
     ``IDLE_GAP_US`` or more as [ms from the trace's start where it began, its ms]. Between the
     layers of a paced lead a gap is the lane's turn (one layer landed, the next queued); a longer
-    one is the lane's thread not queuing (nineteenth GPU run: ~2.4 ms, once per warm request)."""
+    one is the lane's thread not queuing (docs/benchmarks/README.md, nineteenth GPU run)."""
     gaps = []
     end = None
     for e in sorted(copies, key=lambda e: e["ts"]):
@@ -181,8 +181,8 @@ def step_ranges(stamped: list, token_ts) -> dict:
     parts the ttft worker wraps; ``pegaflow.*``: the connector's hooks), from the trace's start to
     the end of the first ``vllm.update_from_output`` after the token's copy (``token_ts``; without
     it, the first one): per name, how many, the first's start and the last's end (trace
-    microseconds), the time in them and the longest one (ms: one ``wait_for_layer_load`` of
-    1.4 ms among 0.1-0.2 ms ones is vLLM's thread held while the lane's thread stood still)."""
+    microseconds), the time in them and the longest one (ms: one ``wait_for_layer_load`` far
+    longer than the others is vLLM's thread held while the lane's thread stood still)."""
     named = sorted((e for e in stamped if e.get("cat") == "user_annotation" and "dur" in e
                     and e.get("name", "").startswith(("vllm.", "pegaflow."))), key=lambda e: e["ts"])
     updates = [e for e in named if e["name"] == "vllm.update_from_output"]
