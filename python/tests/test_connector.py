@@ -128,6 +128,31 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert all(r.data["scheduler_hook_ns"] > 0 for r in reports if r is not None) and worker_side["worker_hook_ns"] > 0
 
 
+def test_decode_steps_ask_the_store_nothing_once_it_said_it_is_idle(engines):
+    """Through the C ABI: worker_get_finished ends its answer with "I -" once nothing is left to
+    report (no load in flight, no finished request's saves pending), and the worker's decode steps
+    then make no get_finished call until vLLM finishes the request; the answer and the saves are
+    the same as ever, and the scheduler side plans no empty step in the JVM either."""
+    p = prompt(9, 40)
+    e = engines("idle")
+    worker, sched = e.ranks[0].connector._worker.brain, e.scheduler.connector._scheduler.brain
+    asked, planned = [], []
+    get_finished, build_plan = worker.get_finished, sched._api.call
+    worker.get_finished = lambda ids: asked.append(list(ids)) or get_finished(ids)
+    sched._api.call = lambda name, *a: (planned.append(name) if name == "sched_build_plan" else None) or build_plan(name, *a)
+    e.add("r", p, max_tokens=24)
+    e.run()
+    e.assert_drained()
+    assert e.outputs["r"] == baseline(p, 24)[0]
+    steps = e.ranks[0].connector.get_kv_connector_stats().data["worker_steps"]
+    assert worker.idle, "the last answer said nothing is left"
+    assert ["r"] in asked, "the step that finished the request asked (its saves were pending)"
+    assert 0 < len(asked) < steps / 2, f"{len(asked)} get_finished calls in {steps} steps"
+    assert 0 < len(planned) < steps / 2, f"{len(planned)} plans built in the JVM in {steps} steps"
+    # the saves landed: every full block of the prompt and the 23 tokens computed after it
+    assert store_stats(e)["pegaflow_cache_resident_blocks"] == (40 + 24 - 1) // 16
+
+
 def test_kv_transfer_params_turn_a_requests_saves_and_loads_off_or_cap_them(engines, caplog):
     """kv_transfer_params {"pegaflow": {...}}: save false stores nothing, save_max_tokens stores
     only the blocks before the cap, load false computes a stored prefix; bad values are logged

@@ -2,9 +2,10 @@
 start with this folder first on PYTHONPATH and CALLSTATS set (a folder): at exit each process
 writes ``calls-<pid>.txt``, a line per call name (and whether it ran on the main thread): count,
 mean, p50, p90 and max in microseconds. A probe for where a vLLM step's time in the connector goes
-(docs/benchmarks/README.md, "Calls into the JVM per step"), e.g. on the build VM:
+(docs/benchmarks/README.md, "Calls into the JVM per step"), e.g. on the build VM, with absolute
+paths (the ttft worker runs in a folder of its own):
 
-  CALLSTATS=/tmp/calls PYTHONPATH=bench/probe/callstats:python VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
+  CALLSTATS=/tmp/calls PYTHONPATH=$PWD/bench/probe/callstats:$PWD/python VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
     <ci clone>/.venv-cpu-0.32/bin/python -m pegaflow.cli ttft --model <ci clone>/out/tiny-llama ...
 
 Without CALLSTATS it changes nothing.

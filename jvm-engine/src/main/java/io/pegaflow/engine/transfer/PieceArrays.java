@@ -60,7 +60,8 @@ public final class PieceArrays {
     /** Keeps {@code array} for a later {@link #take} where its length is one kept and there is room; else drops it. */
     static void give(long[] array) {
         int n = array.length;
-        if (n < MIN_LONGS || n > MAX_LONGS || Integer.bitCount(n) != 1) {
+        int shift = shiftFor(n);
+        if (shift < 0 || n != 1 << shift) { // only the lengths take hands out
             return;
         }
         long bytes = 8L * n;
@@ -68,7 +69,7 @@ public final class PieceArrays {
             KEPT_BYTES.addAndGet(-bytes);
             return;
         }
-        if (!FREE[Integer.numberOfTrailingZeros(n) - MIN_SHIFT].offer(array)) {
+        if (!FREE[shift - MIN_SHIFT].offer(array)) {
             KEPT_BYTES.addAndGet(-bytes);
         }
     }
