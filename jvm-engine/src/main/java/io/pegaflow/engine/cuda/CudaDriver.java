@@ -138,13 +138,7 @@ public final class CudaDriver {
         }
 
         static int call(MethodHandle h, String what, Object... args) {
-            try {
-                return (int) h.invokeWithArguments(args);
-            } catch (RuntimeException | Error e) {
-                throw e;
-            } catch (Throwable t) {
-                throw new CudaException(what + " could not be called: " + t, t);
-            }
+            return Downcall.boxed(h, what, args);
         }
     }
 
@@ -261,15 +255,25 @@ public final class CudaDriver {
             throw new CudaException("cuMemcpyBatchAsync is not in this CUDA driver (" + driverVersion() + "; needs 12.8)", -1);
         }
         int rc = Batch.FAIL_IDX
-                ? invoke(Batch.FN, "cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attrIdx, 1L, failIdx, stream)
-                : invoke(Batch.FN, "cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attrIdx, 1L, stream);
-        check(rc, "cuMemcpyBatchAsync(count=" + count + ")");
+                ? Downcall.call(Batch.FN, "cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attrIdx, 1L, failIdx, stream)
+                : Downcall.call(Batch.FN, "cuMemcpyBatchAsync", dsts, srcs, sizes, count, attrs, attrIdx, 1L, stream);
+        if (rc != 0) {
+            throw failure(rc, "cuMemcpyBatchAsync(count=" + count + ")");
+        }
     }
 
     private static void check(int rc, String call) {
         if (rc != 0) {
-            throw new CudaException(call + " failed: " + errorText(rc), rc);
+            throw failure(rc, call);
         }
+    }
+
+    /**
+     * The exception of a failed call. Calls made per copy test {@code rc} themselves and build
+     * {@code call}'s text only on failure (through {@link Downcall}, which allocates nothing).
+     */
+    private static CudaException failure(int rc, String call) {
+        return new CudaException(call + " failed: " + errorText(rc), rc);
     }
 
     /** Callers have run {@link #ensureLoaded()} before naming a handle of {@code B}. */
@@ -373,7 +377,10 @@ public final class CudaDriver {
 
     public static void ctxSetCurrent(long ctx) {
         ensureLoaded();
-        check(invoke(B.cuCtxSetCurrent, "cuCtxSetCurrent", ctx), "cuCtxSetCurrent(ctx=0x" + Long.toHexString(ctx) + ")");
+        int rc = Downcall.call(B.cuCtxSetCurrent, "cuCtxSetCurrent", ctx);
+        if (rc != 0) {
+            throw failure(rc, "cuCtxSetCurrent(ctx=0x" + Long.toHexString(ctx) + ")");
+        }
     }
 
     // ---------------------------------------------------------------- streams and events
@@ -394,14 +401,19 @@ public final class CudaDriver {
 
     public static void streamSynchronize(long stream) {
         ensureLoaded();
-        check(invoke(B.cuStreamSynchronize, "cuStreamSynchronize", stream), "cuStreamSynchronize(stream=0x" + Long.toHexString(stream) + ")");
+        int rc = Downcall.call(B.cuStreamSynchronize, "cuStreamSynchronize", stream);
+        if (rc != 0) {
+            throw failure(rc, "cuStreamSynchronize(stream=0x" + Long.toHexString(stream) + ")");
+        }
     }
 
     /** Makes {@code stream} wait for the work captured by {@code event} (no host blocking). */
     public static void streamWaitEvent(long stream, long event) {
         ensureLoaded();
-        check(invoke(B.cuStreamWaitEvent, "cuStreamWaitEvent", stream, event, 0),
-                "cuStreamWaitEvent(stream=0x" + Long.toHexString(stream) + ", event=0x" + Long.toHexString(event) + ")");
+        int rc = Downcall.call(B.cuStreamWaitEvent, "cuStreamWaitEvent", stream, event, 0);
+        if (rc != 0) {
+            throw failure(rc, "cuStreamWaitEvent(stream=0x" + Long.toHexString(stream) + ", event=0x" + Long.toHexString(event) + ")");
+        }
     }
 
     public static long eventCreate(int flags) {
@@ -420,23 +432,30 @@ public final class CudaDriver {
 
     public static void eventRecord(long event, long stream) {
         ensureLoaded();
-        check(invoke(B.cuEventRecord, "cuEventRecord", event, stream),
-                "cuEventRecord(event=0x" + Long.toHexString(event) + ", stream=0x" + Long.toHexString(stream) + ")");
+        int rc = Downcall.call(B.cuEventRecord, "cuEventRecord", event, stream);
+        if (rc != 0) {
+            throw failure(rc, "cuEventRecord(event=0x" + Long.toHexString(event) + ", stream=0x" + Long.toHexString(stream) + ")");
+        }
     }
 
     public static void eventSynchronize(long event) {
         ensureLoaded();
-        check(invoke(B.cuEventSynchronize, "cuEventSynchronize", event), "cuEventSynchronize(event=0x" + Long.toHexString(event) + ")");
+        int rc = Downcall.call(B.cuEventSynchronize, "cuEventSynchronize", event);
+        if (rc != 0) {
+            throw failure(rc, "cuEventSynchronize(event=0x" + Long.toHexString(event) + ")");
+        }
     }
 
     /** True when the event's work is done, false while pending. */
     public static boolean eventQuery(long event) {
         ensureLoaded();
-        int rc = invoke(B.cuEventQuery, "cuEventQuery", event);
+        int rc = Downcall.call(B.cuEventQuery, "cuEventQuery", event);
         if (rc == CUDA_ERROR_NOT_READY) {
             return false;
         }
-        check(rc, "cuEventQuery(event=0x" + Long.toHexString(event) + ")");
+        if (rc != 0) {
+            throw failure(rc, "cuEventQuery(event=0x" + Long.toHexString(event) + ")");
+        }
         return true;
     }
 
@@ -527,8 +546,10 @@ public final class CudaDriver {
 
     public static void memcpyHtoDAsync(long dst, long src, long bytes, long stream) {
         ensureLoaded();
-        check(invoke(B.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync", dst, src, bytes, stream),
-                "cuMemcpyHtoDAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+        int rc = Downcall.call(B.cuMemcpyHtoDAsync, "cuMemcpyHtoDAsync", dst, src, bytes, stream);
+        if (rc != 0) {
+            throw failure(rc, "cuMemcpyHtoDAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+        }
     }
 
     /** Bytes of {@code CUDA_MEMCPY2D}: sixteen 8-byte fields (the two memory types padded to 8). */
@@ -554,21 +575,28 @@ public final class CudaDriver {
         desc.set(JAVA_LONG, 104, dstPitch);
         desc.set(JAVA_LONG, 112, width);
         desc.set(JAVA_LONG, 120, height);
-        check(invoke(B.cuMemcpy2DAsync, "cuMemcpy2DAsync", desc, stream), "cuMemcpy2DAsync(dst=0x" + Long.toHexString(dst)
+        int rc = Downcall.call(B.cuMemcpy2DAsync, "cuMemcpy2DAsync", desc, stream);
+        if (rc != 0) {
+            throw failure(rc, "cuMemcpy2DAsync(dst=0x" + Long.toHexString(dst)
                 + ", dstPitch=" + dstPitch + ", src=0x" + Long.toHexString(src) + ", srcPitch=" + srcPitch + ", width="
                 + width + ", height=" + height + ")");
+        }
     }
 
     public static void memcpyDtoHAsync(long dst, long src, long bytes, long stream) {
         ensureLoaded();
-        check(invoke(B.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync", dst, src, bytes, stream),
-                "cuMemcpyDtoHAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+        int rc = Downcall.call(B.cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync", dst, src, bytes, stream);
+        if (rc != 0) {
+            throw failure(rc, "cuMemcpyDtoHAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+        }
     }
 
     public static void memcpyDtoDAsync(long dst, long src, long bytes, long stream) {
         ensureLoaded();
-        check(invoke(B.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", dst, src, bytes, stream),
-                "cuMemcpyDtoDAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+        int rc = Downcall.call(B.cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", dst, src, bytes, stream);
+        if (rc != 0) {
+            throw failure(rc, "cuMemcpyDtoDAsync(dst=0x" + Long.toHexString(dst) + ", src=0x" + Long.toHexString(src) + ", bytes=" + bytes + ")");
+        }
     }
 
     public static void memsetD8Async(long dst, byte value, long bytes, long stream) {
@@ -611,9 +639,10 @@ public final class CudaDriver {
      */
     public static void launchKernel(long function, int grid, int block, int sharedMem, long stream, MemorySegment params) {
         ensureLoaded();
-        check(invoke(B.cuLaunchKernel, "cuLaunchKernel", function, grid, 1, 1, block, 1, 1, sharedMem, stream, params,
-                        MemorySegment.NULL),
-                "cuLaunchKernel(grid=" + grid + ", block=" + block + ", stream=0x" + Long.toHexString(stream) + ")");
+        int rc = Downcall.launch(B.cuLaunchKernel, function, grid, 1, 1, block, 1, 1, sharedMem, stream, params, MemorySegment.NULL);
+        if (rc != 0) {
+            throw failure(rc, "cuLaunchKernel(grid=" + grid + ", block=" + block + ", stream=0x" + Long.toHexString(stream) + ")");
+        }
     }
 
     // ---------------------------------------------------------------- IPC (for the server data path)
