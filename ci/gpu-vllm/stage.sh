@@ -9,8 +9,9 @@
 #
 # What each call carries (name it in `carry`; every part stays under 58 MiB, the working tree
 # travels beside it):
-#   c1: this project's wheel (dist/), the original PegaFlow's wheel, the vLLM wheel's sha256;
-#       the call prints the image's package list
+#   c1: this project's wheel (dist/); the call prints the image's package list
+#   c1b: the original PegaFlow's wheel and the vLLM wheel's sha256 (apart since 2026-12-05: with
+#       the working tree beside them the two wheels together passed the 64 MiB a call carries)
 #   c2-c4: the vLLM wheel in three parts (split -b 57M)
 #   c5 (and c6 when they pass 55 MiB): the dependencies vLLM 0.26 names that the image lacks or
 #       has at a version vLLM refuses
@@ -37,7 +38,7 @@ pip_dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-ver
 
 case "${1:-}" in
 prepare)
-  mkdir -p "$dl/deps" "$stage"/c1 "$stage"/c2 "$stage"/c3 "$stage"/c4 "$stage"/c5
+  mkdir -p "$dl/deps" "$stage"/c1 "$stage"/c1b "$stage"/c2 "$stage"/c3 "$stage"/c4 "$stage"/c5
   ls dist/pegaflow_jvm-*.whl > /dev/null || { echo "stage.sh: run make wheel first" >&2; exit 1; }
   [ -f "$dl/vllm-$VLLM-cp38-abi3-manylinux_2_28_x86_64.whl" ] || pip_dl -d "$dl" "vllm==$VLLM"
   [ -n "$(ls "$dl"/pegaflow_llm_cu13-$PEGAFLOW-cp312-*.whl 2>/dev/null)" ] || pip_dl -d "$dl" "pegaflow-llm-cu13==$PEGAFLOW"
@@ -77,9 +78,10 @@ PY
     --python-platform x86_64-manylinux_2_28 --no-header --no-annotate -o "$stage/closure.txt"
   grep -viE '^(torch|triton|nvidia-|cuda-)' "$stage/closure.txt" > "$stage/ship.txt"
   pip_dl -d "$dl/deps" -r "$stage/ship.txt"
-  rm -f "$stage"/c1/* "$stage"/c2/* "$stage"/c3/* "$stage"/c4/*
-  cp dist/pegaflow_jvm-*.whl "$dl"/pegaflow_llm_cu13-$PEGAFLOW-cp312-*.whl "$stage/c1/"
-  (cd "$stage" && sha256sum "$(basename "$slim")" > c1/vllm.sha256)
+  rm -f "$stage"/c1/* "$stage"/c1b/* "$stage"/c2/* "$stage"/c3/* "$stage"/c4/*
+  cp dist/pegaflow_jvm-*.whl "$stage/c1/"
+  cp "$dl"/pegaflow_llm_cu13-$PEGAFLOW-cp312-*.whl "$stage/c1b/"
+  (cd "$stage" && sha256sum "$(basename "$slim")" > c1b/vllm.sha256)
   split -b $PART -d -a 2 "$slim" "$stage/vllm.whl.part-"
   i=2
   for p in "$stage"/vllm.whl.part-*; do mv "$p" "$stage/c$i/"; i=$((i + 1)); done
