@@ -120,6 +120,9 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert (worker["in_step_build_ns"] > 0 and worker["in_step_submit_ns"] > 0) == bool(in_step)
     assert worker["in_step_hop_ns"] + worker["in_step_store_ns"] + worker["in_step_build_ns"] \
         + worker["in_step_submit_ns"] <= worker["in_step_plan_ns"]
+    # until the copy engine began the load's first copy: inside the load's time
+    assert (worker["in_step_first_copy_ns"] > 0) == bool(in_step)
+    assert worker["in_step_first_copy_ns"] <= worker["in_step_load_ns"]
     # each side's per-step hooks: one step per plan, and the time spent in them (vllm:pegaflow_*_hook_ns)
     conn.get_kv_connector_stats()
     sched_steps = sum(r.data["scheduler_steps"] for r in reports if r is not None)

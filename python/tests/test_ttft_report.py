@@ -419,9 +419,11 @@ def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream(
     assert phases["load"] == 40.0 and phases["alloc_to_start"] == 15.0 and phases["fence"] == 12.0
     assert phases["plan"] == 0.0  # a phase the run did not count
     assert "build" not in phases and "submit" not in phases  # an older jar's 14 counters: absent, not 0
-    warm_counters.update({"vllm:pegaflow_in_step_build_ns": 1.2e6, "vllm:pegaflow_in_step_submit_ns": 0.4e6})
+    assert "first_copy" not in phases
+    warm_counters.update({"vllm:pegaflow_in_step_build_ns": 1.2e6, "vllm:pegaflow_in_step_submit_ns": 0.4e6,
+                          "vllm:pegaflow_in_step_first_copy_ns": 5.0e6})
     phases = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_in_step_phases_ms"]
-    assert phases["build"] == 0.6 and phases["submit"] == 0.2
+    assert phases["build"] == 0.6 and phases["submit"] == 0.2 and phases["first_copy"] == 2.5
 
 
 def test_overlap_refuses_a_negative_forward_delay():

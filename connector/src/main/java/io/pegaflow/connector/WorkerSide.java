@@ -91,13 +91,16 @@ public final class WorkerSide {
      * the plan phase is the batches' enqueue); then how many in-step loads started when the
      * scheduler allocated their blocks ({@link #startAtAlloc}), their phases timed from there;
      * then two more parts of the plan: listing the copy batches' pieces, and handing them to the
-     * copy engine ({@link LayeredLoad#buildNanos}, {@link LayeredLoad#submitNanos}).
+     * copy engine ({@link LayeredLoad#buildNanos}, {@link LayeredLoad#submitNanos}); then, counted
+     * when the load landed, from its start until the copy engine queued its first copy ({@link
+     * LayeredLoad#firstCopyNanos}: what passes before PCIe moves a byte of it).
      */
     public static final int STAT_LOADED_BLOCKS = 0, STAT_LOADED_BYTES = 1, STAT_SAVED_BLOCKS = 2, STAT_SAVED_BYTES = 3,
             STAT_LOAD_FAILED_BLOCKS = 4, STAT_SAVE_FAILURES = 5, STAT_IN_STEP_LOADS = 6, STAT_IN_STEP_PLAN_NANOS = 7,
             STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_IN_STEP_STEP_NANOS = 10,
             STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_IN_STEP_AT_ALLOC = 13,
-            STAT_IN_STEP_BUILD_NANOS = 14, STAT_IN_STEP_SUBMIT_NANOS = 15, STAT_COUNT = 16;
+            STAT_IN_STEP_BUILD_NANOS = 14, STAT_IN_STEP_SUBMIT_NANOS = 15, STAT_IN_STEP_FIRST_COPY_NANOS = 16,
+            STAT_COUNT = 17;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
@@ -260,10 +263,14 @@ public final class WorkerSide {
                 }
                 long from = t0;
                 // timed where the bytes land (the copy's completion), not where the step ends
-                CompletableFuture<CopyResult> landed = started.thenCompose(LayeredLoad::result).thenApply(r -> {
+                CompletableFuture<CopyResult> landed = started.thenCompose(h -> h.result().thenApply(r -> {
                     stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - from);
+                    long first = h.firstCopyNanos();
+                    if (first != 0) {
+                        stats.addAndGet(STAT_IN_STEP_FIRST_COPY_NANOS, Math.max(0, first - from));
+                    }
                     return r;
-                });
+                }));
                 stepLoads.add(new StepLoad(l.requestId(), started, landed, l.blockIds(), from));
                 stats.incrementAndGet(STAT_IN_STEP_LOADS);
                 continue;

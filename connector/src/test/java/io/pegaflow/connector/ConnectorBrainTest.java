@@ -397,6 +397,9 @@ class ConnectorBrainTest {
                 + stats[WorkerSide.STAT_IN_STEP_BUILD_NANOS] + stats[WorkerSide.STAT_IN_STEP_SUBMIT_NANOS])
                 .as("the plan phase's parts fit in it").isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]).isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_PLAN_NANOS]);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_FIRST_COPY_NANOS]).as("until the engine began its first copy").isPositive()
+                .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_STORE_NANOS])
+                .isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);
         assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
         assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended after the bytes landed")
                 .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);

@@ -47,6 +47,22 @@ public final class LayeredLoad {
         return submitNanos.get();
     }
 
+    /**
+     * {@link System#nanoTime} when the copy engine queued (host copies: began) the first copy of
+     * any part ({@link TransferFuture#firstCopyNanos}); 0 until then or where the engine does not
+     * say.
+     */
+    public long firstCopyNanos() {
+        long first = 0;
+        for (TransferFuture p : parts) {
+            long t = p.firstCopyNanos();
+            if (t != 0 && (first == 0 || t < first)) {
+                first = t;
+            }
+        }
+        return first;
+    }
+
     void built(long nanos) {
         buildNanos.addAndGet(nanos);
     }

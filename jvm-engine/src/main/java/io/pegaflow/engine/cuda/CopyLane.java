@@ -209,6 +209,9 @@ final class CopyLane {
                 direct(batch, start, end, toHost, false, stream);
             }
             runs.flush(stream);
+            if (g == 0) {
+                future.markFirstCopy();
+            }
             auxBehind |= leadOnAux; // the done event below joins aux
             if (groups > 1) {
                 if (leadOnAux) {

@@ -77,7 +77,10 @@ public final class HostTransferEngine implements TransferEngine {
         for (int p = 0; p < parts; p++) {
             int from = (int) ((long) n * p / parts);
             int to = (int) ((long) n * (p + 1) / parts);
-            runs[p] = batch.opened().thenRunAsync(() -> copy(batch, from, to), copyThreads);
+            runs[p] = batch.opened().thenRunAsync(() -> {
+                done.markFirstCopy();
+                copy(batch, from, to);
+            }, copyThreads);
         }
         CompletableFuture.allOf(runs).whenComplete((ok, err) -> {
             if (err != null) {

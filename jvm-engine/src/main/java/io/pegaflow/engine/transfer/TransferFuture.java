@@ -8,6 +8,23 @@ import java.util.concurrent.CompletableFuture;
  * the batch (a layer, for {@code wait_for_layer_load}) without blocking the host.
  */
 public class TransferFuture extends CompletableFuture<Void> {
+    private volatile long firstCopyNanos;
+
+    /**
+     * {@link System#nanoTime} when the engine queued the batch's first copy on the device (a GPU
+     * engine) or began it (host copies): after the batch's hold opened, for a held batch without a
+     * lead; 0 until then, and for an engine that does not say.
+     */
+    public long firstCopyNanos() {
+        return firstCopyNanos;
+    }
+
+    /** The copy engine's mark for {@link #firstCopyNanos}; later calls keep the first. */
+    public void markFirstCopy() {
+        if (firstCopyNanos == 0) {
+            firstCopyNanos = System.nanoTime();
+        }
+    }
 
     /**
      * Makes {@code stream} (a {@code CUstream}; 0 = the calling host thread) wait until group
