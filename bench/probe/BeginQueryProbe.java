@@ -1,0 +1,76 @@
+import io.pegaflow.engine.*;
+import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.client.EngineClient;
+import io.pegaflow.server.PegaflowServer;
+import java.lang.foreign.Arena;
+import java.nio.file.*;
+import java.time.Duration;
+import java.util.*;
+
+/**
+ * A warm 16K request's lookup in server mode, on the host: query (and lease) of a stored
+ * 1,024-block prefix of 32 layers through pegaflow-server's local socket, plain and with the load
+ * begun (queryAndBegin: the query that also hands back the load's copy plan, what the connector's
+ * lookup does since 4d266b7), back to back and after the client idled 1-600 ms (requests in the
+ * TTFT benchmark come ~0.6 s apart), the lease released after each, untimed. After idling, a
+ * 1-hash query first ("ping") and then the whole one, to part the threads' wake-up from the
+ * work. Starts its own server in this JVM (host copies, 512-byte segments: the store's work
+ * follows the block and layer counts, not the bytes); prints one JSON line per case:
+ *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/BeginQueryProbe.java
+ */
+public class BeginQueryProbe {
+  public static void main(String[] a) throws Exception {
+    int blocks = 1024, layers = 32; long seg = 512;
+    Path dir = Files.createTempDirectory("bq");
+    PegaflowServer own = PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 128L << 20, dir.resolve("pool"),
+        Duration.ofSeconds(600), Duration.ofSeconds(2), true));
+    String target = "127.0.0.1:" + own.port();
+    try (Arena arena = Arena.ofShared(); PegaEngine w = EngineClient.connect(target, p -> new HostTransferEngine(p, 1), 5000)) {
+      String inst = "bq";
+      w.registerInstance(new InstanceSpec(inst, "bq-ns", 1, 1));
+      List<LayerRegion> regions = new ArrayList<>();
+      for (int l = 0; l < layers; l++) {
+        long base = arena.allocate(2 * blocks * seg, 4096).address();
+        regions.add(new LayerRegion("layers." + l, KvLayout.SPLIT_KV, base, 2 * blocks * seg, blocks, seg, seg, blocks * seg));
+      }
+      w.registerWorker(inst, new WorkerSpec(0, 0, 0, regions));
+      byte[] packed = new byte[blocks * 32]; new Random(5).nextBytes(packed);
+      BlockHashes h = new BlockHashes(packed, 32);
+      long[] ids = new long[blocks]; for (int i = 0; i < blocks; i++) ids[i] = i;
+      w.save(inst, 0, ids, h).join();
+      for (String mode : new String[] {"query", "queryAndBegin", "query", "queryAndBegin"}) {
+        for (int i = 0; i < 1000; i++) once(w, inst, h, mode);
+        long[] s = new long[2000];
+        for (int i = 0; i < s.length; i++) s[i] = once(w, inst, h, mode);
+        Arrays.sort(s);
+        System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 0, \"p50_us\": %.1f, \"p90_us\": %.1f}%n", mode, s[s.length / 2] / 1e3, s[s.length * 9 / 10] / 1e3);
+      }
+      BlockHashes one = new BlockHashes(Arrays.copyOf(packed, 32), 32);
+      for (int idle : new int[] {1, 10, 100, 600}) {
+        long[] ping = new long[15], after = new long[15];
+        for (int i = 0; i < 15; i++) {
+          Thread.sleep(idle);
+          long t0 = System.nanoTime(); QueryResult q1 = w.query(inst, one); ping[i] = System.nanoTime() - t0; w.release(inst, q1.lease());
+          after[i] = once(w, inst, h, "queryAndBegin");
+        }
+        Arrays.sort(ping); Arrays.sort(after);
+        System.out.printf(Locale.ROOT, "{\"idle_ms\": %d, \"ping_1_hash_p50_us\": %.1f, \"then_queryAndBegin_p50_us\": %.1f}%n", idle, ping[7] / 1e3, after[7] / 1e3);
+      }
+      for (String mode : new String[] {"query", "queryAndBegin"}) {
+        long[] s = new long[15];
+        for (int i = 0; i < s.length; i++) { Thread.sleep(600); s[i] = once(w, inst, h, mode); }
+        Arrays.sort(s);
+        System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 600, \"p50_us\": %.1f, \"max_us\": %.1f}%n", mode, s[s.length / 2] / 1e3, s[s.length - 1] / 1e3);
+      }
+    } finally { own.close(); }
+  }
+  static long once(PegaEngine w, String inst, BlockHashes h, String mode) {
+    long t0 = System.nanoTime();
+    QueryResult q = mode.equals("query") ? w.query(inst, h) : w.queryAndBegin(inst, h, 0);
+    long t = System.nanoTime() - t0;
+    if (q.hitBlocks() != 1024) throw new IllegalStateException("hit " + q.hitBlocks());
+    if (mode.equals("queryAndBegin") && q.begun() == null) throw new IllegalStateException("not begun");
+    w.release(inst, q.lease());
+    return t;
+  }
+}
