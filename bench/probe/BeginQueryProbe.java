@@ -15,17 +15,19 @@ import java.util.*;
  * TTFT benchmark come ~0.6 s apart), the lease released after each, untimed. After idling, a
  * 1-hash query first ("ping") and then the whole one, to part the threads' wake-up from the
  * work. Starts its own server in this JVM (host copies, 512-byte segments: the store's work
- * follows the block and layer counts, not the bytes); prints one JSON line per case:
- *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/BeginQueryProbe.java
+ * follows the block and layer counts, not the bytes), or with the argument "local" asks an
+ * embedded engine instead (no server, no socket); prints one JSON line per case:
+ *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/BeginQueryProbe.java [local]
  */
 public class BeginQueryProbe {
   public static void main(String[] a) throws Exception {
     int blocks = 1024, layers = 32; long seg = 512;
+    boolean local = a.length > 0 && a[0].equals("local");
     Path dir = Files.createTempDirectory("bq");
-    PegaflowServer own = PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 128L << 20, dir.resolve("pool"),
-        Duration.ofSeconds(600), Duration.ofSeconds(2), true));
-    String target = "127.0.0.1:" + own.port();
-    try (Arena arena = Arena.ofShared(); PegaEngine w = EngineClient.connect(target, p -> new HostTransferEngine(p, 1), 5000)) {
+    PegaflowServer own = local ? null : PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 128L << 20,
+        dir.resolve("pool"), Duration.ofSeconds(600), Duration.ofSeconds(2), true));
+    try (Arena arena = Arena.ofShared(); PegaEngine w = local ? PegaEngine.create(EngineConfig.builder().poolSize("128mb").build())
+        : EngineClient.connect("127.0.0.1:" + own.port(), p -> new HostTransferEngine(p, 1), 5000)) {
       String inst = "bq";
       w.registerInstance(new InstanceSpec(inst, "bq-ns", 1, 1));
       List<LayerRegion> regions = new ArrayList<>();
@@ -62,7 +64,9 @@ public class BeginQueryProbe {
         Arrays.sort(s);
         System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 600, \"p50_us\": %.1f, \"max_us\": %.1f}%n", mode, s[s.length / 2] / 1e3, s[s.length - 1] / 1e3);
       }
-    } finally { own.close(); }
+    } finally {
+      if (own != null) own.close();
+    }
   }
   static long once(PegaEngine w, String inst, BlockHashes h, String mode) {
     long t0 = System.nanoTime();
