@@ -21,6 +21,7 @@ class RecordingBrain:
         self.in_step = 0
         self.failed: set[str] = set()
         self.errors: set[int] = set()
+        self.idle = False  # WorkerBrain.idle: what the last get_finished's "I" line said
 
     def start_loads(self, plan: bytes) -> int:
         self.calls.append("start_loads")

@@ -496,7 +496,7 @@ def in_step_phases_ms(counters: dict) -> dict:
         return {}
     out = {k: round(counters.get(f"vllm:pegaflow_in_step_{k}_ns", 0) / loads / 1e6, 3)
            for k in ("plan", "hop", "store", "load", "wait", "step")}
-    for k in ("build", "submit", "first_copy"):  # counted since efb74d6 (first_copy: this wave's run 20): absent, not 0, with an older jar
+    for k in ("build", "submit", "first_copy"):  # since efb74d6 (first_copy: d639cae): absent, not 0, with an older jar
         if f"vllm:pegaflow_in_step_{k}_ns" in counters:
             out[k] = round(counters[f"vllm:pegaflow_in_step_{k}_ns"] / loads / 1e6, 3)
     for name, count, ns in (("alloc_to_start", "alloc_to_load_starts", "alloc_to_load_ns"),

@@ -177,7 +177,7 @@ class WorkerCore:
         if not finished and not self.step_loads and not self._pending:
             return set(), set(), set()
         sending, recving, failed = self.brain.get_finished(finished)
-        self._pending = not getattr(self.brain, "idle", False)
+        self._pending = not self.brain.idle
         self._counts.mark()
         self._errors_possible |= bool(failed)
         return sending, recving, failed

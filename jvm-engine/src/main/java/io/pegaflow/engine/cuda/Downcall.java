@@ -14,7 +14,7 @@ import java.lang.invoke.MethodHandle;
  *
  * <p>{@code invoke}, not {@code invokeExact}: a caller passing an {@code int} where the C
  * function takes a {@code long} still works (the handle's {@code asType} is cached after the
- * first call); with the types equal, as every binding here has them, it costs the same.
+ * first call); with the types equal, as every binding here has them, no conversion runs.
  */
 final class Downcall {
     private Downcall() {}
