@@ -286,7 +286,7 @@ typedef struct pegaflow_api {
     int32_t (*worker_load_errors)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
     int32_t (*worker_close)(int64_t worker);
     /* vLLM's connector stats: counters since the last call into out[0..n) (cap >= 10; *out_count
-       = n, the lesser of cap and this build's count, 17 now): blocks and bytes loaded, blocks and
+       = n, the lesser of cap and this build's count, 18 now): blocks and bytes loaded, blocks and
        bytes saved, blocks whose load failed, saves that failed, then in-step loads (since ABI 6):
        how many, and nanoseconds to submit them, to finish them, and that the caller waited in
        worker_wait_layer; then (wave 3 builds) nanoseconds to the step's get_finished, of the
@@ -294,7 +294,8 @@ typedef struct pegaflow_api {
        (sched_create's mode 8); then nanoseconds listing the copy batches' pieces and handing
        them to the copy engine (waiting for a free lane included): most of the submission's
        rest; then nanoseconds from the loads' start until the copy engine queued each one's
-       first copy (host copies: began it). Counters past cap are drained unseen. */
+       first copy (host copies: began it); then how many read a pool side staged from their
+       lookup on (PEGAFLOW_PRESTAGE_MIB). Counters past cap are drained unseen. */
     int32_t (*worker_stats)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
 
     /* ---- vLLM's prefix-caching block hash, for engines that are not vLLM (since ABI 4). ----

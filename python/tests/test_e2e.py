@@ -100,6 +100,26 @@ def test_in_process_embedded_loads_back_what_it_saved(model, procs, baseline):
     assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
 
 
+def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, baseline):
+    """PEGAFLOW_PRESTAGE_MIB: the lookup that begins a warm request's load also stages its pool
+    side in the copy engine's buffer (here the host engine's), loads start where vLLM allocates
+    their blocks and read the staging inside the step; every answer equals vLLM's own without the
+    connector and every warm load read its staging (vllm:pegaflow_in_step_staged)."""
+    with EngineProc("staged", env={"PEGAFLOW_PRESTAGE_MIB": "16"}) as p:
+        p.open(EngineSpec(model, connector={"mode": "embedded", "pool_size": "32mb", "load_in_step": True,
+                                            "load_at_alloc": True}, engine_id="staged",
+                          extra={"async_scheduling": False}))
+        first = one_by_one(p, prompts(1))
+        assert p.reset_prefix_cache()
+        second = one_by_one(p, prompts(1))
+        metrics = p.metrics()
+        p.close_engine()
+    assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
+    assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
+    loads = metrics.get("vllm:pegaflow_in_step_loads", 0)
+    assert loads >= 4 and metrics.get("vllm:pegaflow_in_step_staged", 0) == loads, metrics
+
+
 def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):
     """A hybrid model (full attention and 64-token sliding window layers): vLLM keeps its
     hybrid KV cache manager on with the connector (SupportsHMA), the answers equal the

@@ -257,7 +257,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -266,12 +266,15 @@ def test_instepa_systems_need_async_scheduling_off():
                                                  ("instepk", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "1024"),
                                                  ("instepz", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "16384"),
                                                  ("instepl", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "160"),
-                                                 ("instepp", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1")])
+                                                 ("instepp", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1"),
+                                                 ("instepx", "PEGAFLOW_PRESTAGE_MIB", "4096"),
+                                                 ("instepx", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
     load, half of a 16K one), _instepz with all of it (the lead's cap, 16 GiB), _instepp all of it paced through the copy engine
-    (with PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384); the variable in that vLLM process's environment only,
+    (with PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384), _instepx that with loads staged at their lookup in 4 GiB
+    (PEGAFLOW_PRESTAGE_MIB); the variable in that vLLM process's environment only,
     loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 
@@ -419,11 +422,12 @@ def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream(
     assert phases["load"] == 40.0 and phases["alloc_to_start"] == 15.0 and phases["fence"] == 12.0
     assert phases["plan"] == 0.0  # a phase the run did not count
     assert "build" not in phases and "submit" not in phases  # an older jar's 14 counters: absent, not 0
-    assert "first_copy" not in phases
+    assert "first_copy" not in phases and "staged_share" not in phases
     warm_counters.update({"vllm:pegaflow_in_step_build_ns": 1.2e6, "vllm:pegaflow_in_step_submit_ns": 0.4e6,
-                          "vllm:pegaflow_in_step_first_copy_ns": 5.0e6})
+                          "vllm:pegaflow_in_step_first_copy_ns": 5.0e6, "vllm:pegaflow_in_step_staged": 1.0})
     phases = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_in_step_phases_ms"]
     assert phases["build"] == 0.6 and phases["submit"] == 0.2 and phases["first_copy"] == 2.5
+    assert phases["staged_share"] == 0.5  # one of the two loads read a staging (PEGAFLOW_PRESTAGE_MIB)
 
 
 def test_overlap_refuses_a_negative_forward_delay():

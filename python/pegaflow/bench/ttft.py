@@ -57,6 +57,10 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # cap, 16 GiB, past any one load: nothing waits for the step); "<system>_instepp" leads the whole load
 # through the copy engine paced one layer at a time (PEGAFLOW_CUDA_LAYER_LEAD_PACED=1: the step's input
 # copies wait behind one layer at most, the rest queued at once when the step opens the hold);
+# "<system>_instepx" is _instepp whose loads' pool side is staged in 4 GiB of device memory from the
+# lookup that begins them on (PEGAFLOW_PRESTAGE_MIB; the caller's own value of it wins), before vLLM
+# allocates their blocks: the copy engine works through vLLM's scheduling and allocation, and the
+# step's loads move the staged bytes device to device;
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -67,9 +71,11 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
                "instepz": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384"},
                "instepp": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"},
+               "instepx": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1",
+                           "PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepaw", "instepab")
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepb", *AT_ALLOC, "instepg", "instep2", "instepc", "v1cross")
                  for base in ("embedded", "server"))
@@ -503,6 +509,8 @@ def in_step_phases_ms(counters: dict) -> dict:
                             ("fence", "load_fences", "load_fence_ns")):
         if counters.get(f"vllm:pegaflow_{count}"):
             out[name] = round(counters.get(f"vllm:pegaflow_{ns}", 0) / counters[f"vllm:pegaflow_{count}"] / 1e6, 3)
+    if "vllm:pegaflow_in_step_staged" in counters:  # the share of loads read from a staging (PEGAFLOW_PRESTAGE_MIB)
+        out["staged_share"] = round(counters["vllm:pegaflow_in_step_staged"] / loads, 3)
     return out
 
 

@@ -400,12 +400,44 @@ class ConnectorBrainTest {
         assertThat(stats[WorkerSide.STAT_IN_STEP_FIRST_COPY_NANOS]).as("until the engine began its first copy").isPositive()
                 .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_STORE_NANOS])
                 .isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_STAGED]).as("no staging buffer: read from the pool").isZero();
         assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
         assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended after the bytes landed")
                 .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(sched.requestFinished("warm")).as("nothing saved: no hold, and no wait for a load").isFalse();
         assertThat(sched.trackedRequests()).isZero();
+    }
+
+    /**
+     * A copy engine that stages loads at their lookup (PEGAFLOW_PRESTAGE_MIB; here the host
+     * engine with a buffer): the lookup begins the load and stages its pool side, the step's
+     * in-step load reads the staging, lands the saved bytes layer by layer, and is counted as
+     * staged for the TTFT benchmark.
+     */
+    @Test
+    void anInStepLoadStagedAtItsLookupLandsAndIsCounted() throws Exception {
+        engine.close();
+        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(30))
+                .transfer(pool -> new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1, 1 << 20)), 2);
+        BlockHashes h = hashes(4);
+        byte[][] saved = storedFourBlocksThenInStep(h);
+        assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
+        sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5);
+        assertThat(worker.startLoads(sched.buildPlan())).isEqualTo(1);
+        for (int layer = 0; layer < layers.size(); layer++) {
+            worker.waitLayer(layer, 0);
+        }
+        for (int i = 0; i < 4; i++) {
+            assertThat(block(20 + i)).as("block %d from the staging", i).isEqualTo(saved[i]);
+        }
+        worker.getFinished(List.of());
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        long[] stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_LOADS]).isEqualTo(1);
+        assertThat(stats[WorkerSide.STAT_IN_STEP_STAGED]).as("read from the staging its lookup began").isEqualTo(1);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
     }
 
     /**

@@ -14,8 +14,13 @@ import java.util.function.LongSupplier;
  * those older than their plan's hold are rolled back once this many are kept ({@link #MAX}).
  */
 final class BegunLoads {
-    /** A load begun at {@code asked} (the engine's clock before the query was sent). */
-    record Begun(Token lease, String instanceId, int workerRank, CopyPlan plan, long asked) {}
+    /**
+     * A load begun at {@code asked} (the engine's clock before the query was sent); {@code
+     * staged}: its pool side being staged for its copy ({@link io.pegaflow.engine.transfer.Stager}),
+     * null where it is not. Whoever removes an entry takes the staging: claims it or lets it go.
+     */
+    record Begun(Token lease, String instanceId, int workerRank, CopyPlan plan, long asked,
+            io.pegaflow.engine.transfer.StagedLoad staged) {}
 
     /** How many begun loads are kept before stale ones are swept (a scheduler holds one per waiting request). */
     static final int MAX = 4096;

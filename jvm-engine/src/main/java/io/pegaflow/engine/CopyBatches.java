@@ -2,6 +2,8 @@ package io.pegaflow.engine;
 
 import io.pegaflow.engine.transfer.CopyBatch;
 import io.pegaflow.engine.transfer.LayerSplit;
+import io.pegaflow.engine.transfer.StageLayout;
+import io.pegaflow.engine.transfer.StagedLoad;
 import io.pegaflow.engine.transfer.TransferEngine;
 import io.pegaflow.engine.transfer.TransferFuture;
 import java.util.ArrayList;
@@ -58,7 +60,9 @@ final class CopyBatches {
     private static CompletableFuture<Long> copyLayered(TransferEngine transfer, CopyPlan plan, LayerRegion[] worker, long[] blockIds, long waitStream,
             LayeredLoad layered) {
         LayerSplit split = transfer.layerSplit();
-        int lanes = Math.max(1, Math.min(split.lanes(), worker.length));
+        StagedLoad staged = layered.staged;
+        // a staged load goes in one batch: its staging holds the groups in the plan's order
+        int lanes = staged != null ? 1 : Math.max(1, Math.min(split.lanes(), worker.length));
         List<TransferFuture> submitted = new ArrayList<>(lanes);
         List<CompletableFuture<Void>> ended = new ArrayList<>(lanes);
         long[] bytes = new long[lanes];
@@ -66,7 +70,8 @@ final class CopyBatches {
             for (int k = 0; k < lanes; k++) {
                 long t0 = System.nanoTime();
                 CopyBatch batch = new CopyBatch(plan.direction().batch(),
-                        (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream).holdUntil(layered.gate);
+                        (int) Math.min(1 << 20, plan.slots() * 2 / lanes + 16)).waitFor(waitStream).holdUntil(layered.gate)
+                        .fromStage(staged);
                 int[] groups = layerMajor(plan, worker, blockIds, batch, split.groupBytes(), k, lanes);
                 long t1 = System.nanoTime();
                 layered.built(t1 - t0);
@@ -78,10 +83,21 @@ final class CopyBatches {
                 TransferFuture part = transfer.submit(batch);
                 layered.submitted(System.nanoTime() - t1);
                 submitted.add(part);
-                ended.add(part.whenComplete((v, e) -> batch.release())); // as in copy
+                ended.add(part.whenComplete((v, e) -> {
+                    batch.release(); // as in copy
+                    if (staged != null) {
+                        staged.finish(); // nothing reads the staging buffer any more
+                    }
+                }));
                 layered.add(part, groups);
             }
+            if (staged != null && submitted.isEmpty()) {
+                staged.finish();
+            }
         } catch (RuntimeException | Error e) {
+            if (staged != null && submitted.isEmpty()) {
+                staged.finish();
+            }
             for (TransferFuture f : submitted) {
                 try {
                     f.join();
@@ -106,33 +122,18 @@ final class CopyBatches {
      */
     static int[] layerMajor(CopyPlan plan, LayerRegion[] worker, long[] blockIds, CopyBatch batch, long groupBytes,
             int lane, int lanes) {
-        long[] before = new long[worker.length + 1]; // pool offset of each region's slot within a run
-        for (int r = 0; r < worker.length; r++) {
-            before[r + 1] = before[r] + worker[r].slotBytes();
-        }
-        boolean[] used = new boolean[worker.length];
+        long[] before = slotStarts(worker);
         for (int j = 0; j < plan.runs(); j++) {
             checkRun(plan, j, worker, blockIds);
-            java.util.Arrays.fill(used, plan.runRegion()[j], plan.runRegion()[j] + plan.runCount()[j], true);
         }
         int[] groups = new int[worker.length];
         java.util.Arrays.fill(groups, -1);
         int next = 0; // groups in this batch
         int ordinal = 0; // groups of the plan
-        int from = 0;
-        while (from < worker.length) {
-            if (!used[from]) {
-                from++;
-                continue;
-            }
-            int to = from + 1; // regions [from, to) form this group
-            long stretch = worker[from].slotBytes();
-            while (to < worker.length && used[to] && stretch < groupBytes) {
-                stretch += worker[to].slotBytes();
-                to++;
-            }
+        for (int[] range : layerGroups(plan, worker, groupBytes)) {
+            int from = range[0];
+            int to = range[1];
             if (ordinal++ % lanes != lane) {
-                from = to;
                 continue;
             }
             int start = batch.size();
@@ -153,9 +154,98 @@ final class CopyBatches {
                 batch.endGroup();
                 java.util.Arrays.fill(groups, from, to, next++);
             }
-            from = to;
         }
         return groups;
+    }
+
+    /** Pool offset of each region's slot within a block's run of slots; the last entry is the run's bytes. */
+    private static long[] slotStarts(LayerRegion[] worker) {
+        long[] before = new long[worker.length + 1];
+        for (int r = 0; r < worker.length; r++) {
+            before[r + 1] = before[r] + worker[r].slotBytes();
+        }
+        return before;
+    }
+
+    /**
+     * The plan's layer groups as {@code [from, to)} region ranges, in order: consecutive
+     * regions some run covers join one group until each block's slots of the group reach
+     * {@code groupBytes} (0: one region per group). {@link #layerMajor} and {@link
+     * #stageLayout} cut a load the same way.
+     */
+    private static List<int[]> layerGroups(CopyPlan plan, LayerRegion[] worker, long groupBytes) {
+        boolean[] used = new boolean[worker.length];
+        for (int j = 0; j < plan.runs(); j++) {
+            java.util.Arrays.fill(used, plan.runRegion()[j], plan.runRegion()[j] + plan.runCount()[j], true);
+        }
+        List<int[]> out = new ArrayList<>();
+        int from = 0;
+        while (from < worker.length) {
+            if (!used[from]) {
+                from++;
+                continue;
+            }
+            int to = from + 1;
+            long stretch = worker[from].slotBytes();
+            while (to < worker.length && used[to] && stretch < groupBytes) {
+                stretch += worker[to].slotBytes();
+                to++;
+            }
+            out.add(new int[] {from, to});
+            from = to;
+        }
+        return out;
+    }
+
+    /**
+     * Bytes of the pool a load of {@code plan} reads for {@code worker}: each run's slots of the
+     * worker's regions, as {@link #stageLayout} stages them. Refuses a run outside the worker's
+     * regions.
+     */
+    static long stageBytes(CopyPlan plan, LayerRegion[] worker) {
+        long[] before = slotStarts(worker);
+        long bytes = 0;
+        for (int j = 0; j < plan.runs(); j++) {
+            int first = plan.runRegion()[j];
+            int count = plan.runCount()[j];
+            if (first < 0 || count < 1 || first + count > worker.length) {
+                throw new InvalidArgumentException("copy plan run " + j + " covers regions " + first + ".."
+                        + (first + count - 1) + " of a worker with " + worker.length);
+            }
+            bytes += before[first + count] - before[first];
+        }
+        return bytes;
+    }
+
+    /**
+     * Where a layer-wise load of {@code plan} for {@code worker} stages its pool side: per layer
+     * group ({@link #layerGroups}, all in one batch), each run's slots of the group as one
+     * stretch, in run order, the order {@link #layerMajor} lists the group's pieces in. Needs
+     * no destination: the staging starts before the blocks are allocated.
+     */
+    static StageLayout stageLayout(CopyPlan plan, LayerRegion[] worker, long groupBytes) {
+        long[] before = slotStarts(worker);
+        List<int[]> groups = layerGroups(plan, worker, groupBytes);
+        long[] host = new long[plan.runs() * groups.size()];
+        long[] len = new long[host.length];
+        int[] ends = new int[groups.size()];
+        int k = 0;
+        for (int g = 0; g < groups.size(); g++) {
+            int from = groups.get(g)[0];
+            int to = groups.get(g)[1];
+            for (int j = 0; j < plan.runs(); j++) {
+                int first = plan.runRegion()[j];
+                int lo = Math.max(from, first);
+                int hi = Math.min(to, first + plan.runCount()[j]);
+                if (lo < hi) {
+                    host[k] = plan.runOffset()[j] + before[lo] - before[first];
+                    len[k] = before[hi] - before[lo];
+                    k++;
+                }
+            }
+            ends[g] = k;
+        }
+        return new StageLayout(java.util.Arrays.copyOf(host, k), java.util.Arrays.copyOf(len, k), ends);
     }
 
     /** The caller's block ids a save plan writes, each once, in plan order. */

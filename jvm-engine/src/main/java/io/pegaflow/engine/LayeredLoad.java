@@ -19,6 +19,13 @@ public final class LayeredLoad {
     private final AtomicLong submitNanos = new AtomicLong();
     /** The copies wait for this ({@link PegaEngine#loadLayered(String, int, Token, long[], CompletableFuture)}); null: none. */
     CompletableFuture<?> gate;
+    /** Its pool side staged at the lookup and claimed for it (null: copied from the pool). */
+    io.pegaflow.engine.transfer.StagedLoad staged;
+
+    /** Whether its pool side was staged at its lookup and its copies read the staging buffer ({@link io.pegaflow.engine.transfer.Stager}). */
+    public boolean fromStage() {
+        return staged != null;
+    }
 
     /** {@link System#nanoTime} when the store's plan returned (0: it never did); the rest of the start is the enqueue. */
     public long plannedNanos() {

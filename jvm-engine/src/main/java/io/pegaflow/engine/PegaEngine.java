@@ -363,12 +363,34 @@ public final class PegaEngine implements AutoCloseable {
             long asked = clock.getAsLong(); // before the store issued the plan: its hold runs from later
             QueryResult q = store.queryAndBegin(instanceId, hashes, workerRank);
             if (q.begun() != null && q.lease() != null) {
-                rollBack(begun.put(new BegunLoads.Begun(q.lease(), instanceId, workerRank, q.begun(), asked)));
+                io.pegaflow.engine.transfer.StagedLoad staged = stage(q.begun(), byRank.get(workerRank));
+                rollBack(begun.put(new BegunLoads.Begun(q.lease(), instanceId, workerRank, q.begun(), asked, staged)));
             }
             return q;
         } finally {
             endOp();
         }
+    }
+
+    /**
+     * Starts copying a begun load's pool side into the copy engine's staging buffer where it
+     * has one and the load fits ({@link io.pegaflow.engine.transfer.Stager}): from here on, not
+     * from vLLM's allocation of its blocks. The layout is made on the staging thread; only the
+     * size is counted here, on the caller's (vLLM's scheduling) thread. Null: not staged.
+     */
+    private io.pegaflow.engine.transfer.StagedLoad stage(CopyPlan plan, LayerRegion[] worker) {
+        io.pegaflow.engine.transfer.Stager stager = transfer.stager();
+        if (stager == null || plan.direction() != CopyPlan.Direction.LOAD) {
+            return null;
+        }
+        long groupBytes = transfer.layerSplit().groupBytes();
+        long bytes;
+        try {
+            bytes = CopyBatches.stageBytes(plan, worker);
+        } catch (InvalidArgumentException bad) {
+            return null; // a plan outside the worker's regions: its load refuses it, naming the run (checkRun)
+        }
+        return stager.stage(bytes, () -> CopyBatches.stageLayout(plan, worker, groupBytes));
     }
 
     /**
@@ -400,6 +422,9 @@ public final class PegaEngine implements AutoCloseable {
     /** Drops begun loads that no copy will take, as unused (their pins dropped); a store that already dropped them is fine. */
     private void rollBack(List<BegunLoads.Begun> loads) {
         for (BegunLoads.Begun b : loads) {
+            if (b.staged() != null) {
+                b.staged().release();
+            }
             try {
                 store.dropBegun(b.instanceId(), b.plan().id());
             } catch (RuntimeException gone) {
@@ -461,9 +486,22 @@ public final class PegaEngine implements AutoCloseable {
             // by the head's enqueue (docs/benchmarks, the seventh H200 run).
             BegunLoads.Begun b = leaseId == null || dstBlockIds == null ? null : begun.take(leaseId, instanceId, workerRank);
             if (b != null) {
-                checkBegun(b, dstBlockIds);
+                io.pegaflow.engine.transfer.StagedLoad staged = b.staged();
+                if (staged != null && (layered == null || !staged.claim(layered.gate))) {
+                    staged.release(); // a load that is not layer-wise reads the pool, as does one whose staging failed
+                    staged = null;
+                }
+                try {
+                    checkBegun(b, dstBlockIds);
+                } catch (RuntimeException refused) {
+                    if (staged != null) {
+                        staged.finish();
+                    }
+                    throw refused;
+                }
                 if (layered != null) {
                     layered.planned();
+                    layered.staged = staged;
                 }
                 return submit(instanceId, workerRank, b.plan(), null, dstBlockIds.clone(), 0, b.asked(), layered);
             }
@@ -540,6 +578,9 @@ public final class PegaEngine implements AutoCloseable {
             }
         } catch (Throwable t) {
             notStarted = t;
+            if (layered != null && layered.staged != null && copies.isEmpty()) {
+                layered.staged.finish(); // no copy reads its staging
+            }
         }
         Throwable startFailure = notStarted;
         // ends once, after every part that started (a running copy still reads or writes the pinned slots)

@@ -20,6 +20,15 @@ class CudaTransferContractTest extends TransferContract {
         return EngineConfig.builder().transfer(pool -> CudaTransferEngine.create(pool, options()));
     }
 
+    @Override
+    EngineConfig.Builder stagedConfig(long stageBytes, java.util.concurrent.atomic.AtomicReference<io.pegaflow.engine.transfer.TransferEngine> made) {
+        return EngineConfig.builder().transfer(pool -> {
+            io.pegaflow.engine.transfer.TransferEngine t = CudaTransferEngine.create(pool, options().withStage(stageBytes));
+            made.set(t);
+            return t;
+        });
+    }
+
     /** The engine's options (subclasses run the contract with others). */
     CudaOptions options() {
         return CudaOptions.defaults();

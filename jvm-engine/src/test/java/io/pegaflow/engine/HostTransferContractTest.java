@@ -11,4 +11,13 @@ class HostTransferContractTest extends TransferContract {
     EngineConfig.Builder config() {
         return EngineConfig.builder();
     }
+
+    @Override
+    EngineConfig.Builder stagedConfig(long stageBytes, java.util.concurrent.atomic.AtomicReference<io.pegaflow.engine.transfer.TransferEngine> made) {
+        return EngineConfig.builder().transfer(pool -> {
+            io.pegaflow.engine.transfer.TransferEngine t = new io.pegaflow.engine.transfer.HostTransferEngine(pool, 2, stageBytes);
+            made.set(t);
+            return t;
+        });
+    }
 }

@@ -3,6 +3,7 @@ package io.pegaflow.engine;
 import static org.assertj.core.api.Assertions.assertThat;
 
 import io.pegaflow.engine.metrics.Gauge;
+import io.pegaflow.engine.transfer.TransferEngine;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
@@ -101,32 +102,132 @@ abstract class TransferContract {
                 KvWorld world = new KvWorld(memory(), "inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, 8, 2 * saved + 1,
                         32 << 10, 0)) {
             world.register(engine);
-            long[] src = new long[saved];
-            long[] dst = new long[saved];
-            for (int i = 0; i < saved; i++) {
-                src[i] = 2L * i;
-                dst[i] = 2L * (saved - 1 - i) + 1;
-            }
-            byte[][] hashes = KvWorld.randomHashes(rnd, saved);
-            for (int i = 0; i < saved; i++) {
-                world.fillPattern(src[i], hashes[i]);
-            }
-            engine.save("inst", 0, src, BlockHashes.of(hashes)).join();
+            long[] src = evenBlocks(saved);
+            long[] dst = oddBlocksReversed(saved);
+            byte[][] hashes = savePatterns(engine, world, rnd, src);
             QueryResult q = engine.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(saved);
-            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
-            for (int layer = 0; layer < 8; layer++) {
-                load.awaitLayer(layer, 0);
-                for (int i = 0; i < saved; i++) {
-                    assertThat(world.holdsLayer(dst[i], hashes[i], layer)).as("layer %d of block %d after its wait", layer, dst[i])
-                            .isTrue();
-                }
-            }
-            assertThat(load.result().join().blocks()).isEqualTo(saved);
-            for (int i = 0; i < saved; i++) {
-                assertThat(world.holdsPattern(dst[i], hashes[i])).as("block %d loaded into %d", src[i], dst[i]).isTrue();
+            awaitEveryLayerAndCheck(engine.loadLayered("inst", 0, q.lease(), dst), world, 8, src, dst, hashes);
+            engine.verifyInvariants();
+        }
+    }
+
+    /**
+     * Engine settings with this implementation's copy engine staging loads at their lookup in a
+     * buffer of {@code stageBytes}; {@code made} receives the engine.
+     */
+    abstract EngineConfig.Builder stagedConfig(long stageBytes, java.util.concurrent.atomic.AtomicReference<TransferEngine> made);
+
+    /**
+     * A load staged at its lookup ({@code queryAndBegin}; io.pegaflow.engine.transfer.Stager):
+     * held until its step, its layers awaited one by one, lands byte-exact from the staging
+     * buffer; while that staging is unclaimed a second lookup's load is not staged and reads
+     * the pool; a released lease frees the buffer for the next; a load larger than the buffer
+     * reads the pool. Every load byte-exact either way.
+     */
+    @Test
+    void aLoadStagedAtItsLookupIsByteExactLayerByLayer() {
+        Random rnd = new Random(79);
+        int saved = 40;
+        int layers = 8;
+        long piece = 32 << 10;
+        long loadBytes = saved * layers * 2 * piece;
+        java.util.concurrent.atomic.AtomicReference<TransferEngine> made = new java.util.concurrent.atomic.AtomicReference<>();
+        try (PegaEngine engine = PegaEngine.create(stagedConfig(loadBytes, made).poolSize("64mb").build());
+                KvWorld world = new KvWorld(memory(), "inst", "ns", KvWorld.Kind.SPLIT_KFIRST, 1, 1, layers, 2 * saved + 1,
+                        piece, 0)) {
+            world.register(engine);
+            io.pegaflow.engine.transfer.Stager stager = made.get().stager();
+            assertThat(stager).as("the engine stages with a buffer set").isNotNull();
+            long[] src = evenBlocks(saved);
+            long[] dst = oddBlocksReversed(saved);
+            byte[][] hashes = savePatterns(engine, world, rnd, src);
+
+            QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(hashes), 0);
+            assertThat(q.hitBlocks()).isEqualTo(saved);
+            assertThat(stager.stagedLoads()).as("staged at the lookup").isEqualTo(1);
+            QueryResult second = engine.queryAndBegin("inst", BlockHashes.of(hashes), 0);
+            assertThat(stager.busyRefusals()).as("the buffer holds the first, unclaimed").isEqualTo(1);
+            CompletableFuture<Void> hold = new CompletableFuture<>();
+            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst, hold);
+            assertThat(load.fromStage()).as("the first load reads its staging").isTrue();
+            hold.complete(null);
+            awaitEveryLayerAndCheck(load, world, layers, src, dst, hashes);
+
+            world.fillRandom(dst[0], rnd);
+            LayeredLoad plain = engine.loadLayered("inst", 0, second.lease(), dst);
+            assertThat(plain.fromStage()).as("the second lookup's load was not staged").isFalse();
+            plain.result().join();
+            assertThat(world.holdsPattern(dst[0], hashes[0])).as("the unstaged load's block").isTrue();
+
+            QueryResult dropped = engine.queryAndBegin("inst", BlockHashes.of(hashes), 0);
+            assertThat(stager.stagedLoads()).as("the buffer was free again once the first load ended").isEqualTo(2);
+            engine.release("inst", dropped.lease());
+            QueryResult third = engine.queryAndBegin("inst", BlockHashes.of(hashes), 0);
+            assertThat(stager.stagedLoads()).as("a released lease let its staging go").isEqualTo(3);
+            world.fillRandom(dst[1], rnd);
+            LayeredLoad again = engine.loadLayered("inst", 0, third.lease(), dst);
+            assertThat(again.fromStage()).isTrue();
+            again.result().join();
+            assertThat(world.holdsPattern(dst[1], hashes[1])).as("the third load's block").isTrue();
+
+            byte[][] more = savePatterns(engine, world, rnd, evenBlocks(saved + 1));
+            QueryResult big = engine.queryAndBegin("inst", BlockHashes.of(more), 0);
+            assertThat(big.hitBlocks()).isEqualTo(saved + 1);
+            assertThat(stager.tooLargeRefusals()).as("one block past the buffer").isEqualTo(1);
+            long[] bigDst = java.util.Arrays.copyOf(dst, saved + 1);
+            bigDst[saved] = 0; // a block of the first save, free to overwrite now
+            LayeredLoad large = engine.loadLayered("inst", 0, big.lease(), bigDst);
+            assertThat(large.fromStage()).isFalse();
+            large.result().join();
+            for (int i = 0; i <= saved; i++) {
+                assertThat(world.holdsPattern(bigDst[i], more[i])).as("block %d of the unstaged large load", i).isTrue();
             }
             engine.verifyInvariants();
+        }
+    }
+
+    /** Blocks 0, 2, 4, ...: {@code n} of them. */
+    private static long[] evenBlocks(int n) {
+        long[] ids = new long[n];
+        for (int i = 0; i < n; i++) {
+            ids[i] = 2L * i;
+        }
+        return ids;
+    }
+
+    /** Blocks 2n-1, 2n-3, ..., 1: where {@link #evenBlocks} load back, in reverse. */
+    private static long[] oddBlocksReversed(int n) {
+        long[] ids = new long[n];
+        for (int i = 0; i < n; i++) {
+            ids[i] = 2L * (n - 1 - i) + 1;
+        }
+        return ids;
+    }
+
+    /** Fills each block of {@code src} with its hash's pattern and saves them under fresh hashes, returned. */
+    private static byte[][] savePatterns(PegaEngine engine, KvWorld world, Random rnd, long[] src) {
+        byte[][] hashes = KvWorld.randomHashes(rnd, src.length);
+        for (int i = 0; i < src.length; i++) {
+            world.fillPattern(src[i], hashes[i]);
+        }
+        engine.save("inst", 0, src, BlockHashes.of(hashes)).join();
+        return hashes;
+    }
+
+    /** Waits for each layer from this thread, checking it landed in every block, then the whole load. */
+    private static void awaitEveryLayerAndCheck(LayeredLoad load, KvWorld world, int layers, long[] src, long[] dst,
+            byte[][] hashes) {
+        for (int layer = 0; layer < layers; layer++) {
+            load.awaitLayer(layer, 0);
+            for (int i = 0; i < dst.length; i++) {
+                assertThat(world.holdsLayer(dst[i], hashes[i], layer)).as("layer %d of block %d after its wait", layer, dst[i])
+                        .isTrue();
+            }
+        }
+        assertThat(load.result().join().blocks()).isEqualTo(dst.length);
+        for (int i = 0; i < dst.length; i++) {
+            assertThat(world.holdsPattern(dst[i], hashes[i])).as("block %d loaded into %d", src[i], dst[i]).isTrue();
         }
     }
 

@@ -175,6 +175,10 @@ final class CopyLane {
         n = 0;
         chunk = FIRST_CHUNK;
         runChunk = FIRST_RUNS;
+        if (batch.stage() != null) {
+            fromStage(batch, future, groups);
+            return;
+        }
         // a layer-wise load through the copy engine: each group's last scatter, on aux, marks
         // the group; stream (the copy engine's side) goes on to the next layer without
         // waiting for it, and waits for aux once, before the batch's done event
@@ -234,6 +238,53 @@ final class CopyLane {
         if (auxBehind) {
             CudaDriver.eventRecord(callerEvent, aux);
             CudaDriver.streamWaitEvent(stream, callerEvent);
+        }
+        CudaDriver.eventRecord(doneEvent, stream);
+    }
+
+    /**
+     * A staged load ({@link CopyBatch#fromStage}): each group, once its staging copies are
+     * queued, scattered by the kernel from the staging buffer into the batch's pieces on this
+     * lane's stream, after that group's staging event; the group's event follows. The PCIe side
+     * ran (or runs) on the stager's stream from the lookup on. A held batch scatters only once its
+     * hold opens unless a lead is set ({@link io.pegaflow.engine.transfer.LayerSplit#leadBytes}),
+     * which the connector allows only where nothing writes the blocks between allocation and the
+     * step (docs/gpu.md, "Loads started at allocation"); the scatter takes SMs, not the copy
+     * engine, so the step's input copies never wait behind it.
+     */
+    private void fromStage(CopyBatch batch, Future future, int groups) {
+        io.pegaflow.engine.transfer.StagedLoad staged = batch.stage();
+        DeviceStager stager = (DeviceStager) staged.stager();
+        long base = stager.address();
+        if (batch.held() && options.layerSplit().leadBytes() == 0) {
+            batch.awaitGate();
+        }
+        io.pegaflow.engine.transfer.StageLayout.Cursor at = null;
+        for (int g = 0; g < groups; g++) {
+            staged.awaitQueued(g);
+            if (at == null) {
+                at = staged.layout().cursor();
+            }
+            at.group(g);
+            CudaDriver.streamWaitEvent(stream, stager.event(g));
+            int chunkStart = n;
+            for (int i = batch.groupStart(g); i < batch.groupEnd(g); i++) {
+                long len = batch.length(i);
+                descriptor(base + at.offset(batch.hostOffset(i), len), batch.deviceAddress(i), len);
+                if (n - chunkStart == chunk) {
+                    launch(chunkStart, n, stream);
+                    chunkStart = n;
+                    chunk = Math.min(chunk * 2, MAX_CHUNK);
+                }
+            }
+            launch(chunkStart, n, stream);
+            if (g == 0) {
+                future.markFirstCopy();
+            }
+            if (groups > 1) {
+                CudaDriver.eventRecord(groupEvents[g], stream);
+                future.queued(g + 1);
+            }
         }
         CudaDriver.eventRecord(doneEvent, stream);
     }
@@ -506,18 +557,31 @@ final class CopyLane {
      * two registrations (CUDA_ERROR_INVALID_VALUE, seen on the H200).
      */
     private void copyRun(long src, long dst, long len, boolean toHost, long stream) {
+        if (!toHost && !engine.dmaBatched()) {
+            copyHtoD(engine, src, dst, len, stream);
+            return;
+        }
         while (len > 0) {
             long host = toHost ? dst : src;
             long part = Math.min(len, engine.bytesToChunkEnd(host));
             if (engine.dmaBatched()) {
                 runs.add(src, dst, part);
-            } else if (toHost) {
-                CudaDriver.memcpyDtoHAsync(dst, src, part, stream);
             } else {
-                CudaDriver.memcpyHtoDAsync(dst, src, part, stream);
+                CudaDriver.memcpyDtoHAsync(dst, src, part, stream);
             }
             src += part;
             dst += part;
+            len -= part;
+        }
+    }
+
+    /** Pool bytes at {@code host} to {@code dev} on {@code stream}, one async copy per pinned chunk they touch (see {@link #copyRun}). */
+    static void copyHtoD(CudaTransferEngine engine, long host, long dev, long len, long stream) {
+        while (len > 0) {
+            long part = Math.min(len, engine.bytesToChunkEnd(host));
+            CudaDriver.memcpyHtoDAsync(dev, host, part, stream);
+            host += part;
+            dev += part;
             len -= part;
         }
     }

@@ -55,10 +55,13 @@ import java.util.List;
  *                            {@code PEGAFLOW_CUDA_LAYER_DMA} override: groups of 256 KiB
  *                            stretches were not faster in vLLM on the H200 and took longer to
  *                            submit (docs/benchmarks/README.md, "Layer groups")
+ * @param stageBytes          device memory a load's pool side is staged in from the lookup
+ *                            that begins it ({@link io.pegaflow.engine.transfer.Stager}; 0, the
+ *                            default: off; {@code PEGAFLOW_PRESTAGE_MIB})
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
         Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch,
-        long bounceBytes, int bounceSlots, LayerSplit layerSplit) {
+        long bounceBytes, int bounceSlots, LayerSplit layerSplit, long stageBytes) {
 
     /** The environment variable giving {@link #bounceBytes} in MiB for {@link #defaults()}. */
     public static final String BOUNCE_ENV = "PEGAFLOW_CUDA_BOUNCE_MIB";
@@ -87,6 +90,9 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                     + " MiB to 1 GiB");
         }
         java.util.Objects.requireNonNull(layerSplit, "layerSplit");
+        if (stageBytes < 0 || stageBytes % 4096 != 0) {
+            throw new InvalidArgumentException("stageBytes " + stageBytes + "; expected 0 (off) or a multiple of 4096");
+        }
         nvrtcDirs = List.copyOf(nvrtcDirs);
     }
 
@@ -117,42 +123,48 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                 bounceFromEnvironment(System.getenv(BOUNCE_ENV)), bounceSlotsFromEnvironment(System.getenv(BOUNCE_SLOTS_ENV)),
                 LayerSplit.fromEnvironment(System.getenv(LayerSplit.GROUP_ENV), System.getenv(LayerSplit.LANES_ENV),
                         System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV),
-                        System.getenv(LayerSplit.LEAD_ENV), System.getenv(LayerSplit.PACED_ENV)));
+                        System.getenv(LayerSplit.LEAD_ENV), System.getenv(LayerSplit.PACED_ENV)),
+                io.pegaflow.engine.transfer.Stager.bytesFromEnvironment(System.getenv(io.pegaflow.engine.transfer.Stager.ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit);
+                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withDmaBatch(boolean batch) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit);
+                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit, stageBytes);
     }
 
     public CudaOptions withLayerSplit(LayerSplit split) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split);
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split, stageBytes);
+    }
+
+    public CudaOptions withStage(long bytes) {
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, bytes);
     }
 
     public CudaOptions withBounce(long bytes) {
@@ -161,6 +173,6 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
 
     public CudaOptions withBounce(long bytes, int slots) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit);
+                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit, stageBytes);
     }
 }

@@ -82,6 +82,8 @@ public final class CudaTransferEngine implements TransferEngine {
     private final BlockingQueue<CopyLane> loadLanes;
     private final List<CopyLane> allLanes = new ArrayList<>();
     private volatile boolean closed;
+    /** Loads staged at their lookup ({@link CudaOptions#stageBytes()}); null when off or its buffer could not be had. */
+    private DeviceStager stager;
     /** Long runs go to the copy engine batched ({@link CudaOptions#dmaBatch()}), checked at creation. */
     private volatile boolean dmaBatch;
 
@@ -118,6 +120,15 @@ public final class CudaTransferEngine implements TransferEngine {
             }
             warmUp();
             dmaBatch = options.dmaBatch() && CudaDriver.hasMemcpyBatch() && batchSelfTest();
+            if (options.stageBytes() > 0) {
+                try {
+                    stager = new DeviceStager(this, device, pool, pinned, options.stageBytes(), arena);
+                } catch (CudaException e) {
+                    // vLLM took the memory first: loads read the pool, as without the setting
+                    LOG.log(System.Logger.Level.WARNING, () -> "no staging buffer of " + io.pegaflow.engine.Sizes.format(
+                            options.stageBytes()) + " on " + device + " (" + e.getMessage() + "); loads are not staged at their lookup");
+                }
+            }
             ok = true;
         } finally {
             if (!ok) {
@@ -394,9 +405,18 @@ public final class CudaTransferEngine implements TransferEngine {
     }
 
     @Override
+    public io.pegaflow.engine.transfer.Stager stager() {
+        return stager;
+    }
+
+    @Override
     public TransferFuture submit(CopyBatch batch) {
         if (closed) {
             throw new CudaException("CUDA copy engine is closed", -1);
+        }
+        if (batch.stage() != null && (stager == null || batch.stage().stager() != stager
+                || batch.direction() != CopyBatch.Direction.TO_DEVICE)) {
+            throw new InvalidArgumentException("a staged batch of another engine's stager, or not a load");
         }
         pinned.ensurePinned(batch);
         BlockingQueue<CopyLane> lanes = batch.direction() == CopyBatch.Direction.TO_HOST ? saveLanes : loadLanes;
@@ -475,6 +495,10 @@ public final class CudaTransferEngine implements TransferEngine {
     }
 
     private void releaseResources() {
+        if (stager != null) {
+            stager.close();
+            stager = null;
+        }
         device.makeCurrent();
         for (CopyLane l : allLanes) {
             l.destroy();

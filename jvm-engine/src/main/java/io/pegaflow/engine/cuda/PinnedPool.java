@@ -120,15 +120,27 @@ final class PinnedPool {
         }
         int last = -1;
         for (int i = 0; i < batch.size(); i++) {
-            long off = batch.hostOffset(i);
-            int end = (int) ((off + batch.length(i) - 1) / chunkBytes);
-            for (int c = (int) (off / chunkBytes); c <= end; c++) {
-                if (c != last && pinned.get(c) == 0) {
-                    pin(c);
-                }
-                last = c;
+            last = pinRange(batch.hostOffset(i), batch.length(i), last);
+        }
+    }
+
+    /** Pins the chunks of pool bytes {@code [off, off + len)} not pinned yet (a staged load's stretch). */
+    void ensurePinned(long off, long len) {
+        if (!(fullyPinned.isDone() && !fullyPinned.isCompletedExceptionally())) {
+            pinRange(off, len, -1);
+        }
+    }
+
+    /** Pins the chunks of {@code [off, off + len)} but {@code skip} (just checked); returns the last chunk. */
+    private int pinRange(long off, long len, int skip) {
+        int end = (int) ((off + len - 1) / chunkBytes);
+        int c = (int) (off / chunkBytes);
+        for (; c <= end; c++) {
+            if (c != skip && pinned.get(c) == 0) {
+                pin(c);
             }
         }
+        return end;
     }
 
     /** Nanoseconds from creation until every chunk of the pool was pinned (waits for the background pinning). */

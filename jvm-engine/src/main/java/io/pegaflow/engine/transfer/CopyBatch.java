@@ -22,6 +22,7 @@ public final class CopyBatch {
     private final Direction direction;
     private long waitStream;
     private java.util.concurrent.CompletableFuture<?> gate;
+    private StagedLoad stage;
     private int[] groupEnds = new int[0];
     /** Piece i at [3i, 3i+3): device address, host offset, length (one array: one allocation, and a piece's three words together). */
     private long[] pieces;
@@ -101,6 +102,21 @@ public final class CopyBatch {
     /** Completes (normally) once the batch may be copied: at once without a hold, else when the hold completes either way. */
     public java.util.concurrent.CompletableFuture<?> opened() {
         return gate == null ? java.util.concurrent.CompletableFuture.completedFuture(null) : gate.handle((v, e) -> null);
+    }
+
+    /**
+     * A layer-wise load whose pool side is staged ({@link Stager}, claimed for this batch):
+     * the engine that staged it reads each piece from its staging buffer, where the piece's
+     * pool offset places it ({@link StageLayout.Cursor}), not from the pool. Null: from the pool.
+     */
+    public CopyBatch fromStage(StagedLoad staged) {
+        this.stage = staged;
+        return this;
+    }
+
+    /** See {@link #fromStage}. */
+    public StagedLoad stage() {
+        return stage;
     }
 
     /** Whether the batch is held ({@link #holdUntil}). */

@@ -25,13 +25,26 @@ public final class HostTransferEngine implements TransferEngine {
     private final HostPool pool;
     private final int threads;
     private final ExecutorService copyThreads;
+    /** Null: loads are not staged at their lookup ({@link Stager#ENV} unset or 0). */
+    private final HostStager stager;
 
+    /** With {@link Stager#ENV}'s staging buffer, if set. */
     public HostTransferEngine(HostPool pool, int threads) {
+        this(pool, threads, Stager.bytesFromEnvironment(System.getenv(Stager.ENV)));
+    }
+
+    /**
+     * {@code stageBytes}: the host buffer loads are staged in at their lookup (0: none). Host
+     * copies gain nothing from it (every copy is a memcpy either way); it runs the staged path
+     * where vLLM runs on CPUs, so the CPU tiers check what a GPU engine's staging does.
+     */
+    public HostTransferEngine(HostPool pool, int threads, long stageBytes) {
         if (threads < 1) {
             throw new IllegalArgumentException("copy threads " + threads + "; expected >= 1");
         }
         this.pool = pool;
         this.threads = threads;
+        this.stager = stageBytes > 0 ? new HostStager(pool, stageBytes) : null;
         AtomicInteger n = new AtomicInteger();
         this.copyThreads = Executors.newFixedThreadPool(threads, r -> {
             Thread t = new Thread(r, "pegaflow-copy-" + n.incrementAndGet());
@@ -68,8 +81,27 @@ public final class HostTransferEngine implements TransferEngine {
     }
 
     @Override
+    public Stager stager() {
+        return stager;
+    }
+
+    @Override
     public TransferFuture submit(CopyBatch batch) {
         TransferFuture done = new TransferFuture();
+        if (batch.stage() != null) {
+            if (batch.stage().stager() != stager || batch.direction() != CopyBatch.Direction.TO_DEVICE) {
+                done.completeExceptionally(new IllegalArgumentException("a staged batch for another engine, or not a load"));
+                return done;
+            }
+            batch.opened().thenRunAsync(() -> fromStage(batch, done), copyThreads).whenComplete((ok, err) -> {
+                if (err != null) {
+                    done.completeExceptionally(err);
+                } else {
+                    done.complete(null);
+                }
+            });
+            return done;
+        }
         int parts = (int) Math.max(1, Math.min(threads, batch.totalBytes() / SPLIT_BYTES));
         // Large batches are cut into equal runs of descriptors, one per copy thread.
         CompletableFuture<?>[] runs = new CompletableFuture<?>[parts];
@@ -90,6 +122,62 @@ public final class HostTransferEngine implements TransferEngine {
             }
         });
         return done;
+    }
+
+    /** A staged load's pieces, group by group once each is staged, from the staging buffer. */
+    private void fromStage(CopyBatch batch, TransferFuture done) {
+        StagedLoad staged = batch.stage();
+        MemorySegment buffer = stager.buffer;
+        StageLayout.Cursor at = null;
+        for (int g = 0; g < batch.groupCount(); g++) {
+            staged.awaitQueued(g);
+            if (at == null) {
+                at = staged.layout().cursor();
+                done.markFirstCopy();
+            }
+            at.group(g);
+            for (int i = batch.groupStart(g); i < batch.groupEnd(g); i++) {
+                long len = batch.length(i);
+                MemorySegment.copy(buffer, at.offset(batch.hostOffset(i), len), EVERYTHING, batch.deviceAddress(i), len);
+            }
+        }
+    }
+
+    /** Stages into a host buffer with plain copies: each group has landed once queued. */
+    private static final class HostStager extends Stager {
+        private final HostPool pool;
+        private final java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofShared();
+        final MemorySegment buffer;
+
+        HostStager(HostPool pool, long bytes) {
+            super(bytes, "host");
+            this.pool = pool;
+            this.buffer = arena.allocate(bytes, 4096);
+        }
+
+        @Override
+        public long address() {
+            return buffer.address();
+        }
+
+        @Override
+        protected void queueGroup(StageLayout layout, int g) {
+            MemorySegment host = pool.segment();
+            for (int k = layout.groupStart(g); k < layout.groupEnd(g); k++) {
+                MemorySegment.copy(host, layout.stretchHost(k), buffer, layout.stretchAt(k), layout.stretchLen(k));
+            }
+        }
+
+        @Override
+        protected boolean landed(int g) {
+            return true;
+        }
+
+        @Override
+        public void close() {
+            super.close();
+            arena.close();
+        }
     }
 
     /** Performs the copies on the calling thread (used by benchmarks and by {@link #submit}). */
@@ -123,6 +211,9 @@ public final class HostTransferEngine implements TransferEngine {
 
     @Override
     public void close() {
+        if (stager != null) {
+            stager.close();
+        }
         copyThreads.shutdown();
         try {
             if (!copyThreads.awaitTermination(60, TimeUnit.SECONDS)) {

@@ -53,6 +53,14 @@ public interface TransferEngine extends AutoCloseable {
         return LayerSplit.PER_LAYER;
     }
 
+    /**
+     * The engine's staging of loads at their lookup ({@link Stager}), or null where it has
+     * none or it is off (the default).
+     */
+    default Stager stager() {
+        return null;
+    }
+
     /** A short name for logs and reports, e.g. {@code host} or {@code cuda-kernel}. */
     String name();
 

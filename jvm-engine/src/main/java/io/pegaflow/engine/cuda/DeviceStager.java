@@ -1,0 +1,121 @@
+package io.pegaflow.engine.cuda;
+
+import io.pegaflow.engine.pool.HostPool;
+import io.pegaflow.engine.transfer.StageLayout;
+import io.pegaflow.engine.transfer.Stager;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+
+/**
+ * {@link Stager} of the CUDA engine: a device buffer filled from the pinned pool through the
+ * copy engine on a stream of its own, a layer group's stretches at one stride in the pool as
+ * one pitched copy (as the bounce path's slots), an event per group that the load's lane
+ * orders its scatter after ({@link CopyLane}: the kernel then moves the group device to device
+ * into vLLM's blocks).
+ */
+final class DeviceStager extends Stager {
+    private final CudaTransferEngine engine;
+    private final CudaDevice device;
+    private final HostPool pool;
+    private final PinnedPool pinned;
+    private final long buffer;
+    private final long stream;
+    private final MemorySegment copy2D;
+    /** Written by the staging thread before a group is marked queued; read by a lane after ({@link io.pegaflow.engine.transfer.StagedLoad#awaitQueued}). */
+    private volatile long[] events = new long[0];
+    private boolean current;
+    // the group being queued: absolute host and device addresses and lengths of its stretches
+    private long[] host = new long[16];
+    private long[] dev = new long[16];
+    private long[] len = new long[16];
+
+    DeviceStager(CudaTransferEngine engine, CudaDevice device, HostPool pool, PinnedPool pinned, long bytes, Arena arena) {
+        super(bytes, "cuda");
+        this.engine = engine;
+        this.device = device;
+        this.pool = pool;
+        this.pinned = pinned;
+        this.copy2D = arena.allocate(CudaDriver.MEMCPY2D_BYTES, 8);
+        device.makeCurrent();
+        this.buffer = CudaDriver.memAlloc(bytes);
+        long s;
+        try {
+            s = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+        } catch (RuntimeException e) {
+            CudaDriver.memFree(buffer);
+            throw e;
+        }
+        this.stream = s;
+    }
+
+    @Override
+    public long address() {
+        return buffer;
+    }
+
+    /** The event group {@code g}'s copies recorded (valid once the group is queued). */
+    long event(int g) {
+        return events[g];
+    }
+
+    @Override
+    protected void queueGroup(StageLayout layout, int g) {
+        if (!current) {
+            device.makeCurrent();
+            current = true;
+        }
+        if (events.length < layout.groups()) {
+            long[] more = java.util.Arrays.copyOf(events, layout.groups());
+            for (int e = events.length; e < more.length; e++) {
+                more[e] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+            }
+            events = more;
+        }
+        int first = layout.groupStart(g);
+        int count = layout.groupEnd(g) - first;
+        if (host.length < count) {
+            host = new long[count];
+            dev = new long[count];
+            len = new long[count];
+        }
+        long base = pool.address();
+        for (int i = 0; i < count; i++) {
+            int k = first + i;
+            pinned.ensurePinned(layout.stretchHost(k), layout.stretchLen(k));
+            host[i] = base + layout.stretchHost(k);
+            dev[i] = buffer + layout.stretchAt(k);
+            len[i] = layout.stretchLen(k);
+        }
+        int i = 0;
+        while (i < count) {
+            int rows = engine.pitchedCopiesOn()
+                    ? CopyLane.stridedRows(host, dev, len, i, count, engine.bytesToChunkEnd(host[i])) : 1;
+            if (rows >= CopyLane.MIN_PITCHED_ROWS) {
+                engine.countPitched();
+                CudaDriver.memcpy2DHtoDAsync(copy2D, dev[i], len[i], host[i], host[i + 1] - host[i], len[i], rows, stream);
+                i += rows;
+            } else {
+                CopyLane.copyHtoD(engine, host[i], dev[i], len[i], stream);
+                i++;
+            }
+        }
+        CudaDriver.eventRecord(events[g], stream);
+    }
+
+    @Override
+    protected boolean landed(int g) {
+        return CudaDriver.eventQuery(events[g]);
+    }
+
+    @Override
+    public void close() {
+        super.close();
+        device.makeCurrent();
+        CudaDriver.streamSynchronize(stream);
+        for (long e : events) {
+            CudaDriver.eventDestroy(e);
+        }
+        CudaDriver.streamDestroy(stream);
+        CudaDriver.memFree(buffer);
+    }
+}
