@@ -261,6 +261,21 @@ def test_instepa_systems_need_async_scheduling_off():
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
+def test_instepy_stages_loads_without_loads_at_allocation(tmp_path):
+    """_instepy: loads staged at their lookup (PEGAFLOW_PRESTAGE_MIB) but started in the step, so
+    it runs under vLLM's asynchronous scheduling (no --async-scheduling off needed)."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import Systems
+
+    systems = Systems(SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path)), tmp_path)
+    assert systems.env("server_instepy")["PEGAFLOW_PRESTAGE_MIB"] == (ttft.os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096")
+    kv, stop = systems.start("embedded_instepy")
+    stop()
+    extra = kv["kv_connector_extra_config"]
+    assert extra["load_in_step"] is True and "load_at_alloc" not in extra
+
+
 @pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),
                                                  ("instepab", "PEGAFLOW_BEGIN_AT_LOOKUP", "0"),
                                                  ("instepk", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "1024"),
