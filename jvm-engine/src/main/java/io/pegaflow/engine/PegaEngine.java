@@ -390,7 +390,11 @@ public final class PegaEngine implements AutoCloseable {
         } catch (InvalidArgumentException bad) {
             return null; // a plan outside the worker's regions: its load refuses it, naming the run (checkRun)
         }
-        return stager.stage(bytes, () -> CopyBatches.stageLayout(plan, worker, groupBytes));
+        try {
+            return stager.stage(bytes, () -> CopyBatches.stageLayout(plan, worker, groupBytes));
+        } catch (RuntimeException unexpected) {
+            return null; // staging is optional: the load reads the pool; the lookup and its lease stand
+        }
     }
 
     /**

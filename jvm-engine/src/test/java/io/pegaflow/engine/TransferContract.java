@@ -139,6 +139,7 @@ abstract class TransferContract {
             world.register(engine);
             io.pegaflow.engine.transfer.Stager stager = made.get().stager();
             assertThat(stager).as("the engine stages with a buffer set").isNotNull();
+            assertThat(stager.allocated()).as("its buffer is taken at the first staging, not at start").isFalse();
             long[] src = evenBlocks(saved);
             long[] dst = oddBlocksReversed(saved);
             byte[][] hashes = savePatterns(engine, world, rnd, src);

@@ -90,9 +90,7 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                     + " MiB to 1 GiB");
         }
         java.util.Objects.requireNonNull(layerSplit, "layerSplit");
-        if (stageBytes < 0 || stageBytes % 4096 != 0) {
-            throw new InvalidArgumentException("stageBytes " + stageBytes + "; expected 0 (off) or a multiple of 4096");
-        }
+        io.pegaflow.engine.transfer.Stager.checkBytes(stageBytes);
         nvrtcDirs = List.copyOf(nvrtcDirs);
     }
 

@@ -121,13 +121,9 @@ public final class CudaTransferEngine implements TransferEngine {
             warmUp();
             dmaBatch = options.dmaBatch() && CudaDriver.hasMemcpyBatch() && batchSelfTest();
             if (options.stageBytes() > 0) {
-                try {
-                    stager = new DeviceStager(this, device, pool, pinned, options.stageBytes(), arena);
-                } catch (CudaException e) {
-                    // vLLM took the memory first: loads read the pool, as without the setting
-                    LOG.log(System.Logger.Level.WARNING, () -> "no staging buffer of " + io.pegaflow.engine.Sizes.format(
-                            options.stageBytes()) + " on " + device + " (" + e.getMessage() + "); loads are not staged at their lookup");
-                }
+                // its device memory is taken at the first lookup that stages: a worker outside the
+                // scheduler's process never stages and never holds it
+                stager = new DeviceStager(this, device, pool, pinned, options.stageBytes(), arena);
             }
             ok = true;
         } finally {

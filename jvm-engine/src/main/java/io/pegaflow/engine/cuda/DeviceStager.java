@@ -18,12 +18,12 @@ final class DeviceStager extends Stager {
     private final CudaDevice device;
     private final HostPool pool;
     private final PinnedPool pinned;
-    private final long buffer;
-    private final long stream;
+    /** Taken at the first load asked to stage ({@link #allocate}), before any group is queued. */
+    private volatile long buffer;
+    private volatile long stream;
     private final MemorySegment copy2D;
     /** Written by the staging thread before a group is marked queued; read by a lane after ({@link io.pegaflow.engine.transfer.StagedLoad#awaitQueued}). */
     private volatile long[] events = new long[0];
-    private boolean current;
     // the group being queued: absolute host and device addresses and lengths of its stretches
     private long[] host = new long[16];
     private long[] dev = new long[16];
@@ -36,16 +36,20 @@ final class DeviceStager extends Stager {
         this.pool = pool;
         this.pinned = pinned;
         this.copy2D = arena.allocate(CudaDriver.MEMCPY2D_BYTES, 8);
+    }
+
+    /** The device buffer and the staging stream, on the thread of the first lookup that stages (vLLM's scheduling thread). */
+    @Override
+    protected void allocate() {
         device.makeCurrent();
-        this.buffer = CudaDriver.memAlloc(bytes);
-        long s;
+        long b = CudaDriver.memAlloc(capacity());
         try {
-            s = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
         } catch (RuntimeException e) {
-            CudaDriver.memFree(buffer);
+            CudaDriver.memFree(b);
             throw e;
         }
-        this.stream = s;
+        buffer = b;
     }
 
     @Override
@@ -60,10 +64,7 @@ final class DeviceStager extends Stager {
 
     @Override
     protected void queueGroup(StageLayout layout, int g) {
-        if (!current) {
-            device.makeCurrent();
-            current = true;
-        }
+        device.makeCurrent(); // per call: the staging thread has no context of its own to rely on
         if (events.length < layout.groups()) {
             long[] more = java.util.Arrays.copyOf(events, layout.groups());
             for (int e = events.length; e < more.length; e++) {
@@ -108,8 +109,7 @@ final class DeviceStager extends Stager {
     }
 
     @Override
-    public void close() {
-        super.close();
+    protected void free() {
         device.makeCurrent();
         CudaDriver.streamSynchronize(stream);
         for (long e : events) {

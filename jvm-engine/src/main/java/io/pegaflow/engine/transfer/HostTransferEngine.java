@@ -44,7 +44,7 @@ public final class HostTransferEngine implements TransferEngine {
         }
         this.pool = pool;
         this.threads = threads;
-        this.stager = stageBytes > 0 ? new HostStager(pool, stageBytes) : null;
+        this.stager = Stager.checkBytes(stageBytes) > 0 ? new HostStager(pool, stageBytes) : null;
         AtomicInteger n = new AtomicInteger();
         this.copyThreads = Executors.newFixedThreadPool(threads, r -> {
             Thread t = new Thread(r, "pegaflow-copy-" + n.incrementAndGet());
@@ -146,13 +146,30 @@ public final class HostTransferEngine implements TransferEngine {
     /** Stages into a host buffer with plain copies: each group has landed once queued. */
     private static final class HostStager extends Stager {
         private final HostPool pool;
-        private final java.lang.foreign.Arena arena = java.lang.foreign.Arena.ofShared();
-        final MemorySegment buffer;
+        private java.lang.foreign.Arena arena;
+        /** Written once by {@link #allocate}, before any load is staged; read by copy threads after {@link StagedLoad#awaitQueued}. */
+        volatile MemorySegment buffer;
 
         HostStager(HostPool pool, long bytes) {
             super(bytes, "host");
             this.pool = pool;
-            this.buffer = arena.allocate(bytes, 4096);
+        }
+
+        @Override
+        protected void allocate() {
+            java.lang.foreign.Arena a = java.lang.foreign.Arena.ofShared();
+            try {
+                buffer = a.allocate(capacity(), 4096);
+            } catch (RuntimeException | OutOfMemoryError e) {
+                a.close();
+                throw e;
+            }
+            arena = a;
+        }
+
+        @Override
+        protected void free() {
+            arena.close();
         }
 
         @Override
@@ -173,11 +190,6 @@ public final class HostTransferEngine implements TransferEngine {
             return true;
         }
 
-        @Override
-        public void close() {
-            super.close();
-            arena.close();
-        }
     }
 
     /** Performs the copies on the calling thread (used by benchmarks and by {@link #submit}). */
@@ -211,16 +223,18 @@ public final class HostTransferEngine implements TransferEngine {
 
     @Override
     public void close() {
-        if (stager != null) {
-            stager.close();
-        }
         copyThreads.shutdown();
+        boolean done = false;
         try {
-            if (!copyThreads.awaitTermination(60, TimeUnit.SECONDS)) {
-                throw new IllegalStateException("host copy threads did not finish within 60 s");
-            }
+            done = copyThreads.awaitTermination(60, TimeUnit.SECONDS);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
+        }
+        if (!done) {
+            throw new IllegalStateException("host copy threads did not finish within 60 s"); // the staging buffer stays: one may read it
+        }
+        if (stager != null) {
+            stager.close(); // after the copy threads: none reads the buffer any more
         }
     }
 }

@@ -80,8 +80,10 @@ public final class StagedLoad {
             if (failure != null) {
                 throw new IllegalStateException("staging group " + g + " of " + bytes + " bytes failed: " + failure, failure);
             }
-            if (state.get() == RELEASED) {
-                throw new IllegalStateException("staging of " + bytes + " bytes was released before group " + g);
+            int now = state.get();
+            if (now == RELEASED || now == DONE) {
+                throw new IllegalStateException("staging of " + bytes + " bytes was " + (now == DONE ? "ended" : "released")
+                        + " before group " + g);
             }
             try {
                 wait();
@@ -135,12 +137,14 @@ public final class StagedLoad {
     }
 
     void fail(Throwable t) {
+        // the state first: a claim that sees the failure's effects can no longer succeed
+        boolean unclaimed = state.compareAndSet(FILLING, FAILED);
         synchronized (this) {
             failure = t;
             notifyAll();
         }
-        if (state.compareAndSet(FILLING, FAILED)) {
-            stager.free(this); // unclaimed: nobody reads it; a claimed one is freed when its load ends
+        if (unclaimed) {
+            stager.free(this); // nobody reads it; a claimed one is freed when its load ends
         }
     }
 }

@@ -26,16 +26,24 @@ public abstract class Stager implements AutoCloseable {
     /** An unclaimed staging this old gives the buffer up to the next load that asks. */
     static final long STALE_NANOS = 2_000_000_000L;
 
+    private static final System.Logger LOG = System.getLogger(Stager.class.getName());
+    /** The largest buffer {@link #ENV} may ask for, in MiB. */
+    static final long MAX_MIB = 65536;
+    private static final int UNALLOCATED = 0, READY = 1, UNAVAILABLE = -1;
+
     private final long capacity;
     private final AtomicReference<StagedLoad> occupant = new AtomicReference<>();
     private final ExecutorService filler;
     private final AtomicLong staged = new AtomicLong();
     private final AtomicLong busy = new AtomicLong();
     private final AtomicLong tooLarge = new AtomicLong();
+    /** The buffer is taken at the first load asked to stage, not at start ({@link #allocate}). */
+    private volatile int buffer = UNALLOCATED;
 
     protected Stager(long capacity, String name) {
-        if (capacity <= 0) {
-            throw new IllegalArgumentException("staging buffer of " + capacity + " bytes; expected > 0");
+        checkBytes(capacity);
+        if (capacity == 0) {
+            throw new IllegalArgumentException("staging buffer of 0 bytes; expected > 0 (0 turns staging off: make no stager)");
         }
         this.capacity = capacity;
         this.filler = Executors.newSingleThreadExecutor(Thread.ofPlatform().daemon().name("pegaflow-stage-" + name).factory());
@@ -43,7 +51,17 @@ public abstract class Stager implements AutoCloseable {
 
     /** {@link #ENV} as bytes, 0 when unset; refuses anything but 0 to 65536 MiB, naming the value. */
     public static long bytesFromEnvironment(String value) {
-        return LayerSplit.parse(value, ENV, 0, 65536, 0, "MiB of the buffer a load's pool side is staged in at its lookup, 0 (off) to 65536") << 20;
+        return LayerSplit.parse(value, ENV, 0, MAX_MIB, 0,
+                "MiB of the buffer a load's pool side is staged in at its lookup, 0 (off) to " + MAX_MIB) << 20;
+    }
+
+    /** Refuses a staging size other than 0 (off) or whole 4 KiB pages up to 64 GiB, naming it. */
+    public static long checkBytes(long bytes) {
+        if (bytes < 0 || bytes % 4096 != 0 || bytes > MAX_MIB << 20) {
+            throw new io.pegaflow.engine.InvalidArgumentException("staging buffer of " + bytes
+                    + " bytes; expected 0 (off) or a multiple of 4096 up to " + (MAX_MIB << 20) + " (" + ENV + ")");
+        }
+        return bytes;
     }
 
     public long capacity() {
@@ -57,6 +75,9 @@ public abstract class Stager implements AutoCloseable {
     public StagedLoad stage(long bytes, Supplier<StageLayout> layout) {
         if (bytes <= 0 || bytes > capacity) {
             tooLarge.incrementAndGet();
+            return null;
+        }
+        if (buffer != READY && !allocateOnce()) {
             return null;
         }
         StagedLoad s = new StagedLoad(this, bytes, layout);
@@ -78,6 +99,25 @@ public abstract class Stager implements AutoCloseable {
         }
         staged.incrementAndGet();
         return s;
+    }
+
+    /**
+     * Takes the buffer at the first load asked to stage, so a process that never stages (a
+     * server, a worker outside the scheduler's process) never holds it; where it cannot be had
+     * (the memory went to others) staging stays off, said once, and loads read the pool.
+     */
+    private synchronized boolean allocateOnce() {
+        if (buffer == UNALLOCATED) {
+            try {
+                allocate();
+                buffer = READY;
+            } catch (RuntimeException | OutOfMemoryError e) {
+                buffer = UNAVAILABLE;
+                LOG.log(System.Logger.Level.WARNING, () -> "no staging buffer of " + capacity + " bytes (" + e
+                        + "); loads are not staged at their lookup");
+            }
+        }
+        return buffer == READY;
     }
 
     private void fill(StagedLoad s) {
@@ -119,7 +159,18 @@ public abstract class Stager implements AutoCloseable {
         return tooLarge.get();
     }
 
-    /** The staging buffer's address (device memory for a GPU engine). */
+    /** Whether the buffer was taken (at the first load asked to stage). */
+    public boolean allocated() {
+        return buffer == READY;
+    }
+
+    /** Takes the buffer ({@link #capacity} bytes); on the thread of the first load asked to stage. */
+    protected abstract void allocate();
+
+    /** Gives the buffer back; only after {@link #allocate} succeeded and nothing fills or reads it. */
+    protected abstract void free();
+
+    /** The staging buffer's address (device memory for a GPU engine); valid once {@link #allocated}. */
     public abstract long address();
 
     /** On the staging thread: queues group {@code g}'s stretches into the buffer at their {@link StageLayout#stretchAt}. */
@@ -128,20 +179,31 @@ public abstract class Stager implements AutoCloseable {
     /** On the staging thread: whether group {@code g}'s copies have landed. */
     protected abstract boolean landed(int g);
 
-    /** Stops the staging thread (a load in it ends at its next group); a subclass then frees its buffer. */
+    /**
+     * Stops the staging thread (a load in it ends at its next group), then frees the buffer;
+     * a thread that does not stop keeps it (freed memory under a running copy is worse than a
+     * leak at exit). The caller's copies that read it have ended (PegaEngine.close waits for them).
+     */
     @Override
-    public void close() {
+    public final void close() {
         StagedLoad s = occupant.get();
         if (s != null) {
             s.release();
         }
         filler.shutdown();
+        boolean stopped = false;
         try {
-            if (!filler.awaitTermination(60, java.util.concurrent.TimeUnit.SECONDS)) {
-                throw new IllegalStateException("the staging thread did not stop within 60 s");
-            }
+            stopped = filler.awaitTermination(60, java.util.concurrent.TimeUnit.SECONDS);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
+        }
+        if (!stopped) {
+            LOG.log(System.Logger.Level.WARNING, "the staging thread did not stop within 60 s; its buffer is not freed");
+            return;
+        }
+        if (buffer == READY) {
+            buffer = UNAVAILABLE;
+            free();
         }
     }
 }
