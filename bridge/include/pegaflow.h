@@ -294,8 +294,8 @@ typedef struct pegaflow_api {
        (sched_create's mode 8); then nanoseconds listing the copy batches' pieces and handing
        them to the copy engine (waiting for a free lane included): most of the submission's
        rest; then nanoseconds from the loads' start until the copy engine queued each one's
-       first copy (host copies: began it); then how many read a pool side staged from their
-       lookup on (PEGAFLOW_PRESTAGE_MIB). Counters past cap are drained unseen. */
+       first copy (host copies: began it); then how many loads (in the step or not) read a pool
+       side staged from their lookup on (PEGAFLOW_PRESTAGE_MIB). Counters past cap are drained unseen. */
     int32_t (*worker_stats)(int64_t worker, int64_t *out, int32_t cap, int32_t *out_count);
 
     /* ---- vLLM's prefix-caching block hash, for engines that are not vLLM (since ABI 4). ----

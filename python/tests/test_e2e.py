@@ -100,15 +100,18 @@ def test_in_process_embedded_loads_back_what_it_saved(model, procs, baseline):
     assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
 
 
-def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, baseline):
+@pytest.mark.parametrize("in_step", [True, False], ids=["in-step-at-alloc", "asynchronous"])
+def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, baseline, in_step):
     """PEGAFLOW_PRESTAGE_MIB: the lookup that begins a warm request's load also stages its pool
-    side in the copy engine's buffer (here the host engine's), loads start where vLLM allocates
-    their blocks and read the staging inside the step; every answer equals vLLM's own without the
-    connector and every warm load read its staging (vllm:pegaflow_in_step_staged)."""
+    side in the copy engine's buffer (here the host engine's); the load then reads the staging,
+    inside the step (started where vLLM allocates the blocks) or asynchronously (the connector's
+    default on GPUs); every answer equals vLLM's own without the connector and every warm load
+    read its staging (vllm:pegaflow_loads_staged)."""
+    connector = {"mode": "embedded", "pool_size": "32mb", "load_in_step": in_step}
+    if in_step:
+        connector["load_at_alloc"] = True
     with EngineProc("staged", env={"PEGAFLOW_PRESTAGE_MIB": "16"}) as p:
-        p.open(EngineSpec(model, connector={"mode": "embedded", "pool_size": "32mb", "load_in_step": True,
-                                            "load_at_alloc": True}, engine_id="staged",
-                          extra={"async_scheduling": False}))
+        p.open(EngineSpec(model, connector=connector, engine_id="staged", extra={"async_scheduling": False}))
         first = one_by_one(p, prompts(1))
         assert p.reset_prefix_cache()
         second = one_by_one(p, prompts(1))
@@ -116,8 +119,10 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
         p.close_engine()
     assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
     assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
-    loads = metrics.get("vllm:pegaflow_in_step_loads", 0)
-    assert loads >= 4 and metrics.get("vllm:pegaflow_in_step_staged", 0) == loads, metrics
+    # the second pass: the first prompt's 15 blocks from the store, the others' 3 own blocks each
+    assert metrics.get("vllm:pegaflow_hit_requests") == 4 and metrics.get("vllm:pegaflow_loaded_blocks") == 15 + 3 * 3, metrics
+    assert metrics.get("vllm:pegaflow_in_step_loads", 0) == (4 if in_step else 0), metrics
+    assert metrics.get("vllm:pegaflow_loads_staged", 0) == 4, metrics
 
 
 def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):

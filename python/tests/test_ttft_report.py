@@ -263,7 +263,8 @@ def test_instepa_systems_need_async_scheduling_off():
 
 def test_instepy_stages_loads_without_loads_at_allocation(tmp_path):
     """_instepy: loads staged at their lookup (PEGAFLOW_PRESTAGE_MIB) but started in the step, so
-    it runs under vLLM's asynchronous scheduling (no --async-scheduling off needed)."""
+    it runs under vLLM's asynchronous scheduling (no --async-scheduling off needed); _asyncx: the
+    same staging for asynchronous loads."""
     from types import SimpleNamespace
 
     from pegaflow.bench.ttft import Systems
@@ -274,6 +275,10 @@ def test_instepy_stages_loads_without_loads_at_allocation(tmp_path):
     stop()
     extra = kv["kv_connector_extra_config"]
     assert extra["load_in_step"] is True and "load_at_alloc" not in extra
+    assert systems.env("embedded_asyncx")["PEGAFLOW_PRESTAGE_MIB"] == systems.env("server_instepy")["PEGAFLOW_PRESTAGE_MIB"]
+    kv, stop = systems.start("embedded_asyncx")
+    stop()
+    assert kv["kv_connector_extra_config"]["load_in_step"] is False  # asynchronous loads, staged
 
 
 @pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),
@@ -439,10 +444,11 @@ def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream(
     assert "build" not in phases and "submit" not in phases  # an older jar's 14 counters: absent, not 0
     assert "first_copy" not in phases and "staged_share" not in phases
     warm_counters.update({"vllm:pegaflow_in_step_build_ns": 1.2e6, "vllm:pegaflow_in_step_submit_ns": 0.4e6,
-                          "vllm:pegaflow_in_step_first_copy_ns": 5.0e6, "vllm:pegaflow_in_step_staged": 1.0})
+                          "vllm:pegaflow_in_step_first_copy_ns": 5.0e6, "vllm:pegaflow_loads_staged": 1.0})
     phases = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_in_step_phases_ms"]
     assert phases["build"] == 0.6 and phases["submit"] == 0.2 and phases["first_copy"] == 2.5
     assert phases["staged_share"] == 0.5  # one of the two loads read a staging (PEGAFLOW_PRESTAGE_MIB)
+    assert ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_loads_staged"] == 1
 
 
 def test_overlap_refuses_a_negative_forward_delay():

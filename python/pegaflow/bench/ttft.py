@@ -61,7 +61,8 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # lookup that begins them on (PEGAFLOW_PRESTAGE_MIB; the caller's own value of it wins), before vLLM
 # allocates their blocks: the copy engine works through vLLM's scheduling and allocation, and the
 # step's loads move the staged bytes device to device; "<system>_instepy" is _instep with that staging
-# (no load at allocation: it runs under vLLM's asynchronous scheduling, vLLM's default on GPUs);
+# (no load at allocation: it runs under vLLM's asynchronous scheduling, vLLM's default on GPUs), and
+# "<system>_asyncx" _async with it (asynchronous loads, the connector's default on GPUs);
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -75,11 +76,12 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepx": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1",
                            "PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
                "instepy": {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
+               "asyncx": {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
-VARIANTS = tuple(f"{base}_{v}" for v in ("async", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
+VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")
                  for base in ("embedded", "server"))
 WORKER = Path(__file__).with_name("ttft_worker.py")
@@ -174,7 +176,7 @@ class Systems:
             kv, stop = self.start(base)
             extra = kv["kv_connector_extra_config"]
             if variant.startswith(("async", "instep")):
-                extra["load_in_step"] = variant != "async"
+                extra["load_in_step"] = not variant.startswith("async")
             if variant in AT_ALLOC:
                 extra["load_at_alloc"] = True
             extra["cross_layer_blocks"] = variant == "v1cross" or extra.get("cross_layer_blocks", True)
@@ -432,6 +434,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 phases = in_step_phases_ms(r.get("warm_counters") or {})
                 if phases:
                     row["warm_in_step_phases_ms"] = phases  # this length's warm in-step loads alone
+                staged = (r.get("warm_counters") or {}).get("vllm:pegaflow_loads_staged")
+                if staged is not None:
+                    row["warm_loads_staged"] = int(staged)  # loads of any kind that read a staging (PEGAFLOW_PRESTAGE_MIB)
                 calls = server_calls(r.get("warm_counters") or {}, len(warm))
                 if calls:
                     row["warm_server_calls"] = calls  # server mode: the control path of this length's warm requests
@@ -512,8 +517,8 @@ def in_step_phases_ms(counters: dict) -> dict:
                             ("fence", "load_fences", "load_fence_ns")):
         if counters.get(f"vllm:pegaflow_{count}"):
             out[name] = round(counters.get(f"vllm:pegaflow_{ns}", 0) / counters[f"vllm:pegaflow_{count}"] / 1e6, 3)
-    if "vllm:pegaflow_in_step_staged" in counters:  # the share of loads read from a staging (PEGAFLOW_PRESTAGE_MIB)
-        out["staged_share"] = round(counters["vllm:pegaflow_in_step_staged"] / loads, 3)
+    if "vllm:pegaflow_loads_staged" in counters:  # the share of loads read from a staging (PEGAFLOW_PRESTAGE_MIB)
+        out["staged_share"] = round(counters["vllm:pegaflow_loads_staged"] / loads, 3)
     return out
 
 

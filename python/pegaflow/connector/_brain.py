@@ -263,7 +263,7 @@ class WorkerBrain:
     STATS = ("loaded_blocks", "loaded_bytes", "saved_blocks", "saved_bytes", "load_failed_blocks", "save_failures",
              "in_step_loads", "in_step_plan_ns", "in_step_load_ns", "in_step_wait_ns", "in_step_step_ns",
              "in_step_hop_ns", "in_step_store_ns", "in_step_at_alloc", "in_step_build_ns", "in_step_submit_ns",
-             "in_step_first_copy_ns", "in_step_staged")
+             "in_step_first_copy_ns", "loads_staged")
 
     def stats(self) -> dict[str, int]:
         """Counters since the last call (``STATS``; vLLM's connector stats)."""

@@ -40,8 +40,8 @@ COUNTERS = {
                          "pinning pool chunks on first touch, the batch queued to the lane's thread)",
     "in_step_first_copy_ns": "nanoseconds from an in-step load's start until the copy engine queued its first copy (host copies: began it); "
                              "after the hold for a held load without a lead",
-    "in_step_staged": "in-step loads whose pool side the copy engine staged from their lookup on (PEGAFLOW_PRESTAGE_MIB), read from "
-                      "its staging buffer",
+    "loads_staged": "loads (in the step or asynchronous) whose pool side the copy engine staged from their lookup on "
+                    "(PEGAFLOW_PRESTAGE_MIB), read from its staging buffer",
     "in_step_at_alloc": "in-step loads started where vLLM allocated their blocks (load_at_alloc), their phases timed from there",
     "alloc_to_load_starts": "in-step loads whose allocation this process saw (the worker shares the scheduler's process)",
     "alloc_to_load_ns": "nanoseconds from those loads' allocation (update_state_after_alloc) to start_load_kv",

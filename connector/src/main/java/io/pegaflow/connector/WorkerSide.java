@@ -100,7 +100,7 @@ public final class WorkerSide {
             STAT_IN_STEP_LOAD_NANOS = 8, STAT_IN_STEP_WAIT_NANOS = 9, STAT_IN_STEP_STEP_NANOS = 10,
             STAT_IN_STEP_HOP_NANOS = 11, STAT_IN_STEP_STORE_NANOS = 12, STAT_IN_STEP_AT_ALLOC = 13,
             STAT_IN_STEP_BUILD_NANOS = 14, STAT_IN_STEP_SUBMIT_NANOS = 15, STAT_IN_STEP_FIRST_COPY_NANOS = 16,
-            STAT_IN_STEP_STAGED = 17, STAT_COUNT = 18;
+            STAT_LOADS_STAGED = 17, STAT_COUNT = 18;
 
     private record PendingLoad(CompletableFuture<CopyResult> future, long[] targets) {}
 
@@ -328,7 +328,7 @@ public final class WorkerSide {
                     stats.addAndGet(STAT_IN_STEP_BUILD_NANOS, h.buildNanos());
                     stats.addAndGet(STAT_IN_STEP_SUBMIT_NANOS, h.submitNanos());
                     if (h.fromStage()) {
-                        stats.incrementAndGet(STAT_IN_STEP_STAGED);
+                        stats.incrementAndGet(STAT_LOADS_STAGED);
                     }
                     stats.addAndGet(STAT_IN_STEP_PLAN_NANOS, System.nanoTime() - t0); // before anyone waiting sees it
                     return h;
@@ -411,6 +411,14 @@ public final class WorkerSide {
             String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> {
                         try {
+                            if (e.stagesLoads()) {
+                                // layer by layer, so a load whose lookup staged its pool side reads the staging
+                                LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
+                                if (h.fromStage()) {
+                                    stats.incrementAndGet(STAT_LOADS_STAGED);
+                                }
+                                return h.result();
+                            }
                             return e.load(instanceId, workerRank, l.lease(), l.blockIds());
                         } catch (RuntimeException refused) {
                             releaseRefused(e, instanceId, l.lease());

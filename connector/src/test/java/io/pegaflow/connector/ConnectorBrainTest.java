@@ -58,6 +58,13 @@ class ConnectorBrainTest {
         worker = new WorkerSide(bound::get, "vllm", 0);
     }
 
+    /** This test's engine replaced by one whose copy engine stages loads at their lookup (a 1 MiB host buffer). */
+    private void bindStaging() {
+        engine.close();
+        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(30))
+                .transfer(pool -> new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1, 1 << 20)), 2);
+    }
+
     /** A fresh engine of {@code config} with this test's instance and worker, handed out as link generation {@code generation}. */
     private void bind(EngineConfig.Builder config, long generation) {
         engine = PegaEngine.create(config.build());
@@ -400,7 +407,7 @@ class ConnectorBrainTest {
         assertThat(stats[WorkerSide.STAT_IN_STEP_FIRST_COPY_NANOS]).as("until the engine began its first copy").isPositive()
                 .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_STORE_NANOS])
                 .isLessThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);
-        assertThat(stats[WorkerSide.STAT_IN_STEP_STAGED]).as("no staging buffer: read from the pool").isZero();
+        assertThat(stats[WorkerSide.STAT_LOADS_STAGED]).as("no staging buffer: read from the pool").isZero();
         assertThat(stats[WorkerSide.STAT_IN_STEP_WAIT_NANOS]).isPositive();
         assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended after the bytes landed")
                 .isGreaterThanOrEqualTo(stats[WorkerSide.STAT_IN_STEP_LOAD_NANOS]);
@@ -417,9 +424,7 @@ class ConnectorBrainTest {
      */
     @Test
     void anInStepLoadStagedAtItsLookupLandsAndIsCounted() throws Exception {
-        engine.close();
-        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(30))
-                .transfer(pool -> new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1, 1 << 20)), 2);
+        bindStaging();
         BlockHashes h = hashes(4);
         byte[][] saved = storedFourBlocksThenInStep(h);
         assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
@@ -436,8 +441,38 @@ class ConnectorBrainTest {
         assertThat(worker.drainLoadErrors()).isEmpty();
         long[] stats = worker.drainStats();
         assertThat(stats[WorkerSide.STAT_IN_STEP_LOADS]).isEqualTo(1);
-        assertThat(stats[WorkerSide.STAT_IN_STEP_STAGED]).as("read from the staging its lookup began").isEqualTo(1);
+        assertThat(stats[WorkerSide.STAT_LOADS_STAGED]).as("read from the staging its lookup began").isEqualTo(1);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+    }
+
+    /**
+     * An asynchronous load (vLLM's default on GPUs) of a lease whose lookup staged its pool side
+     * also reads the staging: it lands the saved bytes, is reported as received, and counts.
+     */
+    @Test
+    void anAsynchronousLoadStagedAtItsLookupLandsAndIsCounted() throws Exception {
+        bindStaging();
+        BlockHashes h = hashes(4);
+        runCold("cold", h, 4 * BLOCK + 3, 0);
+        byte[][] saved = {block(0), block(1), block(2), block(3)};
+        sched.requestFinished("cold");
+        finishedSendingAfter(List.of("cold"));
+        sched.finished(List.of("cold"), List.of());
+        assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
+        byte[] plan = sched.buildPlan();
+        assertThat(StepPlan.decode(plan).loads()).singleElement().satisfies(l -> assertThat(l.inStep()).isFalse());
+        assertThat(worker.startLoads(plan)).as("asynchronous").isZero();
+        assertThat(recvingAfter(List.of(), new ArrayList<>())).containsExactly("warm");
+        for (int i = 0; i < 4; i++) {
+            assertThat(block(20 + i)).as("block %d from the staging", i).isEqualTo(saved[i]);
+        }
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        long[] stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        assertThat(stats[WorkerSide.STAT_LOADS_STAGED]).as("read from the staging its lookup began").isEqualTo(1);
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
+        assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
     }
 
     /**

@@ -373,6 +373,16 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
+     * Whether the copy engine stages loads at their lookup ({@link io.pegaflow.engine.transfer.Stager}):
+     * a load of a lease such a lookup began reads the staging only through {@link #loadLayered}
+     * (a plain {@link #load} lets it go), so a caller that does not wait layer by layer loads so
+     * too and waits for the result alone.
+     */
+    public boolean stagesLoads() {
+        return transfer.stager() != null;
+    }
+
+    /**
      * Starts copying a begun load's pool side into the copy engine's staging buffer where it
      * has one and the load fits ({@link io.pegaflow.engine.transfer.Stager}): from here on, not
      * from vLLM's allocation of its blocks. The layout is made on the staging thread; only the
