@@ -2,7 +2,7 @@
 # The GPU JUnit tier (JUnit tag gpu) on the GPU machine once ci/gpu-vllm/install.sh installed
 # the staged wheel: that wheel's own Java runtime and jar (/tmp/ours-site, or PEGAFLOW_SITE),
 # the test classes of ci/gpu-junit-bundle.sh built here from the same commit (carry
-# [".gpu-tests"], ~5 MB, so it fits beside the tree in a call of its own). Extra arguments
+# [".gpu-tests"] alone, so it fits beside the tree in a call of its own). Extra arguments
 # replace the default selection (every class tagged gpu), e.g.
 #   --select-class io.pegaflow.engine.CudaTransferContractTest --select-class io.pegaflow.engine.CudaPacedLeadContractTest
 # Usage: ci/gpu-vllm/junit.sh OUT_DIR [JUnit console selection arguments]

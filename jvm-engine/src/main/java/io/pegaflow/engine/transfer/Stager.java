@@ -131,7 +131,7 @@ public abstract class Stager implements AutoCloseable {
                 s.queued(g);
                 if (g + 1 < l.groups()) {
                     while (s.paced() && !landed(g)) {
-                        Thread.onSpinWait(); // about a millisecond a layer at 16K tokens; a parked thread woken late idles the line
+                        Thread.onSpinWait(); // one layer's copy: a parked thread woken late would idle the line
                     }
                 }
             }
