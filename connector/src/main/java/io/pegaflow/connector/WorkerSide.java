@@ -411,8 +411,8 @@ public final class WorkerSide {
             String instanceId = instance(l.group(), l.requestId());
             return CompletableFuture.supplyAsync(() -> {
                         try {
-                            if (e.stagesLoads()) {
-                                // layer by layer, so a load whose lookup staged its pool side reads the staging
+                            if (e.staged(l.lease())) {
+                                // layer by layer: a load whose lookup staged its pool side reads the staging so
                                 LayeredLoad h = e.loadLayered(instanceId, workerRank, l.lease(), l.blockIds());
                                 if (h.fromStage()) {
                                     stats.incrementAndGet(STAT_LOADS_STAGED);

@@ -52,6 +52,12 @@ final class BegunLoads {
         return b;
     }
 
+    /** Whether the load begun with this lease, still kept, has a staging. */
+    boolean staged(Token lease) {
+        Begun b = byLease.get(lease);
+        return b != null && b.staged() != null;
+    }
+
     /** The load begun with this lease of {@code instanceId}, removed; null if none. */
     Begun drop(Token lease, String instanceId) {
         Begun b = byLease.get(lease);

@@ -95,9 +95,7 @@ final class CopyBatches {
                 staged.finish();
             }
         } catch (RuntimeException | Error e) {
-            if (staged != null && submitted.isEmpty()) {
-                staged.finish();
-            }
+            // nothing submitted: PegaEngine.submit ends the staging with the load it failed
             for (TransferFuture f : submitted) {
                 try {
                     f.join();

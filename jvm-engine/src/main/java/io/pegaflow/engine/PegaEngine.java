@@ -373,13 +373,14 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
-     * Whether the copy engine stages loads at their lookup ({@link io.pegaflow.engine.transfer.Stager}):
-     * a load of a lease such a lookup began reads the staging only through {@link #loadLayered}
-     * (a plain {@link #load} lets it go), so a caller that does not wait layer by layer loads so
-     * too and waits for the result alone.
+     * Whether a lookup of this process staged the pool side of the load it began with {@code
+     * lease} ({@link io.pegaflow.engine.transfer.Stager}), not yet taken by a load: such a load
+     * reads the staging only through {@link #loadLayered} (a plain {@link #load} lets it go), so a
+     * caller that does not wait layer by layer loads that lease so too and waits for the result
+     * alone; every other load keeps its own path.
      */
-    public boolean stagesLoads() {
-        return transfer.stager() != null;
+    public boolean staged(Token lease) {
+        return lease != null && begun.staged(lease);
     }
 
     /**
@@ -394,16 +395,12 @@ public final class PegaEngine implements AutoCloseable {
             return null;
         }
         long groupBytes = transfer.layerSplit().groupBytes();
-        long bytes;
         try {
-            bytes = CopyBatches.stageBytes(plan, worker);
-        } catch (InvalidArgumentException bad) {
-            return null; // a plan outside the worker's regions: its load refuses it, naming the run (checkRun)
-        }
-        try {
-            return stager.stage(bytes, () -> CopyBatches.stageLayout(plan, worker, groupBytes));
-        } catch (RuntimeException unexpected) {
-            return null; // staging is optional: the load reads the pool; the lookup and its lease stand
+            return stager.stage(CopyBatches.stageBytes(plan, worker), () -> CopyBatches.stageLayout(plan, worker, groupBytes));
+        } catch (RuntimeException refused) {
+            // staging is optional: the load reads the pool, the lookup and its lease stand (a plan
+            // outside the worker's regions is refused by its load, naming the run: checkRun)
+            return null;
         }
     }
 
