@@ -255,7 +255,7 @@ final class CopyLane {
     private void fromStage(CopyBatch batch, Future future, int groups) {
         io.pegaflow.engine.transfer.StagedLoad staged = batch.stage();
         DeviceStager stager = (DeviceStager) staged.stager();
-        long base = stager.address();
+        long base = 0;
         if (batch.held() && options.layerSplit().leadBytes() == 0) {
             batch.awaitGate();
         }
@@ -263,6 +263,7 @@ final class CopyLane {
         for (int g = 0; g < groups; g++) {
             staged.awaitQueued(g);
             if (at == null) {
+                base = stager.address(); // taken on the staging thread before its first group was queued
                 at = staged.layout().cursor();
             }
             at.group(g);

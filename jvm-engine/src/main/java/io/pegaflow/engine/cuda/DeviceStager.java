@@ -38,7 +38,7 @@ final class DeviceStager extends Stager {
         this.copy2D = arena.allocate(CudaDriver.MEMCPY2D_BYTES, 8);
     }
 
-    /** The device buffer and the staging stream, on the thread of the first lookup that stages (vLLM's scheduling thread). */
+    /** The device buffer and the staging stream, on the staging thread at the first lookup that stages. */
     @Override
     protected void allocate() {
         device.makeCurrent();

@@ -127,11 +127,12 @@ public final class HostTransferEngine implements TransferEngine {
     /** A staged load's pieces, group by group once each is staged, from the staging buffer. */
     private void fromStage(CopyBatch batch, TransferFuture done) {
         StagedLoad staged = batch.stage();
-        MemorySegment buffer = stager.buffer;
+        MemorySegment buffer = null;
         StageLayout.Cursor at = null;
         for (int g = 0; g < batch.groupCount(); g++) {
             staged.awaitQueued(g);
             if (at == null) {
+                buffer = stager.buffer; // taken on the staging thread before its first group was queued
                 at = staged.layout().cursor();
                 done.markFirstCopy();
             }
@@ -147,7 +148,7 @@ public final class HostTransferEngine implements TransferEngine {
     private static final class HostStager extends Stager {
         private final HostPool pool;
         private java.lang.foreign.Arena arena;
-        /** Written once by {@link #allocate}, before any load is staged; read by copy threads after {@link StagedLoad#awaitQueued}. */
+        /** Written once by {@link #allocate} on the staging thread; read by copy threads after {@link StagedLoad#awaitQueued}. */
         volatile MemorySegment buffer;
 
         HostStager(HostPool pool, long bytes) {

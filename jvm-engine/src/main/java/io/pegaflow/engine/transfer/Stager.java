@@ -37,7 +37,7 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong staged = new AtomicLong();
     private final AtomicLong busy = new AtomicLong();
     private final AtomicLong tooLarge = new AtomicLong();
-    /** The buffer is taken at the first load asked to stage, not at start ({@link #allocate}). */
+    /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
     protected Stager(long capacity, String name) {
@@ -77,7 +77,7 @@ public abstract class Stager implements AutoCloseable {
             tooLarge.incrementAndGet();
             return null;
         }
-        if (buffer != READY && !allocateOnce()) {
+        if (buffer == UNAVAILABLE) {
             return null;
         }
         StagedLoad s = new StagedLoad(this, bytes, layout);
@@ -102,9 +102,11 @@ public abstract class Stager implements AutoCloseable {
     }
 
     /**
-     * Takes the buffer at the first load asked to stage, so a process that never stages (a
-     * server, a worker outside the scheduler's process) never holds it; where it cannot be had
-     * (the memory went to others) staging stays off, said once, and loads read the pool.
+     * Takes the buffer on the staging thread at the first load asked to stage, so a process that
+     * never stages (a server, a worker outside the scheduler's process) never holds it and the
+     * lookup's thread (vLLM's scheduling thread) never waits for it; where it cannot be had (the
+     * memory went to others) that staging fails, staging stays off, said once, and loads read the
+     * pool.
      */
     private synchronized boolean allocateOnce() {
         if (buffer == UNALLOCATED) {
@@ -122,6 +124,9 @@ public abstract class Stager implements AutoCloseable {
 
     private void fill(StagedLoad s) {
         try {
+            if (buffer != READY && !allocateOnce()) {
+                throw new IllegalStateException("no staging buffer of " + capacity + " bytes could be had");
+            }
             StageLayout l = s.computeLayout();
             for (int g = 0; g < l.groups(); g++) {
                 if (s.abandoned()) {
@@ -159,18 +164,18 @@ public abstract class Stager implements AutoCloseable {
         return tooLarge.get();
     }
 
-    /** Whether the buffer was taken (at the first load asked to stage). */
+    /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */
     public boolean allocated() {
         return buffer == READY;
     }
 
-    /** Takes the buffer ({@link #capacity} bytes); on the thread of the first load asked to stage. */
+    /** Takes the buffer ({@link #capacity} bytes); on the staging thread, at the first load asked to stage. */
     protected abstract void allocate();
 
     /** Gives the buffer back; only after {@link #allocate} succeeded and nothing fills or reads it. */
     protected abstract void free();
 
-    /** The staging buffer's address (device memory for a GPU engine); valid once {@link #allocated}. */
+    /** The staging buffer's address (device memory for a GPU engine); valid once a load's first group is queued ({@link StagedLoad#awaitQueued}). */
     public abstract long address();
 
     /** On the staging thread: queues group {@code g}'s stretches into the buffer at their {@link StageLayout#stretchAt}. */

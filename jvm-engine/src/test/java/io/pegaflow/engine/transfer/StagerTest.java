@@ -10,8 +10,8 @@ import org.junit.jupiter.api.Test;
 
 /**
  * {@link Stager}'s own rules, on a stager that records instead of copying: the buffer is taken
- * at the first load asked to stage (never where nothing stages) and, where it cannot be had,
- * staging stays off; one load holds it at a time; a staging that failed frees it unclaimed and
+ * at the first load asked to stage (never where nothing stages), on the staging thread (never the
+ * lookup's) and, where it cannot be had, staging stays off; one load holds it at a time; a staging that failed frees it unclaimed and
  * fails the load that claimed it, naming the cause; a released staging never serves a load.
  */
 class StagerTest {
@@ -21,8 +21,9 @@ class StagerTest {
     }
 
     private static final class Recording extends Stager {
-        int allocations;
-        boolean refuseAllocation;
+        volatile int allocations;
+        volatile String allocatedOn;
+        volatile boolean refuseAllocation;
         volatile int failAtGroup = -1;
         volatile CountDownLatch holdGroup1;
         int frees;
@@ -34,6 +35,7 @@ class StagerTest {
         @Override
         protected void allocate() {
             allocations++;
+            allocatedOn = Thread.currentThread().getName();
             if (refuseAllocation) {
                 throw new IllegalStateException("out of memory (test)");
             }
@@ -76,9 +78,11 @@ class StagerTest {
         assertThat(s.allocated()).as("nothing staged yet: no buffer").isFalse();
         StagedLoad a = s.stage(12288, StagerTest::layout);
         assertThat(a).isNotNull();
-        assertThat(s.allocated()).isTrue();
         assertThat(a.claim(null)).isTrue();
         a.awaitQueued(2);
+        assertThat(s.allocated()).isTrue();
+        assertThat(s.allocatedOn).as("taken on the staging thread, not the lookup's")
+                .isNotEqualTo(Thread.currentThread().getName()).startsWith("pegaflow-stage-");
         a.finish();
         assertThat(s.stage(12288, StagerTest::layout)).as("free again once its load ended").isNotNull();
         assertThat(s.allocations).isEqualTo(1);
@@ -90,9 +94,13 @@ class StagerTest {
     void aBufferThatCannotBeHadLeavesStagingOff() {
         Recording s = new Recording();
         s.refuseAllocation = true;
-        assertThat(s.stage(12288, StagerTest::layout)).isNull();
+        StagedLoad first = s.stage(12288, StagerTest::layout);
+        assertThat(first).as("asked for on the staging thread").isNotNull();
+        assertThatThrownBy(() -> first.awaitQueued(0)).hasMessageContaining("no staging buffer of 1048576 bytes");
+        assertThat(first.claim(null)).as("failed: its load reads the pool").isFalse();
         assertThat(s.stage(12288, StagerTest::layout)).as("asked once").isNull();
         assertThat(s.allocations).isEqualTo(1);
+        assertThat(s.allocated()).isFalse();
         s.close();
         assertThat(s.frees).as("nothing to free").isZero();
     }
