@@ -37,6 +37,7 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong staged = new AtomicLong();
     private final AtomicLong busy = new AtomicLong();
     private final AtomicLong tooLarge = new AtomicLong();
+    private final AtomicLong failed = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -141,7 +142,14 @@ public abstract class Stager implements AutoCloseable {
                 }
             }
         } catch (Throwable t) {
+            long before = failed.getAndIncrement(); // counted first: whoever hears of the failure sees it counted
             s.fail(t);
+            if (before == 0 || LOG.isLoggable(System.Logger.Level.DEBUG)) {
+                // said once (every time at DEBUG): a staging that fails unclaimed is otherwise silent,
+                // its load reading the pool as if staging were off
+                LOG.log(System.Logger.Level.WARNING, "staging a load of " + s.bytes() + " bytes failed; that load reads "
+                        + "the pool (or, if it had claimed the staging, fails and is recomputed): " + t, t);
+            }
         }
     }
 
@@ -162,6 +170,11 @@ public abstract class Stager implements AutoCloseable {
     /** Loads not staged because they were larger than the buffer (or empty). */
     public long tooLargeRefusals() {
         return tooLarge.get();
+    }
+
+    /** Stagings that failed (the buffer could not be had, or a copy was refused); the first is logged. */
+    public long failedStagings() {
+        return failed.get();
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */

@@ -100,6 +100,7 @@ class StagerTest {
         assertThat(first.claim(null)).as("failed: its load reads the pool").isFalse();
         assertThat(s.stage(12288, StagerTest::layout)).as("asked once").isNull();
         assertThat(s.allocations).isEqualTo(1);
+        assertThat(s.failedStagings()).isEqualTo(1);
         assertThat(s.allocated()).isFalse();
         s.close();
         assertThat(s.frees).as("nothing to free").isZero();
@@ -133,6 +134,7 @@ class StagerTest {
         StagedLoad unclaimed = s.stage(12288, StagerTest::layout);
         assertThatThrownBy(() -> unclaimed.awaitQueued(0)).hasMessageContaining("copy refused (test)");
         assertThat(unclaimed.claim(null)).as("failed: its load reads the pool").isFalse();
+        assertThat(s.failedStagings()).as("counted (and the first logged)").isEqualTo(1);
         s.failAtGroup = 2;
         s.holdGroup1 = new CountDownLatch(1); // the claim comes before the failure
         StagedLoad claimed = null;
