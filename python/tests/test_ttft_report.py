@@ -257,7 +257,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -288,13 +288,15 @@ def test_instepy_stages_loads_without_loads_at_allocation(tmp_path):
                                                  ("instepl", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "160"),
                                                  ("instepp", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1"),
                                                  ("instepx", "PEGAFLOW_PRESTAGE_MIB", "4096"),
-                                                 ("instepx", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1")])
+                                                 ("instepx", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1"),
+                                                 ("instepx2", "PEGAFLOW_PRESTAGE_DEPTH", "2"),
+                                                 ("instepx2", "PEGAFLOW_PRESTAGE_MIB", "4096")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
     load, half of a 16K one), _instepz with all of it (the lead's cap, 16 GiB), _instepp all of it paced through the copy engine
     (with PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384), _instepx that with loads staged at their lookup in 4 GiB
-    (PEGAFLOW_PRESTAGE_MIB); the variable in that vLLM process's environment only,
+    (PEGAFLOW_PRESTAGE_MIB), _instepx2 that with two layers of the staging in flight (PEGAFLOW_PRESTAGE_DEPTH); the variable in that vLLM process's environment only,
     loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 

@@ -60,7 +60,8 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # "<system>_instepx" is _instepp whose loads' pool side is staged in 4 GiB of device memory from the
 # lookup that begins them on (PEGAFLOW_PRESTAGE_MIB; the caller's own value of it wins), before vLLM
 # allocates their blocks: the copy engine works through vLLM's scheduling and allocation, and the
-# step's loads move the staged bytes device to device; "<system>_instepy" is _instep with that staging
+# step's loads move the staged bytes device to device, and "<system>_instepx2" the same with two layers of the
+# staging in flight before the step instead of one (PEGAFLOW_PRESTAGE_DEPTH=2); "<system>_instepy" is _instep with that staging
 # (no load at allocation: it runs under vLLM's asynchronous scheduling, vLLM's default on GPUs), and
 # "<system>_asyncx" _async with it (asynchronous loads, the connector's default on GPUs);
 # "<system>_instepaw" is _instepa without the
@@ -75,11 +76,14 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepp": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"},
                "instepx": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1",
                            "PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
+               "instepx2": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1",
+                            "PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096",
+                            "PEGAFLOW_PRESTAGE_DEPTH": "2"},
                "instepy": {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
                "asyncx": {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepaw", "instepab")
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")

@@ -17,11 +17,18 @@ import java.util.function.Supplier;
  *
  * <p>Groups go one at a time, each once the one before landed, until the load that took the
  * staging opens its hold (the step's start): the step's own input copies find one group ahead
- * of them at most. A subclass says how a group is queued and when it has landed.
+ * of them at most. {@link #DEPTH_ENV} lets more groups be in flight meanwhile (the line then
+ * never waits for the staging thread to see a group land, and the step's input copies find
+ * that many groups ahead of them). A subclass says how a group is queued and when it has landed.
  */
 public abstract class Stager implements AutoCloseable {
     /** MiB of the staging buffer ({@code 0}, the default: off). */
     public static final String ENV = "PEGAFLOW_PRESTAGE_MIB";
+
+    /** Groups in flight while a staging is paced (1, the default, to {@link #MAX_DEPTH}). */
+    public static final String DEPTH_ENV = "PEGAFLOW_PRESTAGE_DEPTH";
+    /** The most groups {@link #DEPTH_ENV} may put in flight. */
+    static final int MAX_DEPTH = 8;
 
     /** An unclaimed staging this old gives the buffer up to the next load that asks. */
     static final long STALE_NANOS = 2_000_000_000L;
@@ -32,6 +39,7 @@ public abstract class Stager implements AutoCloseable {
     private static final int UNALLOCATED = 0, READY = 1, UNAVAILABLE = -1;
 
     private final long capacity;
+    private final int depth;
     private final AtomicReference<StagedLoad> occupant = new AtomicReference<>();
     private final ExecutorService filler;
     private final AtomicLong staged = new AtomicLong();
@@ -41,8 +49,19 @@ public abstract class Stager implements AutoCloseable {
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
+    /** A stager paced as {@link #DEPTH_ENV} says (1 when unset). */
     protected Stager(long capacity, String name) {
+        this(capacity, name, depthFromEnvironment(System.getenv(DEPTH_ENV)));
+    }
+
+    /** A stager with {@code depth} groups in flight while paced (1 to {@link #MAX_DEPTH}). */
+    protected Stager(long capacity, String name, int depth) {
         checkBytes(capacity);
+        if (depth < 1 || depth > MAX_DEPTH) {
+            throw new io.pegaflow.engine.InvalidArgumentException("staging depth " + depth + "; expected 1 to " + MAX_DEPTH
+                    + " (" + DEPTH_ENV + ")");
+        }
+        this.depth = depth;
         if (capacity == 0) {
             throw new IllegalArgumentException("staging buffer of 0 bytes; expected > 0 (0 turns staging off: make no stager)");
         }
@@ -56,6 +75,12 @@ public abstract class Stager implements AutoCloseable {
                 "MiB of the buffer a load's pool side is staged in at its lookup, 0 (off) to " + MAX_MIB) << 20;
     }
 
+    /** {@link #DEPTH_ENV} as a depth, 1 when unset; refuses anything but 1 to 8, naming the value. */
+    public static int depthFromEnvironment(String value) {
+        return (int) LayerSplit.parse(value, DEPTH_ENV, 1, MAX_DEPTH, 1,
+                "groups of a paced staging in flight at once, 1 to " + MAX_DEPTH);
+    }
+
     /** Refuses a staging size other than 0 (off) or whole 4 KiB pages up to 64 GiB, naming it. */
     public static long checkBytes(long bytes) {
         if (bytes < 0 || bytes % 4096 != 0 || bytes > MAX_MIB << 20) {
@@ -67,6 +92,11 @@ public abstract class Stager implements AutoCloseable {
 
     public long capacity() {
         return capacity;
+    }
+
+    /** Groups in flight while a staging is paced ({@link #DEPTH_ENV}). */
+    public int depth() {
+        return depth;
     }
 
     /**
@@ -135,8 +165,9 @@ public abstract class Stager implements AutoCloseable {
                 }
                 queueGroup(l, g);
                 s.queued(g);
-                if (g + 1 < l.groups()) {
-                    while (s.paced() && !landed(g)) {
+                int waitFor = g + 1 - depth; // the group that must land before the next is queued
+                if (g + 1 < l.groups() && waitFor >= 0) {
+                    while (s.paced() && !landed(waitFor)) {
                         Thread.onSpinWait(); // one layer's copy: a parked thread woken late would idle the line
                     }
                 }

@@ -28,8 +28,16 @@ class StagerTest {
         volatile CountDownLatch holdGroup1;
         int frees;
 
+        /** Groups below this have landed. */
+        volatile int landedBelow = Integer.MAX_VALUE;
+        final java.util.concurrent.atomic.AtomicInteger queuedGroups = new java.util.concurrent.atomic.AtomicInteger();
+
         Recording() {
             super(1 << 20, "test");
+        }
+
+        Recording(int depth) {
+            super(1 << 20, "test", depth);
         }
 
         @Override
@@ -56,6 +64,7 @@ class StagerTest {
             if (g == failAtGroup) {
                 throw new IllegalStateException("copy refused (test)");
             }
+            queuedGroups.incrementAndGet();
             CountDownLatch hold = holdGroup1;
             if (g == 1 && hold != null) {
                 try {
@@ -68,8 +77,41 @@ class StagerTest {
 
         @Override
         protected boolean landed(int g) {
-            return true;
+            return g < landedBelow;
         }
+    }
+
+    /** Spins until {@code n} groups were queued or 10 s passed; then waits a little for any more. */
+    private static int queuedAfter(Recording s, int n) throws InterruptedException {
+        long end = System.nanoTime() + 10_000_000_000L;
+        while (s.queuedGroups.get() < n && System.nanoTime() < end) {
+            Thread.sleep(1);
+        }
+        Thread.sleep(50); // a group queued past the pace would show by now
+        return s.queuedGroups.get();
+    }
+
+    @Test
+    void aPacedStagingKeepsItsDepthOfGroupsInFlight() throws Exception {
+        for (int depth = 1; depth <= 2; depth++) {
+            Recording s = new Recording(depth);
+            assertThat(s.depth()).isEqualTo(depth);
+            s.landedBelow = 0; // nothing lands until the test says so
+            StagedLoad a = s.stage(12288, StagerTest::layout);
+            assertThat(queuedAfter(s, depth)).as("depth %d: groups queued while none landed", depth).isEqualTo(depth);
+            s.landedBelow = 1;
+            assertThat(queuedAfter(s, depth + 1)).as("depth %d: one more once group 0 landed", depth)
+                    .isEqualTo(Math.min(3, depth + 1));
+            s.landedBelow = Integer.MAX_VALUE;
+            assertThat(a.claim(null)).isTrue();
+            a.awaitQueued(2);
+            a.finish();
+            s.close();
+        }
+        assertThatThrownBy(() -> new Recording(0)).hasMessageContaining("staging depth 0; expected 1 to 8");
+        assertThatThrownBy(() -> Stager.depthFromEnvironment("9")).hasMessageContaining("PEGAFLOW_PRESTAGE_DEPTH=9");
+        assertThat(Stager.depthFromEnvironment(null)).isEqualTo(1);
+        assertThat(Stager.depthFromEnvironment("2")).isEqualTo(2);
     }
 
     @Test
