@@ -270,6 +270,23 @@ def run_worker(systems: Systems, system: str, spec: dict, timeout: float, name: 
         stop()
 
 
+def java_warnings(text: str, limit: int = 20) -> list[str]:
+    """The JVM's warnings and errors in a process log, one line each as the engine logs them
+    (``io.pegaflow.engine.logging``: text ``<instant> WARN [<thread>] io.pegaflow...: <message>``
+    or a JSON object per line), at most ``limit`` of them, each cut at 400 characters: a warning
+    said once early in a process (a staging that failed, a buffer that could not be had) falls
+    outside the tail the run prints of each log."""
+    out = []
+    for line in text.splitlines():
+        text_form = "] io.pegaflow." in line and (" WARN [" in line or " ERROR [" in line)
+        json_form = '"logger":"io.pegaflow.' in line and ('"level":"WARN"' in line or '"level":"ERROR"' in line)
+        if text_form or json_form:
+            out.append(line.strip()[:400])
+            if len(out) == limit:
+                break
+    return out
+
+
 def round_key(system: str, r: int) -> str:
     """A system's key in the report for its round ``r`` (from 1; ``--rounds``): the system's
     name in the first, ``<system>@<r>`` after it."""
@@ -672,7 +689,9 @@ def main(argv: list[str]) -> int:
             except (RuntimeError, subprocess.TimeoutExpired, KeyError) as e:
                 cold = {"error": str(e)[-1200:]}
         for f in Path(tmp).glob("*.log"):
-            print(f"--- {f.name}\n{f.read_text()[-1500:]}", file=sys.stderr)
+            text = f.read_text()
+            said = java_warnings(text)
+            print(f"--- {f.name}\n" + "".join(f"java warning: {w}\n" for w in said) + text[-1500:], file=sys.stderr)
     import torch
 
     from pegaflow._vllm_version import installed_vllm
