@@ -69,18 +69,15 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
 # themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins them by default: the A/B of
 # one round trip before the copy against the store's plan moved onto vLLM's scheduling thread.
+_PACED = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
+_STAGED = {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"}  # the caller's own value wins
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
                "instepz": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384"},
-               "instepp": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"},
-               "instepx": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1",
-                           "PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
-               "instepx2": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1",
-                            "PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096",
-                            "PEGAFLOW_PRESTAGE_DEPTH": "2"},
-               "instepy": {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
-               "asyncx": {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"},
+               "instepp": _PACED, "instepx": {**_PACED, **_STAGED},
+               "instepx2": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_DEPTH": "2"},
+               "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepaw", "instepab")

@@ -188,6 +188,35 @@ abstract class TransferContract {
         }
     }
 
+    /**
+     * vLLM's cross-layer layout (one tensor, a block's layers back to back: the GPU runners'
+     * default with this connector) staged at its lookup the same way: the load reads its staging
+     * and lands byte-exact layer by layer.
+     */
+    @Test
+    void aCrossLayerLoadStagedAtItsLookupReadsItsStaging() {
+        Random rnd = new Random(83);
+        int saved = 16;
+        int layers = 4;
+        long piece = 16 << 10;
+        java.util.concurrent.atomic.AtomicReference<TransferEngine> made = new java.util.concurrent.atomic.AtomicReference<>();
+        try (PegaEngine engine = PegaEngine.create(stagedConfig(saved * layers * 2 * piece, made).poolSize("64mb").build());
+                KvWorld world = new KvWorld(memory(), "inst", "ns", KvWorld.Kind.CROSS_LAYER, 1, 1, layers, 2 * saved + 1,
+                        piece, 0)) {
+            world.register(engine);
+            long[] src = evenBlocks(saved);
+            long[] dst = oddBlocksReversed(saved);
+            byte[][] hashes = savePatterns(engine, world, rnd, src);
+            QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(hashes), 0);
+            assertThat(engine.staged(q.lease())).as("staged at the lookup").isTrue();
+            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+            assertThat(load.fromStage()).as("the load reads its staging").isTrue();
+            awaitEveryLayerAndCheck(load, world, layers, src, dst, hashes);
+            assertThat(made.get().stager().failedStagings()).isZero();
+            engine.verifyInvariants();
+        }
+    }
+
     /** Blocks 0, 2, 4, ...: {@code n} of them. */
     private static long[] evenBlocks(int n) {
         long[] ids = new long[n];

@@ -136,27 +136,29 @@ public abstract class Stager implements AutoCloseable {
      * Takes the buffer on the staging thread at the first load asked to stage, so a process that
      * never stages (a server, a worker outside the scheduler's process) never holds it and the
      * lookup's thread (vLLM's scheduling thread) never waits for it; where it cannot be had (the
-     * memory went to others) that staging fails, staging stays off, said once, and loads read the
-     * pool.
+     * memory went to others) that staging fails (logged as {@link #fill} logs a first failure),
+     * staging stays off, and loads read the pool.
      */
-    private synchronized boolean allocateOnce() {
+    private synchronized void allocateOnce() {
         if (buffer == UNALLOCATED) {
             try {
                 allocate();
                 buffer = READY;
             } catch (RuntimeException | OutOfMemoryError e) {
                 buffer = UNAVAILABLE;
-                LOG.log(System.Logger.Level.WARNING, () -> "no staging buffer of " + capacity + " bytes (" + e
-                        + "); loads are not staged at their lookup");
+                throw new IllegalStateException("no staging buffer of " + capacity + " bytes could be had (" + e
+                        + "); loads are not staged at their lookup", e);
             }
         }
-        return buffer == READY;
+        if (buffer != READY) {
+            throw new IllegalStateException("no staging buffer of " + capacity + " bytes; loads are not staged at their lookup");
+        }
     }
 
     private void fill(StagedLoad s) {
         try {
-            if (buffer != READY && !allocateOnce()) {
-                throw new IllegalStateException("no staging buffer of " + capacity + " bytes could be had");
+            if (buffer != READY) {
+                allocateOnce(); // a buffer that cannot be had fails this staging, logged below as the first failure
             }
             StageLayout l = s.computeLayout();
             for (int g = 0; g < l.groups(); g++) {
