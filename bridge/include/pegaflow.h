@@ -422,10 +422,14 @@ typedef struct pegaflow_api {
     int32_t (*sched_lookup_tail)(int64_t sched, const char *req_id, const uint8_t *hashes, int32_t n,
                                  int32_t hash_len, const int32_t *tail_tokens, int32_t n_tail, int64_t num_tokens,
                                  int64_t num_computed, int64_t *out_tokens);
-    /* The scheduler side's counters since the last call into out[0..8] (cap >= 9; *out_count says
-       how many): lookups answered, "not yet" answers, requests offered a hit, tokens offered,
-       nanoseconds in lookups, lookups the store failed, waits given up, "not yet" answers of a
-       decode instance waiting for its whole prefix, hits shrunk to what every group held. */
+    /* The scheduler side's counters since the last call into out[0..min(cap, count)) (cap >= 9;
+       *out_count says how many): lookups answered, "not yet" answers, requests offered a hit,
+       tokens offered, nanoseconds in lookups, lookups the store failed, waits given up, "not yet"
+       answers of a decode instance waiting for its whole prefix, hits shrunk to what every group
+       held; then (this build: 15 in all) lookups that began their load, and of the staging at the
+       lookup (PEGAFLOW_PRESTAGE_MIB) loads staged, lookups refused because the buffer was
+       occupied, because the load was larger than it, stagings failed, lookups refused because the
+       buffer could not be had. A larger cap takes what the build has; the ABI is unchanged. */
     int32_t (*sched_stats)(int64_t sched, int64_t *out, int32_t cap, int32_t *out_count);
     /* The key of a prompt's partial last block into out[0..parent_len): the first parent_len
        bytes of SHA-256 over "pegaflow-tail\0", the last full block's key parent (1..32 bytes)

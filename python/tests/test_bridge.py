@@ -369,6 +369,35 @@ def test_the_scheduler_side_asks_for_the_lookup_warm_up_by_a_mode_bit(monkeypatc
         link.close()
 
 
+def test_the_scheduler_counters_go_to_the_cap_a_caller_knows():
+    """sched_stats hands out min(cap, this build's counters): a caller built for ABI 9's nine gets
+    nine, today's fifteen (the lookups' staging counters after them) its fifteen; a cap under nine
+    is refused, naming both numbers."""
+    import ctypes
+
+    from pegaflow import _bridge
+    from pegaflow.connector import _runtime
+    from pegaflow.connector._brain import Group, SchedulerBrain
+
+    link = _runtime.Link(_runtime.Settings(mode="embedded", pool_size="64mb"))
+    try:
+        brain = SchedulerBrain(link.handle, [Group("counts")], 16, True)
+        try:
+            assert brain.lookup("r", [bytes(32)] * 4, 65, 0) == 0
+            count = ctypes.c_int32()
+            for cap, expected in ((9, 9), (64, len(SchedulerBrain.STATS))):
+                buf = (ctypes.c_int64 * cap)()
+                _bridge.api().call("sched_stats", brain.handle, buf, cap, ctypes.byref(count))
+                assert count.value == expected
+            assert len(SchedulerBrain.STATS) == 15
+            with pytest.raises(errors.InvalidArgumentError, match=r"sched_stats cap 8; expected >= 9 \(this build has 15 counters\)"):
+                _bridge.api().call("sched_stats", brain.handle, (ctypes.c_int64 * 8)(), 8, ctypes.byref(count))
+        finally:
+            brain.close()
+    finally:
+        link.close()
+
+
 def test_a_worker_process_starts_the_warm_up_once(tmp_path):
     """warm_up (a worker in a process of its own asks for it) starts the JVM's request-path
     warm-up: 1 from a fresh process's first call, 0 after; a block size out of range is refused

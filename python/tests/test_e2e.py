@@ -123,6 +123,9 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
     assert metrics.get("vllm:pegaflow_hit_requests") == 4 and metrics.get("vllm:pegaflow_loaded_blocks") == 15 + 3 * 3, metrics
     assert metrics.get("vllm:pegaflow_in_step_loads", 0) == (4 if in_step else 0), metrics
     assert metrics.get("vllm:pegaflow_loads_staged", 0) == 4, metrics
+    # the lookups' side: each of the four began its load and staged it, none refused
+    assert metrics.get("vllm:pegaflow_begun_at_lookup") == metrics.get("vllm:pegaflow_stagings") == 4, metrics
+    assert not any(metrics.get(f"vllm:pegaflow_staging_{why}") for why in ("busy", "too_large", "failed", "unavailable"))
 
 
 def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):

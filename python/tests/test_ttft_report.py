@@ -451,6 +451,21 @@ def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream(
     assert phases["build"] == 0.6 and phases["submit"] == 0.2 and phases["first_copy"] == 2.5
     assert phases["staged_share"] == 0.5  # one of the two loads read a staging (PEGAFLOW_PRESTAGE_MIB)
     assert ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_loads_staged"] == 1
+    assert "warm_lookup_stagings" not in ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]  # an older jar
+
+
+def test_summary_says_why_a_warm_lookup_staged_nothing():
+    """The lookups' staging counters: a load begun at its lookup whose staging was refused says
+    why (here one refused as too large for the buffer, one staged)."""
+    warm_counters = {"vllm:pegaflow_begun_at_lookup": 2.0, "vllm:pegaflow_stagings": 1.0,
+                     "vllm:pegaflow_staging_too_large": 1.0, "vllm:pegaflow_loads_staged": 1.0}
+    results = {"server": {"start_s": 5.0, "lengths": {"8192": {
+        "cold": run([205, 215], [0, 0], [1, 2]), "reset_ok": True, "warm": run([60, 70], [8176] * 2, [1, 2]),
+        "warm_counters": warm_counters}}}}
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
+    assert row["warm_lookup_stagings"] == {"begun": 2, "staged": 1, "busy": 0, "too_large": 1, "failed": 0,
+                                           "unavailable": 0}
+    assert ttft.staging_counts({"vllm:pegaflow_lookups": 3.0}) == {}
 
 
 def test_overlap_refuses_a_negative_forward_delay():

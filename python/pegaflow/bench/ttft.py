@@ -455,6 +455,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 staged = (r.get("warm_counters") or {}).get("vllm:pegaflow_loads_staged")
                 if staged is not None:
                     row["warm_loads_staged"] = int(staged)  # loads of any kind that read a staging (PEGAFLOW_PRESTAGE_MIB)
+                lookups = staging_counts(r.get("warm_counters") or {})
+                if lookups:
+                    row["warm_lookup_stagings"] = lookups  # what the warm lookups began and staged, or why not
                 calls = server_calls(r.get("warm_counters") or {}, len(warm))
                 if calls:
                     row["warm_server_calls"] = calls  # server mode: the control path of this length's warm requests
@@ -538,6 +541,21 @@ def in_step_phases_ms(counters: dict) -> dict:
     if "vllm:pegaflow_loads_staged" in counters:  # the share of loads read from a staging (PEGAFLOW_PRESTAGE_MIB)
         out["staged_share"] = round(counters["vllm:pegaflow_loads_staged"] / loads, 3)
     return out
+
+
+STAGING_COUNTERS = {"begun": "begun_at_lookup", "staged": "stagings", "busy": "staging_busy",
+                    "too_large": "staging_too_large", "failed": "staging_failed", "unavailable": "staging_unavailable"}
+
+
+def staging_counts(counters: dict) -> dict:
+    """The lookups' side of loads staged at their lookup (PEGAFLOW_PRESTAGE_MIB), from connector
+    counters: lookups that began their load, loads staged, and lookups that staged nothing because
+    the buffer was occupied, the load too large, the staging failed or the buffer could not be had.
+    Where a load that began at its lookup read no staging (``warm_loads_staged`` 0), this says which
+    of those it was. Empty without the counters (an older jar, or a system without the connector)."""
+    if not any(f"vllm:pegaflow_{c}" in counters for c in STAGING_COUNTERS.values()):
+        return {}
+    return {k: int(counters.get(f"vllm:pegaflow_{c}", 0)) for k, c in STAGING_COUNTERS.items()}
 
 
 def server_calls(counters: dict, requests: int) -> dict:

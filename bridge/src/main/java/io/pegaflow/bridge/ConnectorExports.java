@@ -361,15 +361,20 @@ final class ConnectorExports {
         });
     }
 
+    /** The scheduler-side counters pegaflow.h promised since ABI 9: a smaller cap is refused, a larger one takes what this build has. */
+    static final int SCHED_STATS_ABI9 = 9;
+
     /** The scheduler side's counters since the last call ({@code SchedulerSide.STAT_*} order). Since ABI 9. */
     static int pfSchedStats(long sched, MemorySegment out, int cap, MemorySegment outCount) {
         return guard(() -> {
-            if (cap < SchedulerSide.STAT_COUNT) {
-                throw new InvalidArgumentException("sched_stats cap " + cap + "; expected >= " + SchedulerSide.STAT_COUNT);
+            if (cap < SCHED_STATS_ABI9) {
+                throw new InvalidArgumentException("sched_stats cap " + cap + "; expected >= " + SCHED_STATS_ABI9
+                        + " (this build has " + SchedulerSide.STAT_COUNT + " counters)");
             }
             long[] stats = sched(sched).drainStats();
-            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, stats.length);
-            MemorySegment.copy(stats, 0, buffer(out, 8L * stats.length, "out"), JAVA_LONG, 0, stats.length);
+            int n = Math.min(cap, stats.length); // a caller built against an older header gets the counters it knows
+            buffer(outCount, 4, "out_count").set(JAVA_INT, 0, n);
+            MemorySegment.copy(stats, 0, buffer(out, 8L * n, "out"), JAVA_LONG, 0, n);
         });
     }
 

@@ -66,14 +66,21 @@ public final class SchedulerSide {
      * answered (any answer but "not yet"), "not yet" answers, requests offered a hit and the
      * tokens offered, nanoseconds spent in lookups, lookups the store failed (answered 0),
      * requests that stopped waiting for a prefix and recomputed, "not yet" answers of a decode
-     * instance waiting for its whole prefix, and hits shrunk to what every group held.
+     * instance waiting for its whole prefix, hits shrunk to what every group held; lookups that
+     * began their load (the worker in this process), and of the engine's staging at the lookup
+     * ({@code PEGAFLOW_PRESTAGE_MIB}, {@link PegaEngine#stagingCounts}) the loads staged and the
+     * lookups it refused (buffer occupied, load too large, staging failed, buffer not had).
      */
     public static final int STAT_LOOKUPS = 0, STAT_NOT_YET = 1, STAT_HIT_REQUESTS = 2, STAT_HIT_TOKENS = 3,
             STAT_LOOKUP_NANOS = 4, STAT_LOOKUP_FAILURES = 5, STAT_WAIT_TIMEOUTS = 6, STAT_PREFIX_WAITS = 7,
-            STAT_HIT_SHRINKS = 8, STAT_COUNT = 9;
+            STAT_HIT_SHRINKS = 8, STAT_BEGUN_AT_LOOKUP = 9, STAT_STAGINGS = 10, STAT_STAGING_BUSY = 11,
+            STAT_STAGING_TOO_LARGE = 12, STAT_STAGING_FAILED = 13, STAT_STAGING_UNAVAILABLE = 14, STAT_COUNT = 15;
     /** Totals since creation; {@link #drainStats} hands out what grew since its last call. */
     private final long[] totals = new long[STAT_COUNT];
     private final long[] drained = new long[STAT_COUNT];
+    /** The engine whose {@link PegaEngine#stagingCounts} were last folded into the totals, and those counts. */
+    private PegaEngine stagingEngine;
+    private long[] stagingSeen = new long[0];
     private final Map<String, Req> requests = new HashMap<>();
     private final Map<String, List<StepPlan.Load>> pendingLoads = new LinkedHashMap<>();
     private final List<StepPlan.Save> stepSaves = new ArrayList<>();
@@ -367,6 +374,7 @@ public final class SchedulerSide {
                     QueryResult q = n == 1 && mayBegin ? queryAndBegin(e, groups.get(g).instanceId(), hashes.slice(base, k))
                             : e.query(groups.get(g).instanceId(), hashes.slice(base, k));
                     if (q.begun() != null) {
+                        totals[STAT_BEGUN_AT_LOOKUP]++;
                         // half the plan's hold: a load taken later must end before it reports
                         // (CopyEnds), so a request that waits that long looks up again
                         freshUntil = System.nanoTime() + q.begun().holdNanos() / 2;
@@ -850,12 +858,33 @@ public final class SchedulerSide {
 
     /** The counters ({@code STAT_*} order) grown since the last call: vLLM's connector stats. */
     public long[] drainStats() {
+        foldStagingCounts();
         long[] out = new long[STAT_COUNT];
         for (int i = 0; i < STAT_COUNT; i++) {
             out[i] = totals[i] - drained[i];
             drained[i] = totals[i];
         }
         return out;
+    }
+
+    /** Adds what the engine's staging counted since the last call (from zero for an engine not seen before). */
+    private void foldStagingCounts() {
+        PegaEngine e = source.binding().engine();
+        if (e == null) {
+            return;
+        }
+        long[] now;
+        try {
+            now = e.stagingCounts();
+        } catch (RuntimeException closed) {
+            return; // counters only: a closed engine has nothing more to say
+        }
+        long[] seen = e == stagingEngine && stagingSeen.length == now.length ? stagingSeen : new long[now.length];
+        for (int i = 0; i < now.length && STAT_STAGINGS + i < STAT_COUNT; i++) {
+            totals[STAT_STAGINGS + i] += Math.max(0, now[i] - seen[i]);
+        }
+        stagingEngine = e;
+        stagingSeen = now;
     }
 
     /** Requests whose load failed (they recompute from then on). */

@@ -471,8 +471,42 @@ class ConnectorBrainTest {
         long[] stats = worker.drainStats();
         assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
         assertThat(stats[WorkerSide.STAT_LOADS_STAGED]).as("read from the staging its lookup began").isEqualTo(1);
+        long[] lookups = sched.drainStats();
+        assertThat(lookups[SchedulerSide.STAT_BEGUN_AT_LOOKUP]).as("the warm lookup began its load").isEqualTo(1);
+        assertThat(lookups[SchedulerSide.STAT_STAGINGS]).as("and staged it").isEqualTo(1);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
+    }
+
+    /**
+     * The scheduler side's counters say what each lookup began and staged, or why it staged
+     * nothing: a second warm lookup while the first's staging holds the buffer is refused as busy
+     * (its load reads the pool); the counters are drained once.
+     */
+    @Test
+    void theLookupsCountWhatTheyBeganAndStagedOrWhyNot() throws Exception {
+        bindStaging();
+        BlockHashes h = hashes(4);
+        runCold("cold", h, 4 * BLOCK + 3, 0);
+        sched.requestFinished("cold");
+        finishedSendingAfter(List.of("cold"));
+        sched.finished(List.of("cold"), List.of());
+        long[] cold = sched.drainStats();
+        assertThat(cold[SchedulerSide.STAT_BEGUN_AT_LOOKUP]).as("a miss begins nothing").isZero();
+        assertThat(cold[SchedulerSide.STAT_STAGINGS]).isZero();
+        assertThat(sched.lookup("a", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        assertThat(sched.lookup("b", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        long[] stats = sched.drainStats();
+        assertThat(stats[SchedulerSide.STAT_BEGUN_AT_LOOKUP]).isEqualTo(2);
+        assertThat(stats[SchedulerSide.STAT_STAGINGS]).as("the first").isEqualTo(1);
+        assertThat(stats[SchedulerSide.STAT_STAGING_BUSY]).as("the second: the buffer was the first's").isEqualTo(1);
+        assertThat(stats[SchedulerSide.STAT_STAGING_TOO_LARGE]).isZero();
+        assertThat(stats[SchedulerSide.STAT_STAGING_FAILED]).isZero();
+        assertThat(stats[SchedulerSide.STAT_STAGING_UNAVAILABLE]).isZero();
+        assertThat(sched.drainStats()).as("drained").containsOnly(0L);
+        sched.requestFinished("a");
+        sched.requestFinished("b");
+        assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("both leases released").isZero();
     }
 
     /**

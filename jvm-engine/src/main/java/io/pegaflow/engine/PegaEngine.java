@@ -384,6 +384,19 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
+     * The staging's counters since start ({@link io.pegaflow.engine.transfer.Stager}): loads
+     * staged at their lookup, and lookups that began a load but staged nothing because another
+     * load occupied the buffer, because the load was larger than it, whose staging failed, or
+     * because the buffer could not be had; all zero where the copy engine has no staging
+     * buffer. In that order.
+     */
+    public long[] stagingCounts() {
+        io.pegaflow.engine.transfer.Stager s = transfer.stager();
+        return s == null ? new long[5] : new long[] {s.stagedLoads(), s.busyRefusals(), s.tooLargeRefusals(),
+                s.failedStagings(), s.unavailableRefusals()};
+    }
+
+    /**
      * Starts copying a begun load's pool side into the copy engine's staging buffer where it
      * has one and the load fits ({@link io.pegaflow.engine.transfer.Stager}): from here on, not
      * from vLLM's allocation of its blocks. The layout is made on the staging thread; only the

@@ -46,6 +46,7 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong busy = new AtomicLong();
     private final AtomicLong tooLarge = new AtomicLong();
     private final AtomicLong failed = new AtomicLong();
+    private final AtomicLong unavailable = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -109,6 +110,7 @@ public abstract class Stager implements AutoCloseable {
             return null;
         }
         if (buffer == UNAVAILABLE) {
+            unavailable.incrementAndGet();
             return null;
         }
         StagedLoad s = new StagedLoad(this, bytes, layout);
@@ -126,6 +128,7 @@ public abstract class Stager implements AutoCloseable {
             filler.execute(() -> fill(s));
         } catch (java.util.concurrent.RejectedExecutionException closed) {
             occupant.compareAndSet(s, null);
+            unavailable.incrementAndGet();
             return null;
         }
         staged.incrementAndGet();
@@ -208,6 +211,11 @@ public abstract class Stager implements AutoCloseable {
     /** Stagings that failed (the buffer could not be had, or a copy was refused); the first is logged. */
     public long failedStagings() {
         return failed.get();
+    }
+
+    /** Loads not staged because the buffer could not be had (or the stager was closed). */
+    public long unavailableRefusals() {
+        return unavailable.get();
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */

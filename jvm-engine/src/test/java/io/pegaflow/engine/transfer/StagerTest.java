@@ -143,6 +143,7 @@ class StagerTest {
         assertThat(s.stage(12288, StagerTest::layout)).as("asked once").isNull();
         assertThat(s.allocations).isEqualTo(1);
         assertThat(s.failedStagings()).isEqualTo(1);
+        assertThat(s.unavailableRefusals()).as("the lookup after it, not staged").isEqualTo(1);
         assertThat(s.allocated()).isFalse();
         s.close();
         assertThat(s.frees).as("nothing to free").isZero();
