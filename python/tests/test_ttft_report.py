@@ -464,7 +464,7 @@ def test_summary_says_why_a_warm_lookup_staged_nothing():
         "warm_counters": warm_counters}}}}
     row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
     assert row["warm_lookup_stagings"] == {"begun": 2, "staged": 1, "busy": 0, "too_large": 1, "failed": 0,
-                                           "unavailable": 0}
+                                           "unavailable": 0, "not_begun_no_worker": 0, "not_begun_declined": 0}
     assert ttft.staging_counts({"vllm:pegaflow_lookups": 3.0}) == {}
 
 

@@ -544,14 +544,16 @@ def in_step_phases_ms(counters: dict) -> dict:
 
 
 STAGING_COUNTERS = {"begun": "begun_at_lookup", "staged": "stagings", "busy": "staging_busy",
-                    "too_large": "staging_too_large", "failed": "staging_failed", "unavailable": "staging_unavailable"}
+                    "too_large": "staging_too_large", "failed": "staging_failed", "unavailable": "staging_unavailable",
+                    "not_begun_no_worker": "begin_no_worker", "not_begun_declined": "begin_declined"}
 
 
 def staging_counts(counters: dict) -> dict:
     """The lookups' side of loads staged at their lookup (PEGAFLOW_PRESTAGE_MIB), from connector
     counters: lookups that began their load, loads staged, and lookups that staged nothing because
-    the buffer was occupied, the load too large, the staging failed or the buffer could not be had.
-    Where a load that began at its lookup read no staging (``warm_loads_staged`` 0), this says which
+    the buffer was occupied, the load too large, the staging failed or the buffer could not be had,
+    and hits whose load did not begin at the lookup (no worker in the scheduler's process, or the
+    engine declined). Where a warm load read no staging (``warm_loads_staged`` 0), this says which
     of those it was. Empty without the counters (an older jar, or a system without the connector)."""
     if not any(f"vllm:pegaflow_{c}" in counters for c in STAGING_COUNTERS.values()):
         return {}

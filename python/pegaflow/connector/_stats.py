@@ -34,6 +34,8 @@ COUNTERS = {
     "staging_too_large": "lookups that began a load but staged nothing: the load was larger than the staging buffer",
     "staging_failed": "stagings that failed (the first is logged); their loads read the pool or, claimed, were recomputed",
     "staging_unavailable": "lookups that began a load but staged nothing: the staging buffer could not be had",
+    "begin_no_worker": "hits whose load could not begin at the lookup: no worker of the instance runs in the scheduler's process",
+    "begin_declined": "hits whose load the engine did not begin at the lookup (the worker's KV cache not registered with it)",
     "in_step_loads": "loads run inside the step that used them",
     "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
     "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",

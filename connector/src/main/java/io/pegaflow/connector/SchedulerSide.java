@@ -69,12 +69,16 @@ public final class SchedulerSide {
      * instance waiting for its whole prefix, hits shrunk to what every group held; lookups that
      * began their load (the worker in this process), and of the engine's staging at the lookup
      * ({@code PEGAFLOW_PRESTAGE_MIB}, {@link PegaEngine#stagingCounts}) the loads staged and the
-     * lookups it refused (buffer occupied, load too large, staging failed, buffer not had).
+     * lookups it refused (buffer occupied, load too large, staging failed, buffer not had); hits
+     * that could have begun their load at the lookup but did not, because no worker of the
+     * instance runs in this process, or because the engine did not begin it (the worker's
+     * regions are not registered with this process's engine, or the store began none).
      */
     public static final int STAT_LOOKUPS = 0, STAT_NOT_YET = 1, STAT_HIT_REQUESTS = 2, STAT_HIT_TOKENS = 3,
             STAT_LOOKUP_NANOS = 4, STAT_LOOKUP_FAILURES = 5, STAT_WAIT_TIMEOUTS = 6, STAT_PREFIX_WAITS = 7,
             STAT_HIT_SHRINKS = 8, STAT_BEGUN_AT_LOOKUP = 9, STAT_STAGINGS = 10, STAT_STAGING_BUSY = 11,
-            STAT_STAGING_TOO_LARGE = 12, STAT_STAGING_FAILED = 13, STAT_STAGING_UNAVAILABLE = 14, STAT_COUNT = 15;
+            STAT_STAGING_TOO_LARGE = 12, STAT_STAGING_FAILED = 13, STAT_STAGING_UNAVAILABLE = 14,
+            STAT_BEGIN_NO_WORKER = 15, STAT_BEGIN_DECLINED = 16, STAT_COUNT = 17;
     /** Totals since creation; {@link #drainStats} hands out what grew since its last call. */
     private final long[] totals = new long[STAT_COUNT];
     private final long[] drained = new long[STAT_COUNT];
@@ -457,9 +461,13 @@ public final class SchedulerSide {
      * released (a shorter hit, "not yet", no load), rolls that load back. Hybrid models, whose
      * lookups may shrink and re-lease a group's hit, ask for the plan at their load.
      */
-    private static QueryResult queryAndBegin(PegaEngine e, String instanceId, BlockHashes hashes) {
+    private QueryResult queryAndBegin(PegaEngine e, String instanceId, BlockHashes hashes) {
         WorkerSide w = WorkerSide.colocated(instanceId);
-        return w == null ? e.query(instanceId, hashes) : e.queryAndBegin(instanceId, hashes, w.workerRank());
+        QueryResult q = w == null ? e.query(instanceId, hashes) : e.queryAndBegin(instanceId, hashes, w.workerRank());
+        if (q.begun() == null && q.lease() != null && q.hitBlocks() > 0) {
+            totals[w == null ? STAT_BEGIN_NO_WORKER : STAT_BEGIN_DECLINED]++; // a hit whose load asks for its plan at the load
+        }
+        return q;
     }
 
     private void dropProbe(Req r) {

@@ -507,6 +507,14 @@ class ConnectorBrainTest {
         sched.requestFinished("a");
         sched.requestFinished("b");
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).as("both leases released").isZero();
+        worker.shutdown(); // no worker of the instance in this process from here on
+        assertThat(sched.lookup("c", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        long[] elsewhere = sched.drainStats();
+        assertThat(elsewhere[SchedulerSide.STAT_BEGUN_AT_LOOKUP]).as("its load asks for its plan at the load").isZero();
+        assertThat(elsewhere[SchedulerSide.STAT_BEGIN_NO_WORKER]).isEqualTo(1);
+        assertThat(elsewhere[SchedulerSide.STAT_BEGIN_DECLINED]).isZero();
+        assertThat(elsewhere[SchedulerSide.STAT_STAGINGS]).isZero();
+        sched.requestFinished("c");
     }
 
     /**
