@@ -374,16 +374,9 @@ def test_worker_records_what_its_threads_did():
     """The ttft worker's thread record (read by path: the worker never imports pegaflow): this
     process's threads from /proc, and between two snapshots the main thread's CPU and context
     switches and the other threads' CPU by name, the busiest first."""
-    import importlib.util
     import threading
-    from pathlib import Path
 
-    import pegaflow.bench
-
-    path = Path(pegaflow.bench.__file__).with_name("ttft_worker.py")
-    spec = importlib.util.spec_from_file_location("ttft_worker_under_test", path)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
+    worker = _worker_module()
     me = threading.get_native_id()
     snap = worker.threads()
     assert me in snap and snap[me][1] >= 0 and snap[me][2] >= 0
@@ -405,15 +398,7 @@ def test_worker_records_what_its_threads_did():
 def test_worker_records_the_machine_and_its_cgroup_throttling():
     """Between two machine snapshots: the share of the CPUs busy and the cgroup's throttling; a
     snapshot of this machine reads /proc/stat."""
-    import importlib.util
-    from pathlib import Path
-
-    import pegaflow.bench
-
-    path = Path(pegaflow.bench.__file__).with_name("ttft_worker.py")
-    spec = importlib.util.spec_from_file_location("ttft_worker_machine", path)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
+    worker = _worker_module()
     snap = worker.machine()
     assert snap["jiffies"] >= snap["busy_jiffies"] >= 0
     before = {"jiffies": 1000, "busy_jiffies": 100, "nr_throttled": 3, "throttled_usec": 5000}
@@ -690,3 +675,76 @@ def test_a_runs_log_keeps_the_jvms_warnings_said_early_in_a_process():
     assert "staging a load" not in log[-1500:]  # outside the tail the run prints
     assert len(ttft.java_warnings("\n".join([ours] * 30), limit=5)) == 5
     assert len(ttft.java_warnings(ours + "x" * 1000)[0]) == 400
+
+
+def _worker_module():
+    """ttft_worker.py loaded by path, as the run loads it (the worker never imports pegaflow)."""
+    import importlib.util
+    from pathlib import Path
+
+    import pegaflow.bench
+
+    path = Path(pegaflow.bench.__file__).with_name("ttft_worker.py")
+    spec = importlib.util.spec_from_file_location("ttft_worker_under_test", path)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    return worker
+
+
+class _Outputs:
+    def __init__(self, outputs, stats):
+        self.outputs, self.scheduler_stats = outputs, stats
+
+
+class _Manager:
+    def __init__(self):
+        self.recorded = []
+
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        self.recorded.append(scheduler_stats)
+
+
+class _Core:
+    def __init__(self, queue):
+        self.queue = queue
+
+    def get_output(self):
+        return self.queue.pop(0)
+
+
+class _GatedEngine:  # LLMEngine.step of vLLM 0.26-0.31, as far as the stats go
+    def __init__(self, queue):
+        self.engine_core, self.logger_manager = _Core(queue), _Manager()
+
+    def step(self):
+        outputs = self.engine_core.get_output()
+        if (self.logger_manager is not None and outputs.scheduler_stats is not None
+                and len(outputs.outputs) > 0):
+            self.logger_manager.record(scheduler_stats=outputs.scheduler_stats, iteration_stats=None)
+
+
+class _FixedEngine(_GatedEngine):  # vLLM 0.32's (PR 48668): every step's stats
+    def step(self):
+        outputs = self.engine_core.get_output()
+        if self.logger_manager is not None and outputs.scheduler_stats is not None:
+            self.logger_manager.record(scheduler_stats=outputs.scheduler_stats, iteration_stats=None)
+
+
+def test_the_worker_records_the_stats_of_steps_without_outputs_where_vllm_drops_them():
+    """vLLM 0.26-0.31's offline step records a step's stats only beside request outputs, so the
+    connector counters of an asynchronous load's lookup step and end step were lost (every warm
+    counter of _async systems read 0 on the GPU); the worker records those steps' stats itself
+    there, once each, and leaves an engine without the gate alone."""
+    worker = _worker_module()
+    gated = _GatedEngine([_Outputs([], "lookup step"), _Outputs(["token"], "token step"), _Outputs([], None)])
+    assert worker.record_zero_output_steps(gated) is True
+    for _ in range(3):
+        gated.step()
+    assert gated.logger_manager.recorded == ["lookup step", "token step"]
+    fixed = _FixedEngine([_Outputs([], "lookup step")])
+    assert worker.record_zero_output_steps(fixed) is False
+    fixed.step()
+    assert fixed.logger_manager.recorded == ["lookup step"]  # once: vLLM's own
+    silent = _GatedEngine([])
+    silent.logger_manager = None  # stats off (disable_log_stats)
+    assert worker.record_zero_output_steps(silent) is False

@@ -404,6 +404,10 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
             systems[system] = {"error": res["error"]}
             continue
         entry = {"start_s": round(res.get("start_s", 0.0), 1)}
+        if res.get("zero_output_stats_recorded"):
+            # this vLLM's offline engine drops the stats of steps without request outputs; the
+            # worker recorded them (ttft_worker.record_zero_output_steps): counters complete
+            entry["zero_output_stats_recorded"] = True
         for n in lengths:
             r = res["lengths"][str(n)]
             cold = [x["ttft_ms"] for x in r["cold"]]

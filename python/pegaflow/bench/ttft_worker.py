@@ -200,6 +200,37 @@ def annotate_steps(llm) -> list[str]:
     return done
 
 
+def record_zero_output_steps(engine) -> bool:
+    """vLLM's offline engine before PR 48668 (vLLM 0.32) records a step's stats only where the
+    step produced request outputs (``LLMEngine.step``: ``len(outputs.outputs) > 0``); the
+    counters the connector hands to a step without them are drained and lost. Under asynchronous
+    loads that is every warm request's lookup step and the step its load ends in (the request
+    waits meanwhile), so every warm counter of ``_async`` systems read 0 on vLLM 0.26. Where
+    ``engine``'s step has that gate, its engine core's outputs without request outputs have their
+    stats recorded here, as the fix does (online serving, ``AsyncLLM``, records every step
+    already). Whether it did so."""
+    import inspect
+
+    manager = getattr(engine, "logger_manager", None)
+    try:
+        gated = "len(outputs.outputs) > 0" in inspect.getsource(type(engine).step)
+    except (OSError, TypeError):
+        gated = False
+    if manager is None or not gated:
+        return False
+    core = engine.engine_core
+    get_output = core.get_output
+
+    def get_output_recording(*args, **kwargs):
+        out = get_output(*args, **kwargs)
+        if out.scheduler_stats is not None and not out.outputs:
+            manager.record(scheduler_stats=out.scheduler_stats, iteration_stats=None)
+        return out
+
+    core.get_output = get_output_recording
+    return True
+
+
 def main(spec_path: str, out_path: str) -> int:
     spec = json.loads(open(spec_path).read())
     from vllm import LLM, SamplingParams
@@ -221,6 +252,7 @@ def main(spec_path: str, out_path: str) -> int:
               kv_transfer_config=kv, disable_log_stats=False, seed=0,
               max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384), **extra)
     start_s = time.perf_counter() - t0
+    zero_output_stats = record_zero_output_steps(llm.llm_engine)
     if tracing:
         annotate_steps(llm)
     sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True, detokenize=False)
@@ -351,7 +383,8 @@ def main(spec_path: str, out_path: str) -> int:
     assert reset(), "vLLM's prefix cache could not be reset after the warm-up"
     run(longest)
     assert reset(), "vLLM's prefix cache could not be reset after the warm-up"
-    result = {"start_s": start_s, "lengths": {}}
+    # True: this vLLM drops a step's stats without request outputs, recorded here (record_zero_output_steps)
+    result = {"start_s": start_s, "lengths": {}, "zero_output_stats_recorded": zero_output_stats}
     main_tid = threading.get_native_id()
 
     def timed(rows, label: str = "") -> tuple[list, dict, dict]:
