@@ -748,3 +748,15 @@ def test_the_worker_records_the_stats_of_steps_without_outputs_where_vllm_drops_
     silent = _GatedEngine([])
     silent.logger_manager = None  # stats off (disable_log_stats)
     assert worker.record_zero_output_steps(silent) is False
+
+
+def test_a_failed_systems_error_keeps_how_its_worker_exited():
+    """The report's error of a failed system: the first line (the exit code) and the log's end
+    within the limit; short errors whole."""
+    log = "\n".join(f"WARNING line {i}" for i in range(500))
+    e = RuntimeError(f"system embedded_asyncx: worker exited with -9 (killed by SIGKILL: out of memory?):\n{log}")
+    text = ttft.error_text(e)
+    assert len(text) <= 1200
+    assert text.startswith("system embedded_asyncx: worker exited with -9 (killed by SIGKILL")
+    assert text.endswith("WARNING line 499")
+    assert ttft.error_text(RuntimeError("short")) == "short"

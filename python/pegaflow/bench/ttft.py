@@ -252,7 +252,8 @@ def _worker_process(systems: Systems, name: str, system: str, spec: dict, timeou
                              env=systems.env(system), stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
                              cwd=systems.work)
     if rc != 0:
-        raise RuntimeError(f"system {name}: worker exited with {rc}:\n{log.read_text()[-4000:]}")
+        how = " (killed by SIGKILL: out of memory?)" if rc == -9 else ""
+        raise RuntimeError(f"system {name}: worker exited with {rc}{how}:\n{log.read_text()[-4000:]}")
     out = json.loads(out_path.read_text())
     out["process_s"] = round(time.perf_counter() - t, 1)
     return out
@@ -265,6 +266,17 @@ def run_worker(systems: Systems, system: str, spec: dict, timeout: float, name: 
                                                                      server_metrics=systems.server_metrics), timeout)
     finally:
         stop()
+
+
+def error_text(e: BaseException, limit: int = 1200) -> str:
+    """A failed system's error for the report: its first line (which process exited, and how)
+    and the end of what it said, within ``limit`` characters; a log's tail alone hid the exit
+    code (a worker killed for memory ended with vLLM's last warnings)."""
+    text = str(e)
+    if len(text) <= limit:
+        return text
+    head = text.split("\n", 1)[0][:200]
+    return head + "\n...\n" + text[-(limit - len(head) - 5):]
 
 
 def java_warnings(text: str, limit: int = 20) -> list[str]:
@@ -689,8 +701,8 @@ def main(argv: list[str]) -> int:
             try:
                 results[key] = {"lengths": {}} if args.load_only else run_worker(systems, system, spec, args.timeout, key)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
-                results[key] = {"error": str(e)[-1200:]}
-                print(f"ttft: system {key} failed: {str(e)[-1200:]}", file=sys.stderr)
+                results[key] = {"error": error_text(e)}
+                print(f"ttft: system {key} failed: {error_text(e)}", file=sys.stderr)
                 continue
             if args.concurrency and key in args.load_systems.split(","):
                 try:
@@ -708,7 +720,7 @@ def main(argv: list[str]) -> int:
             try:
                 cold = cold_start(args, Path(tmp), spec, max(lengths, default=_tokens("16k")))
             except (RuntimeError, subprocess.TimeoutExpired, KeyError) as e:
-                cold = {"error": str(e)[-1200:]}
+                cold = {"error": error_text(e)}
         for f in Path(tmp).glob("*.log"):
             text = f.read_text()
             said = java_warnings(text)
