@@ -281,6 +281,24 @@ def test_instepy_stages_loads_without_loads_at_allocation(tmp_path):
     assert kv["kv_connector_extra_config"]["load_in_step"] is False  # asynchronous loads, staged
 
 
+def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, monkeypatch):
+    """Without a GPU the host engine's staging buffer is host memory beside vLLM's CPU KV cache:
+    the staged variants take CPU_STAGED_MIB there, not the GPU's 4 GiB, unless the caller set
+    PEGAFLOW_PRESTAGE_MIB; other variants' environments are untouched."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import CPU_STAGED_MIB, Systems
+
+    args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
+    monkeypatch.delenv("PEGAFLOW_PRESTAGE_MIB", raising=False)
+    cpu = Systems(args, tmp_path, gpu=False)
+    assert cpu.env("server_asyncx")["PEGAFLOW_PRESTAGE_MIB"] == cpu.env("embedded_instepx")["PEGAFLOW_PRESTAGE_MIB"] == CPU_STAGED_MIB
+    assert "PEGAFLOW_PRESTAGE_MIB" not in cpu.env("server_instepp")
+    assert Systems(args, tmp_path).env("server_asyncx")["PEGAFLOW_PRESTAGE_MIB"] == ttft.VARIANT_ENV["asyncx"]["PEGAFLOW_PRESTAGE_MIB"]
+    monkeypatch.setenv("PEGAFLOW_PRESTAGE_MIB", "64")
+    assert cpu.env("server_asyncx")["PEGAFLOW_PRESTAGE_MIB"] == "64"  # the caller's own value
+
+
 @pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),
                                                  ("instepab", "PEGAFLOW_BEGIN_AT_LOOKUP", "0"),
                                                  ("instepk", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "1024"),

@@ -71,6 +71,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # one round trip before the copy against the store's plan moved onto vLLM's scheduling thread.
 _PACED = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
 _STAGED = {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"}  # the caller's own value wins
+# Without a GPU the host engine stages in host memory: 4 GiB of it beside vLLM's CPU KV cache got
+# a worker killed for memory on the 24 GiB build VM; a CPU run's loads are small (the caller's value wins)
+CPU_STAGED_MIB = "256"
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
@@ -148,9 +151,10 @@ def _wait_port(port: int, proc: subprocess.Popen, what: str, log: Path, timeout:
 class Systems:
     """Starts what each system needs and names its vLLM connector config and environment."""
 
-    def __init__(self, args, work: Path):
+    def __init__(self, args, work: Path, gpu: bool = True):
         self.args = args
         self.work = work
+        self.gpu = gpu  # False: the staged variants' buffer is host memory (CPU_STAGED_MIB unless the caller set one)
         import pegaflow
 
         self.ours = str(Path(pegaflow.__file__).resolve().parent.parent)
@@ -158,7 +162,11 @@ class Systems:
 
     def env(self, system: str) -> dict:
         env = dict(os.environ)
-        env.update(VARIANT_ENV.get(system.partition("_")[2], {}) if system in VARIANTS else {})
+        variant_env = VARIANT_ENV.get(system.partition("_")[2], {}) if system in VARIANTS else {}
+        env.update(variant_env)
+        if "PEGAFLOW_PRESTAGE_MIB" in variant_env:  # the caller's own value, else the GPU's or the host's default
+            env["PEGAFLOW_PRESTAGE_MIB"] = os.environ.get("PEGAFLOW_PRESTAGE_MIB") or (
+                variant_env["PEGAFLOW_PRESTAGE_MIB"] if self.gpu else CPU_STAGED_MIB)
         env.pop("PYTHONHASHSEED", None)  # as users run it: processes share without it
         paths = [self.args.pegaflow_site] if system == "pegaflow" else [self.ours]
         paths += [p for p in (self.args.vllm_site, env.get("PYTHONPATH", "")) if p]
@@ -694,7 +702,7 @@ def main(argv: list[str]) -> int:
             "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling]}
     results = {}
     with tempfile.TemporaryDirectory(prefix="pegaflow-ttft-") as tmp:
-        systems = Systems(args, Path(tmp))
+        systems = Systems(args, Path(tmp), gpu=line is not None)
         rounds = 1 if args.load_only else args.rounds
         for key, system in ((round_key(s, r), s) for r in range(1, rounds + 1) for s in systems_wanted):
             print(f"ttft: system {key}", file=sys.stderr, flush=True)
