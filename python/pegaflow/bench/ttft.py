@@ -70,7 +70,7 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins them by default: the A/B of
 # one round trip before the copy against the store's plan moved onto vLLM's scheduling thread.
 _PACED = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
-_STAGED = {"PEGAFLOW_PRESTAGE_MIB": os.environ.get("PEGAFLOW_PRESTAGE_MIB") or "4096"}  # the caller's own value wins
+_STAGED = {"PEGAFLOW_PRESTAGE_MIB": "4096"}  # with a GPU; the caller's own value wins (Systems.env)
 # Without a GPU the host engine stages in host memory: 4 GiB of it beside vLLM's CPU KV cache got
 # a worker killed for memory on the 24 GiB build VM; a CPU run's loads are small (the caller's value wins)
 CPU_STAGED_MIB = "256"

@@ -888,7 +888,8 @@ public final class SchedulerSide {
             return; // counters only: a closed engine has nothing more to say
         }
         long[] seen = e == stagingEngine && stagingSeen.length == now.length ? stagingSeen : new long[now.length];
-        for (int i = 0; i < now.length && STAT_STAGINGS + i < STAT_COUNT; i++) {
+        // PegaEngine.stagingCounts's order is STAT_STAGINGS..STAT_STAGING_UNAVAILABLE's
+        for (int i = 0; i < Math.min(now.length, STAT_STAGING_UNAVAILABLE - STAT_STAGINGS + 1); i++) {
             totals[STAT_STAGINGS + i] += Math.max(0, now[i] - seen[i]);
         }
         stagingEngine = e;
