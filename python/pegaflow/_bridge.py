@@ -20,6 +20,7 @@ import ctypes
 import hashlib
 import locale
 import os
+import shlex
 import subprocess
 import tempfile
 import threading
@@ -190,6 +191,24 @@ def _check_not_forked() -> None:
         )
 
 
+JVM_OPTIONS_ENV = "PEGAFLOW_JVM_OPTIONS"
+
+
+def extra_options() -> list[str]:
+    """$PEGAFLOW_JVM_OPTIONS: more options for the in-process JVM, split as a shell would,
+    after the defaults so they win (a larger heap, a collector, ``-Xlog:gc:file=...``)."""
+    value = os.environ.get(JVM_OPTIONS_ENV, "")
+    try:
+        options = shlex.split(value)
+    except ValueError as e:
+        raise JvmStartError(f"{JVM_OPTIONS_ENV}={value!r}: {e}; expected JVM options split as a shell would") from e
+    for o in options:
+        if not o.startswith("-"):
+            raise JvmStartError(f"{JVM_OPTIONS_ENV}={value!r}: {o!r} is not an option; expected JVM options "
+                                "such as -Xmn64m (the class path and main class are the engine's)")
+    return options
+
+
 def base_options() -> list[str]:
     """JVM options of the in-process engine (and of its AOT training run: they must agree)."""
     error_file = Path(tempfile.gettempdir()) / "pegaflow-hs_err_pid%p.log"
@@ -203,6 +222,7 @@ def base_options() -> list[str]:
         "-Xlog:aot=off",  # a stale AOT cache is skipped silently; it is rebuilt in the background
         "-Xlog:cds=off",
         *JVM_OPTIONS,
+        *extra_options(),
     ]
 
 

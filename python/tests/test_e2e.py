@@ -127,6 +127,9 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
     assert metrics.get("vllm:pegaflow_begun_at_lookup") == metrics.get("vllm:pegaflow_stagings") == 4, metrics
     assert not any(metrics.get(f"vllm:pegaflow_staging_{why}") for why in ("busy", "too_large", "failed", "unavailable"))
     assert not metrics.get("vllm:pegaflow_begin_no_worker") and not metrics.get("vllm:pegaflow_begin_declined"), metrics
+    # and how soon each staging started: all four queued their first layer group, some time after their lookup
+    assert metrics.get("vllm:pegaflow_staging_starts") == 4, metrics
+    assert metrics.get("vllm:pegaflow_staging_to_first_ns", 0) >= metrics.get("vllm:pegaflow_staging_layout_ns", 0) > 0, metrics
 
 
 def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):

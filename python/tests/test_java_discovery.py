@@ -96,3 +96,21 @@ def test_missing_jar_says_how_to_build_it(monkeypatch, tmp_path):
     monkeypatch.setattr(_java, "__file__", str(tmp_path / "pkg" / "pegaflow" / "_java.py"))
     with pytest.raises(EngineJarNotFoundError, match="make build"):
         _java.find_jar()
+
+
+def test_more_jvm_options_come_after_the_defaults(monkeypatch):
+    """$PEGAFLOW_JVM_OPTIONS adds options to the in-process JVM after its defaults (so a larger
+    young generation, say, wins over -Xms16m); anything but options is refused, naming it."""
+    from pegaflow import _bridge
+    from pegaflow.errors import JvmStartError
+
+    monkeypatch.delenv("PEGAFLOW_JVM_OPTIONS", raising=False)
+    plain = _bridge.base_options()
+    monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn128m '-Xlog:gc:file=/tmp/a b.log'")
+    assert _bridge.base_options() == [*plain, "-Xmn128m", "-Xlog:gc:file=/tmp/a b.log"]
+    monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn128m io.pegaflow.Main")
+    with pytest.raises(JvmStartError, match="'io.pegaflow.Main' is not an option"):
+        _bridge.base_options()
+    monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn128m '")
+    with pytest.raises(JvmStartError, match="PEGAFLOW_JVM_OPTIONS="):
+        _bridge.base_options()

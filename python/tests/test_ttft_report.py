@@ -103,7 +103,7 @@ def test_profile_summary_reads_a_trace(tmp_path):
     ev.append({"ts": 1000.0 + 10500, "dur": 2, "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)"})
     for i in range(4):  # the copy engine's copies on stream 13; one on the attention's stream is the step's own input
         ev.append({"ts": 1000.0 + 2000 + 1000 * i, "dur": 250, "cat": "gpu_memcpy", "tid": 13,
-                   "name": "Memcpy HtoD (Pinned -> Device)"})
+                   "name": "Memcpy HtoD (Pinned -> Device)", "args": {"bytes": 1_625_000}})
     ev.append({"ts": 1000.0 + 1000, "dur": 10, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy HtoD (Pinned -> Device)",
                "args": {"correlation": 80}})
     ev.append({"ts": 1000.0 + 400, "dur": 3, "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 1,
@@ -130,7 +130,9 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert (c["count"], c["first_launch"], c["first_start"], c["last_end"], c["busy_ms"]) == (3, 2.8, 3.0, 4.5, 1.5)
     assert c["streams"]["9"] == {"count": 2, "first_start": 3.0, "last_end": 4.5, "grids": [64, 128]}
     assert s["load_memcpys"] == {"count": 4, "first_start": 2.0, "last_end": 5.25, "busy_ms": 1.0,
-                                 "idle_gaps": [[2.25, 0.75], [3.25, 0.75], [4.25, 0.75]]}
+                                 "idle_gaps": [[2.25, 0.75], [3.25, 0.75], [4.25, 0.75]],
+                                 "idle_ms": 2.25, "short_gaps": 0, "short_gaps_ms": 0.0,
+                                 "bytes": 6_500_000, "gbps_over_span": 2.0}  # 6.5 MB over 3.25 ms
     assert s["step_input_copies"] == {"count": 1, "max_wait_ms": 0.6, "worst_launched": 0.4, "total_wait_ms": 0.6}
     # the forward's thread only, before the first token's copy: 5, 6, 7, 90 us
     assert s["forward_launch_us"] == {"count": 4, "median": 7, "mean": 27.0}
@@ -164,6 +166,9 @@ def test_profile_summary_lists_where_the_loads_copy_engine_stood_idle():
               {"ts": 2750.0, "dur": 150}]  # 2.4 ms idle
     assert idle_gaps(copies, lambda us: round(us / 1e3, 2)) == [[0.35, 2.4]]
     assert idle_gaps([], lambda us: us) == []
+    from pegaflow.bench.profile_summary import idle_total
+    assert idle_total(copies) == {"idle_ms": 2.45, "short_gaps": 1, "short_gaps_ms": 0.05}
+    assert idle_total([]) == {"idle_ms": 0.0, "short_gaps": 0, "short_gaps_ms": 0.0}
 
 
 def test_profile_summary_times_the_first_tokens_copy_beside_a_save(tmp_path):
@@ -257,7 +262,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -308,13 +313,16 @@ def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, mo
                                                  ("instepx", "PEGAFLOW_PRESTAGE_MIB", "4096"),
                                                  ("instepx", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "1"),
                                                  ("instepx2", "PEGAFLOW_PRESTAGE_DEPTH", "2"),
-                                                 ("instepx2", "PEGAFLOW_PRESTAGE_MIB", "4096")])
+                                                 ("instepx2", "PEGAFLOW_PRESTAGE_MIB", "4096"),
+                                                 ("instepxh", "PEGAFLOW_PRESTAGE_MIB", "4096"),
+                                                 ("instepxh", "PEGAFLOW_JVM_OPTIONS", "-Xmn128m")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
     load, half of a 16K one), _instepz with all of it (the lead's cap, 16 GiB), _instepp all of it paced through the copy engine
     (with PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384), _instepx that with loads staged at their lookup in 4 GiB
-    (PEGAFLOW_PRESTAGE_MIB), _instepx2 that with two layers of the staging in flight (PEGAFLOW_PRESTAGE_DEPTH); the variable in that vLLM process's environment only,
+    (PEGAFLOW_PRESTAGE_MIB), _instepx2 that with two layers of the staging in flight (PEGAFLOW_PRESTAGE_DEPTH),
+    _instepxh with a young generation of 128 MiB in its JVM (PEGAFLOW_JVM_OPTIONS); the variable in that vLLM process's environment only,
     loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 
@@ -330,6 +338,20 @@ def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, syste
     assert extra["load_in_step"] is True and extra["load_at_alloc"] is True
     with pytest.raises(SystemExit, match="need --async-scheduling off"):
         main(["--lengths", "256", "--systems", f"none,server_{system}"])
+
+
+def test_a_variants_jvm_options_come_after_the_callers(tmp_path, monkeypatch):
+    """_instepxh's JVM options go after the caller's PEGAFLOW_JVM_OPTIONS (a GC log, say), so
+    both apply; other systems keep the caller's alone."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import Systems
+
+    args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
+    monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xlog:gc:file=gc-%p.log")
+    systems = Systems(args, tmp_path)
+    assert systems.env("server_instepxh")["PEGAFLOW_JVM_OPTIONS"] == "-Xlog:gc:file=gc-%p.log -Xmn128m"
+    assert systems.env("server_instepx")["PEGAFLOW_JVM_OPTIONS"] == "-Xlog:gc:file=gc-%p.log"
 
 
 def test_instepb_loads_in_the_step_asking_for_its_plans_itself(tmp_path):
@@ -469,6 +491,10 @@ def test_summary_says_why_a_warm_lookup_staged_nothing():
     assert row["warm_lookup_stagings"] == {"begun": 2, "staged": 1, "busy": 0, "too_large": 1, "failed": 0,
                                            "unavailable": 0, "not_begun_no_worker": 0, "not_begun_declined": 0}
     assert ttft.staging_counts({"vllm:pegaflow_lookups": 3.0}) == {}
+    warm_counters.update({"vllm:pegaflow_staging_starts": 2.0, "vllm:pegaflow_staging_to_thread_ns": 0.2e6,
+                          "vllm:pegaflow_staging_layout_ns": 0.6e6, "vllm:pegaflow_staging_to_first_ns": 3.0e6})
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
+    assert (row["to_thread_ms"], row["layout_ms"], row["to_first_ms"]) == (0.1, 0.3, 1.5)  # means over the two that started
 
 
 def test_overlap_refuses_a_negative_forward_delay():

@@ -91,7 +91,11 @@ def summarize(path: str, layers: int = 32) -> dict:
             out["load_memcpys"] = {"count": len(dma), "first_start": ms(min(e["ts"] for e in dma)),
                                    "last_end": ms(max(e["ts"] + e["dur"] for e in dma)),
                                    "busy_ms": round(sum(e["dur"] for e in dma) / 1e3, 2),
-                                   "idle_gaps": idle_gaps(dma, ms)}
+                                   "idle_gaps": idle_gaps(dma, ms), **idle_total(dma)}
+            moved = sum(e.get("args", {}).get("bytes", 0) for e in dma)
+            if moved:  # the load's bytes over its copies' span: the rate a layer-wise load kept
+                span_us = max(e["ts"] + e["dur"] for e in dma) - min(e["ts"] for e in dma)
+                out["load_memcpys"].update(bytes=moved, gbps_over_span=round(moved / span_us / 1e3, 2))
         # the step's own host-to-device copies (vLLM's inputs, on the attention's stream): how long
         # each waited between its launch and its start; a load queued first on the copy engine
         # holds them, and the forward behind them (docs/gpu.md, "Loads started at allocation")
@@ -174,6 +178,23 @@ def idle_gaps(copies: list, ms) -> list:
             gaps.append([ms(end), round((e["ts"] - end) / 1e3, 2)])
         end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
     return gaps
+
+
+def idle_total(copies: list) -> dict:
+    """All the time the load's copy engine stood idle between its first copy and its last
+    (overlapping copies merged), and how much of it came in gaps shorter than ``IDLE_GAP_US``
+    (too short for ``idle_gaps``, but paid once per layer where each layer is queued after the
+    one before landed): ``idle_ms``, ``short_gaps``, ``short_gaps_ms``."""
+    idle = short = 0.0
+    count = 0
+    end = None
+    for e in sorted(copies, key=lambda e: e["ts"]):
+        if end is not None and e["ts"] > end:
+            idle += e["ts"] - end
+            if e["ts"] - end < IDLE_GAP_US:
+                count, short = count + 1, short + e["ts"] - end
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+    return {"idle_ms": round(idle / 1e3, 3), "short_gaps": count, "short_gaps_ms": round(short / 1e3, 3)}
 
 
 def step_ranges(stamped: list, token_ts) -> dict:

@@ -64,6 +64,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # staging in flight before the step instead of one (PEGAFLOW_PRESTAGE_DEPTH=2); "<system>_instepy" is _instep with that staging
 # (no load at allocation: it runs under vLLM's asynchronous scheduling, vLLM's default on GPUs), and
 # "<system>_asyncx" _async with it (asynchronous loads, the connector's default on GPUs);
+# "<system>_instepxh" is _instepx whose in-process JVM has a young generation of 128 MiB
+# (PEGAFLOW_JVM_OPTIONS=-Xmn128m) where the default heap starts at 16 MiB: its young collections,
+# which stop the staging and copy threads, come every few dozen warm requests instead of every few;
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -80,10 +83,11 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepz": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384"},
                "instepp": _PACED, "instepx": {**_PACED, **_STAGED},
                "instepx2": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_DEPTH": "2"},
+               "instepxh": {**_PACED, **_STAGED, "PEGAFLOW_JVM_OPTIONS": "-Xmn128m"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepaw", "instepab")
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")
@@ -167,6 +171,8 @@ class Systems:
         if "PEGAFLOW_PRESTAGE_MIB" in variant_env:  # the caller's own value, else the GPU's or the host's default
             env["PEGAFLOW_PRESTAGE_MIB"] = os.environ.get("PEGAFLOW_PRESTAGE_MIB") or (
                 variant_env["PEGAFLOW_PRESTAGE_MIB"] if self.gpu else CPU_STAGED_MIB)
+        if "PEGAFLOW_JVM_OPTIONS" in variant_env:  # the variant's after the caller's (a GC log, say): both apply
+            env["PEGAFLOW_JVM_OPTIONS"] = f"{os.environ.get('PEGAFLOW_JVM_OPTIONS', '')} {variant_env['PEGAFLOW_JVM_OPTIONS']}".strip()
         env.pop("PYTHONHASHSEED", None)  # as users run it: processes share without it
         paths = [self.args.pegaflow_site] if system == "pegaflow" else [self.ours]
         paths += [p for p in (self.args.vllm_site, env.get("PYTHONPATH", "")) if p]
@@ -581,7 +587,12 @@ def staging_counts(counters: dict) -> dict:
     of those it was. Empty without the counters (an older jar, or a system without the connector)."""
     if not any(f"vllm:pegaflow_{c}" in counters for c in STAGING_COUNTERS.values()):
         return {}
-    return {k: int(counters.get(f"vllm:pegaflow_{c}", 0)) for k, c in STAGING_COUNTERS.items()}
+    out = {k: int(counters.get(f"vllm:pegaflow_{c}", 0)) for k, c in STAGING_COUNTERS.items()}
+    started = counters.get("vllm:pegaflow_staging_starts", 0)
+    if started:  # how soon a staging started, mean ms from its lookup: the thread's start, the layout, the first group queued
+        for k in ("to_thread", "layout", "to_first"):
+            out[f"{k}_ms"] = round(counters.get(f"vllm:pegaflow_staging_{k}_ns", 0) / started / 1e6, 3)
+    return out
 
 
 def server_calls(counters: dict, requests: int) -> dict:

@@ -10,6 +10,8 @@ import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.WorkerSpec;
 import io.pegaflow.engine.store.LocalStore;
+import io.pegaflow.engine.transfer.HostTransferEngine;
+import io.pegaflow.engine.transfer.Stager;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.time.Duration;
@@ -38,7 +40,9 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * <p>The scratch engine is private: its own small pool (the prefix is sealed by its plan alone,
  * no byte saved; loads copy the pool's untouched pages into scratch memory), its own instance,
  * worker and counters. The real store, its metrics and vLLM's blocks are untouched; the scratch
- * engine is closed at the end. A failure only logs: it is an optimisation.
+ * engine is closed at the end. Where the process stages loads at their lookup
+ * ({@code PEGAFLOW_PRESTAGE_MIB}), the scratch engine stages its loads too, in a buffer of
+ * their size ({@link #scratchStageBytes}). A failure only logs: it is an optimisation.
  */
 public final class LookupWarmUp {
     /** Blocks of the longest chain (a 32K-token prompt of 16-token blocks). */
@@ -50,6 +54,8 @@ public final class LookupWarmUp {
     private static final int LAYERS = 4;
     private static final long SEGMENT_BYTES = 64;
     private static final long SLOT_BYTES = LAYERS * 2 * SEGMENT_BYTES;
+    /** The scratch engine's staging buffer where this process stages loads at their lookup: its largest load's bytes. */
+    static final long SCRATCH_STAGE_BYTES = BLOCKS * SLOT_BYTES;
     private static final System.Logger LOG = System.getLogger(LookupWarmUp.class.getName());
     private static final AtomicBoolean STARTED = new AtomicBoolean();
     /** How the process's warm-up ended: its {@link Result}, or what stopped it (null while it runs). */
@@ -70,7 +76,7 @@ public final class LookupWarmUp {
         }
         Thread t = new Thread(() -> {
             try {
-                Result r = run(blockSize, ROUNDS, BUDGET_NANOS);
+                Result r = run(blockSize, ROUNDS, BUDGET_NANOS, scratchStageBytes(System.getenv(Stager.ENV)));
                 outcome = r;
                 LOG.log(System.Logger.Level.DEBUG, () -> "lookup warm-up: " + r.rounds() + " rounds in "
                         + r.nanos() / 1_000_000 + " ms");
@@ -100,12 +106,28 @@ public final class LookupWarmUp {
      * against {@code expectedHitTokens}, each round's stored prefix past its computed head (the
      * hit path ran, not only misses); {@code missTokens} what its miss lookups answered (0);
      * the scheduler side's {@code lookupFailures} and {@code contractViolations} (0), and the
-     * requests it still {@code tracked} at the end (0: every request's end was taken); in
+     * requests it still {@code tracked} at the end (0: every request's end was taken); {@code
+     * stagedLoads} of the loads staged at their lookup (none without a staging buffer); in
      * {@code nanos}.
      */
     record Result(int rounds, int loads, long atAllocLoads, int loadFailures, long loadedBlocks, long expectedLoadedBlocks,
             long hitTokens, long expectedHitTokens, long missTokens, long lookupFailures, long contractViolations,
-            int tracked, long nanos) {}
+            int tracked, long stagedLoads, long nanos) {}
+
+    /**
+     * The scratch engine's staging buffer for a process whose {@link Stager#ENV} is {@code value}:
+     * none where this process does not stage (unset, 0, or a value its own engine refuses, naming
+     * it), else {@link #SCRATCH_STAGE_BYTES}, enough for the warm-up's largest load, so the staged
+     * path is compiled where it will run without a second buffer of the process's size (host
+     * memory the size of a GPU's staging, zeroed on the warm-up's thread, for loads of 1 MiB).
+     */
+    static long scratchStageBytes(String value) {
+        try {
+            return Stager.bytesFromEnvironment(value) > 0 ? SCRATCH_STAGE_BYTES : 0;
+        } catch (RuntimeException refused) {
+            return 0;
+        }
+    }
 
     /**
      * Runs up to {@code rounds} rounds within {@code budgetNanos}, here. Each round: a stored
@@ -117,11 +139,11 @@ public final class LookupWarmUp {
      * its saves planned (it is new: its whole block table; no worker saves them, so it stays a
      * miss) and ended as a finished save.
      */
-    static Result run(int blockSize, int rounds, long budgetNanos) {
+    static Result run(int blockSize, int rounds, long budgetNanos, long stageBytes) {
         long start = System.nanoTime();
         try (Arena arena = Arena.ofConfined();
                 PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolBytes(2 * BLOCKS * SLOT_BYTES)
-                        .sweepInterval(Duration.ZERO).copyThreads(1).build())) {
+                        .sweepInterval(Duration.ZERO).transfer(pool -> new HostTransferEngine(pool, 1, stageBytes)).build())) {
             EngineSource.Binding binding = new EngineSource.Binding(engine, 1);
             SchedulerSide side = new SchedulerSide(() -> binding, INSTANCE, blockSize, true); // checks the block size
             side.inStepLoads(true);
@@ -221,6 +243,7 @@ public final class LookupWarmUp {
             }
         }
         return new Result(round, loads, atAlloc, loadFailures, loaded, expectedLoaded, hitTokens, expected, missTokens,
-                side.lookupFailures(), side.contractViolations(), side.trackedRequests(), System.nanoTime() - start);
+                side.lookupFailures(), side.contractViolations(), side.trackedRequests(), engine.stagingCounts()[0],
+                System.nanoTime() - start);
     }
 }

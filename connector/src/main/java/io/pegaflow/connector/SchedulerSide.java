@@ -72,13 +72,21 @@ public final class SchedulerSide {
      * lookups it refused (buffer occupied, load too large, staging failed, buffer not had); hits
      * that could have begun their load at the lookup but did not, because no worker of the
      * instance runs in this process, or because the engine did not begin it (the worker's
-     * regions are not registered with this process's engine, or the store began none).
+     * regions are not registered with this process's engine, or the store began none); and how
+     * soon stagings started ({@link io.pegaflow.engine.transfer.Stager#startTimes}): those whose
+     * first group was queued, and their nanoseconds from the lookup to the staging thread's
+     * start, in making the layout, and to that group queued on the copy engine.
      */
     public static final int STAT_LOOKUPS = 0, STAT_NOT_YET = 1, STAT_HIT_REQUESTS = 2, STAT_HIT_TOKENS = 3,
             STAT_LOOKUP_NANOS = 4, STAT_LOOKUP_FAILURES = 5, STAT_WAIT_TIMEOUTS = 6, STAT_PREFIX_WAITS = 7,
             STAT_HIT_SHRINKS = 8, STAT_BEGUN_AT_LOOKUP = 9, STAT_STAGINGS = 10, STAT_STAGING_BUSY = 11,
             STAT_STAGING_TOO_LARGE = 12, STAT_STAGING_FAILED = 13, STAT_STAGING_UNAVAILABLE = 14,
-            STAT_BEGIN_NO_WORKER = 15, STAT_BEGIN_DECLINED = 16, STAT_COUNT = 17;
+            STAT_BEGIN_NO_WORKER = 15, STAT_BEGIN_DECLINED = 16, STAT_STAGING_STARTS = 17, STAT_STAGING_TO_THREAD_NANOS = 18,
+            STAT_STAGING_LAYOUT_NANOS = 19, STAT_STAGING_TO_FIRST_NANOS = 20, STAT_COUNT = 21;
+    /** Where each of {@link PegaEngine#stagingCounts}'s counts goes among the totals, in its order. */
+    private static final int[] STAGING_STATS = {STAT_STAGINGS, STAT_STAGING_BUSY, STAT_STAGING_TOO_LARGE, STAT_STAGING_FAILED,
+            STAT_STAGING_UNAVAILABLE, STAT_STAGING_STARTS, STAT_STAGING_TO_THREAD_NANOS, STAT_STAGING_LAYOUT_NANOS,
+            STAT_STAGING_TO_FIRST_NANOS};
     /** Totals since creation; {@link #drainStats} hands out what grew since its last call. */
     private final long[] totals = new long[STAT_COUNT];
     private final long[] drained = new long[STAT_COUNT];
@@ -888,9 +896,8 @@ public final class SchedulerSide {
             return; // counters only: a closed engine has nothing more to say
         }
         long[] seen = e == stagingEngine && stagingSeen.length == now.length ? stagingSeen : new long[now.length];
-        // PegaEngine.stagingCounts's order is STAT_STAGINGS..STAT_STAGING_UNAVAILABLE's
-        for (int i = 0; i < Math.min(now.length, STAT_STAGING_UNAVAILABLE - STAT_STAGINGS + 1); i++) {
-            totals[STAT_STAGINGS + i] += Math.max(0, now[i] - seen[i]);
+        for (int i = 0; i < Math.min(now.length, STAGING_STATS.length); i++) {
+            totals[STAGING_STATS[i]] += Math.max(0, now[i] - seen[i]);
         }
         stagingEngine = e;
         stagingSeen = now;

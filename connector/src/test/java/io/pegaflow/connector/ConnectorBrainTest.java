@@ -474,6 +474,10 @@ class ConnectorBrainTest {
         long[] lookups = sched.drainStats();
         assertThat(lookups[SchedulerSide.STAT_BEGUN_AT_LOOKUP]).as("the warm lookup began its load").isEqualTo(1);
         assertThat(lookups[SchedulerSide.STAT_STAGINGS]).as("and staged it").isEqualTo(1);
+        assertThat(lookups[SchedulerSide.STAT_STAGING_STARTS]).as("its first group queued before its load read it").isEqualTo(1);
+        assertThat(lookups[SchedulerSide.STAT_STAGING_TO_FIRST_NANOS]).as("how soon, from the lookup")
+                .isPositive().isGreaterThanOrEqualTo(lookups[SchedulerSide.STAT_STAGING_TO_THREAD_NANOS]
+                        + lookups[SchedulerSide.STAT_STAGING_LAYOUT_NANOS]);
         assertThat(engine.stats().get(Gauge.ACTIVE_LEASES)).isZero();
         assertThat(engine.stats().get(Gauge.PINNED_BLOCKS)).isZero();
     }

@@ -29,22 +29,40 @@ class LookupWarmUpTest {
 
     @Test
     void everyHitLookupAnswersItsStoredPrefixAndEveryRequestEnds() {
-        LookupWarmUp.Result r = LookupWarmUp.run(16, 30, Long.MAX_VALUE);
+        LookupWarmUp.Result r = LookupWarmUp.run(16, 30, Long.MAX_VALUE, 0);
 
         assertThat(r.rounds()).isEqualTo(30);
         assertClean(r);
+        assertThat(r.stagedLoads()).as("no staging buffer").isZero();
+    }
+
+    /**
+     * Where the process stages loads at their lookup, the warm-up's loads are staged too (the
+     * staged path compiled before vLLM's first warm request), in a buffer of its loads' size, not
+     * of the process's (a GPU's 4 GiB would be host memory zeroed on the warm-up's thread).
+     */
+    @Test
+    void whereTheProcessStagesTheWarmUpStagesInABufferOfItsOwnSize() {
+        assertThat(LookupWarmUp.scratchStageBytes("4096")).isEqualTo(LookupWarmUp.SCRATCH_STAGE_BYTES).isEqualTo(1 << 20);
+        assertThat(LookupWarmUp.scratchStageBytes(null)).isZero();
+        assertThat(LookupWarmUp.scratchStageBytes("0")).isZero();
+        assertThat(LookupWarmUp.scratchStageBytes("-1")).as("refused by the process's own engine, naming it").isZero();
+        LookupWarmUp.Result r = LookupWarmUp.run(16, 30, Long.MAX_VALUE, LookupWarmUp.SCRATCH_STAGE_BYTES);
+        assertClean(r);
+        assertThat(r.stagedLoads()).as("the hits begun at their lookup, staged (dropped ones too)").isPositive()
+                .isLessThanOrEqualTo(r.rounds());
     }
 
     @Test
     void theBudgetEndsItEarly() {
-        LookupWarmUp.Result r = LookupWarmUp.run(16, 1_000_000, 1);
+        LookupWarmUp.Result r = LookupWarmUp.run(16, 1_000_000, 1, 0);
 
         assertThat(r.rounds()).isBetween(0, 1);
     }
 
     @Test
     void aBadBlockSizeIsRefusedByName() {
-        assertThatThrownBy(() -> LookupWarmUp.run(0, 1, Long.MAX_VALUE))
+        assertThatThrownBy(() -> LookupWarmUp.run(0, 1, Long.MAX_VALUE, 0))
                 .isInstanceOf(InvalidArgumentException.class).hasMessageContaining("block size 0");
     }
 

@@ -387,13 +387,19 @@ public final class PegaEngine implements AutoCloseable {
      * The staging's counters since start ({@link io.pegaflow.engine.transfer.Stager}): loads
      * staged at their lookup, and lookups that began a load but staged nothing because another
      * load occupied the buffer, because the load was larger than it, whose staging failed, or
-     * because the buffer could not be had; all zero where the copy engine has no staging
-     * buffer. In that order.
+     * because the buffer could not be had; then how soon stagings started ({@link
+     * io.pegaflow.engine.transfer.Stager#startTimes}: those whose first group was queued, and
+     * their nanoseconds from the lookup to the staging thread's start, in making the layout, and
+     * to that group queued); all zero where the copy engine has no staging buffer. In that order.
      */
     public long[] stagingCounts() {
         io.pegaflow.engine.transfer.Stager s = transfer.stager();
-        return s == null ? new long[5] : new long[] {s.stagedLoads(), s.busyRefusals(), s.tooLargeRefusals(),
-                s.failedStagings(), s.unavailableRefusals()};
+        if (s == null) {
+            return new long[9];
+        }
+        long[] t = s.startTimes();
+        return new long[] {s.stagedLoads(), s.busyRefusals(), s.tooLargeRefusals(), s.failedStagings(),
+                s.unavailableRefusals(), t[0], t[1], t[2], t[3]};
     }
 
     /**

@@ -106,6 +106,11 @@ public final class StagedLoad {
         return l;
     }
 
+    /** When it was asked for ({@link System#nanoTime}). */
+    long createdNanos() {
+        return createdNanos;
+    }
+
     /** Whether no load took it and it was asked for more than {@code nanos} ago. */
     boolean unclaimedLongerThan(long nanos) {
         return state.get() == FILLING && System.nanoTime() - createdNanos > nanos;

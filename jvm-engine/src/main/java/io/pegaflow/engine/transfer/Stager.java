@@ -47,6 +47,11 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong tooLarge = new AtomicLong();
     private final AtomicLong failed = new AtomicLong();
     private final AtomicLong unavailable = new AtomicLong();
+    /** Stagings whose first group was queued, and their nanoseconds from being asked for ({@link #stage}) to the staging thread's start, its layout made, and that group queued. */
+    private final AtomicLong started = new AtomicLong();
+    private final AtomicLong toFillNanos = new AtomicLong();
+    private final AtomicLong layoutNanos = new AtomicLong();
+    private final AtomicLong toFirstNanos = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -160,15 +165,25 @@ public abstract class Stager implements AutoCloseable {
 
     private void fill(StagedLoad s) {
         try {
+            long filling = System.nanoTime();
             if (buffer != READY) {
                 allocateOnce(); // a buffer that cannot be had fails this staging, logged below as the first failure
             }
+            long laying = System.nanoTime();
             StageLayout l = s.computeLayout();
+            long laid = System.nanoTime();
             for (int g = 0; g < l.groups(); g++) {
                 if (s.abandoned()) {
                     return;
                 }
                 queueGroup(l, g);
+                if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
+                    long now = System.nanoTime();
+                    toFillNanos.addAndGet(filling - s.createdNanos());
+                    layoutNanos.addAndGet(laid - laying);
+                    toFirstNanos.addAndGet(now - s.createdNanos());
+                    started.incrementAndGet();
+                }
                 s.queued(g);
                 int waitFor = g + 1 - depth; // the group that must land before the next is queued
                 if (g + 1 < l.groups() && waitFor >= 0) {
@@ -216,6 +231,16 @@ public abstract class Stager implements AutoCloseable {
     /** Loads not staged because the buffer could not be had (or the stager was closed). */
     public long unavailableRefusals() {
         return unavailable.get();
+    }
+
+    /**
+     * How soon stagings started: those whose first group was queued, and the nanoseconds, summed
+     * over them, from being asked for ({@link #stage}, on the lookup's thread) to the staging
+     * thread taking the staging up, to its layout made (that part alone), and to its first group
+     * queued on the copy engine. In that order.
+     */
+    public long[] startTimes() {
+        return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get()};
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */

@@ -115,6 +115,35 @@ class StagerTest {
     }
 
     @Test
+    void howSoonEachStagingStartedIsCounted() {
+        Recording s = new Recording();
+        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0);
+        long slowLayout = 30_000_000L;
+        StagedLoad a = s.stage(12288, () -> {
+            long end = System.nanoTime() + slowLayout; // a layout that takes 30 ms to make
+            while (System.nanoTime() < end) {
+                Thread.onSpinWait();
+            }
+            return layout();
+        });
+        assertThat(a.claim(null)).isTrue();
+        a.awaitQueued(2);
+        a.finish();
+        long[] t = s.startTimes();
+        assertThat(t[0]).as("stagings whose first group was queued").isEqualTo(1);
+        assertThat(t[2]).as("the layout's own time").isGreaterThanOrEqualTo(slowLayout);
+        assertThat(t[3]).as("asked for to the first group queued: the thread's start, the layout and more")
+                .isGreaterThanOrEqualTo(t[1] + t[2]);
+        StagedLoad b = s.stage(12288, StagerTest::layout);
+        assertThat(b.claim(null)).isTrue();
+        b.awaitQueued(2);
+        b.finish();
+        assertThat(s.startTimes()[0]).isEqualTo(2);
+        assertThat(s.startTimes()[3]).isGreaterThan(t[3]);
+        s.close();
+    }
+
+    @Test
     void theBufferIsTakenAtTheFirstStagingAndFreedAtClose() {
         Recording s = new Recording();
         assertThat(s.allocated()).as("nothing staged yet: no buffer").isFalse();
