@@ -238,6 +238,13 @@ def aot_cache(runtime: JavaRuntime, jar: Path) -> Path:
     return cache_dir() / "aot" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".aot")
 
 
+def aot_for(runtime: JavaRuntime, jar: Path) -> Path | None:
+    """The AOT cache this process's JVM uses and trains: none where $PEGAFLOW_JVM_OPTIONS adds
+    options, since a cache the JVM finds unusable under them (a young generation larger than the
+    initial heap, say) stops the JVM from starting, and with it the host process."""
+    return None if extra_options() else aot_cache(runtime, jar)
+
+
 def jvm_options(jar: Path, aot: Path | None = None) -> list[str]:
     aot_option = [f"-XX:AOTCache={aot}"] if aot is not None and aot.is_file() else []
     return [f"-Djava.class.path={jar}", *base_options(), *aot_option]
@@ -269,7 +276,7 @@ def _start() -> Api:
     global _jvm_pid
     runtime = find_java()
     jar = find_jar()
-    aot = aot_cache(runtime, jar)
+    aot = aot_for(runtime, jar)
     libjvm = runtime.home / "lib" / "server" / "libjvm.so"
     if not libjvm.is_file():
         raise JvmStartError(f"{libjvm} not found in the Java runtime at {runtime.home} (from {runtime.source})")
@@ -295,7 +302,7 @@ def _start() -> Api:
         locale.setlocale(locale.LC_ALL, saved_locale)
     _jvm_pid = os.getpid()
     elapsed = (time.perf_counter() - start) * 1000
-    if not aot.is_file():
+    if aot is not None and not aot.is_file():
         try:
             train_aot_cache(runtime, jar, wait=False)
         except OSError:

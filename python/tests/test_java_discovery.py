@@ -100,14 +100,20 @@ def test_missing_jar_says_how_to_build_it(monkeypatch, tmp_path):
 
 def test_more_jvm_options_come_after_the_defaults(monkeypatch):
     """$PEGAFLOW_JVM_OPTIONS adds options to the in-process JVM after its defaults (so a larger
-    young generation, say, wins over -Xms16m); anything but options is refused, naming it."""
+    young generation, say, wins over -Xms16m) and turns the AOT cache off (a cache the JVM finds
+    unusable under them stopped vLLM's process on the GPU machine); anything but options is
+    refused, naming it."""
     from pegaflow import _bridge
     from pegaflow.errors import JvmStartError
 
     monkeypatch.delenv("PEGAFLOW_JVM_OPTIONS", raising=False)
     plain = _bridge.base_options()
+    runtime = _java.JavaRuntime(Path("/jdk"), "25.0.3", "test")
+    assert _bridge.aot_for(runtime, Path(_bridge.__file__)) == _bridge.aot_cache(runtime, Path(_bridge.__file__))
     monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn128m '-Xlog:gc:file=/tmp/a b.log'")
     assert _bridge.base_options() == [*plain, "-Xmn128m", "-Xlog:gc:file=/tmp/a b.log"]
+    runtime = _java.JavaRuntime(Path("/jdk"), "25.0.3", "test")
+    assert _bridge.aot_for(runtime, Path(_bridge.__file__)) is None  # no AOT cache under added options
     monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn128m io.pegaflow.Main")
     with pytest.raises(JvmStartError, match="'io.pegaflow.Main' is not an option"):
         _bridge.base_options()

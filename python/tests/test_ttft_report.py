@@ -315,7 +315,7 @@ def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, mo
                                                  ("instepx2", "PEGAFLOW_PRESTAGE_DEPTH", "2"),
                                                  ("instepx2", "PEGAFLOW_PRESTAGE_MIB", "4096"),
                                                  ("instepxh", "PEGAFLOW_PRESTAGE_MIB", "4096"),
-                                                 ("instepxh", "PEGAFLOW_JVM_OPTIONS", "-Xmn128m")])
+                                                 ("instepxh", "PEGAFLOW_JVM_OPTIONS", "-Xms192m -Xmn128m")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
@@ -350,7 +350,7 @@ def test_a_variants_jvm_options_come_after_the_callers(tmp_path, monkeypatch):
     args = SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path))
     monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xlog:gc:file=gc-%p.log")
     systems = Systems(args, tmp_path)
-    assert systems.env("server_instepxh")["PEGAFLOW_JVM_OPTIONS"] == "-Xlog:gc:file=gc-%p.log -Xmn128m"
+    assert systems.env("server_instepxh")["PEGAFLOW_JVM_OPTIONS"] == "-Xlog:gc:file=gc-%p.log -Xms192m -Xmn128m"
     assert systems.env("server_instepx")["PEGAFLOW_JVM_OPTIONS"] == "-Xlog:gc:file=gc-%p.log"
 
 

@@ -65,8 +65,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # (no load at allocation: it runs under vLLM's asynchronous scheduling, vLLM's default on GPUs), and
 # "<system>_asyncx" _async with it (asynchronous loads, the connector's default on GPUs);
 # "<system>_instepxh" is _instepx whose in-process JVM has a young generation of 128 MiB
-# (PEGAFLOW_JVM_OPTIONS=-Xmn128m) where the default heap starts at 16 MiB: its young collections,
-# which stop the staging and copy threads, come every few dozen warm requests instead of every few;
+# (PEGAFLOW_JVM_OPTIONS="-Xms192m -Xmn128m", which also turns the AOT cache off) where the default heap
+# starts at 16 MiB: its young collections, which stop the staging and copy threads, come every few
+# dozen warm requests instead of every few;
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -83,7 +84,7 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepz": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384"},
                "instepp": _PACED, "instepx": {**_PACED, **_STAGED},
                "instepx2": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_DEPTH": "2"},
-               "instepxh": {**_PACED, **_STAGED, "PEGAFLOW_JVM_OPTIONS": "-Xmn128m"},
+               "instepxh": {**_PACED, **_STAGED, "PEGAFLOW_JVM_OPTIONS": "-Xms192m -Xmn128m"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}

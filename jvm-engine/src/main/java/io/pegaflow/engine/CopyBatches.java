@@ -219,18 +219,16 @@ final class CopyBatches {
      * Where a layer-wise load of {@code plan} for {@code worker} stages its pool side: per layer
      * group ({@link #layerGroups}, all in one batch), each run's slots of the group as one
      * stretch, in run order, the order {@link #layerMajor} lists the group's pieces in. Needs
-     * no destination: the staging starts before the blocks are allocated.
+     * no destination: the staging starts before the blocks are allocated. Laid a group at a time
+     * ({@link StageLayout#lazy}) as the staging thread queues them, {@link #stageBytes} in all.
      */
     static StageLayout stageLayout(CopyPlan plan, LayerRegion[] worker, long groupBytes) {
         long[] before = slotStarts(worker);
         List<int[]> groups = layerGroups(plan, worker, groupBytes);
-        long[] host = new long[plan.runs() * groups.size()];
-        long[] len = new long[host.length];
-        int[] ends = new int[groups.size()];
-        int k = 0;
-        for (int g = 0; g < groups.size(); g++) {
+        return StageLayout.lazy(groups.size(), plan.runs() * groups.size(), stageBytes(plan, worker), (g, host, len, at) -> {
             int from = groups.get(g)[0];
             int to = groups.get(g)[1];
+            int k = at;
             for (int j = 0; j < plan.runs(); j++) {
                 int first = plan.runRegion()[j];
                 int lo = Math.max(from, first);
@@ -241,9 +239,8 @@ final class CopyBatches {
                     k++;
                 }
             }
-            ends[g] = k;
-        }
-        return new StageLayout(java.util.Arrays.copyOf(host, k), java.util.Arrays.copyOf(len, k), ends);
+            return k;
+        });
     }
 
     /** The caller's block ids a save plan writes, each once, in plan order. */

@@ -51,6 +51,10 @@ class StageLayoutTest {
         CopyPlan plan = plan(w);
         long[] dst = {7, 3, 60, 12, 40};
         StageLayout layout = CopyBatches.stageLayout(plan, w, groupBytes);
+        assertThat(layout.laidGroups()).as("laid a group at a time, as the staging thread queues them").isZero();
+        for (int g = 0; g < layout.groups(); g++) {
+            layout.lay(g);
+        }
         assertThat(layout.totalBytes()).isEqualTo(CopyBatches.stageBytes(plan, w)).isEqualTo((3 * 8 + 3 + 5 + 4) * 2 * SEG);
         CopyBatch batch = new CopyBatch(CopyBatch.Direction.TO_DEVICE, 16);
         CopyBatches.layerMajor(plan, w, dst, batch, groupBytes, 0, 1);
@@ -97,6 +101,46 @@ class StageLayoutTest {
                 .hasMessageContaining("stretch 0 of 0 bytes");
         assertThatThrownBy(() -> new StageLayout(new long[] {0, 1}, new long[] {4096}, new int[] {1}))
                 .hasMessageContaining("2 stretch offsets for 1 lengths");
+    }
+
+    /** Two groups of one 4 KiB stretch each, at pool offsets 0 and 8192, as a lazy layout lays them. */
+    private static StageLayout.Groups twoGroups(long secondLen) {
+        return (g, host, len, at) -> {
+            host[at] = g * 8192L;
+            len[at] = g == 0 ? 4096 : secondLen;
+            return at + 1;
+        };
+    }
+
+    @Test
+    void aLazyLayoutIsLaidInOrderAndPlacesEachGroupAfterTheOneBefore() {
+        StageLayout layout = StageLayout.lazy(2, 2, 8192, twoGroups(4096));
+        assertThatThrownBy(() -> layout.lay(1)).hasMessageContaining("staging group 1 laid after 0 groups");
+        layout.lay(0);
+        assertThat(layout.laidGroups()).isEqualTo(1);
+        assertThat(layout.groupEnd(0)).isEqualTo(1);
+        assertThat(layout.stretchAt(0)).isZero();
+        layout.lay(0); // laid already: left as it is
+        layout.lay(1);
+        assertThat(layout.stretchAt(1)).isEqualTo(4096);
+        assertThat(layout.groupStart(1)).isEqualTo(1);
+        StageLayout.Cursor at = layout.cursor();
+        at.group(1);
+        assertThat(at.offset(8192 + 1024, 1024)).isEqualTo(4096 + 1024);
+    }
+
+    @Test
+    void aLazyLayoutNeverPlacesAStretchPastItsBytes() {
+        StageLayout over = StageLayout.lazy(2, 2, 8192, twoGroups(8192));
+        over.lay(0);
+        assertThatThrownBy(() -> over.lay(1)).as("refused before its copies could be queued")
+                .hasMessageContaining("staging stretch 1 of 8192 bytes at 4096 passes the layout's 8192 bytes");
+        StageLayout under = StageLayout.lazy(2, 2, 8192, twoGroups(2048));
+        under.lay(0);
+        assertThatThrownBy(() -> under.lay(1)).hasMessageContaining("staging layout of 6144 bytes for a load of 8192");
+        StageLayout wild = StageLayout.lazy(1, 1, 4096, (g, host, len, at) -> at + 2);
+        assertThatThrownBy(() -> wild.lay(0)).hasMessageContaining("ends at stretch 2 after 0 of at most 1");
+        assertThatThrownBy(() -> StageLayout.lazy(0, 1, 4096, twoGroups(4096))).hasMessageContaining("0 groups");
     }
 
     @Test

@@ -47,7 +47,7 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong tooLarge = new AtomicLong();
     private final AtomicLong failed = new AtomicLong();
     private final AtomicLong unavailable = new AtomicLong();
-    /** Stagings whose first group was queued, and their nanoseconds from being asked for ({@link #stage}) to the staging thread's start, its layout made, and that group queued. */
+    /** Stagings whose first group was queued, and their nanoseconds from being asked for ({@link #stage}) to the staging thread's start, in the layout before that group, and to that group queued. */
     private final AtomicLong started = new AtomicLong();
     private final AtomicLong toFillNanos = new AtomicLong();
     private final AtomicLong layoutNanos = new AtomicLong();
@@ -171,10 +171,14 @@ public abstract class Stager implements AutoCloseable {
             }
             long laying = System.nanoTime();
             StageLayout l = s.computeLayout();
-            long laid = System.nanoTime();
+            long laid = 0;
             for (int g = 0; g < l.groups(); g++) {
                 if (s.abandoned()) {
                     return;
+                }
+                l.lay(g); // a lazy layout's group just before its copies: the rest is laid while they run
+                if (g == 0) {
+                    laid = System.nanoTime();
                 }
                 queueGroup(l, g);
                 if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
@@ -236,8 +240,9 @@ public abstract class Stager implements AutoCloseable {
     /**
      * How soon stagings started: those whose first group was queued, and the nanoseconds, summed
      * over them, from being asked for ({@link #stage}, on the lookup's thread) to the staging
-     * thread taking the staging up, to its layout made (that part alone), and to its first group
-     * queued on the copy engine. In that order.
+     * thread taking the staging up, in laying out what comes before the first group's copies
+     * (all of the layout, or a lazy one's first group: {@link StageLayout#lazy}), and to that
+     * group queued on the copy engine. In that order.
      */
     public long[] startTimes() {
         return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get()};

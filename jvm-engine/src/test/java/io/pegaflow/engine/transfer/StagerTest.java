@@ -59,8 +59,12 @@ class StagerTest {
             return 0;
         }
 
+        /** Groups of its layout laid when each group was queued. */
+        final int[] laidAtQueue = new int[8];
+
         @Override
         protected void queueGroup(StageLayout layout, int g) {
+            laidAtQueue[g] = layout.laidGroups();
             if (g == failAtGroup) {
                 throw new IllegalStateException("copy refused (test)");
             }
@@ -140,6 +144,26 @@ class StagerTest {
         b.finish();
         assertThat(s.startTimes()[0]).isEqualTo(2);
         assertThat(s.startTimes()[3]).isGreaterThan(t[3]);
+        s.close();
+    }
+
+    /**
+     * A lazy layout is laid a group at a time on the staging thread, each just before its copies:
+     * the first group's copies wait for its own layout, not the whole load's.
+     */
+    @Test
+    void aLazyLayoutsGroupsAreLaidJustBeforeTheirCopies() {
+        Recording s = new Recording();
+        StagedLoad a = s.stage(12288, () -> StageLayout.lazy(3, 3, 12288, (g, host, len, at) -> {
+            host[at] = g * 8192L;
+            len[at] = 4096;
+            return at + 1;
+        }));
+        assertThat(a.claim(null)).isTrue();
+        a.awaitQueued(2);
+        assertThat(s.laidAtQueue).startsWith(1, 2, 3);
+        assertThat(a.layout().stretchAt(2)).isEqualTo(8192);
+        a.finish();
         s.close();
     }
 
