@@ -209,6 +209,22 @@ def extra_options() -> list[str]:
     return options
 
 
+STAGING_YOUNG = ["-Xms192m", "-Xmn128m"]
+
+
+def staging_options() -> list[str]:
+    """A process that stages loads at their lookup ($PEGAFLOW_PRESTAGE_MIB > 0: a GPU's vLLM
+    scheduler, whose staging buffer is GiBs of device memory) takes a young generation of 128
+    MiB: with the 16 MiB heap's few MiB of eden, the serial collector stopped the staging thread
+    as it laid out a 16K load's first group (docs/benchmarks/README.md, "Twenty-sixth GPU run").
+    Others keep the small heap (resident memory, docs/bridge.md)."""
+    try:
+        staging = int(os.environ.get("PEGAFLOW_PRESTAGE_MIB", "0") or 0) > 0
+    except ValueError:
+        staging = False  # the engine refuses the value, naming it
+    return STAGING_YOUNG if staging else []
+
+
 def base_options() -> list[str]:
     """JVM options of the in-process engine (and of its AOT training run: they must agree)."""
     error_file = Path(tempfile.gettempdir()) / "pegaflow-hs_err_pid%p.log"
@@ -222,6 +238,7 @@ def base_options() -> list[str]:
         "-Xlog:aot=off",  # a stale AOT cache is skipped silently; it is rebuilt in the background
         "-Xlog:cds=off",
         *JVM_OPTIONS,
+        *staging_options(),
         *extra_options(),
     ]
 

@@ -120,3 +120,23 @@ def test_more_jvm_options_come_after_the_defaults(monkeypatch):
     monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn128m '")
     with pytest.raises(JvmStartError, match="PEGAFLOW_JVM_OPTIONS="):
         _bridge.base_options()
+
+
+def test_a_staging_process_takes_a_larger_young_generation(monkeypatch):
+    """Where loads are staged at their lookup (PEGAFLOW_PRESTAGE_MIB > 0) the in-process JVM's
+    young generation is 128 MiB (after -Xms16m, so it wins); elsewhere, and for a value the
+    engine will refuse, the small heap stays."""
+    from pegaflow import _bridge
+
+    monkeypatch.delenv("PEGAFLOW_JVM_OPTIONS", raising=False)
+    monkeypatch.delenv("PEGAFLOW_PRESTAGE_MIB", raising=False)
+    plain = _bridge.base_options()
+    assert "-Xmn128m" not in plain and "-Xms16m" in plain
+    for off in ("0", "lots", ""):
+        monkeypatch.setenv("PEGAFLOW_PRESTAGE_MIB", off)
+        assert _bridge.base_options() == plain
+    monkeypatch.setenv("PEGAFLOW_PRESTAGE_MIB", "4096")
+    staged = _bridge.base_options()
+    assert staged[: len(plain)] == plain and staged[len(plain):] == ["-Xms192m", "-Xmn128m"]
+    monkeypatch.setenv("PEGAFLOW_JVM_OPTIONS", "-Xmn32m")
+    assert _bridge.base_options()[-1] == "-Xmn32m"  # the caller's own options still come last

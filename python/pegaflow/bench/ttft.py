@@ -65,9 +65,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # (no load at allocation: it runs under vLLM's asynchronous scheduling, vLLM's default on GPUs), and
 # "<system>_asyncx" _async with it (asynchronous loads, the connector's default on GPUs);
 # "<system>_instepxh" is _instepx whose in-process JVM has a young generation of 128 MiB
-# (PEGAFLOW_JVM_OPTIONS="-Xms192m -Xmn128m", which also turns the AOT cache off) where the default heap
-# starts at 16 MiB: its young collections, which stop the staging and copy threads, come every few
-# dozen warm requests instead of every few;
+# (PEGAFLOW_JVM_OPTIONS="-Xms192m -Xmn128m", which also turns the AOT cache off): the twenty-sixth
+# run's A/B arm against a heap of 16 MiB, whose young collections stopped the staging thread; since
+# then a staging process's default (pegaflow._bridge.staging_options), so the arms differ by the AOT cache;
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
