@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -446,3 +447,34 @@ def test_a_workers_registration_starts_the_warm_up(tmp_path):
                               cwd=tmp_path, env=env)
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.strip().splitlines()[-1] == f"warm_up after register: {answer}", (setting, proc.stdout)
+
+
+def test_more_jvm_options_reach_the_in_process_jvm_which_then_takes_no_aot_cache(tmp_path):
+    """PEGAFLOW_JVM_OPTIONS reaches the JVM a fresh process starts (here a GC log, which the JVM
+    writes), and with it set no AOT cache is used or trained (a cache trained under other heap
+    options stopped the JVM on the GPU machine); without it the process trains its cache as before."""
+    script = textwrap.dedent(
+        """
+        import ctypes
+        from pegaflow import _bridge
+        api, out = _bridge.api(), ctypes.c_int32(0)
+        api.call("warm_up", 16, ctypes.byref(out))
+        print("started", out.value)
+        """
+    )
+    log = tmp_path / "gc.log"
+    env = dict(os.environ, PEGAFLOW_CACHE_DIR=str(tmp_path / "cache"), PEGAFLOW_JVM_OPTIONS=f"-Xms64m -Xmn32m -Xlog:gc:file={log}")
+    env.pop("PEGAFLOW_PRESTAGE_MIB", None)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "started 1", proc.stdout
+    assert "Using Serial" in log.read_text()  # the option reached the JVM
+    time.sleep(3)  # a training run, had one started, would have its file by now
+    assert not (tmp_path / "cache" / "aot").exists() or not any((tmp_path / "cache" / "aot").iterdir())
+    env.pop("PEGAFLOW_JVM_OPTIONS")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    deadline = time.monotonic() + 60  # the cache is trained in the background after the start
+    while not any((tmp_path / "cache" / "aot").glob("*.aot")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert any((tmp_path / "cache" / "aot").glob("*.aot")), "without added options the process trains its AOT cache"
