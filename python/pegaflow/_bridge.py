@@ -216,7 +216,8 @@ def staging_options() -> list[str]:
     """A process that stages loads at their lookup ($PEGAFLOW_PRESTAGE_MIB > 0: a GPU's vLLM
     scheduler, whose staging buffer is GiBs of device memory) takes a young generation of 128
     MiB: with the 16 MiB heap's few MiB of eden, the serial collector stopped the staging thread
-    as it laid out a 16K load's first group (docs/benchmarks/README.md, "Twenty-sixth GPU run").
+    as it laid out a 16K load's first group (docs/benchmarks/README.md, "Twenty-fourth to
+    twenty-sixth GPU runs").
     Others keep the small heap (resident memory, docs/bridge.md)."""
     try:
         staging = int(os.environ.get("PEGAFLOW_PRESTAGE_MIB", "0") or 0) > 0
