@@ -681,7 +681,9 @@ def test_server_killed_mid_run_degrades_to_recompute_then_recovers(engines, tmp_
     server = start_server(tmp_path / "pool", pool_size="64mb")
     port = server.grpc_port
     try:
-        a = engines("a", server_extra(server.endpoint))
+        # checked every 5 s, not 0.2: a check that found the server dead between the kill below and
+        # the step's load would detach the link first, and a detached link's loads fail fast (recompute)
+        a = engines("a", {**server_extra(server.endpoint), "health_interval_s": 5.0})
         p = prompt(50, 70)
         a.add("r1", p, max_tokens=2)
         a.run()
