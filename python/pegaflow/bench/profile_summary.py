@@ -166,18 +166,21 @@ def summarize(path: str, layers: int = 32) -> dict:
 IDLE_GAP_US = 100
 
 
+def _gaps(copies: list):
+    """(where each idle stretch between the copies began, its length), in us, overlapping copies merged."""
+    end = None
+    for e in sorted(copies, key=lambda e: e["ts"]):
+        if end is not None and e["ts"] > end:
+            yield end, e["ts"] - end
+        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
+
+
 def idle_gaps(copies: list, ms) -> list:
     """Where the load's copy engine stood idle between its first copy and its last: each gap of
     ``IDLE_GAP_US`` or more as [ms from the trace's start where it began, its ms]. Between the
     layers of a paced lead a gap is the lane's turn (one layer landed, the next queued); a longer
     one is the lane's thread not queuing (docs/benchmarks/README.md, nineteenth GPU run)."""
-    gaps = []
-    end = None
-    for e in sorted(copies, key=lambda e: e["ts"]):
-        if end is not None and e["ts"] - end >= IDLE_GAP_US:
-            gaps.append([ms(end), round((e["ts"] - end) / 1e3, 2)])
-        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
-    return gaps
+    return [[ms(at), round(gap / 1e3, 2)] for at, gap in _gaps(copies) if gap >= IDLE_GAP_US]
 
 
 def idle_total(copies: list) -> dict:
@@ -185,16 +188,9 @@ def idle_total(copies: list) -> dict:
     (overlapping copies merged), and how much of it came in gaps shorter than ``IDLE_GAP_US``
     (too short for ``idle_gaps``, but paid once per layer where each layer is queued after the
     one before landed): ``idle_ms``, ``short_gaps``, ``short_gaps_ms``."""
-    idle = short = 0.0
-    count = 0
-    end = None
-    for e in sorted(copies, key=lambda e: e["ts"]):
-        if end is not None and e["ts"] > end:
-            idle += e["ts"] - end
-            if e["ts"] - end < IDLE_GAP_US:
-                count, short = count + 1, short + e["ts"] - end
-        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
-    return {"idle_ms": round(idle / 1e3, 3), "short_gaps": count, "short_gaps_ms": round(short / 1e3, 3)}
+    gaps = [gap for _, gap in _gaps(copies)]
+    short = [gap for gap in gaps if gap < IDLE_GAP_US]
+    return {"idle_ms": round(sum(gaps) / 1e3, 3), "short_gaps": len(short), "short_gaps_ms": round(sum(short) / 1e3, 3)}
 
 
 def step_ranges(stamped: list, token_ts) -> dict:

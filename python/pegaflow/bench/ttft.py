@@ -722,7 +722,7 @@ def main(argv: list[str]) -> int:
                 results[key] = {"lengths": {}} if args.load_only else run_worker(systems, system, spec, args.timeout, key)
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 results[key] = {"error": error_text(e)}
-                print(f"ttft: system {key} failed: {error_text(e)}", file=sys.stderr)
+                print(f"ttft: system {key} failed: {results[key]['error']}", file=sys.stderr)
                 continue
             if args.concurrency and key in args.load_systems.split(","):
                 try:
