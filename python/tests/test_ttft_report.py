@@ -67,6 +67,43 @@ def test_summary_reads_the_target_against_the_processs_own_gpu_hit():
     assert medians["server"]["8k"]["warm_vs_own_bound_median"] == pytest.approx(26 / floor, abs=1e-3)
     assert medians["server"]["8k"]["own_gpu_hit_p50_median"] == 16
 
+def test_profile_summary_parts_a_saves_copies_from_the_decode_steps(tmp_path):
+    """A cold request's trace: the save's device-to-host copies (8 MiB slots, another stream) run
+    beside the first decode steps. They are not steps; each step's token copy waited behind them
+    (launched at the step's end, started after the save's copy), and decode_steps_first says so."""
+    import gzip
+    import json
+
+    from pegaflow.bench.profile_summary import summarize
+
+    ev = [{"ts": 0.0, "cat": "cpu_op", "name": "start", "dur": 1}]
+    ev.append({"ts": 1000.0, "dur": 100, "cat": "kernel", "name": "flash_fwd_kernel", "args": {"stream": 7}, "tid": 7})
+    token_at = [2000.0, 14000.0, 26000.0, 37000.0]  # the first token, then three decode steps
+    for i, t in enumerate(token_at):
+        ev.append({"ts": t, "dur": 2, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy DtoH (Device -> Pinned)",
+                   "args": {"bytes": 8, "correlation": 100 + i}})
+        launched = t - (1500 if i in (1, 2) else 10)  # the first two decode steps' copies waited 1.5 ms
+        ev.append({"ts": launched, "dur": 3, "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "tid": 1,
+                   "args": {"correlation": 100 + i}})
+    for k in range(40):  # the save: 8 MiB copies on stream 21 from 2.1 ms to 22.1 ms, gathers beside them
+        ev.append({"ts": 2100.0 + 500 * k, "dur": 500, "cat": "gpu_memcpy", "tid": 21,
+                   "name": "Memcpy DtoH (Device -> Pinned)", "args": {"bytes": 8 << 20}})
+        ev.append({"ts": 2100.0 + 500 * k, "dur": 10, "cat": "kernel", "name": "pega_copy", "args": {"stream": 22}})
+    for step in range(3):
+        ev.append({"ts": 3000.0 + 12000 * step, "dur": 6000, "cat": "kernel", "name": "gemv", "args": {"stream": 7}, "tid": 7})
+    path = tmp_path / "cold-8192.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    s = summarize(str(path), layers=1)
+    assert s["decode_steps"]["count"] == 3  # 40 save copies, none a step
+    first = s["decode_steps_first"]
+    assert [r["interval_ms"] for r in first] == [12.0, 12.0, 11.0]
+    assert [r["token_copy_wait_ms"] for r in first] == [1.5, 1.5, 0.01]
+    assert [r["save_dtoh_ms"] for r in first] == [11.9, 8.1, 0.0]  # the save ends at 22.1 ms
+    assert [r["gpu_busy_ms"] for r in first] == [6.0, 6.0, 6.0]
+    assert first[0]["copy_kernel_ms"] == 0.24
+
+
 def test_a_load_only_run_joins_the_earlier_report_without_losing_its_figures():
     earlier = {"line_h2d_gbps": 55.0, "systems": {"server": {"start_s": 5.0, "8k": {"warm_p50_ms": 70}}},
                "raw": {"server": {"lengths": {"8192": {}}}}}
@@ -262,7 +299,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -315,14 +352,19 @@ def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, mo
                                                  ("instepx2", "PEGAFLOW_PRESTAGE_DEPTH", "2"),
                                                  ("instepx2", "PEGAFLOW_PRESTAGE_MIB", "4096"),
                                                  ("instepxh", "PEGAFLOW_PRESTAGE_MIB", "4096"),
-                                                 ("instepxh", "PEGAFLOW_JVM_OPTIONS", "-Xms192m -Xmn128m")])
+                                                 ("instepxh", "PEGAFLOW_JVM_OPTIONS", "-Xms192m -Xmn128m"),
+                                                 ("instepxk", "PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS", "16"),
+                                                 ("instepxk", "PEGAFLOW_PRESTAGE_MIB", "4096"),
+                                                 ("instepxs", "PEGAFLOW_CUDA_BOUNCE_MIB", "2")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
     load, half of a 16K one), _instepz with all of it (the lead's cap, 16 GiB), _instepp all of it paced through the copy engine
     (with PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384), _instepx that with loads staged at their lookup in 4 GiB
     (PEGAFLOW_PRESTAGE_MIB), _instepx2 that with two layers of the staging in flight (PEGAFLOW_PRESTAGE_DEPTH),
-    _instepxh with a young generation of 128 MiB in its JVM (PEGAFLOW_JVM_OPTIONS); the variable in that vLLM process's environment only,
+    _instepxh with a young generation of 128 MiB in its JVM (PEGAFLOW_JVM_OPTIONS), _instepxk with saves on 16 thread
+    blocks of the copy kernel (PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS), _instepxs with saves in copies of 1 MiB
+    (PEGAFLOW_CUDA_BOUNCE_MIB=2); the variable in that vLLM process's environment only,
     loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 

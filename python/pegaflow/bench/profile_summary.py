@@ -9,7 +9,8 @@ when the thread that launched them made its first launch; the load's copy-engine
 token's copy), with the gaps where the copy engine stood idle between them (``idle_gaps``); the step's own host-to-device copies on the attention's stream (vLLM's inputs:
 how long the longest waited from its launch to its start); the decode steps after it (from one
 sampled-token copy to the host to the next: the step's length and how long the attention's stream
-ran kernels in it, medians); how long each kernel launch of the forward's thread took (median and mean in
+ran kernels in it, medians; and the first steps one by one in ``decode_steps_first``, with how
+long each step's token copy waited and how long a save's copies ran inside it); how long each kernel launch of the forward's thread took (median and mean in
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
 shows there (docs/gpu.md, "Layer-wise loads and the launch rate"); and what the thread of the
 first ``vllm.execute_model`` range did in it on the host (``execute_model_host_ops``). No GPU
@@ -127,21 +128,27 @@ def summarize(path: str, layers: int = 32) -> dict:
         # decode steps: each ends with its sampled tokens' copy to the host; between two such
         # copies, how long the attention's stream ran kernels (the rest of the step is host work:
         # a step whose kernels run a fraction of it is set by vLLM's thread, not by the GPU)
+        # (the sampled tokens' copies only: small ones; a cold request's save copies to the host
+        # in slots of megabytes, and those are not steps)
         on_stream = [e for e in kernels if _stream(e) == compute]
+        dtoh = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")]
+        tokens = sorted((e for e in dtoh if e.get("args", {}).get("bytes", 0) <= TOKEN_COPY_BYTES), key=lambda e: e["ts"])
         marks: list = []
-        for t in sorted(e["ts"] for e in stamped if e.get("cat") == "gpu_memcpy" and "DtoH" in e.get("name", "")):
-            if not marks or t - marks[-1] > 1000:  # a step's tokens may come in more than one copy
-                marks.append(t)
+        for e in tokens:
+            if not marks or e["ts"] - marks[-1]["ts"] > 1000:  # a step's tokens may come in more than one copy
+                marks.append(e)
         rows = []
-        for a, b in zip(marks, marks[1:]):
+        for ea, eb in zip(marks, marks[1:]):
+            a, b = ea["ts"], eb["ts"]
             busy = sum(min(k["ts"] + k["dur"], b) - max(k["ts"], a) for k in on_stream if k["ts"] < b and k["ts"] + k["dur"] > a)
-            rows.append((b - a, busy, sum(1 for k in on_stream if a <= k["ts"] < b)))
+            rows.append((b - a, busy, sum(1 for k in on_stream if a <= k["ts"] < b), a, b, eb))
         if rows:
             mid = len(rows) // 2
             out["decode_steps"] = {"count": len(rows),
                                    "interval_ms_p50": round(sorted(r[0] for r in rows)[mid] / 1e3, 2),
                                    "gpu_busy_ms_p50": round(sorted(r[1] for r in rows)[mid] / 1e3, 2),
                                    "kernels_p50": sorted(r[2] for r in rows)[mid]}
+            out["decode_steps_first"] = decode_steps_first(rows, dtoh, copies, calls, _stream(token) if token else None)
     host = execute_model_host_ops(stamped)
     if host:
         out["execute_model_host_ops"] = host
@@ -164,6 +171,28 @@ def summarize(path: str, layers: int = 32) -> dict:
 
 
 IDLE_GAP_US = 100
+
+
+def _overlap(events: list, a: float, b: float) -> float:
+    """How long the events ran inside [a, b), in us (overlapping events counted once each)."""
+    return sum(min(e["ts"] + e["dur"], b) - max(e["ts"], a) for e in events if e["ts"] < b and e["ts"] + e["dur"] > a)
+
+
+def decode_steps_first(rows: list, dtoh: list, copies: list, calls: dict, token_stream, first: int = 8) -> list:
+    """The first decode steps one by one (a cold request's save runs beside them): each step's
+    length, how long the attention's stream ran kernels in it, how long its sampled tokens' copy
+    to the host waited from its launch to its start (behind the save's copies on the copy
+    engine), and how long the save's device-to-host copies (other streams') and this project's
+    copy kernels ran inside it; ms."""
+    out = []
+    for interval, busy, _, a, b, token in rows[:first]:
+        call = calls.get(token.get("args", {}).get("correlation"))
+        saves = [e for e in dtoh if _stream(e) != token_stream and e.get("args", {}).get("bytes", 0) > TOKEN_COPY_BYTES]
+        out.append({"interval_ms": round(interval / 1e3, 2), "gpu_busy_ms": round(busy / 1e3, 2),
+                    "token_copy_wait_ms": round((token["ts"] - call["ts"]) / 1e3, 2) if call is not None else None,
+                    "save_dtoh_ms": round(_overlap(saves, a, b) / 1e3, 2),
+                    "copy_kernel_ms": round(_overlap(copies, a, b) / 1e3, 2)})
+    return out
 
 
 def _gaps(copies: list):

@@ -68,6 +68,11 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # (PEGAFLOW_JVM_OPTIONS="-Xms192m -Xmn128m", which also turns the AOT cache off): the twenty-sixth
 # run's A/B arm against a heap of 16 MiB, whose young collections stopped the staging thread; since
 # then a staging process's default (pegaflow._bridge.staging_options), so the arms differ by the AOT cache;
+# "<system>_instepxk" is _instepx whose saves go to the host through the copy kernel alone, 16 thread
+# blocks a launch (PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS=16), leaving the copy engine to vLLM's own copies
+# (each decode step's sampled tokens to the host), and "<system>_instepxs" _instepx whose saves
+# keep the copy engine in copies of 1 MiB, not 8 (PEGAFLOW_CUDA_BOUNCE_MIB=2): the arms of issue
+# 3/6's decode spacing while saves run (docs/gpu.md, "Saves beside decode");
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -85,10 +90,13 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepp": _PACED, "instepx": {**_PACED, **_STAGED},
                "instepx2": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_DEPTH": "2"},
                "instepxh": {**_PACED, **_STAGED, "PEGAFLOW_JVM_OPTIONS": "-Xms192m -Xmn128m"},
+               "instepxk": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS": "16"},
+               "instepxs": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_BOUNCE_MIB": "2"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
-AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepaw", "instepab")
+AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
+            "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")

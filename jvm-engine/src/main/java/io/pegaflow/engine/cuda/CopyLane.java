@@ -165,6 +165,11 @@ final class CopyLane {
         // a batch of several groups is a layer-wise load: the forward computes beside it
         int cap = options.layerSplit().kernelBlocks();
         grid = groups > 1 && cap > 0 ? cap : MAX_GRID;
+        // a save on the kernel alone: few SMs, and the copy engine left to vLLM's own copies
+        boolean saveOnKernel = toHost && options.saveKernelBlocks() > 0;
+        if (saveOnKernel) {
+            grid = options.saveKernelBlocks();
+        }
         ensureStaging(batch.size() * DESC_BYTES);
         if (!options.hostDescriptors()) {
             ensureDeviceDesc(batch.size() * DESC_BYTES);
@@ -207,6 +212,8 @@ final class CopyLane {
                 // (docs/gpu.md, "Loads started at allocation")
                 leadOnAux = aux != 0;
                 direct(batch, start, end, toHost, true, leadOnAux ? aux : stream);
+            } else if (saveOnKernel) {
+                direct(batch, start, end, true, true, stream);
             } else if (bounce != 0 && (layersOnAux ? end - start >= 2 : worthBouncing(batch, start, end))) {
                 scattered = bounced(batch, start, end, toHost, !layersOnAux);
             } else {

@@ -58,10 +58,17 @@ import java.util.List;
  * @param stageBytes          device memory a load's pool side is staged in from the lookup
  *                            that begins it ({@link io.pegaflow.engine.transfer.Stager}; 0, the
  *                            default: off; {@code PEGAFLOW_PRESTAGE_MIB})
+ * @param saveKernelBlocks    0 (the default): a save takes the bounce path and the copy engine
+ *                            as above; N > 0: a save's pieces go to the host through the copy
+ *                            kernel alone, at most N thread blocks a launch, and leave the copy
+ *                            engine to vLLM's own copies, the sampled tokens' copy to the host of
+ *                            each decode step among them, which otherwise waits behind the
+ *                            save's device-to-host copies ({@code PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS};
+ *                            docs/gpu.md, "Saves beside decode")
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
         Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch,
-        long bounceBytes, int bounceSlots, LayerSplit layerSplit, long stageBytes) {
+        long bounceBytes, int bounceSlots, LayerSplit layerSplit, long stageBytes, int saveKernelBlocks) {
 
     /** The environment variable giving {@link #bounceBytes} in MiB for {@link #defaults()}. */
     public static final String BOUNCE_ENV = "PEGAFLOW_CUDA_BOUNCE_MIB";
@@ -89,6 +96,10 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                     + bounceSlots * 4096 + " (" + bounceSlots + " slots of whole pages) from " + bounceSlots
                     + " MiB to 1 GiB");
         }
+        if (saveKernelBlocks < 0 || saveKernelBlocks > CopyLane.MAX_GRID) {
+            throw new InvalidArgumentException("saveKernelBlocks " + saveKernelBlocks + "; expected 0 (saves through the copy engine) to "
+                    + CopyLane.MAX_GRID);
+        }
         java.util.Objects.requireNonNull(layerSplit, "layerSplit");
         io.pegaflow.engine.transfer.Stager.checkBytes(stageBytes);
         nvrtcDirs = List.copyOf(nvrtcDirs);
@@ -107,6 +118,15 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
         return LayerSplit.parse(value, BOUNCE_ENV, 0, 1024, 16, "MiB of device memory per copy lane, 0 (off) to 1024") << 20;
     }
 
+    /** The environment variable giving {@link #saveKernelBlocks} for {@link #defaults()}. */
+    public static final String SAVE_KERNEL_ENV = "PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS";
+
+    /** {@link #saveKernelBlocks} from {@link #SAVE_KERNEL_ENV}, or 0 (saves through the copy engine) when unset. */
+    static int saveKernelBlocksFromEnvironment(String value) {
+        return (int) LayerSplit.parse(value, SAVE_KERNEL_ENV, 0, CopyLane.MAX_GRID, 0,
+                "thread blocks of a save's copy kernel, 0 (saves through the copy engine) to " + CopyLane.MAX_GRID);
+    }
+
     public static CudaOptions defaults() {
         List<Path> dirs = new ArrayList<>();
         String cudaHome = System.getenv("CUDA_HOME");
@@ -122,47 +142,53 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                 LayerSplit.fromEnvironment(System.getenv(LayerSplit.GROUP_ENV), System.getenv(LayerSplit.LANES_ENV),
                         System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV),
                         System.getenv(LayerSplit.LEAD_ENV), System.getenv(LayerSplit.PACED_ENV)),
-                io.pegaflow.engine.transfer.Stager.bytesFromEnvironment(System.getenv(io.pegaflow.engine.transfer.Stager.ENV)));
+                io.pegaflow.engine.transfer.Stager.bytesFromEnvironment(System.getenv(io.pegaflow.engine.transfer.Stager.ENV)),
+                saveKernelBlocksFromEnvironment(System.getenv(SAVE_KERNEL_ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withDmaBatch(boolean batch) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit, stageBytes);
+                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withLayerSplit(LayerSplit split) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split, stageBytes);
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split, stageBytes, saveKernelBlocks);
     }
 
     public CudaOptions withStage(long bytes) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, bytes);
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, bytes, saveKernelBlocks);
+    }
+
+    public CudaOptions withSaveKernelBlocks(int blocks) {
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, blocks);
     }
 
     public CudaOptions withBounce(long bytes) {
@@ -171,6 +197,6 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
 
     public CudaOptions withBounce(long bytes, int slots) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit, stageBytes);
+                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit, stageBytes, saveKernelBlocks);
     }
 }

@@ -43,6 +43,18 @@ class CudaUnavailableTest {
         assertThatThrownBy(() -> CudaOptions.defaults().withBounce((8L << 20) + 4096)).hasMessageContaining("multiple of 8192");
         assertThatThrownBy(() -> CudaOptions.defaults().withBounce(8L << 20, 9)).hasMessageContaining("bounceSlots 9");
         assertThat(CudaOptions.defaults().withBounce(0).bounceBytes()).isZero();
+        assertThatThrownBy(() -> CudaOptions.defaults().withSaveKernelBlocks(-1)).hasMessageContaining("saveKernelBlocks -1");
+        assertThatThrownBy(() -> CudaOptions.defaults().withSaveKernelBlocks(65536)).hasMessageContaining("saveKernelBlocks 65536");
+    }
+
+    @Test
+    void savesOnTheKernelComeFromTheEnvironmentAsBlocks() {
+        assertThat(CudaOptions.saveKernelBlocksFromEnvironment(null)).isZero();
+        assertThat(CudaOptions.saveKernelBlocksFromEnvironment(" 32 ")).isEqualTo(32);
+        assertThatThrownBy(() -> CudaOptions.saveKernelBlocksFromEnvironment("-4"))
+                .hasMessageContaining("PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS=-4").hasMessageContaining("0 (saves through the copy engine)");
+        assertThatThrownBy(() -> CudaOptions.saveKernelBlocksFromEnvironment("many"))
+                .hasMessageContaining("PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS=many");
     }
 
     @Test
