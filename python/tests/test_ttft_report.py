@@ -91,6 +91,11 @@ def test_profile_summary_parts_a_saves_copies_from_the_decode_steps(tmp_path):
         ev.append({"ts": 2100.0 + 500 * k, "dur": 10, "cat": "kernel", "name": "pega_copy", "args": {"stream": 22}})
     for step in range(3):
         ev.append({"ts": 3000.0 + 12000 * step, "dur": 6000, "cat": "kernel", "name": "gemv", "args": {"stream": 7}, "tid": 7})
+        # the step's input copy to the device: the first step's waited 0.8 ms behind the save's copies
+        ev.append({"ts": 2900.0 + 12000 * step, "dur": 5, "cat": "gpu_memcpy", "tid": 7, "name": "Memcpy HtoD (Pinned -> Device)",
+                   "args": {"bytes": 64, "correlation": 200 + step}})
+        ev.append({"ts": 2900.0 + 12000 * step - (800 if step == 0 else 20), "dur": 3, "cat": "cuda_runtime",
+                   "name": "cudaMemcpyAsync", "tid": 1, "args": {"correlation": 200 + step}})
     path = tmp_path / "cold-8192.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": ev}, f)
@@ -101,6 +106,7 @@ def test_profile_summary_parts_a_saves_copies_from_the_decode_steps(tmp_path):
     assert [r["token_copy_wait_ms"] for r in first] == [1.5, 1.5, 0.01]
     assert [r["save_dtoh_ms"] for r in first] == [11.9, 8.1, 0.0]  # the save ends at 22.1 ms
     assert [r["gpu_busy_ms"] for r in first] == [6.0, 6.0, 6.0]
+    assert [r["input_copy_wait_ms"] for r in first] == [0.8, 0.02, 0.02]
     assert first[0]["copy_kernel_ms"] == 0.24
 
 
@@ -834,6 +840,45 @@ def test_the_worker_records_the_stats_of_steps_without_outputs_where_vllm_drops_
     silent = _GatedEngine([])
     silent.logger_manager = None  # stats off (disable_log_stats)
     assert worker.record_zero_output_steps(silent) is False
+
+
+def test_the_worker_clocks_each_step_that_produced_outputs(monkeypatch):
+    """Decode steps one by one without a profiler: the worker stamps each engine-core output that
+    carries request outputs (a token step), not those without (a lookup step); an engine without
+    an engine core is left alone."""
+    worker = _worker_module()
+    engine = _GatedEngine([_Outputs(["first token"], None), _Outputs([], None), _Outputs(["decode 1"], None),
+                           _Outputs(["decode 2"], None)])
+    ticks = iter([1.0, 1.012, 1.0305])
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: next(ticks))
+    stamps = worker.clock_output_steps(engine)
+    for _ in range(4):
+        engine.step()
+    assert stamps == [1.0, 1.012, 1.0305]
+    assert worker.clock_output_steps(object()) is None
+
+
+def test_summary_gives_the_first_decode_steps_against_no_connector():
+    """cold_decode_steps_ms: the median over the cold answers of each of their first decode steps
+    (as many as every answer has, six at most), and each against no connector's: a save slowing
+    the steps beside it shows in the first ones, not in the mean over the answer."""
+    def cold(steps):
+        return [{"ttft_ms": 200.0, "itl_ms": sum(x) / len(x), "cached_tokens": 0, "token_ids": [1], "step_ms": x}
+                for x in steps]
+
+    results = {
+        "none": {"lengths": {"8192": {"cold": cold([[12.0] * 8, [12.0] * 8, [11.0] * 8]),
+                                      "gpu_hit": run([40, 50, 60], [8176] * 3, [1])}}},
+        "server": {"lengths": {"8192": {"cold": cold([[19.0, 18.0] + [12.0] * 6, [20.0, 12.0] + [12.0] * 6,
+                                                      [18.0, 12.5, 12.0]]),
+                                        "reset_ok": True, "warm": run([60, 70, 80], [8176] * 3, [1])}}},
+        "vllm_native": {"lengths": {"8192": {"cold": run([205], [0], [1]), "warm": run([90], [8176], [1])}}},
+    }
+    s = ttft.summarize(results, [8192], 131072, 55.0)
+    assert s["server"]["8k"]["cold_decode_steps_ms"] == [19.0, 12.5, 12.0]  # three: the shortest answer's
+    assert s["server"]["8k"]["cold_decode_steps_vs_none"] == [round(19 / 12, 3), round(12.5 / 12, 3), 1.0]
+    assert "cold_decode_steps_ms" not in s["vllm_native"]["8k"]  # its answers carried no steps
+    assert ttft.decode_steps(cold([[5.0] * 10])) == [5.0] * ttft.DECODE_STEPS_SHOWN
 
 
 def test_a_failed_systems_error_keeps_how_its_worker_exited():

@@ -148,7 +148,8 @@ def summarize(path: str, layers: int = 32) -> dict:
                                    "interval_ms_p50": round(sorted(r[0] for r in rows)[mid] / 1e3, 2),
                                    "gpu_busy_ms_p50": round(sorted(r[1] for r in rows)[mid] / 1e3, 2),
                                    "kernels_p50": sorted(r[2] for r in rows)[mid]}
-            out["decode_steps_first"] = decode_steps_first(rows, dtoh, copies, calls, _stream(token) if token else None)
+            inputs = [e for e in stamped if e.get("cat") == "gpu_memcpy" and "HtoD" in e.get("name", "") and _stream(e) == compute]
+            out["decode_steps_first"] = decode_steps_first(rows, dtoh, copies, calls, _stream(token) if token else None, inputs)
     host = execute_model_host_ops(stamped)
     if host:
         out["execute_model_host_ops"] = host
@@ -178,18 +179,23 @@ def _overlap(events: list, a: float, b: float) -> float:
     return sum(min(e["ts"] + e["dur"], b) - max(e["ts"], a) for e in events if e["ts"] < b and e["ts"] + e["dur"] > a)
 
 
-def decode_steps_first(rows: list, dtoh: list, copies: list, calls: dict, token_stream, first: int = 8) -> list:
+def decode_steps_first(rows: list, dtoh: list, copies: list, calls: dict, token_stream, inputs: list = (),
+                       first: int = 8) -> list:
     """The first decode steps one by one (a cold request's save runs beside them): each step's
     length, how long the attention's stream ran kernels in it, how long its sampled tokens' copy
-    to the host waited from its launch to its start (behind the save's copies on the copy
-    engine), and how long the save's device-to-host copies (other streams') and this project's
-    copy kernels ran inside it; ms."""
+    to the host waited from its launch to its start and the longest wait of its own inputs'
+    copies to the device (``inputs``: host-to-device copies on the attention's stream), either
+    behind the save's copies on the copy engine, and how long the save's device-to-host copies
+    (other streams') and this project's copy kernels ran inside it; ms."""
+    saves = [e for e in dtoh if _stream(e) != token_stream and e.get("args", {}).get("bytes", 0) > TOKEN_COPY_BYTES]
     out = []
     for interval, busy, _, a, b, token in rows[:first]:
         call = calls.get(token.get("args", {}).get("correlation"))
-        saves = [e for e in dtoh if _stream(e) != token_stream and e.get("args", {}).get("bytes", 0) > TOKEN_COPY_BYTES]
+        waits = [e["ts"] - calls[c]["ts"] for e in inputs if a <= e["ts"] < b
+                 and (c := e.get("args", {}).get("correlation")) in calls]
         out.append({"interval_ms": round(interval / 1e3, 2), "gpu_busy_ms": round(busy / 1e3, 2),
                     "token_copy_wait_ms": round((token["ts"] - call["ts"]) / 1e3, 2) if call is not None else None,
+                    "input_copy_wait_ms": round(max(waits) / 1e3, 2) if waits else None,
                     "save_dtoh_ms": round(_overlap(saves, a, b) / 1e3, 2),
                     "copy_kernel_ms": round(_overlap(copies, a, b) / 1e3, 2)})
     return out

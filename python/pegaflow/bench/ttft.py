@@ -425,6 +425,18 @@ def cold_start(args, work: Path, spec: dict, length: int) -> dict:
     return out
 
 
+DECODE_STEPS_SHOWN = 6
+
+
+def decode_steps(requests: list, shown: int = DECODE_STEPS_SHOWN) -> list:
+    """The median over ``requests`` of each of their first decode steps (ttft_worker's
+    ``step_ms``), ms; as many steps as every request has, up to ``shown``."""
+    runs = [x["step_ms"] for x in requests if x.get("step_ms")]
+    if not runs:
+        return []
+    return [_p([run[i] for run in runs], 0.5) for i in range(min(shown, *(len(run) for run in runs)))]
+
+
 def _probe(r: dict, phase: str) -> float | None:
     return ((r.get(f"{phase}_threads") or {}).get("cpu_probe") or {}).get("torch_us")
 
@@ -458,6 +470,11 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 base_itl = [x["itl_ms"] for x in base if "itl_ms" in x]
                 if itl and base_itl:
                     row["cold_itl_vs_none"] = round(row["cold_itl_p50_ms"] / _p(base_itl, 0.5), 3)
+                mine_steps, their_steps = decode_steps(r["cold"]), decode_steps(base)
+                if mine_steps and their_steps:
+                    # step by step: the first ones run beside the save, the rest after it
+                    row["cold_decode_steps_ms"] = mine_steps
+                    row["cold_decode_steps_vs_none"] = [round(a / b, 3) for a, b in zip(mine_steps, their_steps) if b]
                 # the same against how fast each process ran CPU work before the phase
                 # (ttft_worker.cpu_probe): a ratio near the decode's says the host, not the step
                 mine, theirs = _probe(r, "cold"), _probe(none.get(str(n), {}), "cold")

@@ -200,6 +200,28 @@ def annotate_steps(llm) -> list[str]:
     return done
 
 
+def clock_output_steps(engine) -> list | None:
+    """When each of the engine's steps that produced request outputs returned them
+    (``time.perf_counter``, appended to the returned list; None where the engine has no engine
+    core to wrap). With one request in flight every such step is that request's: its first token,
+    then one decode step each, so the gaps are its decode steps one by one, without a profiler
+    (whose host-side cost hides how long a step takes on a fast host)."""
+    core = getattr(engine, "engine_core", None)
+    get_output = getattr(core, "get_output", None)
+    if get_output is None:
+        return None
+    stamps: list = []
+
+    def get_output_clocked(*args, **kwargs):
+        out = get_output(*args, **kwargs)
+        if getattr(out, "outputs", None):
+            stamps.append(time.perf_counter())
+        return out
+
+    core.get_output = get_output_clocked
+    return stamps
+
+
 def record_zero_output_steps(engine) -> bool:
     """vLLM's offline engine before PR 48668 (vLLM 0.32) records a step's stats only where the
     step produced request outputs (``LLMEngine.step``: ``len(outputs.outputs) > 0``); the
@@ -253,6 +275,7 @@ def main(spec_path: str, out_path: str) -> int:
               max_num_batched_tokens=spec.get("max_num_batched_tokens", 16384), **extra)
     start_s = time.perf_counter() - t0
     zero_output_stats = record_zero_output_steps(llm.llm_engine)
+    steps = clock_output_steps(llm.llm_engine)
     if tracing:
         annotate_steps(llm)
     sp = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 8), ignore_eos=True, detokenize=False)
@@ -260,6 +283,8 @@ def main(spec_path: str, out_path: str) -> int:
 
     def run(tokens: list[int]) -> dict:
         began = time.time()  # wall clock: set beside other processes' records (a host sampler's)
+        if steps is not None:
+            steps.clear()
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": tokens}], sp, use_tqdm=False)[0]
         wall = time.perf_counter() - t
@@ -277,6 +302,9 @@ def main(spec_path: str, out_path: str) -> int:
         last, n = float(getattr(m, "last_token_ts", 0.0) or 0.0), int(getattr(m, "num_generation_tokens", 0) or 0)
         if first and last > first and n > 1:
             row["itl_ms"] = (last - first) / (n - 1) * 1e3
+        if steps and len(steps) > 1:
+            # the decode steps one by one: a cold request's save runs beside the first ones
+            row["step_ms"] = [round((b - a) * 1e3, 3) for a, b in zip(steps, steps[1:])]
         return row
 
     def reset() -> bool:
