@@ -70,9 +70,11 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # then a staging process's default (pegaflow._bridge.staging_options), so the arms differ by the AOT cache;
 # "<system>_instepxk" is _instepx whose saves go to the host through the copy kernel alone, 16 thread
 # blocks a launch (PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS=16), leaving the copy engine to vLLM's own copies
-# (each decode step's sampled tokens to the host), and "<system>_instepxs" _instepx whose saves
-# keep the copy engine in copies of 1 MiB, not 8 (PEGAFLOW_CUDA_BOUNCE_MIB=2): the arms of issue
-# 3/6's decode spacing while saves run (docs/gpu.md, "Saves beside decode");
+# (each decode step's sampled tokens to the host), "<system>_instepxs" _instepx whose saves
+# keep the copy engine in copies of 1 MiB, not 8 (PEGAFLOW_CUDA_BOUNCE_MIB=2), and "<system>_instepxp"
+# and "<system>_instepxq" _instepx whose saves have one / two copies queued on the copy engine at a
+# time (PEGAFLOW_CUDA_SAVE_PACE): the arms of issue 3/6's decode spacing while saves run
+# (docs/gpu.md, "Saves beside decode");
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -92,11 +94,13 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepxh": {**_PACED, **_STAGED, "PEGAFLOW_JVM_OPTIONS": "-Xms192m -Xmn128m"},
                "instepxk": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS": "16"},
                "instepxs": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_BOUNCE_MIB": "2"},
+               "instepxp": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "1"},
+               "instepxq": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "2"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
-            "instepaw", "instepab")
+            "instepxp", "instepxq", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")

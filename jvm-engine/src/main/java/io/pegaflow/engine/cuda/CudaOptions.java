@@ -65,10 +65,17 @@ import java.util.List;
  *                            each decode step among them, which otherwise waits behind the
  *                            save's device-to-host copies ({@code PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS};
  *                            docs/gpu.md, "Saves beside decode")
+ * @param savePaceCopies      0: a save's lane queues all of its bounce slots' copies to the host
+ *                            at once; N > 0: the engine's saves have at most N of them queued on
+ *                            the copy engine at a time, the next queued (on the lane's own
+ *                            thread, never the caller's) once one ends, so a copy of vLLM's that
+ *                            comes meanwhile (a decode step's sampled tokens to the host) waits
+ *                            behind N at most, not behind the rest of the save
+ *                            ({@code PEGAFLOW_CUDA_SAVE_PACE}; docs/gpu.md, "Saves beside decode")
  */
 public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBytes, long registerChunkBytes,
         Path kernelCacheDir, List<Path> nvrtcDirs, boolean hostDescriptors, boolean pinInBackground, boolean dmaBatch,
-        long bounceBytes, int bounceSlots, LayerSplit layerSplit, long stageBytes, int saveKernelBlocks) {
+        long bounceBytes, int bounceSlots, LayerSplit layerSplit, long stageBytes, int saveKernelBlocks, int savePaceCopies) {
 
     /** The environment variable giving {@link #bounceBytes} in MiB for {@link #defaults()}. */
     public static final String BOUNCE_ENV = "PEGAFLOW_CUDA_BOUNCE_MIB";
@@ -100,6 +107,9 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
             throw new InvalidArgumentException("saveKernelBlocks " + saveKernelBlocks + "; expected 0 (saves through the copy engine) to "
                     + CopyLane.MAX_GRID);
         }
+        if (savePaceCopies < 0 || savePaceCopies > MAX_SAVE_PACE) {
+            throw new InvalidArgumentException("savePaceCopies " + savePaceCopies + "; expected 0 (not paced) to " + MAX_SAVE_PACE);
+        }
         java.util.Objects.requireNonNull(layerSplit, "layerSplit");
         io.pegaflow.engine.transfer.Stager.checkBytes(stageBytes);
         nvrtcDirs = List.copyOf(nvrtcDirs);
@@ -127,6 +137,17 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                 "thread blocks of a save's copy kernel, 0 (saves through the copy engine) to " + CopyLane.MAX_GRID);
     }
 
+    /** The environment variable giving {@link #savePaceCopies} for {@link #defaults()}. */
+    public static final String SAVE_PACE_ENV = "PEGAFLOW_CUDA_SAVE_PACE";
+    /** The most save copies {@link #savePaceCopies} lets the copy engine hold at once. */
+    static final int MAX_SAVE_PACE = 64;
+
+    /** {@link #savePaceCopies} from {@link #SAVE_PACE_ENV}, or 0 (not paced) when unset. */
+    static int savePaceFromEnvironment(String value) {
+        return (int) LayerSplit.parse(value, SAVE_PACE_ENV, 0, MAX_SAVE_PACE, 0,
+                "save copies queued on the copy engine at once, 0 (not paced) to " + MAX_SAVE_PACE);
+    }
+
     public static CudaOptions defaults() {
         List<Path> dirs = new ArrayList<>();
         String cudaHome = System.getenv("CUDA_HOME");
@@ -143,52 +164,59 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
                         System.getenv(LayerSplit.BLOCKS_ENV), System.getenv(LayerSplit.DMA_ENV),
                         System.getenv(LayerSplit.LEAD_ENV), System.getenv(LayerSplit.PACED_ENV)),
                 io.pegaflow.engine.transfer.Stager.bytesFromEnvironment(System.getenv(io.pegaflow.engine.transfer.Stager.ENV)),
-                saveKernelBlocksFromEnvironment(System.getenv(SAVE_KERNEL_ENV)));
+                saveKernelBlocksFromEnvironment(System.getenv(SAVE_KERNEL_ENV)),
+                savePaceFromEnvironment(System.getenv(SAVE_PACE_ENV)));
     }
 
     public CudaOptions withDevice(int ordinal) {
-        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+        return new CudaOptions(ordinal, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withLanes(int lanes) {
-        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+        return new CudaOptions(device, lanes, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withRegisterChunk(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, bytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withHostDescriptors(boolean host) {
-        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, host, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withDmaThreshold(long bytes) {
-        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+        return new CudaOptions(device, lanesPerDirection, bytes, registerChunkBytes, kernelCacheDir, nvrtcDirs, hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withPinInBackground(boolean background) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+                hostDescriptors, background, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withDmaBatch(boolean batch) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks);
+                hostDescriptors, pinInBackground, batch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withLayerSplit(LayerSplit split) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split, stageBytes, saveKernelBlocks);
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, split, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withStage(long bytes) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, bytes, saveKernelBlocks);
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, bytes, saveKernelBlocks, savePaceCopies);
     }
 
     public CudaOptions withSaveKernelBlocks(int blocks) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, blocks);
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, blocks, savePaceCopies);
+    }
+
+    public CudaOptions withSavePace(int copies) {
+        return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
+                hostDescriptors, pinInBackground, dmaBatch, bounceBytes, bounceSlots, layerSplit, stageBytes, saveKernelBlocks,
+                copies);
     }
 
     public CudaOptions withBounce(long bytes) {
@@ -197,6 +225,6 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
 
     public CudaOptions withBounce(long bytes, int slots) {
         return new CudaOptions(device, lanesPerDirection, dmaThresholdBytes, registerChunkBytes, kernelCacheDir, nvrtcDirs,
-                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit, stageBytes, saveKernelBlocks);
+                hostDescriptors, pinInBackground, dmaBatch, bytes, slots, layerSplit, stageBytes, saveKernelBlocks, savePaceCopies);
     }
 }

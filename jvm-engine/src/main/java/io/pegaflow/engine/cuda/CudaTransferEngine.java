@@ -78,6 +78,9 @@ public final class CudaTransferEngine implements TransferEngine {
     private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pacedGroups = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pitchedCopies = new java.util.concurrent.atomic.AtomicLong();
+    private final java.util.concurrent.atomic.AtomicLong pacedSaveCopies = new java.util.concurrent.atomic.AtomicLong();
+    /** Permits of saves' copies queued on the copy engine at once ({@link CudaOptions#savePaceCopies}; null: not paced). */
+    private final java.util.concurrent.Semaphore saveCopies;
     private final BlockingQueue<CopyLane> saveLanes;
     private final BlockingQueue<CopyLane> loadLanes;
     private final List<CopyLane> allLanes = new ArrayList<>();
@@ -90,6 +93,7 @@ public final class CudaTransferEngine implements TransferEngine {
     private CudaTransferEngine(HostPool pool, CudaOptions options) {
         this.pool = pool;
         this.options = options;
+        this.saveCopies = options.savePaceCopies() > 0 ? new java.util.concurrent.Semaphore(options.savePaceCopies()) : null;
         this.device = CudaDevice.open(options.device());
         this.pinned = new PinnedPool(pool, device, options, createdNanos);
         boolean ok = false;
@@ -269,6 +273,25 @@ public final class CudaTransferEngine implements TransferEngine {
         pacedGroups.incrementAndGet();
     }
 
+    /** The paced saves' permits, or null where saves are not paced. */
+    java.util.concurrent.Semaphore saveCopies() {
+        return saveCopies;
+    }
+
+    void countPacedSaveCopy() {
+        pacedSaveCopies.incrementAndGet();
+    }
+
+    /** Save copies queued under the pace ({@link CudaOptions#savePaceCopies}) since creation, warm-up included. */
+    public long pacedSaveCopies() {
+        return pacedSaveCopies.get();
+    }
+
+    /** Permits of the save pace free now: {@link CudaOptions#savePaceCopies} when no save copies (0 when not paced). */
+    public int savePacePermitsFree() {
+        return saveCopies == null ? 0 : saveCopies.availablePermits();
+    }
+
     void countPitched() {
         pitchedCopies.incrementAndGet();
     }
@@ -427,7 +450,9 @@ public final class CudaTransferEngine implements TransferEngine {
         try {
             device.makeCurrent();
             lane.recordCaller(batch); // here: the caller's stream as it stands at the call
-            if (batch.groupCount() > 1 && batch.direction() == CopyBatch.Direction.TO_DEVICE) {
+            // a paced save too: its lane's thread waits for the copy engine, never the caller
+            if (batch.groupCount() > 1 && batch.direction() == CopyBatch.Direction.TO_DEVICE
+                    || batch.direction() == CopyBatch.Direction.TO_HOST && saveCopies != null) {
                 // a layer-wise load: its groups are queued on the lane's own thread, and each
                 // group can be waited for as soon as it is queued (LayeredLoad, vLLM's
                 // wait_for_layer_load), not only once the driver took the whole batch, which
@@ -458,6 +483,7 @@ public final class CudaTransferEngine implements TransferEngine {
         } catch (Throwable drained) {
             e.addSuppressed(drained);
         } finally {
+            lane.releaseSaveCopies();
             // whatever the drain did: the lane goes home and every waiter on the batch wakes
             lanes.add(lane);
             future.completeExceptionally(e);

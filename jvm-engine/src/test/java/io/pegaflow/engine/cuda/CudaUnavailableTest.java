@@ -45,6 +45,15 @@ class CudaUnavailableTest {
         assertThat(CudaOptions.defaults().withBounce(0).bounceBytes()).isZero();
         assertThatThrownBy(() -> CudaOptions.defaults().withSaveKernelBlocks(-1)).hasMessageContaining("saveKernelBlocks -1");
         assertThatThrownBy(() -> CudaOptions.defaults().withSaveKernelBlocks(65536)).hasMessageContaining("saveKernelBlocks 65536");
+        assertThatThrownBy(() -> CudaOptions.defaults().withSavePace(-1)).hasMessageContaining("savePaceCopies -1");
+        assertThatThrownBy(() -> CudaOptions.defaults().withSavePace(65)).hasMessageContaining("savePaceCopies 65; expected 0 (not paced) to 64");
+    }
+
+    @Test
+    void theSavePaceComesFromTheEnvironmentAsCopies() {
+        assertThat(CudaOptions.savePaceFromEnvironment(null)).isZero();
+        assertThat(CudaOptions.savePaceFromEnvironment("2")).isEqualTo(2);
+        assertThatThrownBy(() -> CudaOptions.savePaceFromEnvironment("65")).hasMessageContaining("PEGAFLOW_CUDA_SAVE_PACE=65");
     }
 
     @Test
