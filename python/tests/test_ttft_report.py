@@ -305,7 +305,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -363,7 +363,8 @@ def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, mo
                                                  ("instepxk", "PEGAFLOW_PRESTAGE_MIB", "4096"),
                                                  ("instepxs", "PEGAFLOW_CUDA_BOUNCE_MIB", "2"),
                                                  ("instepxp", "PEGAFLOW_CUDA_SAVE_PACE", "1"),
-                                                 ("instepxq", "PEGAFLOW_CUDA_SAVE_PACE", "2")])
+                                                 ("instepxq", "PEGAFLOW_CUDA_SAVE_PACE", "2"),
+                                                 ("instepxu", "PEGAFLOW_CUDA_SAVE_PACE", "0")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
@@ -372,8 +373,8 @@ def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, syste
     (PEGAFLOW_PRESTAGE_MIB), _instepx2 that with two layers of the staging in flight (PEGAFLOW_PRESTAGE_DEPTH),
     _instepxh with a young generation of 128 MiB in its JVM (PEGAFLOW_JVM_OPTIONS), _instepxk with saves on 16 thread
     blocks of the copy kernel (PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS), _instepxs with saves in copies of 1 MiB
-    (PEGAFLOW_CUDA_BOUNCE_MIB=2), _instepxp / _instepxq with one / two save copies on the copy engine at a
-    time (PEGAFLOW_CUDA_SAVE_PACE); the variable in that vLLM process's environment only,
+    (PEGAFLOW_CUDA_BOUNCE_MIB=2), _instepxp / _instepxq / _instepxu with one / two / all save copies on the copy
+    engine at a time (PEGAFLOW_CUDA_SAVE_PACE); the variable in that vLLM process's environment only,
     loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 
@@ -882,6 +883,23 @@ def test_summary_gives_the_first_decode_steps_against_no_connector():
     assert s["server"]["8k"]["cold_decode_steps_vs_none"] == [round(19 / 12, 3), round(12.5 / 12, 3), 1.0]
     assert "cold_decode_steps_ms" not in s["vllm_native"]["8k"]  # its answers carried no steps
     assert ttft.decode_steps(cold([[5.0] * 10])) == [5.0] * ttft.DECODE_STEPS_SHOWN
+    # too few steps for a settled median (three answers of 8 and 3 steps): no extra time made up
+    assert "cold_decode_extra_ms" not in s["server"]["8k"]
+
+
+def test_decode_extra_time_is_the_first_steps_over_the_settled_ones():
+    """decode_extra_ms: per answer, its first six steps minus six times the median of its steps
+    from the ninth on; the median over the answers. no connector's beside it in the summary."""
+    slow_start = {"step_ms": [20.0, 16.0, 12.0, 12.0, 12.0, 12.0, 12.0, 12.0, 12.0, 12.0, 11.0]}
+    even = {"step_ms": [12.0] * 11}
+    assert ttft.decode_extra_ms([slow_start, even, slow_start]) == 12.0  # (20 + 16 + 4 * 12) - 6 * 12
+    assert ttft.decode_extra_ms([{"step_ms": [12.0] * 8}]) is None
+    cold = [{"ttft_ms": 200.0, "cached_tokens": 0, "token_ids": [1], **x} for x in (slow_start, even, slow_start)]
+    base = [{"ttft_ms": 200.0, "cached_tokens": 0, "token_ids": [1], **even}] * 3
+    results = {"none": {"lengths": {"8192": {"cold": base, "gpu_hit": run([40], [8176], [1])}}},
+               "server": {"lengths": {"8192": {"cold": cold, "reset_ok": True, "warm": run([60], [8176], [1])}}}}
+    row = ttft.summarize(results, [8192], 131072, 55.0)["server"]["8k"]
+    assert (row["cold_decode_extra_ms"], row["none_cold_decode_extra_ms"]) == (12.0, 0.0)
 
 
 def test_a_failed_systems_error_keeps_how_its_worker_exited():

@@ -73,8 +73,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # (each decode step's sampled tokens to the host), "<system>_instepxs" _instepx whose saves
 # keep the copy engine in copies of 1 MiB, not 8 (PEGAFLOW_CUDA_BOUNCE_MIB=2), and "<system>_instepxp"
 # and "<system>_instepxq" _instepx whose saves have one / two copies queued on the copy engine at a
-# time (PEGAFLOW_CUDA_SAVE_PACE): the arms of issue 3/6's decode spacing while saves run
-# (docs/gpu.md, "Saves beside decode");
+# time (PEGAFLOW_CUDA_SAVE_PACE; one is the default since the thirtieth run), and "<system>_instepxu"
+# _instepx whose saves queue all their copies at once as before it (PEGAFLOW_CUDA_SAVE_PACE=0): the
+# arms of issue 3/6's decode spacing while saves run (docs/gpu.md, "Saves beside decode");
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -96,11 +97,12 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepxs": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_BOUNCE_MIB": "2"},
                "instepxp": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "1"},
                "instepxq": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "2"},
+               "instepxu": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "0"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
-            "instepxp", "instepxq", "instepaw", "instepab")
+            "instepxp", "instepxq", "instepxu", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")
@@ -441,6 +443,16 @@ def decode_steps(requests: list, shown: int = DECODE_STEPS_SHOWN) -> list:
     return [_p([run[i] for run in runs], 0.5) for i in range(min(shown, *(len(run) for run in runs)))]
 
 
+def decode_extra_ms(requests: list, first: int = DECODE_STEPS_SHOWN, settled_from: int = 8) -> float | None:
+    """How much longer an answer's first decode steps ran than its settled ones, in all: for each
+    of ``requests`` with enough steps (ttft_worker's ``step_ms``), the sum of its first ``first``
+    steps minus ``first`` times the median of its steps from index ``settled_from`` on; the median
+    over the answers, ms. A cold answer's save runs beside its first steps and is over by then."""
+    extra = [sum(x["step_ms"][:first]) - first * statistics.median(x["step_ms"][settled_from:])
+             for x in requests if len(x.get("step_ms") or []) > settled_from]
+    return _p(extra, 0.5) if extra else None
+
+
 def _probe(r: dict, phase: str) -> float | None:
     return ((r.get(f"{phase}_threads") or {}).get("cpu_probe") or {}).get("torch_us")
 
@@ -475,6 +487,11 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 if itl and base_itl:
                     row["cold_itl_vs_none"] = round(row["cold_itl_p50_ms"] / _p(base_itl, 0.5), 3)
                 mine_steps, their_steps = decode_steps(r["cold"]), decode_steps(base)
+                extra, their_extra = decode_extra_ms(r["cold"]), decode_extra_ms(base)
+                if extra is not None and their_extra is not None:
+                    # the first steps' extra time, beside no connector's own (its first step is slower too)
+                    row["cold_decode_extra_ms"] = extra
+                    row["none_cold_decode_extra_ms"] = their_extra
                 if mine_steps and their_steps:
                     # step by step: the first ones run beside the save, the rest after it
                     row["cold_decode_steps_ms"] = mine_steps

@@ -66,7 +66,7 @@ import java.util.List;
  *                            save's device-to-host copies ({@code PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS};
  *                            docs/gpu.md, "Saves beside decode")
  * @param savePaceCopies      0: a save's lane queues all of its bounce slots' copies to the host
- *                            at once; N > 0: the engine's saves have at most N of them queued on
+ *                            at once; N > 0 (default 1): the engine's saves have at most N of them queued on
  *                            the copy engine at a time, the next queued (on the lane's own
  *                            thread, never the caller's) once one ends, so a copy of vLLM's that
  *                            comes meanwhile (a decode step's sampled tokens to the host) waits
@@ -142,9 +142,13 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
     /** The most save copies {@link #savePaceCopies} lets the copy engine hold at once. */
     static final int MAX_SAVE_PACE = 64;
 
-    /** {@link #savePaceCopies} from {@link #SAVE_PACE_ENV}, or 0 (not paced) when unset. */
+    /**
+     * {@link #savePaceCopies} from {@link #SAVE_PACE_ENV}, or 1 when unset: of 0, 1 and 2 on an
+     * H100 in vLLM, one copy at a time left the decode steps beside a save as long as without one
+     * (docs/gpu.md, "Saves beside decode").
+     */
     static int savePaceFromEnvironment(String value) {
-        return (int) LayerSplit.parse(value, SAVE_PACE_ENV, 0, MAX_SAVE_PACE, 0,
+        return (int) LayerSplit.parse(value, SAVE_PACE_ENV, 0, MAX_SAVE_PACE, 1,
                 "save copies queued on the copy engine at once, 0 (not paced) to " + MAX_SAVE_PACE);
     }
 

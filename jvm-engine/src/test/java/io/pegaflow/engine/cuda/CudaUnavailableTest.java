@@ -51,7 +51,8 @@ class CudaUnavailableTest {
 
     @Test
     void theSavePaceComesFromTheEnvironmentAsCopies() {
-        assertThat(CudaOptions.savePaceFromEnvironment(null)).isZero();
+        assertThat(CudaOptions.savePaceFromEnvironment(null)).isEqualTo(1);
+        assertThat(CudaOptions.savePaceFromEnvironment("0")).isZero();
         assertThat(CudaOptions.savePaceFromEnvironment("2")).isEqualTo(2);
         assertThatThrownBy(() -> CudaOptions.savePaceFromEnvironment("65")).hasMessageContaining("PEGAFLOW_CUDA_SAVE_PACE=65");
     }
