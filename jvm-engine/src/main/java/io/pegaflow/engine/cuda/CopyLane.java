@@ -70,10 +70,8 @@ final class CopyLane {
     final int slots;
     final long[] filled;
     final long[] freed;
-    /** Each slot's copy to the host has ended (paced saves wait on it on this host thread; blocking, no spin). */
-    final long[] copied;
-    /** Slots whose copy to the host holds one of the engine's save permits, oldest first (paced saves). */
-    private final java.util.ArrayDeque<Integer> pacedSlots = new java.util.ArrayDeque<>();
+    /** This lane's side of the engine's save pace (null: saves not paced, or no bounce path). */
+    private final SavePace.Lane pace;
     final boolean[] slotUsed;
     private int slot;
     private long slotFill;
@@ -96,7 +94,6 @@ final class CopyLane {
         this.slots = options.bounceSlots();
         this.filled = new long[slots];
         this.freed = new long[slots];
-        this.copied = new long[slots];
         this.slotUsed = new boolean[slots];
         this.params = arena.allocate(ADDRESS, 2);
         this.argDesc = arena.allocate(JAVA_LONG);
@@ -118,11 +115,12 @@ final class CopyLane {
             for (int s = 0; s < slots; s++) {
                 filled[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
                 freed[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
-                copied[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_BLOCKING_SYNC | CudaDriver.CU_EVENT_DISABLE_TIMING);
             }
+            this.pace = engine.savePace() == null ? null : engine.savePace().new Lane(slots);
         } else {
             this.aux = 0;
             this.bounce = 0;
+            this.pace = null;
         }
         this.completer = Thread.ofPlatform().daemon().name("pegaflow-cuda-" + name).start(this::complete);
         this.enqueuer = java.util.concurrent.Executors.newSingleThreadExecutor(
@@ -471,16 +469,14 @@ final class CopyLane {
             launch(slotDescStart, n, aux);
             CudaDriver.eventRecord(filled[s], aux);
             CudaDriver.streamWaitEvent(stream, filled[s]);
-            boolean paced = engine.saveCopies() != null;
-            if (paced) {
-                acquireSaveCopy(); // the copy engine holds few of the engine's save copies at once
+            if (pace != null) {
+                pace.acquire(); // the copy engine holds few of the engine's save copies at once
             }
             copyStretches(true);
             runs.flush(stream);
             CudaDriver.eventRecord(freed[s], stream);
-            if (paced) {
-                CudaDriver.eventRecord(copied[s], stream);
-                pacedSlots.addLast(s);
+            if (pace != null) {
+                pace.queued(s, stream);
             }
         } else {
             if (slotUsed[s]) {
@@ -527,46 +523,10 @@ final class CopyLane {
         }
     }
 
-    /**
-     * A permit of the engine's paced saves ({@link CudaOptions#savePaceCopies}) for the copy about
-     * to be queued: this lane's copies that ended give theirs back first; while none is free this
-     * thread waits for its own oldest copy to end, or (holding none) polls for another lane's.
-     * Runs on the lane's own thread (paced saves are queued there), never the caller's.
-     */
-    private void acquireSaveCopy() {
-        java.util.concurrent.Semaphore permits = engine.saveCopies();
-        try {
-            while (true) {
-                reclaimSaveCopies();
-                if (permits.tryAcquire()) {
-                    break;
-                }
-                if (!pacedSlots.isEmpty()) {
-                    CudaDriver.eventSynchronize(copied[pacedSlots.peekFirst()]);
-                } else if (permits.tryAcquire(200, java.util.concurrent.TimeUnit.MICROSECONDS)) {
-                    break;
-                }
-            }
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new CudaException("interrupted while waiting for a paced save's copy", e);
-        }
-        engine.countPacedSaveCopy();
-    }
-
-    /** Gives back the permits of this lane's paced save copies that have ended, oldest first. */
-    private void reclaimSaveCopies() {
-        while (!pacedSlots.isEmpty() && CudaDriver.eventQuery(copied[pacedSlots.peekFirst()])) {
-            pacedSlots.pollFirst();
-            engine.saveCopies().release();
-        }
-    }
-
-    /** Once the batch's copies ended (or were drained after a failure): every permit it still holds goes back. */
+    /** Once the batch's copies ended (or were drained after a failure): every save permit it still holds goes back. */
     void releaseSaveCopies() {
-        if (!pacedSlots.isEmpty()) {
-            engine.saveCopies().release(pacedSlots.size());
-            pacedSlots.clear();
+        if (pace != null) {
+            pace.releaseAll();
         }
     }
 
@@ -762,7 +722,9 @@ final class CopyLane {
             for (int s = 0; s < slots; s++) {
                 CudaDriver.eventDestroy(filled[s]);
                 CudaDriver.eventDestroy(freed[s]);
-                CudaDriver.eventDestroy(copied[s]);
+            }
+            if (pace != null) {
+                pace.destroy();
             }
             CudaDriver.streamDestroy(aux);
             CudaDriver.memFree(bounce);

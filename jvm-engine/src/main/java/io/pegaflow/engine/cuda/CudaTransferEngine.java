@@ -78,9 +78,8 @@ public final class CudaTransferEngine implements TransferEngine {
     private final java.util.concurrent.atomic.AtomicLong bouncedBytes = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pacedGroups = new java.util.concurrent.atomic.AtomicLong();
     private final java.util.concurrent.atomic.AtomicLong pitchedCopies = new java.util.concurrent.atomic.AtomicLong();
-    private final java.util.concurrent.atomic.AtomicLong pacedSaveCopies = new java.util.concurrent.atomic.AtomicLong();
-    /** Permits of saves' copies queued on the copy engine at once ({@link CudaOptions#savePaceCopies}; null: not paced). */
-    private final java.util.concurrent.Semaphore saveCopies;
+    /** Saves' copies on the copy engine a few at a time ({@link CudaOptions#savePaceCopies}; null: not paced). */
+    private final SavePace savePace;
     private final BlockingQueue<CopyLane> saveLanes;
     private final BlockingQueue<CopyLane> loadLanes;
     private final List<CopyLane> allLanes = new ArrayList<>();
@@ -93,7 +92,7 @@ public final class CudaTransferEngine implements TransferEngine {
     private CudaTransferEngine(HostPool pool, CudaOptions options) {
         this.pool = pool;
         this.options = options;
-        this.saveCopies = options.savePaceCopies() > 0 ? new java.util.concurrent.Semaphore(options.savePaceCopies()) : null;
+        this.savePace = options.savePaceCopies() > 0 ? new SavePace(options.savePaceCopies()) : null;
         this.device = CudaDevice.open(options.device());
         this.pinned = new PinnedPool(pool, device, options, createdNanos);
         boolean ok = false;
@@ -273,23 +272,19 @@ public final class CudaTransferEngine implements TransferEngine {
         pacedGroups.incrementAndGet();
     }
 
-    /** The paced saves' permits, or null where saves are not paced. */
-    java.util.concurrent.Semaphore saveCopies() {
-        return saveCopies;
-    }
-
-    void countPacedSaveCopy() {
-        pacedSaveCopies.incrementAndGet();
+    /** The engine's save pace, or null where saves are not paced. */
+    SavePace savePace() {
+        return savePace;
     }
 
     /** Save copies queued under the pace ({@link CudaOptions#savePaceCopies}) since creation, warm-up included. */
     public long pacedSaveCopies() {
-        return pacedSaveCopies.get();
+        return savePace == null ? 0 : savePace.pacedCopies();
     }
 
     /** Permits of the save pace free now: {@link CudaOptions#savePaceCopies} when no save copies (0 when not paced). */
     public int savePacePermitsFree() {
-        return saveCopies == null ? 0 : saveCopies.availablePermits();
+        return savePace == null ? 0 : savePace.permitsFree();
     }
 
     void countPitched() {
@@ -452,7 +447,7 @@ public final class CudaTransferEngine implements TransferEngine {
             lane.recordCaller(batch); // here: the caller's stream as it stands at the call
             // a paced save too: its lane's thread waits for the copy engine, never the caller
             if (batch.groupCount() > 1 && batch.direction() == CopyBatch.Direction.TO_DEVICE
-                    || batch.direction() == CopyBatch.Direction.TO_HOST && saveCopies != null) {
+                    || batch.direction() == CopyBatch.Direction.TO_HOST && savePace != null) {
                 // a layer-wise load: its groups are queued on the lane's own thread, and each
                 // group can be waited for as soon as it is queued (LayeredLoad, vLLM's
                 // wait_for_layer_load), not only once the driver took the whole batch, which

@@ -1,0 +1,104 @@
+package io.pegaflow.engine.cuda;
+
+import java.util.ArrayDeque;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+
+/**
+ * Saves' copies to the host kept few at a time on the GPU's copy engine
+ * ({@link CudaOptions#savePaceCopies}): each save lane takes a permit before queueing a bounce
+ * slot's copy and gives it back once that copy has ended, so a copy of vLLM's that comes
+ * meanwhile (a decode step's sampled tokens to the host) waits behind a few of the save's copies,
+ * not behind the rest of the save (docs/gpu.md, "Saves beside decode"). The permits are the
+ * engine's, shared by its save lanes; each lane keeps its own slots' end events ({@link Lane}).
+ */
+final class SavePace {
+    private final Semaphore permits;
+    private final AtomicLong paced = new AtomicLong();
+
+    SavePace(int copies) {
+        this.permits = new Semaphore(copies);
+    }
+
+    /** Copies queued under the pace since creation. */
+    long pacedCopies() {
+        return paced.get();
+    }
+
+    /** Permits free now: all of them ({@link CudaOptions#savePaceCopies}) when no save copy is queued. */
+    int permitsFree() {
+        return permits.availablePermits();
+    }
+
+    /**
+     * One lane's side, used on the thread that queues the lane's batch (paced saves are queued
+     * on the lane's own thread, never the caller's) and, once the batch ended, its completer.
+     */
+    final class Lane {
+        /** Each slot's copy to the host has ended (blocking-sync events: a wait here sleeps, no spin). */
+        private final long[] copied;
+        /** Slots whose copy holds a permit, oldest first. */
+        private final ArrayDeque<Integer> holding = new ArrayDeque<>();
+
+        Lane(int slots) {
+            copied = new long[slots];
+            for (int s = 0; s < slots; s++) {
+                copied[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_BLOCKING_SYNC | CudaDriver.CU_EVENT_DISABLE_TIMING);
+            }
+        }
+
+        /**
+         * A permit for the copy about to be queued: this lane's copies that ended give theirs back
+         * first; while none is free this thread waits for its own oldest copy to end, or (holding
+         * none) polls for another lane's.
+         */
+        void acquire() {
+            try {
+                while (true) {
+                    reclaim();
+                    if (permits.tryAcquire()) {
+                        break;
+                    }
+                    if (!holding.isEmpty()) {
+                        CudaDriver.eventSynchronize(copied[holding.peekFirst()]);
+                    } else if (permits.tryAcquire(200, TimeUnit.MICROSECONDS)) {
+                        break;
+                    }
+                }
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new CudaException("interrupted while waiting for a paced save's copy", e);
+            }
+            paced.incrementAndGet();
+        }
+
+        /** After the permit's copy of {@code slot} was queued on {@code stream}: marks its end there. */
+        void queued(int slot, long stream) {
+            CudaDriver.eventRecord(copied[slot], stream);
+            holding.addLast(slot);
+        }
+
+        /** Gives back the permits of this lane's copies that have ended, oldest first. */
+        private void reclaim() {
+            while (!holding.isEmpty() && CudaDriver.eventQuery(copied[holding.peekFirst()])) {
+                holding.pollFirst();
+                permits.release();
+            }
+        }
+
+        /** Once the batch's copies ended (or were drained after a failure): every permit it still holds goes back. */
+        void releaseAll() {
+            if (!holding.isEmpty()) {
+                permits.release(holding.size());
+                holding.clear();
+            }
+        }
+
+        void destroy() {
+            for (long e : copied) {
+                CudaDriver.eventDestroy(e);
+            }
+        }
+    }
+}
