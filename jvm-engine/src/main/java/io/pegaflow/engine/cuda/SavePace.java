@@ -11,14 +11,66 @@ import java.util.concurrent.atomic.AtomicLong;
  * slot's copy and gives it back once that copy has ended, so a copy of vLLM's that comes
  * meanwhile (a decode step's sampled tokens to the host) waits behind a few of the save's copies,
  * not behind the rest of the save (docs/gpu.md, "Saves beside decode"). The permits are the
- * engine's, shared by its save lanes; each lane keeps its own slots' end events ({@link Lane}).
+ * engine's, shared by its save lanes; each lane keeps its own slots' end events ({@link Lane}),
+ * the CUDA driver's ({@link Ends#CUDA}) or, in a test without a GPU, others.
  */
 final class SavePace {
+    /** The end events of the lanes' slot copies: what the pace asks of the GPU. */
+    interface Ends {
+        /** A new event (a handle). */
+        long create();
+
+        /** Marks the end of the work queued on {@code stream} so far. */
+        void record(long event, long stream);
+
+        /** Whether the work the event last marked has ended. */
+        boolean ended(long event);
+
+        /** Waits until the work the event last marked has ended. */
+        void await(long event);
+
+        void destroy(long event);
+
+        /** Blocking-sync CUDA events: a wait sleeps, no spin. */
+        Ends CUDA = new Ends() {
+            @Override
+            public long create() {
+                return CudaDriver.eventCreate(CudaDriver.CU_EVENT_BLOCKING_SYNC | CudaDriver.CU_EVENT_DISABLE_TIMING);
+            }
+
+            @Override
+            public void record(long event, long stream) {
+                CudaDriver.eventRecord(event, stream);
+            }
+
+            @Override
+            public boolean ended(long event) {
+                return CudaDriver.eventQuery(event);
+            }
+
+            @Override
+            public void await(long event) {
+                CudaDriver.eventSynchronize(event);
+            }
+
+            @Override
+            public void destroy(long event) {
+                CudaDriver.eventDestroy(event);
+            }
+        };
+    }
+
     private final Semaphore permits;
+    private final Ends ends;
     private final AtomicLong paced = new AtomicLong();
 
     SavePace(int copies) {
+        this(copies, Ends.CUDA);
+    }
+
+    SavePace(int copies, Ends ends) {
         this.permits = new Semaphore(copies);
+        this.ends = ends;
     }
 
     /** Copies queued under the pace since creation. */
@@ -36,7 +88,7 @@ final class SavePace {
      * on the lane's own thread, never the caller's) and, once the batch ended, its completer.
      */
     final class Lane {
-        /** Each slot's copy to the host has ended (blocking-sync events: a wait here sleeps, no spin). */
+        /** Each slot's copy to the host has ended. */
         private final long[] copied;
         /** Slots whose copy holds a permit, oldest first. */
         private final ArrayDeque<Integer> holding = new ArrayDeque<>();
@@ -44,7 +96,7 @@ final class SavePace {
         Lane(int slots) {
             copied = new long[slots];
             for (int s = 0; s < slots; s++) {
-                copied[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_BLOCKING_SYNC | CudaDriver.CU_EVENT_DISABLE_TIMING);
+                copied[s] = ends.create();
             }
         }
 
@@ -61,7 +113,7 @@ final class SavePace {
                         break;
                     }
                     if (!holding.isEmpty()) {
-                        CudaDriver.eventSynchronize(copied[holding.peekFirst()]);
+                        ends.await(copied[holding.peekFirst()]);
                     } else if (permits.tryAcquire(200, TimeUnit.MICROSECONDS)) {
                         break;
                     }
@@ -75,13 +127,13 @@ final class SavePace {
 
         /** After the permit's copy of {@code slot} was queued on {@code stream}: marks its end there. */
         void queued(int slot, long stream) {
-            CudaDriver.eventRecord(copied[slot], stream);
+            ends.record(copied[slot], stream);
             holding.addLast(slot);
         }
 
         /** Gives back the permits of this lane's copies that have ended, oldest first. */
         private void reclaim() {
-            while (!holding.isEmpty() && CudaDriver.eventQuery(copied[holding.peekFirst()])) {
+            while (!holding.isEmpty() && ends.ended(copied[holding.peekFirst()])) {
                 holding.pollFirst();
                 permits.release();
             }
@@ -97,7 +149,7 @@ final class SavePace {
 
         void destroy() {
             for (long e : copied) {
-                CudaDriver.eventDestroy(e);
+                ends.destroy(e);
             }
         }
     }
