@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -100,30 +101,55 @@ def test_two_vllm_instances_share_one_server(server):
         assert stats["pegaflow_cache_resident_blocks"] >= 3 and stats["pegaflow_active_leases"] == 0
 
 
+@contextlib.contextmanager
+def one_instance(tmp_path, name: str):
+    """A pegaflow-server on a 16 MiB pool and a client with instance ``name`` (one worker of a
+    small cache) registered: (server, client); both stopped after."""
+    s = start_server(tmp_path / "pool", pool_size="16mb")
+    cache = Cache()  # the worker's blocks: alive while the client copies from them
+    try:
+        with EngineClient(s.endpoint) as c:
+            c.register_instance(name, f"ns-{name}", 1, 1)
+            c.register_worker(name, 0, 0, cache.regions())
+            yield s, c
+    finally:
+        s.stop()
+        del cache
+
+
+def test_the_bench_reads_a_real_servers_query_phases(tmp_path):
+    """pegaflow-bench ttft's worker reads, from a real pegaflow-server's /metrics, its calls and
+    its store's time in the phases of the queries it answered (lookup, lease, and the plan of a
+    load the query began): the per-phase figures of a warm request's server round trip."""
+    from pegaflow.bench.ttft_worker import server_rpc
+
+    with one_instance(tmp_path, "phases") as (s, c):
+        known = hashes(4)
+        c.save("phases", 0, [0, 1, 2, 3], known).wait()
+        c.release("phases", c.query("phases", known).lease)
+        got = server_rpc(f"http://127.0.0.1:{s.http_port}/metrics")
+    assert got["server:calls:Query"] >= 1
+    assert got["server:query_s:lookup"] > 0 and got["server:query_s:lease"] > 0
+    assert got["server:query_s:plan"] == 0  # a plain query begins no load
+
+
 def test_the_hit_rate_ceiling_counts_distinct_blocks_and_lookups_per_window(tmp_path):
     """pegaflow_hit_rate_ceiling{window}: the share of block lookups whose block was asked for before
     within the window (what a pool of unbounded size would serve), from a HyperLogLog per window."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    s = start_server(tmp_path / "pool", pool_size="16mb")
-    cache = Cache()
-    try:
-        with EngineClient(s.endpoint) as c:
-            c.register_instance("ceiling", "ns-ceiling", 1, 1)
-            c.register_worker("ceiling", 0, 0, cache.regions())
-            # fixed hashes: 8 random ones share one of the sketch's 4,096 registers about once in 140
-            # runs (the estimate then reads 7.0, linear counting); these 8 do not
-            import hashlib
+    import hashlib
 
-            fixed = [hashlib.sha256(b"ceiling-%d" % i).digest() for i in range(8)]
-            known, unknown = fixed[:4], fixed[4:]
-            c.save("ceiling", 0, [0, 1, 2, 3], known).wait()
-            for _ in range(2):
-                c.release("ceiling", c.query("ceiling", known).lease)
-            c.query("ceiling", unknown)  # a miss: asked for, never stored
+    # fixed hashes: 8 random ones share one of the sketch's 4,096 registers about once in 140 runs
+    # (the estimate then reads 7.0, linear counting); these 8 do not
+    fixed = [hashlib.sha256(b"ceiling-%d" % i).digest() for i in range(8)]
+    known, unknown = fixed[:4], fixed[4:]
+    with one_instance(tmp_path, "ceiling") as (s, c):
+        c.save("ceiling", 0, [0, 1, 2, 3], known).wait()
+        for _ in range(2):
+            c.release("ceiling", c.query("ceiling", known).lease)
+        c.query("ceiling", unknown)  # a miss: asked for, never stored
         text = s.http("/metrics")[1]
-    finally:
-        s.stop()
     samples = {(smp.name, smp.labels.get("window")): smp.value
                for f in text_string_to_metric_families(text) for smp in f.samples if "window" in smp.labels}
     assert {w for _, w in samples} == {"15m", "1h", "1d"}

@@ -713,8 +713,13 @@ def test_summary_gives_the_server_calls_of_a_lengths_warm_requests():
     row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
     assert row["warm_server_calls"] == {"EndCopy": {"per_request": 1.5, "mean_ms": 0.3},
                                         "Query": {"per_request": 1.0, "mean_ms": 0.5}}
+    assert "warm_server_query_phases_ms" not in row  # a server without the phase counters
+    warm_counters.update({"server:query_s:lookup": 2e-4, "server:query_s:lease": 1e-4, "server:query_s:plan": 5e-4})
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
+    assert row["warm_server_query_phases_ms"] == {"lookup": 0.1, "lease": 0.05, "plan": 0.25}  # per Query: two
     del warm_counters["server:calls:Query"], warm_counters["server:calls:EndCopy"]
-    assert "warm_server_calls" not in ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
+    assert "warm_server_calls" not in row and "warm_server_query_phases_ms" not in row
 
 
 def test_worker_reads_the_servers_calls_from_its_metrics():
@@ -729,7 +734,10 @@ def test_worker_reads_the_servers_calls_from_its_metrics():
             'pegaflow_rpc_duration_seconds_sum{method="Query"} 0.002\n'
             'pegaflow_rpc_duration_seconds_count{method="EndCopy"} 1\n'
             'pegaflow_rpc_duration_seconds_sum{method="EndCopy"} 0.0001\n'
-            'pegaflow_rpc_requests_total{method="Query",status="OK"} 4.0\n').encode()
+            'pegaflow_rpc_requests_total{method="Query",status="OK"} 4.0\n'
+            '# TYPE pegaflow_query_lookup_seconds_total counter\n'
+            'pegaflow_query_lookup_seconds_total 1.2E-4\n'
+            'pegaflow_query_plan_seconds_total 4.0E-4\n').encode()
 
     class Metrics(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - the stdlib's name
@@ -745,7 +753,8 @@ def test_worker_reads_the_servers_calls_from_its_metrics():
     try:
         url = f"http://127.0.0.1:{httpd.server_address[1]}/metrics"
         assert ttft_worker.server_rpc(url) == {"server:calls:Query": 4.0, "server:seconds:Query": 0.002,
-                                               "server:calls:EndCopy": 1.0, "server:seconds:EndCopy": 0.0001}
+                                               "server:calls:EndCopy": 1.0, "server:seconds:EndCopy": 0.0001,
+                                               "server:query_s:lookup": 1.2e-4, "server:query_s:plan": 4.0e-4}
     finally:
         httpd.shutdown()
         httpd.server_close()

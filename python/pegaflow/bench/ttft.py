@@ -538,6 +538,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 calls = server_calls(r.get("warm_counters") or {}, len(warm))
                 if calls:
                     row["warm_server_calls"] = calls  # server mode: the control path of this length's warm requests
+                query = server_query_phases(r.get("warm_counters") or {})
+                if query:
+                    row["warm_server_query_phases_ms"] = query  # inside the server's Query: its store's phases
             for phase in ("cold", "warm"):
                 # the process's threads during the phase: the main thread's CPU and switches, the others' CPU
                 if r.get(f"{phase}_threads"):
@@ -656,6 +659,19 @@ def server_calls(counters: dict, requests: int) -> dict:
             out[method] = {"per_request": round(n / requests, 2) if requests else None,
                            "mean_ms": round(counters.get(f"server:seconds:{method}", 0.0) / n * 1e3, 3)}
     return out
+
+
+def server_query_phases(counters: dict) -> dict:
+    """Server mode: mean ms per Query the server answered, of its store's phases (ttft_worker's
+    ``server:query_s:<phase>``): lookup (the resident prefix in the index), lease (the prefix's
+    blocks marked, the lease issued), plan (where the lookup began the load: its blocks pinned, its
+    copy planned); the rest of the server-timed Query is the request's parsing, the caller's
+    check, the answer's encoding and its write. Empty without Query calls or the counters."""
+    calls = counters.get("server:calls:Query", 0)
+    if not calls:
+        return {}
+    return {phase: round(counters[f"server:query_s:{phase}"] / calls * 1e3, 3)
+            for phase in ("lookup", "lease", "plan") if f"server:query_s:{phase}" in counters}
 
 
 def hook_ms_per_step(counters: dict) -> dict:

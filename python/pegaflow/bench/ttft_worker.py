@@ -24,8 +24,9 @@ import time
 
 def server_rpc(url: str | None) -> dict:
     """pegaflow-server's calls so far by method from its ``/metrics`` at ``url``
-    (``pegaflow_rpc_duration_seconds`` count and sum: gRPC and local socket, every status);
-    empty without a server or when it does not answer."""
+    (``pegaflow_rpc_duration_seconds`` count and sum: gRPC and local socket, every status), and
+    its store's time in the phases of the queries it answered (``server:query_s:<phase>``:
+    lookup, lease, plan); empty without a server or when it does not answer."""
     if not url:
         return {}
     import re
@@ -39,6 +40,8 @@ def server_rpc(url: str | None) -> dict:
     out: dict = {}
     for m in re.finditer(r'^pegaflow_rpc_duration_seconds_(count|sum)\{method="(\w+)"\} (\S+)$', text, re.M):
         out[f"server:{'calls' if m[1] == 'count' else 'seconds'}:{m[2]}"] = float(m[3])
+    for m in re.finditer(r'^pegaflow_query_(lookup|lease|plan)_seconds_total (\S+)$', text, re.M):
+        out[f"server:query_s:{m[1]}"] = float(m[2])
     return out
 
 

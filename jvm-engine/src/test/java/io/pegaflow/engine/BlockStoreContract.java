@@ -286,6 +286,26 @@ public abstract class BlockStoreContract {
     }
 
     @Test
+    void anAnsweredQueryTimesItsLookupLeaseAndThePlanOfTheLoadItBegan() {
+        start(8);
+        byte[][] h = KvWorld.randomHashes(rnd, 2);
+        saveAll(h, 0);
+        EngineStats before = engine.stats();
+        QueryResult plain = engine.query("inst", BlockHashes.of(h));
+        engine.release("inst", plain.lease());
+        EngineStats afterPlain = engine.stats();
+        assertThat(afterPlain.get(Counter.QUERY_LOOKUP_NANOS)).isGreaterThan(before.get(Counter.QUERY_LOOKUP_NANOS));
+        assertThat(afterPlain.get(Counter.QUERY_LEASE_NANOS)).isGreaterThan(before.get(Counter.QUERY_LEASE_NANOS));
+        assertThat(afterPlain.get(Counter.QUERY_PLAN_NANOS)).as("no load begun: nothing planned")
+                .isEqualTo(before.get(Counter.QUERY_PLAN_NANOS));
+        QueryResult begun = engine.queryAndBegin("inst", BlockHashes.of(h), 0);
+        assertThat(begun.begun()).isNotNull();
+        assertThat(engine.stats().get(Counter.QUERY_PLAN_NANOS)).isGreaterThan(afterPlain.get(Counter.QUERY_PLAN_NANOS));
+        engine.release("inst", begun.lease());
+        verifyInvariants();
+    }
+
+    @Test
     void releasingALeaseWhoseLoadBeganRollsTheLoadBackAndTheOtherSharesGo() {
         start(8, 2, null);
         byte[][] h = KvWorld.randomHashes(rnd, 2);

@@ -82,7 +82,9 @@ final class LoadPath {
                 quotas.checkLease(inst, n, leases.size(), leases.leasedBlocks()); // before anything is planned
             }
             Block[] found = new Block[n];
+            long lookupStart = System.nanoTime();
             hit = inst.ns.blocks.sealedPrefix(hashes.packed(), hashes.hashLen(), n, found);
+            long leaseStart = System.nanoTime();
             RemoteTier remote = peers.remote();
             if ((readBack.tier() != null || remote != null) && hit < n) {
                 // The resident prefix is pinned while reads are planned (they may evict), and
@@ -125,12 +127,18 @@ final class LoadPath {
             count.accept(Counter.TIER_PEER_BLOCKS, fromPeer);
             count.accept(Counter.TIER_DRAM_BLOCKS, hit - fromSsd - fromPeer);
             count.accept(Counter.TIER_MISS_BLOCKS, n - hit);
+            long planStart = leaseStart;
             if (hit > 0) {
                 leaseId = leases.issue(inst, hit == found.length ? found : Arrays.copyOf(found, hit), now);
+                planStart = System.nanoTime();
                 if (beginWorker != null && mayBegin(leases.get(leaseId), beginWorker)) {
                     begun = begin(inst, beginWorker, leases.get(leaseId), Integer.MAX_VALUE, true);
+                    count.accept(Counter.QUERY_PLAN_NANOS, System.nanoTime() - planStart);
                 }
             }
+            // an answered query's phases (a "not yet" returned above): where a lookup's time goes
+            count.accept(Counter.QUERY_LOOKUP_NANOS, leaseStart - lookupStart);
+            count.accept(Counter.QUERY_LEASE_NANOS, planStart - leaseStart);
             count.accept(Counter.QUERY_REQUESTS, 1);
             count.accept(Counter.HIT_BLOCKS, hit);
             count.accept(Counter.MISS_BLOCKS, n - hit);
