@@ -16,7 +16,8 @@ import java.util.*;
  * 1-hash query first ("ping") and then the whole one, to part the threads' wake-up from the
  * work. Starts its own server in this JVM (host copies, 512-byte segments: the store's work
  * follows the block and layer counts, not the bytes), or with the argument "local" asks an
- * embedded engine instead (no server, no socket); prints one JSON line per case:
+ * embedded engine instead (no server, no socket); prints one JSON line per case, the back-to-back
+ * and 600 ms cases with the store's own phases of a query (its counters: lookup, lease, plan):
  *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/BeginQueryProbe.java [local]
  */
 public class BeginQueryProbe {
@@ -43,9 +44,11 @@ public class BeginQueryProbe {
       for (String mode : new String[] {"query", "queryAndBegin", "query", "queryAndBegin"}) {
         for (int i = 0; i < 1000; i++) once(w, inst, h, mode);
         long[] s = new long[2000];
+        EngineStats before = w.stats();
         for (int i = 0; i < s.length; i++) s[i] = once(w, inst, h, mode);
+        String phases = phases(before, w.stats(), s.length);
         Arrays.sort(s);
-        System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 0, \"p50_us\": %.1f, \"p90_us\": %.1f}%n", mode, s[s.length / 2] / 1e3, s[s.length * 9 / 10] / 1e3);
+        System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 0, \"p50_us\": %.1f, \"p90_us\": %.1f, %s}%n", mode, s[s.length / 2] / 1e3, s[s.length * 9 / 10] / 1e3, phases);
       }
       BlockHashes one = new BlockHashes(Arrays.copyOf(packed, 32), 32);
       for (int idle : new int[] {1, 10, 100, 600}) {
@@ -60,13 +63,22 @@ public class BeginQueryProbe {
       }
       for (String mode : new String[] {"query", "queryAndBegin"}) {
         long[] s = new long[15];
+        EngineStats before = w.stats();
         for (int i = 0; i < s.length; i++) { Thread.sleep(600); s[i] = once(w, inst, h, mode); }
+        String phases = phases(before, w.stats(), s.length);
         Arrays.sort(s);
-        System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 600, \"p50_us\": %.1f, \"max_us\": %.1f}%n", mode, s[s.length / 2] / 1e3, s[s.length - 1] / 1e3);
+        System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 600, \"p50_us\": %.1f, \"max_us\": %.1f, %s}%n", mode, s[s.length / 2] / 1e3, s[s.length - 1] / 1e3, phases);
       }
     } finally {
       if (own != null) own.close();
     }
+  }
+  /** The store's own phases of the timed queries, mean us per query (its counters: lookup, lease, plan). */
+  static String phases(EngineStats a, EngineStats b, int n) {
+    io.pegaflow.engine.metrics.Counter[] c = {io.pegaflow.engine.metrics.Counter.QUERY_LOOKUP_NANOS,
+        io.pegaflow.engine.metrics.Counter.QUERY_LEASE_NANOS, io.pegaflow.engine.metrics.Counter.QUERY_PLAN_NANOS};
+    return String.format(Locale.ROOT, "\"store_lookup_us\": %.1f, \"store_lease_us\": %.1f, \"store_plan_us\": %.1f",
+        (b.get(c[0]) - a.get(c[0])) / 1e3 / n, (b.get(c[1]) - a.get(c[1])) / 1e3 / n, (b.get(c[2]) - a.get(c[2])) / 1e3 / n);
   }
   static long once(PegaEngine w, String inst, BlockHashes h, String mode) {
     long t0 = System.nanoTime();
