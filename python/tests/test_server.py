@@ -114,7 +114,6 @@ def one_instance(tmp_path, name: str):
             yield s, c
     finally:
         s.stop()
-        del cache
 
 
 def test_the_bench_reads_a_real_servers_query_phases(tmp_path):

@@ -140,8 +140,7 @@ def summarize(path: str, layers: int = 32) -> dict:
         rows = []
         for ea, eb in zip(marks, marks[1:]):
             a, b = ea["ts"], eb["ts"]
-            busy = sum(min(k["ts"] + k["dur"], b) - max(k["ts"], a) for k in on_stream if k["ts"] < b and k["ts"] + k["dur"] > a)
-            rows.append((b - a, busy, sum(1 for k in on_stream if a <= k["ts"] < b), a, b, eb))
+            rows.append((b - a, _overlap(on_stream, a, b), sum(1 for k in on_stream if a <= k["ts"] < b), a, b, eb))
         if rows:
             mid = len(rows) // 2
             out["decode_steps"] = {"count": len(rows),

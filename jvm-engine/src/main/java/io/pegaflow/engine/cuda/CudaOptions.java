@@ -144,7 +144,7 @@ public record CudaOptions(int device, int lanesPerDirection, long dmaThresholdBy
 
     /**
      * {@link #savePaceCopies} from {@link #SAVE_PACE_ENV}, or 1 when unset: of 0, 1 and 2 on an
-     * H100 in vLLM, one copy at a time left the decode steps beside a save as long as without one
+     * H100 in vLLM, one copy at a time slowed the decode steps beside a save least
      * (docs/gpu.md, "Saves beside decode").
      */
     static int savePaceFromEnvironment(String value) {
