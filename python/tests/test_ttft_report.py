@@ -921,3 +921,25 @@ def test_a_failed_systems_error_keeps_how_its_worker_exited():
     assert text.startswith("system embedded_asyncx: worker exited with -9 (killed by SIGKILL")
     assert text.endswith("WARNING line 499")
     assert ttft.error_text(RuntimeError("short")) == "short"
+
+
+def test_enforce_eager_off_runs_every_vllm_with_cuda_graphs():
+    """--enforce-eager off (vLLM's own default on GPUs: CUDA graphs, torch.compile) reaches both
+    kinds of vLLM process of a run: the ttft workers' spec and the OpenAI server of the load;
+    on (the default) keeps every recorded run's eager mode."""
+    from types import SimpleNamespace
+
+    def args(eager):
+        return SimpleNamespace(enforce_eager=eager, async_scheduling="off", prompts=2, seed=1, dtype="bfloat16",
+                               block_size=None, max_tokens=16, load_gpu_blocks=64, concurrency=4)
+
+    for eager, want in (("on", True), ("off", False)):
+        spec = ttft.worker_spec(args(eager), "m", [256, 512], {"vocab_size": 100})
+        assert spec["enforce_eager"] is want and spec["max_model_len"] == 768 and spec["async_scheduling"] is False
+        cmd = ttft.api_server_command(args(eager), "m", 8192, 8000, {"kv_connector": "X"})
+        assert ("--enforce-eager" in cmd) is want
+        assert cmd[cmd.index("--max-model-len") + 1] == "8256" and "--no-async-scheduling" in cmd
+    import pytest
+
+    with pytest.raises(SystemExit):
+        ttft.main(["--lengths", "256", "--enforce-eager", "maybe"])

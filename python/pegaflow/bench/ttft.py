@@ -337,6 +337,22 @@ def split_key(key: str) -> tuple[str, int]:
     return system, int(r or 1)
 
 
+def api_server_command(args, model: str, length: int, port: int, kv: dict | None) -> list[str]:
+    """vLLM's OpenAI server for the load, in the run's modes: eager unless ``--enforce-eager off``
+    (CUDA graphs, vLLM's own default), asynchronous scheduling as ``--async-scheduling`` says."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--load-format", "dummy",
+           "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", str(length + 64),
+           "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.85",
+           "--num-gpu-blocks-override", str(args.load_gpu_blocks), "--max-num-seqs", str(max(args.concurrency, 8))]
+    if args.enforce_eager == "on":
+        cmd += ["--enforce-eager"]
+    if kv is not None:
+        cmd += ["--kv-transfer-config", json.dumps(kv)]
+    if args.async_scheduling != "auto":  # as for every other system of the run
+        cmd += ["--async-scheduling" if args.async_scheduling == "on" else "--no-async-scheduling"]
+    return cmd
+
+
 def load_test(systems: Systems, system: str, args, model: str, timeout: float) -> dict:
     """``--load-requests`` requests through vLLM's OpenAI server, ``--concurrency`` at a time. The
     server's whole log is kept beside the report (``<report>-<system>.api.log``): in the nineteenth
@@ -345,14 +361,7 @@ def load_test(systems: Systems, system: str, args, model: str, timeout: float) -
     port = _free_port()
     log = systems.work / f"{system}.api.log"
     length = _tokens(args.load_length)
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--load-format", "dummy",
-           "--skip-tokenizer-init", "--dtype", "bfloat16", "--max-model-len", str(length + 64), "--enforce-eager",
-           "--host", "127.0.0.1", "--port", str(port), "--gpu-memory-utilization", "0.85",
-           "--num-gpu-blocks-override", str(args.load_gpu_blocks), "--max-num-seqs", str(max(args.concurrency, 8))]
-    if kv is not None:
-        cmd += ["--kv-transfer-config", json.dumps(kv)]
-    if args.async_scheduling != "auto":  # as for every other system of the run
-        cmd += ["--async-scheduling" if args.async_scheduling == "on" else "--no-async-scheduling"]
+    cmd = api_server_command(args, model, length, port, kv)
     env = systems.env(system)
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=systems.work)
@@ -701,6 +710,15 @@ def merge(earlier: dict, report: dict) -> dict:
     return out
 
 
+def worker_spec(args, model: str, lengths: list[int], config: dict) -> dict:
+    """What every system's ttft worker runs: the model, the lengths, and vLLM's modes of the run."""
+    return {"model": model, "max_model_len": max(lengths, default=0) + 256, "lengths": lengths, "prompts": args.prompts,
+            "seed": args.seed, "vocab": int(config.get("vocab_size", 128256)), "dtype": args.dtype,
+            "block_size": args.block_size, "max_tokens": args.max_tokens,
+            "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling],
+            "enforce_eager": args.enforce_eager == "on"}
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="pegaflow-bench ttft", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", help="model folder (config.json; random weights); default: Llama-3.1-8B's shape")
@@ -711,6 +729,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
                     help="vLLM's asynchronous scheduling for every system (auto: vLLM's default, on on GPUs); "
                          f"off lets <system>{_AT_ALLOC_NAMES} start loads at allocation (load_at_alloc stays off under it)")
+    ap.add_argument("--enforce-eager", choices=("on", "off"), default="on",
+                    help="vLLM's eager mode for every system (default on, as every run recorded before the "
+                         "thirty-second); off: CUDA graphs and torch.compile, vLLM's own default on GPUs")
     ap.add_argument("--pool-dir", default="/dev/shm", help="where pegaflow-server keeps its pool (default /dev/shm)")
     ap.add_argument("--pegaflow-site", help="the original PegaFlow's wheel unpacked (system pegaflow)")
     ap.add_argument("--vllm-site", help="a folder put on PYTHONPATH of every system (a staged vLLM)")
@@ -770,10 +791,7 @@ def main(argv: list[str]) -> int:
     bpt = shapes.kv_bytes_per_token(config)
     line = line_rate_gbps()
     print(f"ttft: line {line} GB/s, {bpt} KV bytes per token", file=sys.stderr)
-    spec = {"model": model, "max_model_len": max(lengths, default=0) + 256, "lengths": lengths, "prompts": args.prompts,
-            "seed": args.seed, "vocab": int(config.get("vocab_size", 128256)), "dtype": args.dtype,
-            "block_size": args.block_size, "max_tokens": args.max_tokens,
-            "async_scheduling": {"auto": None, "on": True, "off": False}[args.async_scheduling]}
+    spec = worker_spec(args, model, lengths, config)
     results = {}
     with tempfile.TemporaryDirectory(prefix="pegaflow-ttft-") as tmp:
         systems = Systems(args, Path(tmp), gpu=line is not None)
@@ -816,6 +834,7 @@ def main(argv: list[str]) -> int:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)",
         "line_h2d_gbps": line, "kv_bytes_per_token": bpt, "model_shape": "Llama-3.1-8B (random weights)",
         "prompts_per_length": args.prompts, "pool_size": args.pool_size, "torch": torch.__version__,
+        "enforce_eager": args.enforce_eager == "on",
         "systems": summarize(results, lengths, bpt, line), "raw": results, "cold_start": cold,
         "rounds": 1 if args.load_only else args.rounds,
         "command": "pegaflow-bench ttft " + " ".join(argv),
