@@ -129,6 +129,31 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     worker_side = b.ranks[0].connector.get_kv_connector_stats().data  # the sim leaves the worker's to the test
     assert sched_steps == worker_side["worker_steps"] == len(metas)
     assert all(r.data["scheduler_hook_ns"] > 0 for r in reports if r is not None) and worker_side["worker_hook_ns"] > 0
+    assert "in_step_whole_waits" not in worker_side, "an eager forward waits layer by layer in its hooks"
+
+
+@pytest.mark.parametrize("at_alloc", [False, True], ids=["in_step", "in_step_at_alloc"])
+def test_a_full_cuda_graph_step_reads_its_in_step_load_only_after_every_layer_landed(engines, at_alloc):
+    """A FULL CUDA graph's replay (a decode-shaped batch: a warm request whose tail is one token)
+    calls no wait_for_layer_load, and vLLM's V2 runner starts its loads outside the forward's
+    context: start_load_kv then has the stream (here, the host engine: this thread) wait for
+    every layer, so the blocks hold the saved bytes when the replay starts reading them. vLLM
+    keeps its FULL graphs for decode (requires_piecewise_for_cudagraph false)."""
+    extra = {**EMBEDDED, "load_in_step": True, "load_at_alloc": at_alloc}
+    assert PegaKVConnector.requires_piecewise_for_cudagraph(extra) is False
+    p = prompt(4, 1 + 16 * 24)  # a tail of one token
+    a = engines("a", extra)
+    a.add("r", p, max_tokens=2)
+    a.run()
+    b = engines("b", extra, verify=True, full_graph=True)
+    b.add("r", p, max_tokens=2)
+    b.run()
+    b.assert_drained()
+    assert b.stats.loaded_requests == 1 and b.stats.scheduled_tokens == 1 + 1
+    assert b.stats.verified_blocks == 24 and b.stats.verify_failures == 0, b.mismatches
+    assert b.outputs["r"] == a.outputs["r"]
+    worker_side = b.ranks[0].connector.get_kv_connector_stats().data
+    assert worker_side["in_step_whole_waits"] == 1
 
 
 def test_decode_steps_ask_the_store_nothing_once_it_said_it_is_idle(engines):

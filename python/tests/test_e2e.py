@@ -122,6 +122,9 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
     # the second pass: the first prompt's 15 blocks from the store, the others' 3 own blocks each
     assert metrics.get("vllm:pegaflow_hit_requests") == 4 and metrics.get("vllm:pegaflow_loaded_blocks") == 15 + 3 * 3, metrics
     assert metrics.get("vllm:pegaflow_in_step_loads", 0) == (4 if in_step else 0), metrics
+    # vLLM's CPU runner hands start_load_kv the eager forward's context: its loads are waited
+    # for layer by layer in the hooks, none whole (that is for a FULL CUDA graph's replay)
+    assert metrics.get("vllm:pegaflow_in_step_whole_waits", 0) == 0, metrics
     assert metrics.get("vllm:pegaflow_loads_staged", 0) == 4, metrics
     # the lookups' side: each of the four began its load and staged it, none refused
     assert metrics.get("vllm:pegaflow_begun_at_lookup") == metrics.get("vllm:pegaflow_stagings") == 4, metrics

@@ -47,13 +47,27 @@ def test_auto_loads_in_the_step_on_the_cpu_runner_only():
     assert in_step_loads(off, gpu=False) is False
 
 
-def test_cuda_graphs_go_piecewise_only_where_loads_run_in_the_step():
+def test_cuda_graphs_stay_full_for_decode_and_full_graph_steps_wait_for_whole_loads():
+    """vLLM keeps FULL CUDA graphs with every setting; a forward that runs no per-layer hook (a
+    FULL graph's replay, V1: its context says FULL; V2: started outside the forward's context,
+    no attention metadata; or no context) has its in-step loads waited for whole."""
     pytest.importorskip("vllm")
-    from pegaflow.connector import PegaKVConnector
+    from types import SimpleNamespace
 
-    assert PegaKVConnector.requires_piecewise_for_cudagraph({"load_in_step": True}) is True
-    assert PegaKVConnector.requires_piecewise_for_cudagraph({}) is False  # auto: asynchronous on the GPU
-    assert PegaKVConnector.requires_piecewise_for_cudagraph({"load_in_step": False}) is False
+    from vllm.config import CUDAGraphMode
+
+    from pegaflow.connector import PegaKVConnector
+    from pegaflow.connector._vllm import forward_runs_layer_hooks
+
+    for extra in ({"load_in_step": True}, {}, {"load_in_step": False}):
+        assert PegaKVConnector.requires_piecewise_for_cudagraph(extra) is False
+    ctx = lambda meta, mode: SimpleNamespace(attn_metadata=meta, cudagraph_runtime_mode=mode)  # noqa: E731
+    assert forward_runs_layer_hooks(ctx({}, CUDAGraphMode.NONE)) is True
+    assert forward_runs_layer_hooks(ctx({"l0": object()}, CUDAGraphMode.PIECEWISE)) is True
+    assert forward_runs_layer_hooks(ctx({}, CUDAGraphMode.FULL)) is False
+    assert forward_runs_layer_hooks(ctx(None, CUDAGraphMode.NONE)) is False  # V2's FULL step, or no forward
+    assert forward_runs_layer_hooks(None) is False
+    assert forward_runs_layer_hooks(SimpleNamespace(attn_metadata={})) is True  # a context without a mode: eager
 
 
 def test_load_at_alloc_is_off_unless_asked_for():

@@ -49,6 +49,7 @@ import importlib.util
 import os
 import time
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -57,6 +58,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from vllm.config import (  # noqa: E402
     CacheConfig,
+    CUDAGraphMode,
     DeviceConfig,
     KVTransferConfig,
     ModelConfig,
@@ -93,6 +95,9 @@ TRANSFER_RESULTS = _compat.has("transfer_results")  # 0.30+
 # after the forward; 0.26-0.28 start them before it (the same file's pre_forward, and
 # KVConnectorModelRunnerMixin._get_kv_connector_output).
 LOADS_AFTER_FORWARD = _compat.minor() >= (0, 29)
+# what an eager forward's start_load_kv is handed: vLLM's forward context, with the step's attention
+# metadata and no CUDA graph (the connector's per-layer hooks run in it)
+EAGER_FORWARD = SimpleNamespace(attn_metadata={}, cudagraph_runtime_mode=CUDAGraphMode.NONE)
 
 if importlib.util.find_spec("vllm.v1.core.kv_cache_planning") is not None:  # 0.33
     from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups  # noqa: E402
@@ -190,6 +195,7 @@ class SimEngine:
         hybrid: str | None = None,
         window: int = 40,
         max_model_len: int = 4096,
+        full_graph: bool = False,
     ):
         """``hybrid``: None (one full-attention group, ``LAYERS`` layers), ``"swa"`` (vLLM's hybrid
         manager with a full-attention layer and a sliding-window layer of ``window`` tokens) or
@@ -199,6 +205,10 @@ class SimEngine:
         from it: a wrong state loaded changes the outputs."""
         self.name = name
         self.verify = verify
+        # every forward a FULL CUDA graph's replay: loads start outside the forward's context (vLLM's V2
+        # runner) and no attention hook runs in it; with verify, the loaded blocks are checked as the
+        # replay reads them, at the forward's start
+        self.full_graph = full_graph
         self.block_size = block_size
         self.tp = tp
         self.mla = mla
@@ -452,6 +462,26 @@ class SimEngine:
 
     # ------------------------------------------------------------------ one engine step
 
+    def _verify_new(self, rank, so) -> None:
+        """Every block vLLM did not compute for a new request (its own cache hits and loaded
+        ones) must hold exactly what computing writes."""
+        for nr in so.scheduled_new_reqs:
+            tokens = self.scheduler.requests[nr.req_id].all_token_ids
+            computed = nr.num_computed_tokens // self.block_size
+            for g, table in enumerate(rank.tables[nr.req_id]):
+                # a hybrid group holds only what it still needs (vLLM's null block, 0,
+                # elsewhere); a recurrent one, the state where computing resumes
+                indices = range(computed) if self.hybrid is None or g == 0 else \
+                    [i for i in range(computed) if table[i] != 0] if self.hybrid == "swa" else \
+                    [computed - 1] if computed and nr.num_computed_tokens % self.block_size == 0 else []
+                for i in indices:
+                    self.stats.verified_blocks += 1
+                    if not self.block_matches(rank.rank, table[i], tokens, i,
+                                              None if self.hybrid is None else g):
+                        self.stats.verify_failures += 1
+                        self.mismatches.append((nr.req_id, rank.rank, g, i, table[i],
+                                                nr.num_computed_tokens, self.stats.steps))
+
     def step(self, on_scheduled=None) -> dict[str, list[int]]:
         """One engine step; ``on_scheduled(scheduler_output)`` runs between the scheduler and
         the workers (where a test injects a fault)."""
@@ -476,7 +506,7 @@ class SimEngine:
                 if not LOADS_AFTER_FORWARD or getattr(so, "has_sync_kv_loads", False):
                     # 0.26-0.28: always before the forward (see LOADS_AFTER_FORWARD); 0.29+ where a
                     # load must land in this step (kv_connector.py pre_forward: has_sync_kv_loads)
-                    c.start_load_kv(None)
+                    c.start_load_kv(None if self.full_graph else EAGER_FORWARD)
                     started = True
                 else:
                     started = False
@@ -510,9 +540,12 @@ class SimEngine:
             # kv_transfer_utils.py maybe_transfer_kv_layer, every minor; not where nothing is
             # scheduled: vLLM then runs no forward), a recurrent layer does neither
             states: dict[str, bytes] = {}
+            hooks = c is not None and work and c.has_connector_metadata() and not self.full_graph
+            if self.verify and self.full_graph:
+                self._verify_new(rank, so)
             for name in rank.layer_order:
                 attention = not self._is_state(name)
-                if c is not None and attention and work and c.has_connector_metadata():
+                if hooks and attention:
                     c.wait_for_layer_load(name)
                 for rid, start in work:
                     tokens = self.scheduler.requests[rid].all_token_ids
@@ -522,7 +555,7 @@ class SimEngine:
                             self._write_token(rank, name, tokens, pos, tables)
                     else:
                         states[rid] = self._advance_state(rank, tokens, start, start + n, tables[1])
-                if c is not None and attention and work and c.has_connector_metadata():
+                if hooks and attention:
                     c.save_kv_layer(name, rank.caches[name], None)
             for rid, start in work:
                 req = self.scheduler.requests[rid]
@@ -536,27 +569,10 @@ class SimEngine:
                     token = self._sample(tokens[: start + n]) if state is None else \
                         3 + int.from_bytes(state[:4], "little") % (VOCAB - 3)
                     sampled[rid] = [token] if start + n >= req.num_tokens else []
-            if self.verify:
+            if self.verify and not self.full_graph:
                 # After the forward (a block another request computes in this same step may be
-                # a prefix hit, as in vLLM's batched forward): every block vLLM did not compute
-                # for a new request (its own cache hits and loaded ones) must hold exactly what
-                # computing writes.
-                for nr in so.scheduled_new_reqs:
-                    tokens = self.scheduler.requests[nr.req_id].all_token_ids
-                    computed = nr.num_computed_tokens // self.block_size
-                    for g, table in enumerate(rank.tables[nr.req_id]):
-                        # a hybrid group holds only what it still needs (vLLM's null block, 0,
-                        # elsewhere); a recurrent one, the state where computing resumes
-                        indices = range(computed) if self.hybrid is None or g == 0 else \
-                            [i for i in range(computed) if table[i] != 0] if self.hybrid == "swa" else \
-                            [computed - 1] if computed and nr.num_computed_tokens % self.block_size == 0 else []
-                        for i in indices:
-                            self.stats.verified_blocks += 1
-                            if not self.block_matches(rank.rank, table[i], tokens, i,
-                                                      None if self.hybrid is None else g):
-                                self.stats.verify_failures += 1
-                                self.mismatches.append((nr.req_id, rank.rank, g, i, table[i],
-                                                        nr.num_computed_tokens, self.stats.steps))
+                # a prefix hit, as in vLLM's batched forward)
+                self._verify_new(rank, so)
             kvo = None
             if c is not None:
                 if not started:

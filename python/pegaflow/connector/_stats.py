@@ -59,6 +59,8 @@ COUNTERS = {
     "alloc_to_load_ns": "nanoseconds from those loads' allocation (update_state_after_alloc) to start_load_kv",
     "load_fences": "steps that loaded whose start_load_kv waited for the compute stream's earlier work (vLLM's zeroing, its input copies)",
     "load_fence_ns": "nanoseconds start_load_kv waited there, before the loads were handed to the engine",
+    "in_step_whole_waits": "steps whose in-step loads the compute stream waited for whole in start_load_kv: a forward without "
+                           "per-layer hooks (a FULL CUDA graph's replay)",
     "low_retention_blocks": "blocks of requests with retention \"low\" the store was told to evict first",
     "kv_events": "the store's block events handed to vLLM's KV-event publisher (--kv-events-config)",
     "worker_steps": "steps a worker ran the connector's per-step hooks for (start_load_kv calls)",

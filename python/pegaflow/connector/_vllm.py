@@ -213,6 +213,19 @@ def _check_lead(kv_cache_config) -> None:
             "compute stream at the step's start, after a lead's copies would have landed); expected 0 or unset")
 
 
+def forward_runs_layer_hooks(forward_context) -> bool:
+    """Whether the forward that follows ``start_load_kv`` calls ``wait_for_layer_load`` layer by
+    layer. Eager and PIECEWISE forwards run attention, and its hooks, as Python; a FULL CUDA
+    graph's replay runs none of it. vLLM's V1 runner says which in the forward's context
+    (``cudagraph_runtime_mode``); its V2 runner starts a FULL step's loads outside that context,
+    where ``attn_metadata`` is None, as it is for a step without a forward. Unknown: False (the
+    whole load is waited for, never a layer read before it landed)."""
+    if forward_context is None or getattr(forward_context, "attn_metadata", None) is None:
+        return False
+    mode = getattr(forward_context, "cudagraph_runtime_mode", None)
+    return getattr(mode, "name", "NONE") in ("NONE", "PIECEWISE")
+
+
 def _kv_role(kv_transfer_config) -> str:
     return getattr(kv_transfer_config, "kv_role", "kv_both") or "kv_both"
 
@@ -250,6 +263,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._failed_pending: set[str] = set()
         self._alloc_gap = [0, 0]  # in-step loads seen in start_load_kv, nanoseconds since their allocation
         self._fence = [0, 0]  # steps that loaded, nanoseconds start_load_kv waited for the compute stream's earlier work
+        self._whole_waits = 0  # steps whose in-step loads were waited for whole in start_load_kv (no per-layer hooks)
         self._hooks = [0, 0]  # steps (start_load_kv / build_connector_meta) and nanoseconds in this side's per-step hooks
         self._link = _runtime.link_for(self._settings)
         self._scheduler: SchedulerCore | None = None
@@ -367,6 +381,9 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self._fence[0] += 1
                 self._fence[1] += time.perf_counter_ns() - t
             self._worker.start_loads(plan)
+            if self._worker.step_loads and not forward_runs_layer_hooks(forward_context):
+                self._worker.wait_all_layers()
+                self._whole_waits += 1
         if ALLOCATED_NS:
             now = time.perf_counter_ns()
             for t in ALLOCATED_NS.values():
@@ -385,10 +402,12 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """In-step loads wait per layer in ``wait_for_layer_load``, which a FULL CUDA graph's
-        replay would skip (a request whose tail is one token runs in a decode-shaped batch)."""
-        # auto loads in the step only on the CPU runner, which has no CUDA graphs
-        return Settings.from_extra(extra_config).load_in_step is True
+        """False: vLLM keeps its FULL CUDA graphs for decode batches. A step whose in-step loads
+        meet a FULL graph's replay, which calls no ``wait_for_layer_load`` (a request whose tail
+        is one token runs in a decode-shaped batch), has the compute stream wait for every layer
+        in ``start_load_kv`` instead (``forward_runs_layer_hooks``)."""
+        return False
+
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
         return
@@ -493,6 +512,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
             if self._fence[0]:
                 data["load_fences"], data["load_fence_ns"] = self._fence
                 self._fence = [0, 0]
+            if self._whole_waits:
+                data["in_step_whole_waits"], self._whole_waits = self._whole_waits, 0
             side = "worker"
         elif self._scheduler is not None:
             data = self._scheduler.take_counts()

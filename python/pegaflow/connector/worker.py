@@ -71,6 +71,7 @@ class WorkerCore:
         # asked (copies end on the store's threads: what they count is read then, or later)
         self._counts = CountersDue()
         self._layer_index: dict[str, int] = {}  # vLLM layer name -> its region's index (group 0)
+        self._regions = 0  # group 0's registered regions (wait_all_layers)
 
     def register(self, kv_caches: dict, num_blocks: int, mla: bool, facts: dict, tp_rank: int = 0, tp_size: int = 1,
                  pp_rank: int = 0, pp_size: int = 1, groups: list[_groups.GroupPlan] | None = None) -> str:
@@ -114,6 +115,7 @@ class WorkerCore:
         first = {int(x.region.base_address): i for i, x in reversed(list(enumerate(described[0])))}
         self._layer_index = {name: first[int(t.data_ptr())] for name, t in kv_caches.items()
                              if hasattr(t, "data_ptr") and int(t.data_ptr()) in first}
+        self._regions = len(described[0])
         if transfer == "cuda":
             import torch
 
@@ -159,6 +161,16 @@ class WorkerCore:
         index = self._layer_index.get(layer_name)
         if index is not None:
             self.brain.wait_layer(index, self._stream_of() if self._stream_of else 0)
+
+    def wait_all_layers(self) -> None:
+        """Before a forward that calls no ``wait_for_layer_load`` (a FULL CUDA graph's replay):
+        the current CUDA stream (or this thread, for host copies) waits for every layer of the
+        step's in-step loads, so no layer of that forward reads a block before it landed."""
+        if self.brain is None or not self.step_loads:
+            return
+        stream = self._stream_of() if self._stream_of else 0
+        for index in range(self._regions):
+            self.brain.wait_layer(index, stream)
 
     def submit_saves(self, plan: bytes | None) -> None:
         """Once per step, after the forward: ordered after the work queued on the current
