@@ -7,7 +7,8 @@ prompt answered from the store is compared with the same prompt answered from vL
 prefix cache (both compute only the tail after the same cached prefix; a cold prefill runs
 other kernels, and bf16 rounds differently there). Cases: embedded, server and auto modes; the
 cross-layer and the per-layer KV layout; preemption; a load failure injected at the server;
-two vLLM instances sharing one server with no ``PYTHONHASHSEED``; the OpenAI server over HTTP;
+two vLLM instances sharing one server with no ``PYTHONHASHSEED``; in-step loads under CUDA graphs
+(a one-token tail in a FULL graph's replay, both model runners); the OpenAI server over HTTP;
 a model matrix with random weights (GQA Llama, an MLA model of DeepSeek-V2-Lite's attention
 shape, a sliding-window hybrid, an attention + Mamba2 hybrid in align mode).
 
@@ -194,6 +195,37 @@ def test_llama_answers_from_the_store_as_from_its_own_cache(models, procs, serve
         if vllm_metrics_count_every_step():
             assert metrics.get("vllm:pegaflow_loaded_blocks", 0) >= want
         assert metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
+
+
+@pytest.mark.parametrize("runner", ["v2", "v1"])
+def test_in_step_loads_under_cuda_graphs_answer_as_from_vllms_own_cache(models, procs, runner):
+    """vLLM with CUDA graphs (no eager mode) and in-step loads: the connector leaves vLLM its FULL
+    decode graphs, so a warm request whose tail is one token runs in a decode-shaped batch, a
+    FULL graph's replay that calls no wait_for_layer_load; start_load_kv has the stream wait for
+    every layer first (vllm:pegaflow_in_step_whole_waits). A tail of 90 tokens runs PIECEWISE and
+    waits layer by layer. Both answer as from vLLM's own prefix cache."""
+    if ON_CPU:
+        pytest.skip("CUDA graphs: a GPU case")
+    proc = procs[0] if runner == "v2" else procs[2]
+    proc.open(spec(models["llama"], connector={**EMBEDDED, "load_in_step": True}, engine_id=f"graphs-{runner}",
+                   extra={"enforce_eager": False}))
+    # whole blocks and one token, two prompts that share nothing
+    one = [prompts(seed, n=1, shared=(SHARED // BLOCK) * BLOCK + 1, tail=0)[0] for seed in (21, 23)]
+    hit_one, stored_one = hit_then_store(proc, one)
+    after_one = proc.metrics()
+    hit, stored = hit_then_store(proc, prompts(22, n=2))
+    metrics = proc.metrics()
+    proc.close_engine()
+    whole = after_one.get("vllm:pegaflow_in_step_whole_waits", 0)
+    record(f"cuda_graphs_{runner}", dict(whole_waits=whole, whole_waits_after=metrics.get("vllm:pegaflow_in_step_whole_waits", 0),
+                                         in_step_loads=metrics.get("vllm:pegaflow_in_step_loads", 0),
+                                         cached=[x.cached_tokens for x in stored_one + stored]))
+    assert_same(hit_one, stored_one, (len(one[0]) // BLOCK) * BLOCK - BLOCK)
+    assert_same(hit, stored, FULL_BLOCKS * BLOCK - BLOCK)
+    assert metrics.get("vllm:pegaflow_in_step_loads", 0) >= 4 and metrics.get("vllm:pegaflow_load_failed_blocks", 0) == 0
+    assert whole >= 2, f"one-token tails: {whole} steps waited whole under the {runner} runner"
+    # the longer tails ran PIECEWISE (their hooks ran): no more whole waits
+    assert metrics.get("vllm:pegaflow_in_step_whole_waits", 0) == whole
 
 
 # Cases whose requests are split differently between runs (preemption, a failed load recomputed)
