@@ -72,6 +72,15 @@ final class CopyLane {
     final long[] freed;
     /** This lane's side of the engine's save pace (null: saves not paced, or no bounce path). */
     private final SavePace.Lane pace;
+    /**
+     * A paced save's long runs (a cross-layer layout's whole blocks) go to the copy engine in
+     * units of at most {@link #slotBytes}, each under a permit of the pace as a bounce slot's
+     * copy is: the bytes listed in the open unit (0: none open) and that unit's end mark among
+     * {@link #RUN_UNITS}, after the slots' own in {@link #pace}.
+     */
+    private long runUnitFill;
+    private int runUnit;
+    static final int RUN_UNITS = 4;
     final boolean[] slotUsed;
     private int slot;
     private long slotFill;
@@ -116,7 +125,7 @@ final class CopyLane {
                 filled[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
                 freed[s] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
             }
-            this.pace = engine.savePace() == null ? null : engine.savePace().new Lane(slots);
+            this.pace = engine.savePace() == null ? null : engine.savePace().new Lane(slots + RUN_UNITS);
         } else {
             this.aux = 0;
             this.bounce = 0;
@@ -184,6 +193,7 @@ final class CopyLane {
         n = 0;
         chunk = FIRST_CHUNK;
         runChunk = FIRST_RUNS;
+        runUnitFill = 0;
         if (batch.stage() != null) {
             fromStage(batch, future, groups);
             return;
@@ -223,6 +233,7 @@ final class CopyLane {
             } else {
                 direct(batch, start, end, toHost, false, stream);
             }
+            closeRunUnit();
             runs.flush(stream);
             if (g == 0) {
                 future.markFirstCopy();
@@ -360,11 +371,52 @@ final class CopyLane {
     }
 
     private void longRun(long src, long dst, long len, boolean toHost) {
+        if (toHost && pace != null) {
+            pacedRun(src, dst, len);
+            return;
+        }
         copyRun(src, dst, len, toHost, stream);
         if (runs.count >= runChunk) { // the copy engine starts on the first runs while the rest are listed
             runs.flush(stream);
             runChunk = Math.min(runChunk * 2, MAX_RUNS);
         }
+    }
+
+    /**
+     * A save's long run under the pace: listed a unit at a time ({@link #runUnitFill}); a unit
+     * takes its permit before any of its copies is queued (without the driver's batch copy each
+     * run is queued as it is listed) and is queued whole once full ({@link #closeRunUnit}).
+     */
+    private void pacedRun(long src, long dst, long len) {
+        while (len > 0) {
+            if (runUnitFill == 0) {
+                pace.acquire();
+            }
+            long part = Math.min(len, slotBytes - runUnitFill);
+            copyRun(src, dst, part, true, stream);
+            runUnitFill += part;
+            src += part;
+            dst += part;
+            len -= part;
+            if (runUnitFill >= slotBytes) {
+                closeRunUnit();
+            }
+        }
+    }
+
+    /**
+     * Queues the open unit of a paced save's long runs and marks its end for the pace; nothing
+     * when none is open. Before every other flush of {@link #runs} and every other permit this
+     * lane takes: a permit taken while one is open and unmarked could wait for itself.
+     */
+    private void closeRunUnit() {
+        if (runUnitFill == 0) {
+            return;
+        }
+        runs.flush(stream);
+        pace.queued(slots + runUnit, stream);
+        runUnit = (runUnit + 1) % RUN_UNITS;
+        runUnitFill = 0;
     }
 
     private void descriptor(long src, long dst, long len) {
@@ -461,6 +513,7 @@ final class CopyLane {
     /** Queues the current slot's copy and kernel (see {@link #bounced}) and moves to the next slot. */
     private void closeSlot(boolean toHost) {
         int s = slot;
+        closeRunUnit(); // a paced save's open unit of long runs, under its own permit
         runs.flush(stream); // long runs listed so far go first: the waits below must not hold them back
         if (toHost) {
             if (slotUsed[s]) {

@@ -8,7 +8,8 @@ import java.util.concurrent.atomic.AtomicLong;
 /**
  * Saves' copies to the host kept few at a time on the GPU's copy engine
  * ({@link CudaOptions#savePaceCopies}): each save lane takes a permit before queueing a bounce
- * slot's copy and gives it back once that copy has ended, so a copy of vLLM's that comes
+ * slot's copy (or a unit of long runs: a cross-layer layout's whole blocks) and gives it back
+ * once that copy has ended, so a copy of vLLM's that comes
  * meanwhile (a decode step's sampled tokens to the host) waits behind a few of the save's copies,
  * not behind the rest of the save (docs/gpu.md, "Saves beside decode"). The permits are the
  * engine's, shared by its save lanes; each lane keeps its own slots' end events ({@link Lane}),
@@ -88,14 +89,16 @@ final class SavePace {
      * on the lane's own thread, never the caller's) and, once the batch ended, its completer.
      */
     final class Lane {
-        /** Each slot's copy to the host has ended. */
+        /** Each mark's copy to the host has ended (a bounce slot's, a unit of long runs'). */
         private final long[] copied;
-        /** Slots whose copy holds a permit, oldest first. */
+        /** Marks whose copy holds a permit, oldest first. */
         private final ArrayDeque<Integer> holding = new ArrayDeque<>();
+        /** Permits taken whose copy is not marked yet ({@link #acquire} before {@link #queued}). */
+        private int open;
 
-        Lane(int slots) {
-            copied = new long[slots];
-            for (int s = 0; s < slots; s++) {
+        Lane(int marks) {
+            copied = new long[marks];
+            for (int s = 0; s < marks; s++) {
                 copied[s] = ends.create();
             }
         }
@@ -122,13 +125,15 @@ final class SavePace {
                 Thread.currentThread().interrupt();
                 throw new CudaException("interrupted while waiting for a paced save's copy", e);
             }
+            open++;
             paced.incrementAndGet();
         }
 
-        /** After the permit's copy of {@code slot} was queued on {@code stream}: marks its end there. */
-        void queued(int slot, long stream) {
-            ends.record(copied[slot], stream);
-            holding.addLast(slot);
+        /** After the permit's copy was queued on {@code stream}: marks its end there with {@code mark}. */
+        void queued(int mark, long stream) {
+            ends.record(copied[mark], stream);
+            holding.addLast(mark);
+            open--;
         }
 
         /** Gives back the permits of this lane's copies that have ended, oldest first. */
@@ -139,11 +144,16 @@ final class SavePace {
             }
         }
 
-        /** Once the batch's copies ended (or were drained after a failure): every permit it still holds goes back. */
+        /**
+         * Once the batch's copies ended (or were drained after a failure): every permit it still
+         * holds goes back, those of copies a failure left unmarked too.
+         */
         void releaseAll() {
-            if (!holding.isEmpty()) {
-                permits.release(holding.size());
+            int held = holding.size() + open;
+            if (held > 0) {
+                permits.release(held);
                 holding.clear();
+                open = 0;
             }
         }
 

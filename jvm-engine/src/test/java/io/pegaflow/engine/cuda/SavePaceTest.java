@@ -142,4 +142,44 @@ class SavePaceTest {
             gpu.stop();
         }
     }
+
+    /**
+     * A failure between a permit and its copy's mark (the driver refused the copy of a unit of
+     * long runs, or of a slot): the lane's drain gives that permit back too, so the next save
+     * of a pace of one does not wait for it forever; and a lane whose marks are reused before
+     * their copies ended (more permits than marks) still gives back exactly what it took.
+     */
+    @ParameterizedTest(name = "{0} copies at a time")
+    @ValueSource(ints = {1, 3})
+    void aPermitWhoseCopyWasNeverMarkedComesBackWithTheDrain(int copies) throws Exception {
+        CopyEngine gpu = new CopyEngine();
+        try {
+            SavePace pace = new SavePace(copies, gpu);
+            SavePace.Lane lane = pace.new Lane(1);
+            for (int k = 0; k < copies - 1; k++) {
+                lane.acquire();
+                lane.queued(0, 0L); // one mark for every copy: each marks the latest
+            }
+            lane.acquire(); // then the failure: no copy queued, no mark
+            assertThat(pace.permitsFree()).isZero();
+            while (gpu.ended < gpu.queued()) {
+                LockSupport.parkNanos(10_000);
+            }
+            lane.releaseAll();
+            assertThat(pace.permitsFree()).isEqualTo(copies);
+            SavePace.Lane next = pace.new Lane(2); // the next batch, on another lane
+            ExecutorService one = Executors.newSingleThreadExecutor();
+            try {
+                one.submit(() -> {
+                    next.acquire();
+                    next.queued(1, 0L);
+                }).get(5, TimeUnit.SECONDS);
+            } finally {
+                one.shutdownNow();
+            }
+            assertThat(pace.pacedCopies()).isEqualTo(copies + 1L);
+        } finally {
+            gpu.stop();
+        }
+    }
 }
