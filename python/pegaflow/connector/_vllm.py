@@ -400,13 +400,10 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self._worker.wait_layer(layer_name)
             self._hooks[1] += time.perf_counter_ns() - t
 
-    @classmethod
-    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
-        """False: vLLM keeps its FULL CUDA graphs for decode batches. A step whose in-step loads
-        meet a FULL graph's replay, which calls no ``wait_for_layer_load`` (a request whose tail
-        is one token runs in a decode-shaped batch), has the compute stream wait for every layer
-        in ``start_load_kv`` instead (``forward_runs_layer_hooks``)."""
-        return False
+    # requires_piecewise_for_cudagraph stays vLLM's (False): vLLM keeps its FULL CUDA graphs for
+    # decode batches. A step whose in-step loads meet a FULL graph's replay, which calls no
+    # wait_for_layer_load (a request whose tail is one token runs in a decode-shaped batch), has the
+    # compute stream wait for every layer in start_load_kv instead (forward_runs_layer_hooks).
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs: Any) -> None:
         # Saves go out per step from the plan (wait_for_save), which FULL CUDA graphs keep.
