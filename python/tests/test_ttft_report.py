@@ -911,6 +911,23 @@ def test_decode_extra_time_is_the_first_steps_over_the_settled_ones():
     assert (row["cold_decode_extra_ms"], row["none_cold_decode_extra_ms"]) == (12.0, 0.0)
 
 
+def test_a_settled_decode_step_is_each_answers_median_after_its_first_steps():
+    """settled_step_ms: per answer, the median of its steps from the ninth on; the median over
+    the answers; in the summary beside no connector's as a ratio, the part of the decode figure
+    every step pays (the first steps' part is cold_decode_extra_ms)."""
+    slower = {"step_ms": [20.0] * 8 + [13.0, 13.0, 12.0]}  # settled 13
+    even = {"step_ms": [12.0] * 11}  # settled 12
+    assert ttft.settled_step_ms([slower, even, slower]) == 13.0
+    assert ttft.settled_step_ms([{"step_ms": [12.0] * 8}]) is None  # nothing after the first eight
+    cold = [{"ttft_ms": 200.0, "cached_tokens": 0, "token_ids": [1], **x} for x in (slower, slower, even)]
+    base = [{"ttft_ms": 200.0, "cached_tokens": 0, "token_ids": [1], **even}] * 3
+    results = {"none": {"lengths": {"8192": {"cold": base, "gpu_hit": run([40], [8176], [1])}}},
+               "server": {"lengths": {"8192": {"cold": cold, "reset_ok": True, "warm": run([60], [8176], [1])}}}}
+    row = ttft.summarize(results, [8192], 131072, 55.0)["server"]["8k"]
+    assert (row["cold_settled_step_ms"], row["cold_settled_step_vs_none"]) == (13.0, round(13 / 12, 3))
+    assert "cold_settled_step_ms" not in ttft.summarize(results, [8192], 131072, 55.0)["none"]["8k"]
+
+
 def test_a_failed_systems_error_keeps_how_its_worker_exited():
     """The report's error of a failed system: the first line (the exit code) and the log's end
     within the limit; short errors whole."""

@@ -462,6 +462,17 @@ def decode_extra_ms(requests: list, first: int = DECODE_STEPS_SHOWN, settled_fro
     return _p(extra, 0.5) if extra else None
 
 
+def settled_step_ms(requests: list, settled_from: int = 8) -> float | None:
+    """An answer's decode step once its first steps are over (and a cold answer's save with them):
+    for each of ``requests`` with enough steps, the median of its ``step_ms`` from index
+    ``settled_from`` on; the median over the answers, ms. Against no connector's it is what a
+    connector adds to every step, apart from what its saves add to the first ones
+    (``decode_extra_ms``)."""
+    settled = [statistics.median(x["step_ms"][settled_from:]) for x in requests
+               if len(x.get("step_ms") or []) > settled_from]
+    return _p(settled, 0.5) if settled else None
+
+
 def _probe(r: dict, phase: str) -> float | None:
     return ((r.get(f"{phase}_threads") or {}).get("cpu_probe") or {}).get("torch_us")
 
@@ -501,6 +512,11 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                     # the first steps' extra time, beside no connector's own (its first step is slower too)
                     row["cold_decode_extra_ms"] = extra
                     row["none_cold_decode_extra_ms"] = their_extra
+                settled, their_settled = settled_step_ms(r["cold"]), settled_step_ms(base)
+                if settled is not None and their_settled:
+                    # every step's part of the decode figure, after the save's first steps
+                    row["cold_settled_step_ms"] = settled
+                    row["cold_settled_step_vs_none"] = round(settled / their_settled, 3)
                 if mine_steps and their_steps:
                     # step by step: the first ones run beside the save, the rest after it
                     row["cold_decode_steps_ms"] = mine_steps
@@ -590,7 +606,7 @@ def rounds_summary(systems: dict, lengths: list[int]) -> dict:
     failed, or the figure does not apply) is None in the list; the median is over the others."""
     out: dict = {}
     rounds = max((split_key(k)[1] for k in systems), default=1)
-    keys = ("cold_itl_p50_ms", "cold_itl_vs_none", "cold_cpu_probe_vs_none", "warm_p50_ms", "gpu_hit_p50_ms",
+    keys = ("cold_itl_p50_ms", "cold_itl_vs_none", "cold_settled_step_vs_none", "cold_cpu_probe_vs_none", "warm_p50_ms", "gpu_hit_p50_ms",
             "own_gpu_hit_p50_ms", "warm_vs_own_bound")
     for key, entry in systems.items():
         base, rnd = split_key(key)
