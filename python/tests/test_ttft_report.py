@@ -547,6 +547,10 @@ def test_summary_says_why_a_warm_lookup_staged_nothing():
                           "vllm:pegaflow_staging_layout_ns": 0.6e6, "vllm:pegaflow_staging_to_first_ns": 3.0e6})
     row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
     assert (row["to_thread_ms"], row["layout_ms"], row["to_first_ms"]) == (0.1, 0.3, 1.5)  # means over the two that started
+    assert "to_landed_ms" not in row  # no staging's first group was seen landed
+    warm_counters.update({"vllm:pegaflow_staging_landed": 1.0, "vllm:pegaflow_staging_to_landed_ns": 2.5e6})
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
+    assert row["to_landed_ms"] == 2.5  # over the one seen landed
 
 
 def test_overlap_refuses_a_negative_forward_delay():

@@ -667,6 +667,9 @@ def staging_counts(counters: dict) -> dict:
     if started:  # how soon a staging started, mean ms from its lookup: the thread's start, the layout, the first group queued
         for k in ("to_thread", "layout", "to_first"):
             out[f"{k}_ms"] = round(counters.get(f"vllm:pegaflow_staging_{k}_ns", 0) / started / 1e6, 3)
+    landed = counters.get("vllm:pegaflow_staging_landed", 0)
+    if landed:  # and to its first group landed (host-timed): beside to_first, the copy engine's start and the group's copy
+        out["to_landed_ms"] = round(counters.get("vllm:pegaflow_staging_to_landed_ns", 0) / landed / 1e6, 3)
     return out
 
 

@@ -116,7 +116,8 @@ class SchedulerBrain:
     STATS = ("lookups", "not_yet", "hit_requests", "hit_tokens", "lookup_ns", "lookup_failures", "wait_timeouts",
              "prefix_waits", "hit_shrinks", "begun_at_lookup", "stagings", "staging_busy", "staging_too_large",
              "staging_failed", "staging_unavailable", "begin_no_worker", "begin_declined", "staging_starts",
-             "staging_to_thread_ns", "staging_layout_ns", "staging_to_first_ns")
+             "staging_to_thread_ns", "staging_layout_ns", "staging_to_first_ns", "staging_landed",
+             "staging_to_landed_ns")
 
     def _changed(self) -> None:
         self._plan_due = True

@@ -40,6 +40,8 @@ COUNTERS = {
     "staging_to_thread_ns": "nanoseconds from those lookups to the staging thread taking their staging up",
     "staging_layout_ns": "nanoseconds the staging thread spent making those stagings' layouts",
     "staging_to_first_ns": "nanoseconds from those lookups to their staging's first layer group queued on the copy engine",
+    "staging_landed": "loads staged at their lookup whose first layer group the staging thread saw land while pacing them",
+    "staging_to_landed_ns": "nanoseconds from those lookups to their staging's first layer group landed, as the staging thread saw it",
     "in_step_loads": "loads run inside the step that used them",
     "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
     "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",

@@ -390,16 +390,18 @@ public final class PegaEngine implements AutoCloseable {
      * because the buffer could not be had; then how soon stagings started ({@link
      * io.pegaflow.engine.transfer.Stager#startTimes}: those whose first group was queued, and
      * their nanoseconds from the lookup to the staging thread's start, in making the layout, and
-     * to that group queued); all zero where the copy engine has no staging buffer. In that order.
+     * to that group queued, then those whose first group the staging thread saw land and their
+     * nanoseconds from the lookup to then); all zero where the copy engine has no staging
+     * buffer. In that order.
      */
     public long[] stagingCounts() {
         io.pegaflow.engine.transfer.Stager s = transfer.stager();
         if (s == null) {
-            return new long[9];
+            return new long[11];
         }
         long[] t = s.startTimes();
         return new long[] {s.stagedLoads(), s.busyRefusals(), s.tooLargeRefusals(), s.failedStagings(),
-                s.unavailableRefusals(), t[0], t[1], t[2], t[3]};
+                s.unavailableRefusals(), t[0], t[1], t[2], t[3], t[4], t[5]};
     }
 
     /**

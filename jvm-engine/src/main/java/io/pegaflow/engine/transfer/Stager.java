@@ -52,6 +52,14 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong toFillNanos = new AtomicLong();
     private final AtomicLong layoutNanos = new AtomicLong();
     private final AtomicLong toFirstNanos = new AtomicLong();
+    /**
+     * Stagings whose first group the staging thread saw land while it paced them (it spins on
+     * that group's copies before queueing the next), and their nanoseconds from being asked for
+     * to then: beside {@link #toFirstNanos}, how long the copy engine took to move the first
+     * group once it was queued, on the host's clock.
+     */
+    private final AtomicLong landedFirst = new AtomicLong();
+    private final AtomicLong toLandedNanos = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -194,6 +202,10 @@ public abstract class Stager implements AutoCloseable {
                     while (s.paced() && !landed(waitFor)) {
                         Thread.onSpinWait(); // one layer's copy: a parked thread woken late would idle the line
                     }
+                    if (waitFor == 0 && s.paced()) { // seen landed, not let go by the load's hold opening
+                        toLandedNanos.addAndGet(System.nanoTime() - s.createdNanos());
+                        landedFirst.incrementAndGet();
+                    }
                 }
             }
         } catch (Throwable t) {
@@ -242,10 +254,13 @@ public abstract class Stager implements AutoCloseable {
      * over them, from being asked for ({@link #stage}, on the lookup's thread) to the staging
      * thread taking the staging up, in laying out what comes before the first group's copies
      * (all of the layout, or a lazy one's first group: {@link StageLayout#lazy}), and to that
-     * group queued on the copy engine. In that order.
+     * group queued on the copy engine. In that order; then the stagings whose first group the
+     * staging thread saw land while pacing them, and their nanoseconds from being asked for to
+     * then (counted before the next group is queued).
      */
     public long[] startTimes() {
-        return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get()};
+        return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get(), landedFirst.get(),
+                toLandedNanos.get()};
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */

@@ -85,6 +85,33 @@ class StagerTest {
         }
     }
 
+    @Test
+    void whenAPacedStagingsFirstGroupLandedIsCounted() throws Exception {
+        Recording s = new Recording();
+        s.landedBelow = 0; // group 0's copies take 20 ms to land
+        StagedLoad a = s.stage(12288, StagerTest::layout);
+        assertThat(queuedAfter(s, 1)).isEqualTo(1);
+        Thread.sleep(20);
+        s.landedBelow = Integer.MAX_VALUE;
+        assertThat(queuedAfter(s, 3)).as("the rest once group 0 landed, still paced").isEqualTo(3);
+        assertThat(a.claim(null)).isTrue();
+        a.awaitQueued(2);
+        a.finish();
+        long[] t = s.startTimes();
+        assertThat(t[4]).as("stagings whose first group was seen landed").isEqualTo(1);
+        assertThat(t[5]).as("asked for to landed: the wait for the copies included").isGreaterThanOrEqualTo(t[3] + 20_000_000L);
+        // let go by its load's claim before group 0 landed: not seen landed, not counted
+        s.landedBelow = 0;
+        StagedLoad b = s.stage(12288, StagerTest::layout);
+        assertThat(queuedAfter(s, 4)).as("a's three groups, then b's first").isEqualTo(4);
+        assertThat(b.claim(null)).isTrue();
+        b.awaitQueued(2);
+        b.finish();
+        assertThat(s.startTimes()[0]).isEqualTo(2);
+        assertThat(s.startTimes()[4]).isEqualTo(1);
+        s.close();
+    }
+
     /** Spins until {@code n} groups were queued or 10 s passed; then waits a little for any more. */
     private static int queuedAfter(Recording s, int n) throws InterruptedException {
         long end = System.nanoTime() + 10_000_000_000L;
@@ -121,7 +148,7 @@ class StagerTest {
     @Test
     void howSoonEachStagingStartedIsCounted() {
         Recording s = new Recording();
-        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0);
+        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0, 0, 0);
         long slowLayout = 30_000_000L;
         StagedLoad a = s.stage(12288, () -> {
             long end = System.nanoTime() + slowLayout; // a layout that takes 30 ms to make
