@@ -1,0 +1,113 @@
+import io.pegaflow.engine.cuda.CudaDriver;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.Arrays;
+
+/**
+ * When does the copy engine start a pitched host-to-device copy queued after the GPU idled? In a
+ * warm 8K request traced with vLLM's CUDA graphs (33rd GPU run) the staging's first copy ran
+ * 1.2 ms after the staging thread's counters put it queued, and never before vLLM's step had
+ * begun; this asks the driver alone, no vLLM, no engine. Registered host memory (page-aligned,
+ * cuMemHostRegister, as the pool is) and a device buffer; a copy of two pitched 16 MiB halves
+ * (512 rows of 32 KiB, as a staging's first layer group at 8K) on a non-blocking stream of a
+ * thread of its own (the staging thread's place), then an event; the host times, from just
+ * before the first cuMemcpy2DAsync: the queueing calls' return, and the event seen complete
+ * (spinning on cuEventQuery, as the staging thread does). Cases, 15 rounds each, p50/min/max µs:
+ *   back_to_back      - no idle before the copy;
+ *   after_idle        - 600 ms with nothing on the GPU first;
+ *   after_idle_kick   - the same, and 200 µs after queueing, another thread (vLLM's place) queues
+ *                       a 4-byte copy on another stream: does the first copy wait for it?
+ * A copy that starts as queued lands ~0.6 ms after it (the two halves at the line); one that
+ * lands near 0.8 ms after only in the kick case waited for the other thread's call.
+ * Needs a GPU; compile on the build machine into .gpu-tests/probe and run there with the wheel's runtime:
+ *   javac -d .gpu-tests/probe -cp bench/target/pegaflow.jar bench/probe/FirstCopyProbe.java
+ *   /tmp/ours-site/pegaflow/_jre/bin/java --enable-native-access=ALL-UNNAMED \
+ *     -cp /tmp/ours-site/pegaflow/_jars/pegaflow.jar:.gpu-tests/probe FirstCopyProbe
+ */
+public class FirstCopyProbe {
+    static final long ROW = 32 << 10, ROWS = 512, HALF = ROW * ROWS, PITCH = 2 * ROW;
+
+    public static void main(String[] args) throws Exception {
+        int rounds = args.length > 0 ? Integer.parseInt(args[0]) : 15;
+        CudaDriver.ensureLoaded();
+        long ctx = CudaDriver.primaryCtxRetain(CudaDriver.deviceGet(0));
+        CudaDriver.ctxSetCurrent(ctx);
+        Arena arena = Arena.global();
+        // the pool's shape: host memory registered with the driver, rows at a pitch of two
+        MemorySegment host = arena.allocate(2 * PITCH * ROWS, 4096);
+        host.fill((byte) 1);
+        CudaDriver.memHostRegister(host.address(), host.byteSize(), CudaDriver.CU_MEMHOSTREGISTER_PORTABLE);
+        long dev = CudaDriver.memAlloc(2 * HALF);
+        long small = CudaDriver.memAlloc(64);
+        long smallHost = CudaDriver.memAllocHost(64);
+        MemorySegment desc = arena.allocate(CudaDriver.MEMCPY2D_BYTES, 8);
+        long[] stream = new long[1];
+        long[] other = new long[1];
+        long done = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+        Thread setup = new Thread(() -> {
+            CudaDriver.ctxSetCurrent(ctx);
+            stream[0] = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            other[0] = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+        });
+        setup.start();
+        setup.join();
+        for (String mode : new String[] {"back_to_back", "after_idle", "after_idle_kick", "back_to_back"}) {
+            long[] queued = new long[rounds];
+            long[] landed = new long[rounds];
+            for (int r = 0; r < rounds + 2; r++) { // two rounds first, not counted
+                if (mode.startsWith("after_idle")) {
+                    Thread.sleep(600);
+                }
+                long[] t = new long[2];
+                Thread kicker = null;
+                long t0 = System.nanoTime();
+                if (mode.endsWith("kick")) {
+                    kicker = new Thread(() -> {
+                        CudaDriver.ctxSetCurrent(ctx);
+                        while (System.nanoTime() - t0 < 200_000) {
+                            Thread.onSpinWait();
+                        }
+                        CudaDriver.memcpyHtoDAsync(small, smallHost, 4, other[0]);
+                    });
+                    kicker.start();
+                }
+                Thread stager = new Thread(() -> {
+                    CudaDriver.ctxSetCurrent(ctx);
+                    long s = System.nanoTime();
+                    for (int half = 0; half < 2; half++) {
+                        CudaDriver.memcpy2DHtoDAsync(desc, dev + half * HALF, ROW, host.address() + half * ROW, PITCH, ROW, ROWS,
+                                stream[0]);
+                    }
+                    CudaDriver.eventRecord(done, stream[0]);
+                    t[0] = System.nanoTime() - s;
+                    while (!CudaDriver.eventQuery(done)) {
+                        Thread.onSpinWait();
+                    }
+                    t[1] = System.nanoTime() - s;
+                });
+                stager.start();
+                stager.join();
+                if (kicker != null) {
+                    kicker.join();
+                }
+                CudaDriver.streamSynchronize(other[0]);
+                if (r >= 2) {
+                    queued[r - 2] = t[0];
+                    landed[r - 2] = t[1];
+                }
+            }
+            System.out.printf("{\"mode\": \"%s\", \"queued_us\": %s, \"landed_us\": %s}%n", mode, stats(queued), stats(landed));
+        }
+        CudaDriver.memHostUnregister(host.address());
+        CudaDriver.memFree(dev);
+        CudaDriver.memFree(small);
+        CudaDriver.memFreeHost(smallHost);
+    }
+
+    static String stats(long[] ns) {
+        long[] s = ns.clone();
+        Arrays.sort(s);
+        return String.format("{\"p50\": %.1f, \"min\": %.1f, \"max\": %.1f}", s[s.length / 2] / 1e3, s[0] / 1e3,
+                s[s.length - 1] / 1e3);
+    }
+}
