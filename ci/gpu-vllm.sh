@@ -10,8 +10,10 @@ mkdir -p "$out"
 export PYTHONPATH=/tmp/ours-site:/tmp/vllm-site
 if [ "${SRC:-0}" = 1 ]; then
   # this checkout's Python over the wheel's runtime and jar (JAR= a jar carried beside it): a fix
-  # tried without restaging the wheel; records are made from the wheel alone
-  export PYTHONPATH=$PWD/python:/tmp/vllm-site JAVA_HOME=/tmp/ours-site/pegaflow/_jre
+  # tried without restaging the wheel; records are made from the wheel alone. The wheel's site
+  # after python/: its package metadata holds the vLLM plugin entry point that registers the
+  # connector (the checkout's package is the one imported)
+  export PYTHONPATH=$PWD/python:/tmp/ours-site:/tmp/vllm-site JAVA_HOME=/tmp/ours-site/pegaflow/_jre
   export PEGAFLOW_JAR=${JAR:-/tmp/ours-site/pegaflow/_jars/pegaflow.jar}
 fi
 export VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
