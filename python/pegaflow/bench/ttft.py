@@ -452,24 +452,31 @@ def decode_steps(requests: list, shown: int = DECODE_STEPS_SHOWN) -> list:
     return [_p([run[i] for run in runs], 0.5) for i in range(min(shown, *(len(run) for run in runs)))]
 
 
-def decode_extra_ms(requests: list, first: int = DECODE_STEPS_SHOWN, settled_from: int = 8) -> float | None:
+# An answer's decode steps from this index on are its settled ones: a cold answer's save runs
+# beside its first steps and is over by then.
+SETTLED_FROM = 8
+
+
+def _settled(requests: list, settled_from: int) -> list[tuple[list, float]]:
+    """Each of ``requests`` with steps past ``settled_from`` (ttft_worker's ``step_ms``): its
+    steps and the median of those from index ``settled_from`` on."""
+    return [(x["step_ms"], statistics.median(x["step_ms"][settled_from:])) for x in requests
+            if len(x.get("step_ms") or []) > settled_from]
+
+
+def decode_extra_ms(requests: list, first: int = DECODE_STEPS_SHOWN, settled_from: int = SETTLED_FROM) -> float | None:
     """How much longer an answer's first decode steps ran than its settled ones, in all: for each
-    of ``requests`` with enough steps (ttft_worker's ``step_ms``), the sum of its first ``first``
-    steps minus ``first`` times the median of its steps from index ``settled_from`` on; the median
-    over the answers, ms. A cold answer's save runs beside its first steps and is over by then."""
-    extra = [sum(x["step_ms"][:first]) - first * statistics.median(x["step_ms"][settled_from:])
-             for x in requests if len(x.get("step_ms") or []) > settled_from]
+    of ``requests`` with enough steps, the sum of its first ``first`` steps minus ``first`` times
+    its settled median (``_settled``); the median over the answers, ms."""
+    extra = [sum(steps[:first]) - first * settled for steps, settled in _settled(requests, settled_from)]
     return _p(extra, 0.5) if extra else None
 
 
-def settled_step_ms(requests: list, settled_from: int = 8) -> float | None:
-    """An answer's decode step once its first steps are over (and a cold answer's save with them):
-    for each of ``requests`` with enough steps, the median of its ``step_ms`` from index
-    ``settled_from`` on; the median over the answers, ms. Against no connector's it is what a
-    connector adds to every step, apart from what its saves add to the first ones
-    (``decode_extra_ms``)."""
-    settled = [statistics.median(x["step_ms"][settled_from:]) for x in requests
-               if len(x.get("step_ms") or []) > settled_from]
+def settled_step_ms(requests: list, settled_from: int = SETTLED_FROM) -> float | None:
+    """An answer's decode step once its first steps are over: the median over ``requests`` of
+    each one's settled median (``_settled``), ms. Against no connector's it is what a connector
+    adds to every step, apart from what its saves add to the first ones (``decode_extra_ms``)."""
+    settled = [m for _, m in _settled(requests, settled_from)]
     return _p(settled, 0.5) if settled else None
 
 
