@@ -14,9 +14,14 @@ import java.util.Arrays;
  * before the first cuMemcpy2DAsync: the queueing calls' return, and the event seen complete
  * (spinning on cuEventQuery, as the staging thread does). Cases, 15 rounds each, p50/min/max µs:
  *   back_to_back      - no idle before the copy;
- *   after_idle        - 600 ms with nothing on the GPU first;
- *   after_idle_kick   - the same, and 200 µs after queueing, another thread (vLLM's place) queues
+ *   idle_5ms, idle_50ms, after_idle - 5, 50 and 600 ms with nothing on the GPU first (a warm
+ *                       request comes tens to hundreds of ms after the one before);
+ *   after_idle_kick   - 600 ms, and 200 µs after queueing, another thread (vLLM's place) queues
  *                       a 4-byte copy on another stream: does the first copy wait for it?
+ *   after_idle_prewake - 600 ms, then a 4-byte copy on the same stream 500 µs before the copy
+ *                       (as a lookup could send before its staging is laid out);
+ *   after_idle_1d     - 600 ms, then the same bytes as 1,024 one-dimensional 32 KiB copies;
+ *   tiny_after_idle   - 600 ms, then the 4-byte copy alone: the driver's and engine's start.
  * A copy that starts as queued lands ~0.6 ms after it (the two halves at the line); one that
  * lands near 0.8 ms after only in the kick case waited for the other thread's call.
  * Needs a GPU; compile on the build machine into .gpu-tests/probe and run there with the wheel's runtime:
@@ -51,12 +56,24 @@ public class FirstCopyProbe {
         });
         setup.start();
         setup.join();
-        for (String mode : new String[] {"back_to_back", "after_idle", "after_idle_kick", "back_to_back"}) {
+        for (String mode : new String[] {"back_to_back", "idle_5ms", "idle_50ms", "after_idle", "after_idle_kick",
+                "after_idle_prewake", "after_idle_1d", "tiny_after_idle", "back_to_back"}) {
             long[] queued = new long[rounds];
             long[] landed = new long[rounds];
             for (int r = 0; r < rounds + 2; r++) { // two rounds first, not counted
-                if (mode.startsWith("after_idle")) {
+                if (mode.equals("idle_5ms")) {
+                    Thread.sleep(5);
+                } else if (mode.equals("idle_50ms")) {
+                    Thread.sleep(50);
+                } else if (mode.contains("after_idle")) {
                     Thread.sleep(600);
+                }
+                if (mode.endsWith("prewake")) {
+                    CudaDriver.memcpyHtoDAsync(small, smallHost, 4, stream[0]);
+                    long w = System.nanoTime();
+                    while (System.nanoTime() - w < 500_000) {
+                        Thread.onSpinWait();
+                    }
                 }
                 long[] t = new long[2];
                 Thread kicker = null;
@@ -74,9 +91,20 @@ public class FirstCopyProbe {
                 Thread stager = new Thread(() -> {
                     CudaDriver.ctxSetCurrent(ctx);
                     long s = System.nanoTime();
-                    for (int half = 0; half < 2; half++) {
-                        CudaDriver.memcpy2DHtoDAsync(desc, dev + half * HALF, ROW, host.address() + half * ROW, PITCH, ROW, ROWS,
-                                stream[0]);
+                    if (mode.startsWith("tiny")) {
+                        CudaDriver.memcpyHtoDAsync(small, smallHost, 4, stream[0]);
+                    } else if (mode.endsWith("1d")) {
+                        for (int half = 0; half < 2; half++) {
+                            for (long row = 0; row < ROWS; row++) {
+                                CudaDriver.memcpyHtoDAsync(dev + half * HALF + row * ROW,
+                                        host.address() + half * ROW + row * PITCH, ROW, stream[0]);
+                            }
+                        }
+                    } else {
+                        for (int half = 0; half < 2; half++) {
+                            CudaDriver.memcpy2DHtoDAsync(desc, dev + half * HALF, ROW, host.address() + half * ROW, PITCH, ROW,
+                                    ROWS, stream[0]);
+                        }
                     }
                     CudaDriver.eventRecord(done, stream[0]);
                     t[0] = System.nanoTime() - s;

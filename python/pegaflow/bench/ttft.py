@@ -76,6 +76,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # time (PEGAFLOW_CUDA_SAVE_PACE; one is the default since the thirtieth run), and "<system>_instepxu"
 # _instepx whose saves queue all their copies at once as before it (PEGAFLOW_CUDA_SAVE_PACE=0): the
 # arms of issue 3/6's decode spacing while saves run (docs/gpu.md, "Saves beside decode");
+# "<system>_instepxw" is _instepx whose lookups wake the copy engine before they ask the store
+# (PEGAFLOW_PRESTAGE_WAKE=1: a four-byte copy on the staging stream from vLLM's scheduling thread),
+# the A/B arm of a staging's first copy starting late after the GPU idled (docs/gpu.md);
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -98,11 +101,12 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepxp": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "1"},
                "instepxq": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "2"},
                "instepxu": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "0"},
+               "instepxw": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_WAKE": "1"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
-            "instepxp", "instepxq", "instepxu", "instepaw", "instepab")
+            "instepxp", "instepxq", "instepxu", "instepxw", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")
