@@ -305,7 +305,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepxw, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepxw, _instepxb, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -967,3 +967,31 @@ def test_enforce_eager_off_runs_every_vllm_with_cuda_graphs():
 
     with pytest.raises(SystemExit):
         ttft.main(["--lengths", "256", "--enforce-eager", "maybe"])
+
+
+def test_server_instepxb_starts_its_server_busy_polling_and_is_server_only(tmp_path, monkeypatch):
+    """server_instepxb is server_instepx whose pegaflow-server is started with --busy-poll-us 1000000
+    (the A/B arm of a warm lookup's round trip to a server thread that slept); other server systems
+    get no extra argument, and there is no embedded_instepxb (nothing to poll)."""
+    from types import SimpleNamespace
+
+    import pegaflow._server
+    from pegaflow.bench import ttft
+
+    started = []
+
+    def fake_start_server(pool_path, pool_size="32mb", extra=None, **kw):
+        started.append(list(extra or []))
+        return SimpleNamespace(http_port=1, endpoint="127.0.0.1:1", stop=lambda: None)
+
+    monkeypatch.setattr(pegaflow._server, "start_server", fake_start_server)
+    systems = ttft.Systems(SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path)), tmp_path)
+    kv, _ = systems.start("server_instepxb")
+    assert started[-1] == ["--busy-poll-us", "1000000"]
+    assert kv["kv_connector_extra_config"]["load_at_alloc"] is True
+    assert systems.env("server_instepxb")["PEGAFLOW_PRESTAGE_MIB"]
+    systems.start("server_instepx")
+    assert started[-1] == []
+    assert "embedded_instepxb" not in ttft.VARIANTS
+    with pytest.raises(SystemExit, match="system 'embedded_instepxb'"):
+        ttft.main(["--lengths", "256", "--systems", "embedded_instepxb"])

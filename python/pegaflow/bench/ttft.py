@@ -79,6 +79,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # "<system>_instepxw" is _instepx whose lookups wake the copy engine before they ask the store
 # (PEGAFLOW_PRESTAGE_WAKE=1: a four-byte copy on the staging stream from vLLM's scheduling thread),
 # the A/B arm of a staging's first copy starting late after the GPU idled (docs/gpu.md);
+# "server_instepxb" (server only) is server_instepx whose pegaflow-server keeps its local-socket
+# threads spinning up to 1 s for a client's next frame (--busy-poll-us 1000000; its clients then spin
+# for answers): the A/B arm of a warm lookup's round trip to a server thread that slept;
 # "<system>_instepaw" is _instepa without the
 # JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
 # and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
@@ -102,15 +105,18 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepxq": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "2"},
                "instepxu": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "0"},
                "instepxw": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_WAKE": "1"},
+               "instepxb": {**_PACED, **_STAGED},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
-            "instepxp", "instepxq", "instepxu", "instepxw", "instepaw", "instepab")
+            "instepxp", "instepxq", "instepxu", "instepxw", "instepxb", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
+# pegaflow-server arguments of a server variant (the variant's name after "server_"; server only)
+VARIANT_SERVER_ARGS = {"instepxb": ("--busy-poll-us", "1000000")}
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")
-                 for base in ("embedded", "server"))
+                 for base in ("embedded", "server") if base == "server" or v not in VARIANT_SERVER_ARGS)
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
 
@@ -201,13 +207,14 @@ class Systems:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         return env
 
-    def start(self, system: str):
+    def start(self, system: str, server_args: tuple = ()):
         """(kv_transfer config or None, a stop function); ``self.server_metrics``: the
-        ``/metrics`` address of the pegaflow-server it started (None for other systems)."""
+        ``/metrics`` address of the pegaflow-server it started (None for other systems), started
+        with ``server_args`` beside the run's own."""
         self.server_metrics = None
         base, _, variant = system.partition("_") if system in VARIANTS else (system, "", "")
         if variant:
-            kv, stop = self.start(base)
+            kv, stop = self.start(base, VARIANT_SERVER_ARGS.get(variant, ()))
             extra = kv["kv_connector_extra_config"]
             if variant.startswith(("async", "instep")):
                 extra["load_in_step"] = not variant.startswith("async")
@@ -225,7 +232,7 @@ class Systems:
             from pegaflow._server import start_server
 
             server = start_server(Path(self.args.pool_dir) / f"pegaflow-ttft-{os.getpid()}.pool",
-                                  pool_size=self.args.pool_size)
+                                  pool_size=self.args.pool_size, extra=list(server_args))
             self.server_metrics = f"http://127.0.0.1:{server.http_port}/metrics"
             return {"kv_connector": "PegaKVConnector", "kv_connector_module_path": "pegaflow.connector",
                     "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
