@@ -76,9 +76,6 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # time (PEGAFLOW_CUDA_SAVE_PACE; one is the default since the thirtieth run), and "<system>_instepxu"
 # _instepx whose saves queue all their copies at once as before it (PEGAFLOW_CUDA_SAVE_PACE=0): the
 # arms of issue 3/6's decode spacing while saves run (docs/gpu.md, "Saves beside decode");
-# "<system>_instepxw" is _instepx whose lookups wake the copy engine before they ask the store
-# (PEGAFLOW_PRESTAGE_WAKE=1: a four-byte copy on the staging stream from vLLM's scheduling thread),
-# the A/B arm of a staging's first copy starting late after the GPU idled (docs/gpu.md);
 # "server_instepxb" (server only) is server_instepx whose pegaflow-server keeps its local-socket
 # threads spinning up to 1 s for a client's next frame (--busy-poll-us 1000000; its clients then spin
 # for answers): the A/B arm of a warm lookup's round trip to a server thread that slept;
@@ -104,13 +101,12 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepxp": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "1"},
                "instepxq": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "2"},
                "instepxu": {**_PACED, **_STAGED, "PEGAFLOW_CUDA_SAVE_PACE": "0"},
-               "instepxw": {**_PACED, **_STAGED, "PEGAFLOW_PRESTAGE_WAKE": "1"},
                "instepxb": {**_PACED, **_STAGED},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
-            "instepxp", "instepxq", "instepxu", "instepxw", "instepxb", "instepaw", "instepab")
+            "instepxp", "instepxq", "instepxu", "instepxb", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 # pegaflow-server arguments of a server variant (the variant's name after "server_"; server only)
 VARIANT_SERVER_ARGS = {"instepxb": ("--busy-poll-us", "1000000")}

@@ -325,14 +325,10 @@ public final class SchedulerSide {
             return (long) r.probeHit * blockSize;
         }
         dropProbe(r);
-        boolean mayBegin = beginAtLookup && !(waitFullPrefix && !r.prefixWaitOver);
-        if (mayBegin) {
-            now.engine().wakeStaging(); // the copy engine starts while the store is asked (PEGAFLOW_PRESTAGE_WAKE)
-        }
         Hit q;
         try {
             // a decode instance waiting for the whole prefix asks again each step: no load to begin yet
-            q = findHit(now.engine(), hashes, base, base + usable, mayBegin);
+            q = findHit(now.engine(), hashes, base, base + usable, beginAtLookup && !(waitFullPrefix && !r.prefixWaitOver));
         } catch (PegaflowException e) {
             totals[STAT_LOOKUP_FAILURES]++;
             r.waitingSince = 0;

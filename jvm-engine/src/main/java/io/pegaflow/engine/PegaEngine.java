@@ -405,27 +405,6 @@ public final class PegaEngine implements AutoCloseable {
     }
 
     /**
-     * Before a lookup that may begin a load asks the store: wakes the copy engine on the
-     * staging stream where {@link io.pegaflow.engine.transfer.Stager#WAKE_ENV} is on ({@link
-     * io.pegaflow.engine.transfer.Stager#wake}); nothing where it is off, where this engine
-     * stages nothing, or once closed. Never throws.
-     */
-    public void wakeStaging() {
-        io.pegaflow.engine.transfer.Stager s = transfer.stager();
-        if (s == null || !s.wakes()) {
-            return;
-        }
-        gate.readLock().lock();
-        try {
-            if (!closed) {
-                s.wake();
-            }
-        } finally {
-            gate.readLock().unlock();
-        }
-    }
-
-    /**
      * Starts copying a begun load's pool side into the copy engine's staging buffer where it
      * has one and the load fits ({@link io.pegaflow.engine.transfer.Stager}): from here on, not
      * from vLLM's allocation of its blocks. The layout is made on the staging thread; only the

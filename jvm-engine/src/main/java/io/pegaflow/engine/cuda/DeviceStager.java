@@ -21,9 +21,6 @@ final class DeviceStager extends Stager {
     /** Taken at the first load asked to stage ({@link #allocate}), before any group is queued. */
     private volatile long buffer;
     private volatile long stream;
-    /** A few bytes on each side for {@link #prewake}'s copy, apart from anything a load reads. */
-    private volatile long wakeDevice;
-    private volatile long wakeHost;
     private final MemorySegment copy2D;
     /** Written by the staging thread before a group is marked queued; read by a lane after ({@link io.pegaflow.engine.transfer.StagedLoad#awaitQueued}). */
     private volatile long[] events = new long[0];
@@ -46,32 +43,13 @@ final class DeviceStager extends Stager {
     protected void allocate() {
         device.makeCurrent();
         long b = CudaDriver.memAlloc(capacity());
-        long wd = 0, wh = 0, st = 0;
         try {
-            wd = CudaDriver.memAlloc(256);
-            wh = CudaDriver.memAllocHost(256);
-            st = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
+            stream = CudaDriver.streamCreate(CudaDriver.CU_STREAM_NON_BLOCKING);
         } catch (RuntimeException e) {
-            if (wh != 0) {
-                CudaDriver.memFreeHost(wh);
-            }
-            if (wd != 0) {
-                CudaDriver.memFree(wd);
-            }
             CudaDriver.memFree(b);
             throw e;
         }
-        wakeDevice = wd;
-        wakeHost = wh;
-        stream = st;
         buffer = b;
-    }
-
-    /** Four bytes from pinned host memory to a device word of their own, on the staging stream. */
-    @Override
-    protected void prewake() {
-        device.makeCurrent();
-        CudaDriver.memcpyHtoDAsync(wakeDevice, wakeHost, 4, stream);
     }
 
     @Override
@@ -139,7 +117,5 @@ final class DeviceStager extends Stager {
         }
         CudaDriver.streamDestroy(stream);
         CudaDriver.memFree(buffer);
-        CudaDriver.memFree(wakeDevice);
-        CudaDriver.memFreeHost(wakeHost);
     }
 }

@@ -29,8 +29,6 @@ public abstract class Stager implements AutoCloseable {
     public static final String DEPTH_ENV = "PEGAFLOW_PRESTAGE_DEPTH";
     /** The most groups {@link #DEPTH_ENV} may put in flight. */
     static final int MAX_DEPTH = 8;
-    /** {@code 1}: a lookup about to ask the store wakes the copy engine first ({@link #wake}); 0, the default: off. */
-    public static final String WAKE_ENV = "PEGAFLOW_PRESTAGE_WAKE";
 
     /** An unclaimed staging this old gives the buffer up to the next load that asks. */
     static final long STALE_NANOS = 2_000_000_000L;
@@ -42,8 +40,6 @@ public abstract class Stager implements AutoCloseable {
 
     private final long capacity;
     private final int depth;
-    private final boolean wakeOn;
-    private final AtomicLong wakes = new AtomicLong();
     private final AtomicReference<StagedLoad> occupant = new AtomicReference<>();
     private final ExecutorService filler;
     private final AtomicLong staged = new AtomicLong();
@@ -69,21 +65,17 @@ public abstract class Stager implements AutoCloseable {
 
     /** A stager paced as {@link #DEPTH_ENV} says (1 when unset). */
     protected Stager(long capacity, String name) {
-        this(capacity, name, depthFromEnvironment(System.getenv(DEPTH_ENV)), wakeFromEnvironment(System.getenv(WAKE_ENV)));
+        this(capacity, name, depthFromEnvironment(System.getenv(DEPTH_ENV)));
     }
 
-    /**
-     * A stager with {@code depth} groups in flight while paced (1 to {@link #MAX_DEPTH}), whose
-     * {@link #wake} queues a copy when {@code wake} is on.
-     */
-    protected Stager(long capacity, String name, int depth, boolean wake) {
+    /** A stager with {@code depth} groups in flight while paced (1 to {@link #MAX_DEPTH}). */
+    protected Stager(long capacity, String name, int depth) {
         checkBytes(capacity);
         if (depth < 1 || depth > MAX_DEPTH) {
             throw new io.pegaflow.engine.InvalidArgumentException("staging depth " + depth + "; expected 1 to " + MAX_DEPTH
                     + " (" + DEPTH_ENV + ")");
         }
         this.depth = depth;
-        this.wakeOn = wake;
         if (capacity == 0) {
             throw new IllegalArgumentException("staging buffer of 0 bytes; expected > 0 (0 turns staging off: make no stager)");
         }
@@ -103,11 +95,6 @@ public abstract class Stager implements AutoCloseable {
                 "groups of a paced staging in flight at once, 1 to " + MAX_DEPTH);
     }
 
-    /** {@link #WAKE_ENV} as a switch, off when unset; refuses anything but 0 or 1, naming the value. */
-    public static boolean wakeFromEnvironment(String value) {
-        return LayerSplit.parse(value, WAKE_ENV, 0, 1, 0, "0 (off) or 1 (a lookup wakes the copy engine before it asks)") == 1;
-    }
-
     /** Refuses a staging size other than 0 (off) or whole 4 KiB pages up to 64 GiB, naming it. */
     public static long checkBytes(long bytes) {
         if (bytes < 0 || bytes % 4096 != 0 || bytes > MAX_MIB << 20) {
@@ -124,43 +111,6 @@ public abstract class Stager implements AutoCloseable {
     /** Groups in flight while a staging is paced ({@link #DEPTH_ENV}). */
     public int depth() {
         return depth;
-    }
-
-    /** Whether {@link #wake} queues anything ({@link #WAKE_ENV}). */
-    public boolean wakes() {
-        return wakeOn;
-    }
-
-    /**
-     * On a lookup's thread, before it asks the store for a hit it may stage: where {@link
-     * #WAKE_ENV} is on, the buffer was taken and no staging holds it, queues a copy of a few
-     * bytes on the staging stream ({@link #prewake}) from the caller's thread, no handoff, so
-     * that a copy engine idle since the last request is already running when this lookup's
-     * staging queues its first group. Optional: a failure is counted nowhere and changes
-     * nothing (the staging, if any, goes on as without it). The caller holds the engine open.
-     */
-    public final void wake() {
-        if (!wakeOn || buffer != READY || occupant.get() != null) {
-            return;
-        }
-        try {
-            prewake();
-            wakes.incrementAndGet();
-        } catch (RuntimeException e) {
-            LOG.log(System.Logger.Level.DEBUG, "waking the copy engine failed: " + e);
-        }
-    }
-
-    /** Copies queued by {@link #wake} since start. */
-    public long wakeCount() {
-        return wakes.get();
-    }
-
-    /**
-     * Queues a copy of a few bytes on the staging stream, from the caller's thread, into memory
-     * no load reads; only once the buffer was taken ({@link #allocate}). Nothing by default.
-     */
-    protected void prewake() {
     }
 
     /**

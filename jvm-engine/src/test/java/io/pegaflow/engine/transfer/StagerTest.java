@@ -37,23 +37,7 @@ class StagerTest {
         }
 
         Recording(int depth) {
-            super(1 << 20, "test", depth, false);
-        }
-
-        Recording(boolean wake) {
-            super(1 << 20, "test", 1, wake);
-        }
-
-        /** Threads {@link #prewake} ran on, in order. */
-        final java.util.List<String> prewakes = new java.util.concurrent.CopyOnWriteArrayList<>();
-        volatile boolean failPrewake;
-
-        @Override
-        protected void prewake() {
-            if (failPrewake) {
-                throw new IllegalStateException("copy refused (test)");
-            }
-            prewakes.add(Thread.currentThread().getName());
+            super(1 << 20, "test", depth);
         }
 
         @Override
@@ -99,42 +83,6 @@ class StagerTest {
         protected boolean landed(int g) {
             return g < landedBelow;
         }
-    }
-
-    @Test
-    void aWakeQueuesOnTheCallersThreadOnlyWhenOnTheBufferTakenAndNothingStaging() throws Exception {
-        Recording off = new Recording(false);
-        off.stage(12288, StagerTest::layout).claim(null);
-        off.wake();
-        assertThat(off.prewakes).as("off: nothing queued").isEmpty();
-        off.close();
-
-        Recording s = new Recording(true);
-        assertThat(s.wakes()).isTrue();
-        s.wake();
-        assertThat(s.prewakes).as("the buffer not taken yet: no stream to wake").isEmpty();
-        StagedLoad a = s.stage(12288, StagerTest::layout);
-        assertThat(a.claim(null)).isTrue();
-        a.awaitQueued(2);
-        s.wake();
-        assertThat(s.prewakes).as("a load holds the buffer: the engine is busy with it").isEmpty();
-        a.finish();
-        s.wake();
-        assertThat(s.prewakes).as("on the caller's thread, no handoff").containsExactly(Thread.currentThread().getName());
-        assertThat(s.wakeCount()).isEqualTo(1);
-        s.failPrewake = true;
-        s.wake(); // optional: a refused copy changes nothing
-        assertThat(s.wakeCount()).isEqualTo(1);
-        s.failPrewake = false;
-        StagedLoad b = s.stage(12288, StagerTest::layout);
-        assertThat(b).as("a failed wake leaves staging as it was").isNotNull();
-        assertThat(b.claim(null)).isTrue();
-        b.awaitQueued(2);
-        b.finish();
-        s.close();
-        assertThatThrownBy(() -> Stager.wakeFromEnvironment("2")).hasMessageContaining("PEGAFLOW_PRESTAGE_WAKE=2");
-        assertThat(Stager.wakeFromEnvironment(null)).isFalse();
-        assertThat(Stager.wakeFromEnvironment("1")).isTrue();
     }
 
     @Test
