@@ -38,8 +38,38 @@ final class LocalSocketClient implements AutoCloseable {
     private volatile boolean closed;
     private final java.util.concurrent.atomic.AtomicLong answered = new java.util.concurrent.atomic.AtomicLong();
 
+    /**
+     * Microseconds a caller spins for an answer before it sleeps, whatever the server: 0 (the
+     * default: only with a busy-polling server, as long as it says, up to 1 ms) to 1000. A
+     * spinning caller sees the answer as it arrives instead of being woken for it.
+     */
+    static final String SPIN_ENV = "PEGAFLOW_LOCAL_SPIN_US";
+    /** The most a caller spins for an answer, µs. */
+    static final long MAX_SPIN_US = 1000;
+
+    /** This client's own spin ({@link #SPIN_ENV}), in nanoseconds. */
+    private final long ownSpinNanos;
+
     LocalSocketClient(RemoteStore store) {
         this.store = store;
+        this.ownSpinNanos = spinFromEnvironment(System.getenv(SPIN_ENV)) * 1000;
+        this.spinNanos = ownSpinNanos;
+    }
+
+    /** {@link #SPIN_ENV} as microseconds, 0 when unset; refuses anything but 0 to 1000, naming the value. */
+    static long spinFromEnvironment(String value) {
+        return io.pegaflow.engine.transfer.LayerSplit.parse(value, SPIN_ENV, 0, MAX_SPIN_US, 0,
+                "microseconds a caller spins for a local-socket answer, 0 to " + MAX_SPIN_US);
+    }
+
+    /** How long a caller spins for an answer, ns: the longer of its own and a busy-polling server's (capped). */
+    static long spinNanos(long ownNanos, long serverBusyPollUs) {
+        return Math.max(ownNanos, Math.min(serverBusyPollUs, MAX_SPIN_US) * 1000);
+    }
+
+    /** How long a caller spins for an answer now, µs. */
+    long spinMicros() {
+        return spinNanos / 1000;
     }
 
     /** The answer's payload, or null when the caller should use gRPC instead. */
@@ -101,7 +131,7 @@ final class LocalSocketClient implements AutoCloseable {
 
     private static final class DeadlineExceeded extends IOException {}
 
-    /** How long to spin for an answer before sleeping: up to 1 ms when the server busy-polls (Health), else 0. */
+    /** How long to spin for an answer before sleeping ({@link #spinNanos(long, long)}). */
     private volatile long spinNanos;
 
     private void read(Conn c, ByteBuffer buf, long deadline) throws IOException {
@@ -196,7 +226,7 @@ final class LocalSocketClient implements AutoCloseable {
             var health = store.health();
             String s = health.getLocalSocket();
             if (!s.isEmpty() && Files.exists(Path.of(s))) {
-                spinNanos = Math.min(health.getBusyPollUs(), 1000) * 1000;
+                spinNanos = spinNanos(ownSpinNanos, health.getBusyPollUs());
                 path = Path.of(s);
             }
         } catch (RuntimeException e) {

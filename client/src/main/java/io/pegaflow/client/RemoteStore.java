@@ -280,6 +280,15 @@ public final class RemoteStore implements BlockStore {
         return local.warm();
     }
 
+    /**
+     * Microseconds a call over the local socket spins for its answer before it sleeps: the
+     * longer of {@code PEGAFLOW_LOCAL_SPIN_US} (0 to 1000, default 0) and a busy-polling
+     * server's spin (up to 1 ms), known once the socket was found.
+     */
+    public long localSpinMicros() {
+        return local.spinMicros();
+    }
+
     /** Calls answered over the server's local socket instead of gRPC. */
     public long localCalls() {
         return local.answered();

@@ -99,10 +99,21 @@ class LocalSocketTest {
                 }
             }
             assertThat(client.localCalls()).isEqualTo(20);
+            assertThat(client.localSpinMicros()).as("its clients spin for answers, up to 1 ms").isEqualTo(1000);
         }
         assertThatThrownBy(() -> PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 4L << 20,
                 dir.resolve("other"), Duration.ofSeconds(600), Duration.ofMillis(100), true), true, -1))
                 .isInstanceOf(io.pegaflow.engine.InvalidArgumentException.class).hasMessageContaining("--busy-poll-us -1");
+    }
+
+    @Test
+    void aClientOfAServerThatDoesNotBusyPollSleepsForItsAnswers() throws Exception {
+        try (RemoteStore client = RemoteStore.connect("127.0.0.1:" + server.port(), 2000)) {
+            QueryResult q = client.query("inst", BlockHashes.of(hashes));
+            client.release("inst", q.lease());
+            assertThat(client.localCalls()).as("over the local socket").isEqualTo(2);
+            assertThat(client.localSpinMicros()).as("PEGAFLOW_LOCAL_SPIN_US unset, the server not busy-polling").isZero();
+        }
     }
 
     @Test
