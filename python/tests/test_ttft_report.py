@@ -305,7 +305,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepxb, _instepxc, _instepxd, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepxb, _instepxc, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -364,8 +364,7 @@ def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, mo
                                                  ("instepxs", "PEGAFLOW_CUDA_BOUNCE_MIB", "2"),
                                                  ("instepxp", "PEGAFLOW_CUDA_SAVE_PACE", "1"),
                                                  ("instepxq", "PEGAFLOW_CUDA_SAVE_PACE", "2"),
-                                                 ("instepxu", "PEGAFLOW_CUDA_SAVE_PACE", "0"),
-                                                 ("instepxd", "PEGAFLOW_PRESTAGE_DIRECT", "1")])
+                                                 ("instepxu", "PEGAFLOW_CUDA_SAVE_PACE", "0")])
 def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, system, env, value):
     """The A/B arms of _instepa: _instepaw without the JVM's warm-ups (PEGAFLOW_WARM_UP=0), _instepl
     and _instepk with a held load's first 160 MiB / GiB led by the copy kernel (all of an 8K
@@ -375,8 +374,7 @@ def test_instepa_variants_set_one_variable_in_their_vllm_process(tmp_path, syste
     _instepxh with a young generation of 128 MiB in its JVM (PEGAFLOW_JVM_OPTIONS), _instepxk with saves on 16 thread
     blocks of the copy kernel (PEGAFLOW_CUDA_SAVE_KERNEL_BLOCKS), _instepxs with saves in copies of 1 MiB
     (PEGAFLOW_CUDA_BOUNCE_MIB=2), _instepxp / _instepxq / _instepxu with one / two / all save copies on the copy
-    engine at a time (PEGAFLOW_CUDA_SAVE_PACE), _instepxd with the staging's first layer queued on the
-    lookup's thread (PEGAFLOW_PRESTAGE_DIRECT); the variable in that vLLM process's environment only,
+    engine at a time (PEGAFLOW_CUDA_SAVE_PACE); the variable in that vLLM process's environment only,
     loads at allocation, refused under asynchronous scheduling like _instepa."""
     from types import SimpleNamespace
 

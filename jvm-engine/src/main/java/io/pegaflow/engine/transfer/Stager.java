@@ -29,11 +29,6 @@ public abstract class Stager implements AutoCloseable {
     public static final String DEPTH_ENV = "PEGAFLOW_PRESTAGE_DEPTH";
     /** The most groups {@link #DEPTH_ENV} may put in flight. */
     static final int MAX_DEPTH = 8;
-    /**
-     * {@code 1}: a staging's first group is laid out and queued on the thread that asked for it
-     * (the lookup's), the rest on the staging thread; 0, the default: all on the staging thread.
-     */
-    public static final String DIRECT_ENV = "PEGAFLOW_PRESTAGE_DIRECT";
 
     /** An unclaimed staging this old gives the buffer up to the next load that asks. */
     static final long STALE_NANOS = 2_000_000_000L;
@@ -45,9 +40,6 @@ public abstract class Stager implements AutoCloseable {
 
     private final long capacity;
     private final int depth;
-    private final boolean direct;
-    /** Held while a group is laid out and queued: the caller's first group never meets a let-go staging's last. */
-    private final Object queueing = new Object();
     private final AtomicReference<StagedLoad> occupant = new AtomicReference<>();
     private final ExecutorService filler;
     private final AtomicLong staged = new AtomicLong();
@@ -73,21 +65,17 @@ public abstract class Stager implements AutoCloseable {
 
     /** A stager paced as {@link #DEPTH_ENV} says (1 when unset). */
     protected Stager(long capacity, String name) {
-        this(capacity, name, depthFromEnvironment(System.getenv(DEPTH_ENV)), directFromEnvironment(System.getenv(DIRECT_ENV)));
+        this(capacity, name, depthFromEnvironment(System.getenv(DEPTH_ENV)));
     }
 
-    /**
-     * A stager with {@code depth} groups in flight while paced (1 to {@link #MAX_DEPTH}) whose
-     * first group is queued on the asking thread where {@code direct} ({@link #DIRECT_ENV}).
-     */
-    protected Stager(long capacity, String name, int depth, boolean direct) {
+    /** A stager with {@code depth} groups in flight while paced (1 to {@link #MAX_DEPTH}). */
+    protected Stager(long capacity, String name, int depth) {
         checkBytes(capacity);
         if (depth < 1 || depth > MAX_DEPTH) {
             throw new io.pegaflow.engine.InvalidArgumentException("staging depth " + depth + "; expected 1 to " + MAX_DEPTH
                     + " (" + DEPTH_ENV + ")");
         }
         this.depth = depth;
-        this.direct = direct;
         if (capacity == 0) {
             throw new IllegalArgumentException("staging buffer of 0 bytes; expected > 0 (0 turns staging off: make no stager)");
         }
@@ -105,12 +93,6 @@ public abstract class Stager implements AutoCloseable {
     public static int depthFromEnvironment(String value) {
         return (int) LayerSplit.parse(value, DEPTH_ENV, 1, MAX_DEPTH, 1,
                 "groups of a paced staging in flight at once, 1 to " + MAX_DEPTH);
-    }
-
-    /** {@link #DIRECT_ENV} as a switch, off when unset; refuses anything but 0 or 1, naming the value. */
-    public static boolean directFromEnvironment(String value) {
-        return LayerSplit.parse(value, DIRECT_ENV, 0, 1, 0,
-                "0 (a staging's first group queued on the staging thread) or 1 (on the lookup's thread)") == 1;
     }
 
     /** Refuses a staging size other than 0 (off) or whole 4 KiB pages up to 64 GiB, naming it. */
@@ -131,17 +113,9 @@ public abstract class Stager implements AutoCloseable {
         return depth;
     }
 
-    /** Whether a staging's first group is queued on the thread that asks for it ({@link #DIRECT_ENV}). */
-    public boolean direct() {
-        return direct;
-    }
-
     /**
      * Starts staging a load of {@code bytes} whose layout {@code layout} gives (computed on the
-     * staging thread, off the caller's; where {@link #direct} and the buffer was taken, the
-     * layout and the first group's copies on the caller's thread, which then saves the staging
-     * thread's wake-up before the first byte moves); null when it does not fit or the buffer is
-     * taken.
+     * staging thread, off the caller's); null when it does not fit or the buffer is taken.
      */
     public StagedLoad stage(long bytes, Supplier<StageLayout> layout) {
         if (bytes <= 0 || bytes > capacity) {
@@ -163,14 +137,9 @@ public abstract class Stager implements AutoCloseable {
                 return null;
             }
         }
-        boolean first = direct && buffer == READY;
-        if (first && !queueFirst(s)) {
-            return null; // failed on this thread (counted, logged once, the buffer freed): the load reads the pool
-        }
         try {
-            filler.execute(() -> fill(s, first));
+            filler.execute(() -> fill(s));
         } catch (java.util.concurrent.RejectedExecutionException closed) {
-            s.release(); // its first group, if queued, lands into a buffer nobody reads
             occupant.compareAndSet(s, null);
             unavailable.incrementAndGet();
             return null;
@@ -202,55 +171,32 @@ public abstract class Stager implements AutoCloseable {
         }
     }
 
-    /**
-     * On the asking thread ({@link #direct}): lays out {@code s} and queues its first group;
-     * false when that failed ({@code s} failed, counted and logged as {@link #fill} does).
-     */
-    private boolean queueFirst(StagedLoad s) {
-        try {
-            long laying = System.nanoTime();
-            StageLayout l = s.computeLayout();
-            queueGroupCounted(s, l, 0, laying, laying);
-            return true;
-        } catch (Throwable t) {
-            failed(s, t);
-            return false;
-        }
-    }
-
-    /** Lays out and queues group {@code g}; the first one counted as {@link #startTimes} says. */
-    private void queueGroupCounted(StagedLoad s, StageLayout l, int g, long filling, long laying) {
-        synchronized (queueing) {
-            l.lay(g); // a lazy layout's group just before its copies: the rest is laid while they run
-            long laid = System.nanoTime();
-            queueGroup(l, g);
-            if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
-                long now = System.nanoTime();
-                toFillNanos.addAndGet(filling - s.createdNanos());
-                layoutNanos.addAndGet(laid - laying);
-                toFirstNanos.addAndGet(now - s.createdNanos());
-                started.incrementAndGet();
-            }
-        }
-        s.queued(g);
-    }
-
-    /** On the staging thread: the staging's groups, from the second where the asking thread queued the first. */
-    private void fill(StagedLoad s, boolean firstQueued) {
+    private void fill(StagedLoad s) {
         try {
             long filling = System.nanoTime();
             if (buffer != READY) {
                 allocateOnce(); // a buffer that cannot be had fails this staging, logged below as the first failure
             }
             long laying = System.nanoTime();
-            StageLayout l = firstQueued ? s.layout() : s.computeLayout();
+            StageLayout l = s.computeLayout();
+            long laid = 0;
             for (int g = 0; g < l.groups(); g++) {
-                if (!(firstQueued && g == 0)) {
-                    if (s.abandoned()) {
-                        return;
-                    }
-                    queueGroupCounted(s, l, g, filling, laying);
+                if (s.abandoned()) {
+                    return;
                 }
+                l.lay(g); // a lazy layout's group just before its copies: the rest is laid while they run
+                if (g == 0) {
+                    laid = System.nanoTime();
+                }
+                queueGroup(l, g);
+                if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
+                    long now = System.nanoTime();
+                    toFillNanos.addAndGet(filling - s.createdNanos());
+                    layoutNanos.addAndGet(laid - laying);
+                    toFirstNanos.addAndGet(now - s.createdNanos());
+                    started.incrementAndGet();
+                }
+                s.queued(g);
                 int waitFor = g + 1 - depth; // the group that must land before the next is queued
                 if (g + 1 < l.groups() && waitFor >= 0) {
                     while (s.paced() && !landed(waitFor)) {
@@ -263,18 +209,14 @@ public abstract class Stager implements AutoCloseable {
                 }
             }
         } catch (Throwable t) {
-            failed(s, t);
-        }
-    }
-
-    private void failed(StagedLoad s, Throwable t) {
-        long before = failed.getAndIncrement(); // counted first: whoever hears of the failure sees it counted
-        s.fail(t);
-        if (before == 0 || LOG.isLoggable(System.Logger.Level.DEBUG)) {
-            // said once (every time at DEBUG): a staging that fails unclaimed is otherwise silent,
-            // its load reading the pool as if staging were off
-            LOG.log(System.Logger.Level.WARNING, "staging a load of " + s.bytes() + " bytes failed; that load reads "
-                    + "the pool (or, if it had claimed the staging, fails and is recomputed): " + t, t);
+            long before = failed.getAndIncrement(); // counted first: whoever hears of the failure sees it counted
+            s.fail(t);
+            if (before == 0 || LOG.isLoggable(System.Logger.Level.DEBUG)) {
+                // said once (every time at DEBUG): a staging that fails unclaimed is otherwise silent,
+                // its load reading the pool as if staging were off
+                LOG.log(System.Logger.Level.WARNING, "staging a load of " + s.bytes() + " bytes failed; that load reads "
+                        + "the pool (or, if it had claimed the staging, fails and is recomputed): " + t, t);
+            }
         }
     }
 

@@ -37,15 +37,8 @@ class StagerTest {
         }
 
         Recording(int depth) {
-            super(1 << 20, "test", depth, false);
+            super(1 << 20, "test", depth);
         }
-
-        Recording(boolean direct) {
-            super(1 << 20, "test", 1, direct);
-        }
-
-        /** The thread each group was queued on, by group. */
-        final String[] queuedOn = new String[8];
 
         @Override
         protected void allocate() {
@@ -72,7 +65,6 @@ class StagerTest {
         @Override
         protected void queueGroup(StageLayout layout, int g) {
             laidAtQueue[g] = layout.laidGroups();
-            queuedOn[g] = Thread.currentThread().getName();
             if (g == failAtGroup) {
                 throw new IllegalStateException("copy refused (test)");
             }
@@ -91,49 +83,6 @@ class StagerTest {
         protected boolean landed(int g) {
             return g < landedBelow;
         }
-    }
-
-    @Test
-    void aDirectStagerQueuesTheFirstGroupOnTheAskingThreadOnceItsBufferIsTaken() throws Exception {
-        Recording s = new Recording(true);
-        assertThat(s.direct()).isTrue();
-        String me = Thread.currentThread().getName();
-        // the first staging takes the buffer on the staging thread: everything goes there
-        StagedLoad a = s.stage(12288, StagerTest::layout);
-        assertThat(a.claim(null)).isTrue();
-        a.awaitQueued(2);
-        a.finish();
-        assertThat(s.queuedOn[0]).isNotEqualTo(me).startsWith("pegaflow-stage-test");
-        long landedBefore = s.startTimes()[4]; // a's, 0 or 1: its claim may let go of the pace first
-        // the buffer taken: the first group on this thread, the rest on the staging thread, still paced
-        s.landedBelow = 0; // nothing lands until the test says so
-        StagedLoad b = s.stage(12288, StagerTest::layout);
-        assertThat(s.queuedOn[0]).as("queued before stage returned, on the asking thread").isEqualTo(me);
-        assertThat(b.layout()).as("laid out on the asking thread").isNotNull();
-        assertThat(queuedAfter(s, 4)).as("a's three groups and b's first: b's second waits for its first to land").isEqualTo(4);
-        s.landedBelow = Integer.MAX_VALUE;
-        assertThat(queuedAfter(s, 6)).isEqualTo(6);
-        assertThat(s.queuedOn[1]).startsWith("pegaflow-stage-test");
-        assertThat(b.claim(null)).isTrue();
-        b.awaitQueued(2);
-        b.finish();
-        long[] t = s.startTimes();
-        assertThat(t[0]).as("both stagings' first groups counted").isEqualTo(2);
-        assertThat(t[4]).as("b's first group seen landed by the staging thread").isEqualTo(landedBefore + 1);
-        // a first group refused on the asking thread: no staging, counted once, the buffer free again
-        s.failAtGroup = 0;
-        assertThat(s.stage(12288, StagerTest::layout)).isNull();
-        assertThat(s.failedStagings()).isEqualTo(1);
-        s.failAtGroup = -1;
-        StagedLoad c = s.stage(12288, StagerTest::layout);
-        assertThat(c).as("the failed one let the buffer go").isNotNull();
-        assertThat(c.claim(null)).isTrue();
-        c.awaitQueued(2);
-        c.finish();
-        s.close();
-        assertThatThrownBy(() -> Stager.directFromEnvironment("2")).hasMessageContaining("PEGAFLOW_PRESTAGE_DIRECT=2");
-        assertThat(Stager.directFromEnvironment(null)).isFalse();
-        assertThat(Stager.directFromEnvironment("1")).isTrue();
     }
 
     @Test
