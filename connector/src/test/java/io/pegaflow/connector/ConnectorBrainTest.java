@@ -58,6 +58,18 @@ class ConnectorBrainTest {
         worker = new WorkerSide(bound::get, "vllm", 0);
     }
 
+    /** Waits up to 10 s for the engine's stagings started and first groups seen landed to reach these counts. */
+    private void awaitStagingCounts(long started, long landed) throws InterruptedException {
+        long end = System.nanoTime() + 10_000_000_000L;
+        long[] c = engine.stagingCounts();
+        while ((c[5] < started || c[9] < landed) && System.nanoTime() < end) {
+            Thread.sleep(1);
+            c = engine.stagingCounts();
+        }
+        assertThat(c[5]).as("stagings started").isEqualTo(started);
+        assertThat(c[9]).as("first groups seen landed").isEqualTo(landed);
+    }
+
     /** This test's engine replaced by one whose copy engine stages loads at their lookup (a 1 MiB host buffer). */
     private void bindStaging() {
         engine.close();
@@ -500,6 +512,10 @@ class ConnectorBrainTest {
         assertThat(cold[SchedulerSide.STAT_STAGINGS]).isZero();
         assertThat(sched.lookup("a", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
         assertThat(sched.lookup("b", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        // the staging thread counts a's start, then its first layer seen landed (a is never
+        // claimed: it stays paced), after the lookup returned: both in before the drain, or a
+        // late one would show in the drain meant to be empty
+        awaitStagingCounts(1, 1);
         long[] stats = sched.drainStats();
         assertThat(stats[SchedulerSide.STAT_BEGUN_AT_LOOKUP]).isEqualTo(2);
         assertThat(stats[SchedulerSide.STAT_STAGINGS]).as("the first").isEqualTo(1);
