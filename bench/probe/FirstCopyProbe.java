@@ -21,7 +21,13 @@ import java.util.Arrays;
  *   after_idle_prewake - 600 ms, then a 4-byte copy on the same stream 500 µs before the copy
  *                       (as a lookup could send before its staging is laid out);
  *   after_idle_1d     - 600 ms, then the same bytes as 1,024 one-dimensional 32 KiB copies;
- *   tiny_after_idle   - 600 ms, then the 4-byte copy alone: the driver's and engine's start.
+ *   tiny_after_idle   - 600 ms, then the 4-byte copy alone: the driver's and engine's start;
+ *   pool_shape_back_to_back, pool_shape_after_idle - a staging's first layer as it is at 8K: 512
+ *                       slots of 2 MiB (32 layers of K and V) in 1 GiB registered as two 512 MiB
+ *                       pieces, the layer's 64 KiB rows at a pitch of 2 MiB, so two pitched copies
+ *                       of 256 rows split where the registrations meet (one copy may not span
+ *                       two): how long queueing them takes (the 35th run put a first layer's
+ *                       layout and copies at ~0.3 ms on vLLM's thread).
  * A copy that starts as queued lands ~0.6 ms after it (the two halves at the line); one that
  * lands near 0.8 ms after only in the kick case waited for the other thread's call.
  * Needs a GPU; compile on the build machine into .gpu-tests/probe and run there with the wheel's runtime:
@@ -43,6 +49,12 @@ public class FirstCopyProbe {
         host.fill((byte) 1);
         CudaDriver.memHostRegister(host.address(), host.byteSize(), CudaDriver.CU_MEMHOSTREGISTER_PORTABLE);
         long dev = CudaDriver.memAlloc(2 * HALF);
+        // the pool's own shape: 512 slots of 2 MiB, registered in two halves as the pool's chunks are
+        long slot = 2L << 20, slots = 512, registration = slots * slot / 2;
+        MemorySegment pool = arena.allocate(slots * slot, 4096);
+        pool.fill((byte) 2);
+        CudaDriver.memHostRegister(pool.address(), registration, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE);
+        CudaDriver.memHostRegister(pool.address() + registration, registration, CudaDriver.CU_MEMHOSTREGISTER_PORTABLE);
         long small = CudaDriver.memAlloc(64);
         long smallHost = CudaDriver.memAllocHost(64);
         MemorySegment desc = arena.allocate(CudaDriver.MEMCPY2D_BYTES, 8);
@@ -57,7 +69,8 @@ public class FirstCopyProbe {
         setup.start();
         setup.join();
         for (String mode : new String[] {"back_to_back", "idle_5ms", "idle_50ms", "after_idle", "after_idle_kick",
-                "after_idle_prewake", "after_idle_1d", "tiny_after_idle", "back_to_back"}) {
+                "after_idle_prewake", "after_idle_1d", "tiny_after_idle", "pool_shape_back_to_back", "pool_shape_after_idle",
+                "back_to_back"}) {
             long[] queued = new long[rounds];
             long[] landed = new long[rounds];
             for (int r = 0; r < rounds + 2; r++) { // two rounds first, not counted
@@ -93,6 +106,11 @@ public class FirstCopyProbe {
                     long s = System.nanoTime();
                     if (mode.startsWith("tiny")) {
                         CudaDriver.memcpyHtoDAsync(small, smallHost, 4, stream[0]);
+                    } else if (mode.startsWith("pool_shape")) {
+                        for (long half = 0; half < 2; half++) { // layer 0's rows of slots 0-255, then 256-511
+                            CudaDriver.memcpy2DHtoDAsync(desc, dev + half * (slots / 2) * 2 * ROW, 2 * ROW,
+                                    pool.address() + half * registration, slot, 2 * ROW, slots / 2, stream[0]);
+                        }
                     } else if (mode.endsWith("1d")) {
                         for (int half = 0; half < 2; half++) {
                             for (long row = 0; row < ROWS; row++) {
@@ -127,6 +145,8 @@ public class FirstCopyProbe {
             System.out.printf("{\"mode\": \"%s\", \"queued_us\": %s, \"landed_us\": %s}%n", mode, stats(queued), stats(landed));
         }
         CudaDriver.memHostUnregister(host.address());
+        CudaDriver.memHostUnregister(pool.address());
+        CudaDriver.memHostUnregister(pool.address() + registration);
         CudaDriver.memFree(dev);
         CudaDriver.memFree(small);
         CudaDriver.memFreeHost(smallHost);
