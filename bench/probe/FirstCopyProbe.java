@@ -4,10 +4,11 @@ import java.lang.foreign.MemorySegment;
 import java.util.Arrays;
 
 /**
- * When does the copy engine start a pitched host-to-device copy queued after the GPU idled? In a
- * warm 8K request traced with vLLM's CUDA graphs (33rd GPU run) the staging's first copy ran
- * 1.2 ms after the staging thread's counters put it queued, and never before vLLM's step had
- * begun; this asks the driver alone, no vLLM, no engine. Registered host memory (page-aligned,
+ * When does the copy engine start a pitched host-to-device copy queued after the GPU idled? A
+ * warm 8K request traced with vLLM's CUDA graphs (33rd GPU run) showed the staging's first copy
+ * later than the staging thread's counters put it queued, and never before vLLM's step had begun
+ * (the 34th run found the trace's clock at fault: docs/gpu.md); this asks the driver alone, no
+ * vLLM, no engine. Registered host memory (page-aligned,
  * cuMemHostRegister, as the pool is) and a device buffer; a copy of two pitched 16 MiB halves
  * (512 rows of 32 KiB, as a staging's first layer group at 8K) on a non-blocking stream of a
  * thread of its own (the staging thread's place), then an event; the host times, from just
@@ -26,10 +27,10 @@ import java.util.Arrays;
  *                       slots of 2 MiB (32 layers of K and V) in 1 GiB registered as two 512 MiB
  *                       pieces, the layer's 64 KiB rows at a pitch of 2 MiB, so two pitched copies
  *                       of 256 rows split where the registrations meet (one copy may not span
- *                       two): how long queueing them takes (the 35th run put a first layer's
- *                       layout and copies at ~0.3 ms on vLLM's thread).
- * A copy that starts as queued lands ~0.6 ms after it (the two halves at the line); one that
- * lands near 0.8 ms after only in the kick case waited for the other thread's call.
+ *                       two): how long queueing them takes, beside the staging counters' time
+ *                       for a first layer's layout and copies (docs/gpu.md).
+ * A copy that starts as queued lands one copy time after it (32 MiB at the line); one that lands
+ * about 200 µs later only in the kick case waited for the other thread's call.
  * Needs a GPU; compile on the build machine into .gpu-tests/probe and run there with the wheel's runtime:
  *   javac -d .gpu-tests/probe -cp bench/target/pegaflow.jar bench/probe/FirstCopyProbe.java
  *   /tmp/ours-site/pegaflow/_jre/bin/java --enable-native-access=ALL-UNNAMED \

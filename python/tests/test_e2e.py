@@ -134,7 +134,7 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
     assert metrics.get("vllm:pegaflow_staging_starts") == 4, metrics
     assert metrics.get("vllm:pegaflow_staging_to_first_ns", 0) >= metrics.get("vllm:pegaflow_staging_layout_ns", 0) > 0, metrics
     # and when the first group landed, as the staging thread saw it while it paced (a staging its
-    # load claimed first is not seen: here 3 of 4 in two runs, the first one JIT-cold)
+    # load claimed first is not seen, so fewer than the four may be)
     landed = metrics["vllm:pegaflow_staging_landed"]
     assert landed <= 4 and (landed > 0) == (metrics["vllm:pegaflow_staging_to_landed_ns"] > 0), metrics
 

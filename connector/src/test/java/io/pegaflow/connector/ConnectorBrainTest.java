@@ -58,7 +58,11 @@ class ConnectorBrainTest {
         worker = new WorkerSide(bound::get, "vllm", 0);
     }
 
-    /** Waits up to 10 s for the engine's stagings started and first groups seen landed to reach these counts. */
+    /**
+     * Waits up to 10 s for the engine's stagings started and first groups seen landed to reach
+     * these counts ({@link PegaEngine#stagingCounts}: entries 5 and 9, after the loads staged and refused
+     * and before their nanoseconds).
+     */
     private void awaitStagingCounts(long started, long landed) throws InterruptedException {
         long end = System.nanoTime() + 10_000_000_000L;
         long[] c = engine.stagingCounts();
