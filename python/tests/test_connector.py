@@ -280,6 +280,35 @@ def test_partial_hit_loads_only_the_shared_blocks(engines):
     b.assert_drained()
 
 
+@pytest.mark.parametrize("in_step", [True, False], ids=["in_step", "async"])
+def test_compute_share_leaves_the_end_of_an_in_step_hit_to_vllm(engines, in_step):
+    """compute_share: vLLM computes the last share of the blocks past its own hit instead of
+    loading them (in-step loads only; an asynchronous load has no step to overlap); the blocks it
+    computes are saved again, found stored and not copied, and the answer stays exact."""
+    p = prompt(40, 16 * 20 + 5)  # 20 full blocks, 5 tokens after them
+    extra = {**EMBEDDED, "load_in_step": in_step, "compute_share": 0.1}
+    a = engines("a", extra)
+    a.add("r", p, max_tokens=2)
+    a.run()
+    before = store_stats(a)
+    b = engines("b", extra)
+    req = b.add("r", p, max_tokens=2)
+    hit = 18 * 16 if in_step else 20 * 16  # int(20 * 0.1) = 2 blocks computed instead
+    assert b.scheduler.connector.get_num_new_matched_tokens(req, 0) == (hit, not in_step)
+    b.run()
+    b.assert_drained()
+    assert b.outputs["r"] == a.outputs["r"] == baseline(p, 2)[0]
+    assert b.stats.scheduled_tokens == len(p) - hit + 1
+    stats = store_stats(b)
+    assert stats["pegaflow_load_blocks_total"] - before["pegaflow_load_blocks_total"] == hit // 16
+    # b's saves of what it computed: found resident, skipped, nothing stored twice
+    assert stats["pegaflow_save_blocks_total"] == before["pegaflow_save_blocks_total"]
+    assert stats["pegaflow_save_skipped_blocks_total"] - before["pegaflow_save_skipped_blocks_total"] == 20 - hit // 16
+    assert stats["pegaflow_cache_resident_blocks"] == before["pegaflow_cache_resident_blocks"] == 20
+    table = b.ranks[0].history["r"]
+    assert all(b.block_matches(0, table[i], p, i) for i in range(20))
+
+
 def test_preemption_waits_for_saves_and_outputs_stay_exact(engines):
     # 12 GPU blocks for three requests that each grow to 5 blocks: vLLM must preempt.
     a = engines("a", num_blocks=12, max_num_seqs=3)

@@ -86,6 +86,18 @@ def test_begin_at_lookup_is_on_unless_turned_off():
         Settings.from_extra({"begin_at_lookup": "maybe"}, {})
 
 
+def test_compute_share_is_zero_unless_set_and_refuses_what_is_not_a_share():
+    assert Settings.from_extra({}, {}).compute_share == 0.0
+    assert Settings.from_extra({"compute_share": 0.07}, {}).compute_share == 0.07
+    assert Settings.from_extra({}, {"PEGAFLOW_COMPUTE_SHARE": "0.04"}).compute_share == 0.04
+    assert Settings.from_extra({"pegaflow.compute_share": "0.5"}, {"PEGAFLOW_COMPUTE_SHARE": "0.1"}).compute_share == 0.5
+    for bad, why in (("half", r"compute_share 'half'; expected a number from 0 to 0.5"),
+                     (0.6, r"compute_share 0.6; expected 0 to 0.5"), (-0.01, r"compute_share -0.01; expected 0 to 0.5"),
+                     ("nan", r"compute_share nan; expected 0 to 0.5"), (None, r"compute_share 'None'; expected a number")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            Settings.from_extra({"compute_share": bad}, {})
+
+
 def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
     """Under vLLM's asynchronous scheduling the previous step's forward may still write into a
     block allocated for the next: an early copy into it would race, so the setting is refused

@@ -281,7 +281,8 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 str(getattr(vllm_config.cache_config, "prefix_caching_hash_algo", "sha256") or "sha256"),
                 _kv_role(vllm_config.kv_transfer_config), self._load_enabled, self._save_enabled,
                 in_step_loads(self._settings), self._failed_meta, _events.enabled(vllm_config),
-                at_alloc=loads_at_alloc(self._settings, vllm_config), begin_at_lookup=self._settings.begin_at_lookup)
+                at_alloc=loads_at_alloc(self._settings, vllm_config), begin_at_lookup=self._settings.begin_at_lookup,
+                compute_share=self._settings.compute_share)
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "

@@ -71,7 +71,7 @@ class SchedulerCore:
 
     def __init__(self, link, groups, block_size: int, hash_algo: str, role: str, load_enabled: bool,
                  save_enabled: bool, in_step: bool, failed_meta, events_enabled: bool, at_alloc: bool = False,
-                 begin_at_lookup: bool = True):
+                 begin_at_lookup: bool = True, compute_share: float = 0.0):
         self._link = link
         self._groups = groups
         self._block_size = block_size
@@ -91,6 +91,9 @@ class SchedulerCore:
                                     wait_full_prefix=role == "kv_consumer", in_step=in_step, at_alloc=at_alloc,
                                     warm_up=load_enabled and lookup_warm_up_enabled(),
                                     begin_at_lookup=begin_at_lookup)
+        # in-step loads: the share of a hit's blocks, at its end, vLLM computes instead (never a
+        # P/D decode instance's, which waits for the prefill's whole prefix)
+        self._compute_share = compute_share if self.brain.in_step and role != "kv_consumer" else 0.0
         self._requests: dict[str, Request] = {}
         self._loads = False  # a load committed since the last plan (take_loads)
         self._hashes_sent: dict[str, int] = {}
@@ -139,7 +142,10 @@ class SchedulerCore:
                 n = self.brain.lookup(request.request_id, list(hashes[:request.num_prompt_tokens // bs]),
                                       request.num_tokens, num_computed_tokens, tail)
             else:
-                n = self.brain.lookup(request.request_id, hashes, request.num_tokens, num_computed_tokens)
+                n = self.brain.lookup(request.request_id, hashes,
+                                      request.num_tokens - self._computed_instead(len(hashes), request.num_tokens,
+                                                                                  num_computed_tokens),
+                                      num_computed_tokens)
         except PegaflowError as e:  # bad input from vLLM's side would land here; never crash vLLM
             log.warning("lookup of request %s failed (%s): recomputing", request.request_id, e)
             return 0, False
@@ -151,6 +157,19 @@ class SchedulerCore:
             self._local_computed[request.request_id] = num_computed_tokens
         # in-step: vLLM schedules the tail in this step and the load runs inside it
         return n, n > 0 and not self.brain.in_step
+
+    def _computed_instead(self, num_hashes: int, num_tokens: int, num_computed: int) -> int:
+        """Tokens at the end of what the store could serve that vLLM computes instead of loading
+        them (setting ``compute_share``): whole blocks, the share of the blocks past vLLM's own
+        hit that a lookup may serve. The lookup is asked as if the prompt ended that much sooner,
+        so the hit, its lease and its load stop there; vLLM computes the rest in the same step,
+        each layer's share while the next layer's bytes cross (docs/gpu.md, "Computing the end of
+        a hit"). Those blocks are saved again as vLLM computes them, found stored, not copied."""
+        if self._compute_share <= 0.0:
+            return 0
+        bs = self._block_size
+        servable = min(num_hashes, (num_tokens - 1) // bs) - num_computed // bs
+        return int(servable * self._compute_share) * bs if servable > 0 else 0
 
     def after_alloc(self, request: Request, block_ids, num_external_tokens: int) -> None:
         """``update_state_after_alloc`` (``block_ids``: vLLM's block ids per group)."""

@@ -33,6 +33,11 @@ _KEYS = {
     "begin_at_lookup": "true | false: where vLLM's worker runs in the scheduler's process and the model has one "
     "KV-cache group, the lookup's store call also begins the worker's load (one round trip to the server before a "
     "warm request's copy); false: the load asks for its plan itself (default true, env PEGAFLOW_BEGIN_AT_LOOKUP)",
+    "compute_share": "with load_in_step, the share (0 to 0.5) of a hit's blocks, at its end, that vLLM computes "
+    "in the step instead of loading them, while the rest loads layer by layer: each layer's compute of those tokens "
+    "runs while the next layer's bytes cross PCIe, so up to about the ratio of the link's speed to the GPU's "
+    "per-token compute this shortens a warm request (docs/gpu.md, \"Computing the end of a hit\"); "
+    "default 0 (env PEGAFLOW_COMPUTE_SHARE)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -51,6 +56,7 @@ class Settings:
     load_in_step: bool | None = None  # None: auto (in_step_default)
     load_at_alloc: bool = False
     begin_at_lookup: bool = True
+    compute_share: float = 0.0
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
 
@@ -90,6 +96,14 @@ class Settings:
                 raise InvalidArgumentError(f"kv_connector_extra_config {key} {n}; expected >= {minimum}")
             return n
 
+        share = raw.get("compute_share", env.get("PEGAFLOW_COMPUTE_SHARE", 0.0))
+        try:
+            compute_share = float(share)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"kv_connector_extra_config compute_share '{share}'; expected a number from 0 "
+                                       "to 0.5") from None
+        if not 0.0 <= compute_share <= 0.5:  # also refuses nan
+            raise InvalidArgumentError(f"kv_connector_extra_config compute_share {compute_share}; expected 0 to 0.5")
         namespace = raw.get("namespace")
         if namespace is not None and (not isinstance(namespace, str) or not namespace.strip()):
             raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
@@ -126,6 +140,7 @@ class Settings:
             load_in_step=in_step,
             load_at_alloc=at_alloc,
             begin_at_lookup=begin,
+            compute_share=compute_share,
             endpoint=str(raw.get("endpoint", env.get("PEGAFLOW_ENDPOINT", DEFAULT_ENDPOINT))),
             namespace=namespace,
             pool_size=str(raw.get("pool_size", env.get("PEGAFLOW_POOL_SIZE", "8gb"))),
