@@ -139,6 +139,25 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
     assert landed <= 4 and (landed > 0) == (metrics["vllm:pegaflow_staging_to_landed_ns"] > 0), metrics
 
 
+def test_a_compute_share_leaves_the_end_of_each_hit_to_vllm_and_answers_as_without(model, baseline):
+    """compute_share 0.2 with in-step loads in a real engine: each warm prompt's lookup stops
+    a fifth of its servable blocks (rounded down) short, vLLM computes those in the same step
+    beside the load, and every answer equals vLLM's own without the connector."""
+    connector = {"mode": "embedded", "pool_size": "32mb", "load_in_step": True, "compute_share": 0.2}
+    with EngineProc("share") as p:
+        p.open(EngineSpec(model, connector=connector, engine_id="share", extra={"async_scheduling": False}))
+        first = one_by_one(p, prompts(1))
+        assert p.reset_prefix_cache()
+        second = one_by_one(p, prompts(1))
+        metrics = p.metrics()
+        p.close_engine()
+    assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
+    # the first prompt: 15 servable blocks, 3 computed instead; the others' 3 own blocks each, none
+    assert second[0].cached_tokens == 12 * 32, [x.cached_tokens for x in second]
+    assert metrics.get("vllm:pegaflow_hit_requests") == 4 and metrics.get("vllm:pegaflow_loaded_blocks") == 12 + 3 * 3, metrics
+    assert metrics.get("vllm:pegaflow_in_step_loads", 0) == 4, metrics
+
+
 def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):
     """A hybrid model (full attention and 64-token sliding window layers): vLLM keeps its
     hybrid KV cache manager on with the connector (SupportsHMA), the answers equal the
