@@ -98,6 +98,40 @@ def test_compute_share_is_zero_unless_set_and_refuses_what_is_not_a_share():
             Settings.from_extra({"compute_share": bad}, {})
 
 
+def test_a_compute_share_stays_within_vllms_largest_cuda_graph():
+    """The tokens a warm step computes (the share and the prompt's tail after its servable
+    blocks) stay within vLLM's largest CUDA graph, where it has them: past it the forward runs
+    eagerly (the 36th GPU run: 576 tokens of an 8K prompt made the warm answer 1.5x slower)."""
+    pytest.importorskip("vllm")
+    from vllm.config import CUDAGraphMode
+
+    from pegaflow.connector._vllm import graph_tokens
+    from pegaflow.connector.scheduler import SchedulerCore
+
+    def config(mode, size=512, eager=False):
+        return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=eager),
+                               compilation_config=SimpleNamespace(cudagraph_mode=mode, max_cudagraph_capture_size=size))
+
+    assert graph_tokens(config(CUDAGraphMode.FULL_AND_PIECEWISE)) == 512
+    assert graph_tokens(config(CUDAGraphMode.PIECEWISE, 256)) == 256
+    assert graph_tokens(config(CUDAGraphMode.NONE)) is None
+    assert graph_tokens(config(CUDAGraphMode.PIECEWISE, eager=True)) is None
+    assert graph_tokens(config(None)) is None and graph_tokens(SimpleNamespace()) is None
+
+    def instead(share, graph, num_tokens, num_computed=0, hashes=None):
+        core = SimpleNamespace(_compute_share=share, _block_size=16, _graph_tokens=graph)
+        return SchedulerCore._computed_instead(core, num_tokens // 16 if hashes is None else hashes, num_tokens,
+                                               num_computed)
+
+    assert instead(0.05, None, 8192) == 25 * 16  # 511 servable blocks, no graph
+    assert instead(0.05, 512, 8192) == 25 * 16  # 416 tokens in the step: within the graph
+    assert instead(0.08, 512, 8192) == 31 * 16  # 40 blocks asked, 31 fit beside the 16-token tail
+    assert instead(0.08, 512, 8192 + 15) == 31 * 16  # 15 tokens after the 512 servable blocks: (512 - 15) // 16
+    assert instead(0.08, 512, 16384) == 31 * 16 and instead(0.08, None, 16384) == 81 * 16
+    assert instead(0.08, 512, 16384, num_computed=16000) == 1 * 16  # vLLM's own hit leaves 23 servable blocks
+    assert instead(0.08, 16, 8192) == 0 and instead(0.0, 512, 8192) == 0 and instead(0.5, 512, 16) == 0
+
+
 def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
     """Under vLLM's asynchronous scheduling the previous step's forward may still write into a
     block allocated for the next: an early copy into it would race, so the setting is refused

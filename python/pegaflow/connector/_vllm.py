@@ -142,6 +142,20 @@ def in_step_loads(settings: Settings, gpu: bool | None = None) -> bool:
     return not gpu
 
 
+def graph_tokens(vllm_config) -> int | None:
+    """The most tokens a step's forward runs as vLLM's piecewise CUDA graphs (its largest capture
+    size), None where vLLM runs without CUDA graphs (``enforce_eager``, mode NONE, a CPU runner).
+    Past it a step runs eagerly, launch by launch: a warm step's share of computed tokens
+    (``compute_share``) stays within it (docs/gpu.md, "Computing the end of a hit")."""
+    if getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
+        return None
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode, size = getattr(cc, "cudagraph_mode", None), getattr(cc, "max_cudagraph_capture_size", None)
+    if mode is None or getattr(mode, "name", str(mode)) == "NONE" or not size:
+        return None
+    return int(size)
+
+
 @dataclass
 class PegaConnectorMetadata(KVConnectorMetadata):
     """One step's plan from the scheduler-side brain, opaque to Python (it pickles as bytes
@@ -282,7 +296,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
                 _kv_role(vllm_config.kv_transfer_config), self._load_enabled, self._save_enabled,
                 in_step_loads(self._settings), self._failed_meta, _events.enabled(vllm_config),
                 at_alloc=loads_at_alloc(self._settings, vllm_config), begin_at_lookup=self._settings.begin_at_lookup,
-                compute_share=self._settings.compute_share)
+                compute_share=self._settings.compute_share, graph_tokens=graph_tokens(vllm_config))
             if getattr(vllm_config.kv_transfer_config, "kv_load_failure_policy", "fail") != "recompute":
                 log.warning("kv_load_failure_policy is '%s': a KV load that fails ends its request with an error. "
                             "Set \"kv_load_failure_policy\": \"recompute\" in --kv-transfer-config so vLLM "

@@ -71,7 +71,7 @@ class SchedulerCore:
 
     def __init__(self, link, groups, block_size: int, hash_algo: str, role: str, load_enabled: bool,
                  save_enabled: bool, in_step: bool, failed_meta, events_enabled: bool, at_alloc: bool = False,
-                 begin_at_lookup: bool = True, compute_share: float = 0.0):
+                 begin_at_lookup: bool = True, compute_share: float = 0.0, graph_tokens: int | None = None):
         self._link = link
         self._groups = groups
         self._block_size = block_size
@@ -94,6 +94,7 @@ class SchedulerCore:
         # in-step loads: the share of a hit's blocks, at its end, vLLM computes instead (never a
         # P/D decode instance's, which waits for the prefill's whole prefix)
         self._compute_share = compute_share if self.brain.in_step and role != "kv_consumer" else 0.0
+        self._graph_tokens = graph_tokens  # vLLM's largest CUDA graph (None: none); the share stays within it
         self._requests: dict[str, Request] = {}
         self._loads = False  # a load committed since the last plan (take_loads)
         self._hashes_sent: dict[str, int] = {}
@@ -161,15 +162,23 @@ class SchedulerCore:
     def _computed_instead(self, num_hashes: int, num_tokens: int, num_computed: int) -> int:
         """Tokens at the end of what the store could serve that vLLM computes instead of loading
         them (setting ``compute_share``): whole blocks, the share of the blocks past vLLM's own
-        hit that a lookup may serve. The lookup is asked as if the prompt ended that much sooner,
-        so the hit, its lease and its load stop there; vLLM computes the rest in the same step,
-        each layer's share while the next layer's bytes cross (docs/gpu.md, "Computing the end of
-        a hit"). Those blocks are saved again as vLLM computes them, found stored, not copied."""
+        hit that a lookup may serve, and where vLLM runs CUDA graphs no more than keeps the
+        step's tokens within its largest one (past it the forward runs eagerly and each layer's
+        compute outlasts a layer's copy). The lookup is asked as if the prompt ended that much
+        sooner, so the hit, its lease and its load stop there; vLLM computes the rest in the same
+        step, each layer's share while the next layer's bytes cross (docs/gpu.md, "Computing the
+        end of a hit"). Those blocks are saved again as vLLM computes them, found stored, not copied."""
         if self._compute_share <= 0.0:
             return 0
         bs = self._block_size
-        servable = min(num_hashes, (num_tokens - 1) // bs) - num_computed // bs
-        return int(servable * self._compute_share) * bs if servable > 0 else 0
+        base = num_computed // bs
+        servable = min(num_hashes, (num_tokens - 1) // bs) - base
+        if servable <= 0:
+            return 0
+        blocks = int(servable * self._compute_share)
+        if self._graph_tokens is not None:  # the tokens vLLM computes anyway: those after the servable blocks
+            blocks = min(blocks, max(0, self._graph_tokens - (num_tokens - (base + servable) * bs)) // bs)
+        return blocks * bs
 
     def after_alloc(self, request: Request, block_ids, num_external_tokens: int) -> None:
         """``update_state_after_alloc`` (``block_ids``: vLLM's block ids per group)."""
