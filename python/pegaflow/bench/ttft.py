@@ -83,11 +83,12 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # local-socket answer (PEGAFLOW_LOCAL_SPIN_US=1000), the server as it is: the client's half of that;
 # "<system>_instepxr3", "_instepxr5", "_instepxr7" and "_instepxr8" are _instepx whose vLLM
 # computes the last 3% / 5% / 7% / 8% of a hit's blocks in the step instead of loading them, within
-# its largest CUDA graph (PEGAFLOW_COMPUTE_SHARE; docs/gpu.md, "Computing the end of a hit"); "<system>_instepaw" is _instepa without the
-# JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B runs within one call; "<system>_instepb"
-# and "<system>_instepab" are _instep and _instepa whose loads ask the store for their plans
-# themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins them by default: the A/B of
-# one round trip before the copy against the store's plan moved onto vLLM's scheduling thread.
+# its largest CUDA graph (PEGAFLOW_COMPUTE_SHARE; docs/gpu.md, "Computing the end of a hit");
+# "<system>_instepaw" is _instepa without the JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B
+# runs within one call; "<system>_instepb" and "<system>_instepab" are _instep and _instepa whose
+# loads ask the store for their plans themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins
+# them by default: the A/B of one round trip before the copy against the store's plan moved onto
+# vLLM's scheduling thread.
 _PACED = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
 _STAGED = {"PEGAFLOW_PRESTAGE_MIB": "4096"}  # with a GPU; the caller's own value wins (Systems.env)
 # Without a GPU the host engine stages in host memory: 4 GiB of it beside vLLM's CPU KV cache got
@@ -115,7 +116,8 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
-            "instepxp", "instepxq", "instepxu", "instepxb", "instepxc", "instepxr3", "instepxr5", "instepxr7", "instepxr8", "instepaw", "instepab")
+            "instepxp", "instepxq", "instepxu", "instepxb", "instepxc", "instepxr3", "instepxr5", "instepxr7", "instepxr8",
+            "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 # pegaflow-server arguments of a server variant (the variant's name after "server_")
 VARIANT_SERVER_ARGS = {"instepxb": ("--busy-poll-us", "1000000")}
