@@ -305,7 +305,7 @@ def test_instepa_systems_need_async_scheduling_off():
 
     from pegaflow.bench.ttft import main
 
-    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepxb, _instepxc, _instepxr3, _instepxr5, _instepxr7, _instepxr8, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
+    with pytest.raises(SystemExit, match="<system>_instepa, _instepl, _instepk, _instepz, _instepp, _instepx, _instepx2, _instepxh, _instepxk, _instepxs, _instepxp, _instepxq, _instepxu, _instepxb, _instepxc, _instepxr3, _instepxr5, _instepxr7, _instepxr8, _instepxbr5, _instepaw and _instepab need --async-scheduling off.*got --async-scheduling auto"):
         main(["--lengths", "256", "--systems", "none,embedded_instepa"])
 
 
@@ -995,3 +995,8 @@ def test_server_instepxb_starts_its_server_busy_polling_and_is_server_only(tmp_p
     assert started[-1] == [], "the client spins; the server runs as it is"
     with pytest.raises(SystemExit, match="system 'embedded_instepxb'"):
         ttft.main(["--lengths", "256", "--systems", "embedded_instepxb"])
+    # the busy-polling server with the compute share: both halves
+    kv, _ = systems.start("server_instepxbr5")
+    assert started[-1] == ["--busy-poll-us", "1000000"] and kv["kv_connector_extra_config"]["load_at_alloc"] is True
+    assert systems.env("server_instepxbr5")["PEGAFLOW_COMPUTE_SHARE"] == "0.05"
+    assert "embedded_instepxbr5" not in ttft.VARIANTS

@@ -83,7 +83,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # local-socket answer (PEGAFLOW_LOCAL_SPIN_US=1000), the server as it is: the client's half of that;
 # "<system>_instepxr3", "_instepxr5", "_instepxr7" and "_instepxr8" are _instepx whose vLLM
 # computes the last 3% / 5% / 7% / 8% of a hit's blocks in the step instead of loading them, within
-# its largest CUDA graph (PEGAFLOW_COMPUTE_SHARE; docs/gpu.md, "Computing the end of a hit");
+# its largest CUDA graph (PEGAFLOW_COMPUTE_SHARE; docs/gpu.md, "Computing the end of a hit"), and
+# "server_instepxbr5" (server only) server_instepxb with the 5% share: the server set-up the 36th and
+# 37th runs point at;
 # "<system>_instepaw" is _instepa without the JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B
 # runs within one call; "<system>_instepb" and "<system>_instepab" are _instep and _instepa whose
 # loads ask the store for their plans themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins
@@ -112,16 +114,17 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                "instepxr5": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": "0.05"},
                "instepxr7": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": "0.07"},
                "instepxr8": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": "0.08"},
+               "instepxbr5": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": "0.05"},
                "instepy": _STAGED, "asyncx": _STAGED,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
             "instepxp", "instepxq", "instepxu", "instepxb", "instepxc", "instepxr3", "instepxr5", "instepxr7", "instepxr8",
-            "instepaw", "instepab")
+            "instepxbr5", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 # pegaflow-server arguments of a server variant (the variant's name after "server_")
-VARIANT_SERVER_ARGS = {"instepxb": ("--busy-poll-us", "1000000")}
-SERVER_ONLY = ("instepxb", "instepxc")  # about the round trip to a server: no embedded twin
+VARIANT_SERVER_ARGS = {"instepxb": ("--busy-poll-us", "1000000"), "instepxbr5": ("--busy-poll-us", "1000000")}
+SERVER_ONLY = ("instepxb", "instepxc", "instepxbr5")  # about the round trip to a server: no embedded twin
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross")
                  for base in ("embedded", "server") if base == "server" or v not in SERVER_ONLY)
