@@ -87,6 +87,20 @@ def one_by_one(proc: EngineProc, ps: list[list[int]], max_tokens: int = 12):
     return [proc.generate([p], max_tokens, 0)[0] for p in ps]
 
 
+def cold_then_warm(model, connector: dict, name: str, env: dict | None = None):
+    """prompts(1) one by one in a fresh engine process with ``connector`` (synchronous
+    scheduling), then again after vLLM's own cache was emptied: (first answers, second answers,
+    the engine's metrics after both)."""
+    with EngineProc(name, env=env) as p:
+        p.open(EngineSpec(model, connector=connector, engine_id=name, extra={"async_scheduling": False}))
+        first = one_by_one(p, prompts(1))
+        assert p.reset_prefix_cache()
+        second = one_by_one(p, prompts(1))
+        metrics = p.metrics()
+        p.close_engine()
+    return first, second, metrics
+
+
 def test_in_process_embedded_loads_back_what_it_saved(model, procs, baseline):
     a, _ = procs
     a.open(EngineSpec(model, connector={"mode": "embedded", "pool_size": "32mb"}, engine_id="embedded"))
@@ -110,13 +124,7 @@ def test_loads_staged_at_their_lookup_answer_as_without_the_connector(model, bas
     connector = {"mode": "embedded", "pool_size": "32mb", "load_in_step": in_step}
     if in_step:
         connector["load_at_alloc"] = True
-    with EngineProc("staged", env={"PEGAFLOW_PRESTAGE_MIB": "16"}) as p:
-        p.open(EngineSpec(model, connector=connector, engine_id="staged", extra={"async_scheduling": False}))
-        first = one_by_one(p, prompts(1))
-        assert p.reset_prefix_cache()
-        second = one_by_one(p, prompts(1))
-        metrics = p.metrics()
-        p.close_engine()
+    first, second, metrics = cold_then_warm(model, connector, "staged", env={"PEGAFLOW_PRESTAGE_MIB": "16"})
     assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
     assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
     # the second pass: the first prompt's 15 blocks from the store, the others' 3 own blocks each
@@ -144,13 +152,7 @@ def test_a_compute_share_leaves_the_end_of_each_hit_to_vllm_and_answers_as_witho
     a fifth of its servable blocks (rounded down) short, vLLM computes those in the same step
     beside the load, and every answer equals vLLM's own without the connector."""
     connector = {"mode": "embedded", "pool_size": "32mb", "load_in_step": True, "compute_share": 0.2}
-    with EngineProc("share") as p:
-        p.open(EngineSpec(model, connector=connector, engine_id="share", extra={"async_scheduling": False}))
-        first = one_by_one(p, prompts(1))
-        assert p.reset_prefix_cache()
-        second = one_by_one(p, prompts(1))
-        metrics = p.metrics()
-        p.close_engine()
+    first, second, metrics = cold_then_warm(model, connector, "share")
     assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
     # the first prompt: 15 servable blocks, 3 computed instead; the others' 3 own blocks each, none
     assert second[0].cached_tokens == 12 * 32, [x.cached_tokens for x in second]
