@@ -160,6 +160,21 @@ def test_a_compute_share_leaves_the_end_of_each_hit_to_vllm_and_answers_as_witho
     assert metrics.get("vllm:pegaflow_in_step_loads", 0) == 4, metrics
 
 
+def test_the_low_ttft_preset_loads_in_the_step_from_allocation_staged_and_answers_as_without(model, baseline):
+    """PEGAFLOW_PRESET=low_ttft alone (no other setting) in a real engine: warm loads run in the
+    step, begun where vLLM allocates their blocks, their pool side staged at the lookup in the
+    host engine's buffer the preset sizes, and every answer equals vLLM's own without the
+    connector. (Its 5% share computes none of these prompts' 15 servable blocks: a twentieth
+    rounds down to none.)"""
+    connector = {"mode": "embedded", "pool_size": "32mb"}
+    first, second, metrics = cold_then_warm(model, connector, "preset", env={"PEGAFLOW_PRESET": "low_ttft"})
+    assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)
+    assert all(x.cached_tokens >= 480 for x in second), [x.cached_tokens for x in second]
+    assert metrics.get("vllm:pegaflow_hit_requests") == 4 and metrics.get("vllm:pegaflow_loaded_blocks") == 15 + 3 * 3, metrics
+    assert metrics.get("vllm:pegaflow_in_step_loads", 0) == metrics.get("vllm:pegaflow_in_step_at_alloc", 0) == 4, metrics
+    assert metrics.get("vllm:pegaflow_stagings") == metrics.get("vllm:pegaflow_loads_staged") == 4, metrics
+
+
 def test_sliding_window_model_keeps_vllms_hybrid_manager_and_loads_both_groups(swa_model, procs):
     """A hybrid model (full attention and 64-token sliding window layers): vLLM keeps its
     hybrid KV cache manager on with the connector (SupportsHMA), the answers equal the

@@ -1,5 +1,6 @@
 """kv_connector_extra_config as the connector reads it: load_in_step's three values and what auto picks."""
 
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -148,3 +149,51 @@ def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
         assert loads_at_alloc(on, asyn) is False
     assert "--no-async-scheduling" in caplog.text
 
+
+
+def test_the_low_ttft_preset_sets_the_fastest_measured_loads_and_each_explicit_setting_wins():
+    """preset low_ttft: in-step loads begun at allocation with a 5% compute share (the bench's
+    _instepxr5 set-up) where the caller set none of them; each key or variable of its own wins."""
+    plain = Settings.from_extra({}, {})
+    assert (plain.preset, plain.load_in_step, plain.load_at_alloc, plain.compute_share) == ("none", None, False, 0.0)
+    for extra, env in (({"preset": "low_ttft"}, {}), ({}, {"PEGAFLOW_PRESET": "LOW_TTFT"}),
+                       ({"pegaflow.preset": "low_ttft"}, {"PEGAFLOW_PRESET": "none"})):
+        s = Settings.from_extra(extra, env)
+        assert (s.preset, s.load_in_step, s.load_at_alloc, s.compute_share) == ("low_ttft", True, True, 0.05), (extra, env)
+    s = Settings.from_extra({"preset": "low_ttft", "load_at_alloc": False, "compute_share": 0},
+                            {"PEGAFLOW_LOAD_IN_STEP": "auto"})
+    assert (s.load_in_step, s.load_at_alloc, s.compute_share) == (None, False, 0.0)
+    assert Settings.from_extra({"preset": "low_ttft"}, {"PEGAFLOW_COMPUTE_SHARE": "0.03"}).compute_share == 0.03
+    assert Settings.from_extra({"preset": "none"}, {}).load_at_alloc is False
+    for bad in ("fast", "", 1):
+        with pytest.raises(InvalidArgumentError, match=rf"preset '{bad}'; expected one of \['none', 'low_ttft'\]"):
+            Settings.from_extra({"preset": bad}, {})
+
+
+def test_the_low_ttft_preset_sets_the_copy_engines_lead_and_staging_where_they_apply():
+    low = Settings.from_extra({"preset": "low_ttft"}, {})
+    lead = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
+    assert low.engine_env(gpu=True, zeroing=False) == {**lead, "PEGAFLOW_PRESTAGE_MIB": "4096"}
+    # where vLLM zeroes new blocks a lead's bytes would be wiped (the connector refuses one there)
+    assert low.engine_env(gpu=True, zeroing=True) == {"PEGAFLOW_PRESTAGE_MIB": "4096"}
+    # without a GPU: no CUDA lead, and the host engine's staging buffer is host memory, kept small
+    assert low.engine_env(gpu=False, zeroing=False) == {"PEGAFLOW_PRESTAGE_MIB": "256"}
+    assert Settings.from_extra({}, {}).engine_env(gpu=True, zeroing=False) == {}
+
+
+def test_a_preset_leaves_the_processs_own_engine_variables_as_they_are(monkeypatch, caplog):
+    pytest.importorskip("vllm")
+    from pegaflow.connector._vllm import apply_preset
+
+    for k in ("PEGAFLOW_CUDA_LAYER_LEAD_MIB", "PEGAFLOW_CUDA_LAYER_LEAD_PACED", "PEGAFLOW_PRESTAGE_MIB"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PEGAFLOW_PRESTAGE_MIB", "1024")
+    low = Settings.from_extra({"preset": "low_ttft"}, {})
+    with caplog.at_level("INFO", logger="pegaflow.connector"):
+        applied = apply_preset(low, SimpleNamespace(needs_kv_cache_zeroing=False), gpu=True)
+    assert applied == {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
+    assert os.environ["PEGAFLOW_PRESTAGE_MIB"] == "1024" and os.environ["PEGAFLOW_CUDA_LAYER_LEAD_MIB"] == "16384"
+    assert "preset low_ttft" in caplog.text and "the process's own PEGAFLOW_PRESTAGE_MIB=1024" in caplog.text
+    monkeypatch.delenv("PEGAFLOW_CUDA_LAYER_LEAD_MIB")
+    assert apply_preset(Settings.from_extra({}, {}), None, gpu=True) == {}
+    assert "PEGAFLOW_CUDA_LAYER_LEAD_MIB" not in os.environ

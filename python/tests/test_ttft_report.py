@@ -347,6 +347,21 @@ def test_without_a_gpu_the_staged_variants_take_a_small_host_buffer(tmp_path, mo
     assert cpu.env("server_asyncx")["PEGAFLOW_PRESTAGE_MIB"] == "64"  # the caller's own value
 
 
+def test_the_lowttft_variants_set_the_preset_and_nothing_else(tmp_path):
+    """_lowttft: the connector's preset low_ttft as a user asks for it (PEGAFLOW_PRESET), no
+    setting of the bench's own, so the preset's defaults are what runs."""
+    from types import SimpleNamespace
+
+    from pegaflow.bench.ttft import Systems
+
+    systems = Systems(SimpleNamespace(pool_size="1gb", pegaflow_site="", vllm_site="", pool_dir=str(tmp_path)), tmp_path)
+    assert systems.env("server_lowttft")["PEGAFLOW_PRESET"] == "low_ttft"
+    assert systems.env("embedded_lowttft").get("PEGAFLOW_PRESTAGE_MIB") == ttft.os.environ.get("PEGAFLOW_PRESTAGE_MIB")
+    kv, stop = systems.start("embedded_lowttft")
+    stop()
+    assert kv["kv_connector_extra_config"] == {"mode": "embedded", "pool_size": "1gb", "cross_layer_blocks": True}
+
+
 @pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),
                                                  ("instepab", "PEGAFLOW_BEGIN_AT_LOOKUP", "0"),
                                                  ("instepk", "PEGAFLOW_CUDA_LAYER_LEAD_MIB", "1024"),

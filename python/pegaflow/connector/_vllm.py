@@ -227,6 +227,33 @@ def _check_lead(kv_cache_config) -> None:
             "compute stream at the step's start, after a lead's copies would have landed); expected 0 or unset")
 
 
+def apply_preset(settings: Settings, kv_cache_config, gpu: bool | None = None) -> dict[str, str]:
+    """Sets the copy engine's environment of ``settings``' preset (``Settings.engine_env``) where
+    this process has none of its own, before the engine starts (the in-process JVM reads it when
+    it starts, the engine when it is made); returns what it set. ``gpu``: whether vLLM runs on a
+    CUDA GPU (None: ask vLLM's platform)."""
+    if settings.preset == "none":
+        return {}
+    if gpu is None:
+        from vllm.platforms import current_platform
+
+        gpu = current_platform.is_cuda()
+    wanted = settings.engine_env(gpu, bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)))
+    own = {k: os.environ[k] for k in wanted if k in os.environ}
+    applied = {k: v for k, v in wanted.items() if k not in own}
+    os.environ.update(applied)
+    from .. import _bridge
+
+    if applied and _bridge.started():
+        log.warning("preset %s: this process's engine had already started, so %s apply only where it reads them "
+                    "again", settings.preset, ", ".join(f"{k}={v}" for k, v in applied.items()))
+    log.info("preset %s: load_in_step %s, load_at_alloc %s, compute_share %s; %s%s", settings.preset,
+             settings.load_in_step, settings.load_at_alloc, settings.compute_share,
+             ", ".join(f"{k}={v}" for k, v in applied.items()) or "no engine variable set",
+             "; the process's own " + ", ".join(f"{k}={v}" for k, v in own.items()) if own else "")
+    return applied
+
+
 def forward_runs_layer_hooks(forward_context) -> bool:
     """Whether the forward that follows ``start_load_kv`` calls ``wait_for_layer_load`` layer by
     layer. Eager and PIECEWISE forwards run attention, and its hooks, as Python; a FULL CUDA
@@ -279,6 +306,7 @@ class PegaKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._fence = [0, 0]  # steps that loaded, nanoseconds start_load_kv waited for the compute stream's earlier work
         self._whole_waits = 0  # steps whose in-step loads were waited for whole in start_load_kv (no per-layer hooks)
         self._hooks = [0, 0]  # steps (start_load_kv / build_connector_meta) and nanoseconds in this side's per-step hooks
+        apply_preset(self._settings, kv_cache_config)  # before the engine starts: it reads them then
         self._link = _runtime.link_for(self._settings)
         self._scheduler: SchedulerCore | None = None
         self._worker: WorkerCore | None = None

@@ -12,6 +12,18 @@ from ..errors import InvalidArgumentError
 
 MODES = ("auto", "embedded", "server")
 DEFAULT_ENDPOINT = "127.0.0.1:50055"
+PRESETS = ("none", "low_ttft")
+# preset "low_ttft": the set-up the GPU runs measured warm requests fastest with (the bench's
+# _instepxr5 systems; docs/connector.md, "The low_ttft preset"). Its settings are defaults: a
+# key or environment variable of the caller's own wins over each.
+LOW_TTFT = {"load_in_step": True, "load_at_alloc": True, "compute_share": 0.05}
+# ... and the copy engine's environment it sets where the process has none of its own: the load
+# begun at allocation goes ahead of its step a layer at a time through the copy engine, and the
+# lookup that begins it stages its pool side in a buffer of the copy engine's (device memory on a
+# GPU; host memory without one, where 4 GiB beside vLLM's CPU KV cache is more than a host can
+# spare and the loads are small)
+LOW_TTFT_LEAD = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
+LOW_TTFT_PRESTAGE_MIB = {True: "4096", False: "256"}
 _KEYS = {
     "mode": "auto | embedded | server (default auto: server when one answers, else embedded)",
     "endpoint": f"HOST:PORT of pegaflow-server (default {DEFAULT_ENDPOINT}, env PEGAFLOW_ENDPOINT)",
@@ -38,6 +50,10 @@ _KEYS = {
     "runs while the next layer's bytes cross PCIe, so up to about the ratio of the link's speed to the GPU's "
     "per-token compute this shortens a warm request (docs/gpu.md, \"Computing the end of a hit\"); "
     "default 0 (env PEGAFLOW_COMPUTE_SHARE)",
+    "preset": "none | low_ttft: low_ttft sets load_in_step and load_at_alloc true, compute_share 0.05 and, where "
+    "the process has none of its own, the copy engine's paced lead and staging (PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384, "
+    "PEGAFLOW_CUDA_LAYER_LEAD_PACED=1, PEGAFLOW_PRESTAGE_MIB=4096 on a GPU, 256 without): the set-up measured "
+    "fastest for warm requests; a key or variable set explicitly wins (default none, env PEGAFLOW_PRESET)",
     "cross_layer_blocks": "ask vLLM for the cross-layer KV layout (BLNHC: each block one run over all layers) "
     "where the attention backend allows it (default true, env PEGAFLOW_CROSS_LAYER_BLOCKS)",
 }
@@ -59,6 +75,19 @@ class Settings:
     compute_share: float = 0.0
     ssd_cache_paths: tuple[str, ...] = ()
     ssd_cache_capacity: str = DEFAULT_SSD_CAPACITY
+    preset: str = "none"
+
+    def engine_env(self, gpu: bool, zeroing: bool) -> dict[str, str]:
+        """The copy engine's environment the preset sets where the process has none of its own
+        (the caller sets each with ``os.environ.setdefault`` before the engine starts): none but
+        for ``low_ttft``. ``gpu``: vLLM runs on a CUDA GPU (the lead is the CUDA engine's, and the
+        staging buffer device memory); ``zeroing``: vLLM zeroes newly allocated blocks on its
+        compute stream, which would wipe a lead's bytes (the connector refuses a lead there)."""
+        if self.preset != "low_ttft":
+            return {}
+        env = dict(LOW_TTFT_LEAD) if gpu and not zeroing else {}
+        env["PEGAFLOW_PRESTAGE_MIB"] = LOW_TTFT_PRESTAGE_MIB[gpu]
+        return env
 
     def ssd_lines(self) -> bytes:
         """The SSD tier as the engine's link takes it (b"" for none)."""
@@ -96,7 +125,11 @@ class Settings:
                 raise InvalidArgumentError(f"kv_connector_extra_config {key} {n}; expected >= {minimum}")
             return n
 
-        share = raw.get("compute_share", env.get("PEGAFLOW_COMPUTE_SHARE", 0.0))
+        preset = str(raw.get("preset", env.get("PEGAFLOW_PRESET", "none"))).strip().lower()
+        if preset not in PRESETS:
+            raise InvalidArgumentError(f"kv_connector_extra_config preset '{preset}'; expected one of {list(PRESETS)}")
+        preset_defaults = LOW_TTFT if preset == "low_ttft" else {}
+        share = raw.get("compute_share", env.get("PEGAFLOW_COMPUTE_SHARE", preset_defaults.get("compute_share", 0.0)))
         try:
             compute_share = float(share)
         except (TypeError, ValueError):
@@ -109,7 +142,7 @@ class Settings:
             raise InvalidArgumentError(f"kv_connector_extra_config namespace {namespace!r}; expected a non-empty string")
         def boolean(key: str, env_name: str, auto: bool = False, default: bool = True) -> bool | None:
             """The flag (None: 'auto', where ``auto`` allows it; that is then its default)."""
-            flag = raw.get(key, env.get(env_name, "auto" if auto else default))
+            flag = raw.get(key, env.get(env_name, preset_defaults.get(key, "auto" if auto else default)))
             expected = "auto, true or false" if auto else "true or false"
             if isinstance(flag, str):
                 word = flag.strip().lower()
@@ -134,6 +167,7 @@ class Settings:
                                        "list of directories")
         return Settings(
             mode=mode,
+            preset=preset,
             ssd_cache_paths=tuple(paths),
             ssd_cache_capacity=str(raw.get("ssd_cache_capacity", DEFAULT_SSD_CAPACITY)),
             cross_layer_blocks=flag,
