@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pegaflow.bench import openai_http
+from pegaflow.connector.settings import LOW_TTFT_LEAD, LOW_TTFT_PRESTAGE_MIB
 
 SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # Variants of this project's systems, for choosing defaults by measurement: "<system>_async"
@@ -93,11 +94,12 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # loads ask the store for their plans themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins
 # them by default: the A/B of one round trip before the copy against the store's plan moved onto
 # vLLM's scheduling thread.
-_PACED = {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "16384", "PEGAFLOW_CUDA_LAYER_LEAD_PACED": "1"}
-_STAGED = {"PEGAFLOW_PRESTAGE_MIB": "4096"}  # with a GPU; the caller's own value wins (Systems.env)
+# the connector's preset low_ttft takes these arms' values: one source, so the two cannot drift
+_PACED = dict(LOW_TTFT_LEAD)
+_STAGED = {"PEGAFLOW_PRESTAGE_MIB": LOW_TTFT_PRESTAGE_MIB[True]}  # with a GPU; the caller's own value wins (Systems.env)
 # Without a GPU the host engine stages in host memory: 4 GiB of it beside vLLM's CPU KV cache got
 # a worker killed for memory on the 24 GiB build VM; a CPU run's loads are small (the caller's value wins)
-CPU_STAGED_MIB = "256"
+CPU_STAGED_MIB = LOW_TTFT_PRESTAGE_MIB[False]
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
@@ -123,7 +125,8 @@ AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "i
             "instepxbr5", "instepaw", "instepab")
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 # pegaflow-server arguments of a server variant (the variant's name after "server_")
-VARIANT_SERVER_ARGS = {"instepxb": ("--busy-poll-us", "1000000"), "instepxbr5": ("--busy-poll-us", "1000000")}
+_BUSY_POLL = ("--busy-poll-us", "1000000")
+VARIANT_SERVER_ARGS = {"instepxb": _BUSY_POLL, "instepxbr5": _BUSY_POLL}
 SERVER_ONLY = ("instepxb", "instepxc", "instepxbr5")  # about the round trip to a server: no embedded twin
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
                                           "v1cross", "lowttft")

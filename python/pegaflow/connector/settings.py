@@ -79,9 +79,10 @@ class Settings:
 
     def engine_env(self, gpu: bool, zeroing: bool) -> dict[str, str]:
         """The copy engine's environment the preset sets where the process has none of its own
-        (``_vllm.apply_preset``, before the engine starts): none but for ``low_ttft``. ``gpu``: vLLM runs on a CUDA GPU (the lead is the CUDA engine's, and the
-        staging buffer device memory); ``zeroing``: vLLM zeroes newly allocated blocks on its
-        compute stream, which would wipe a lead's bytes (the connector refuses a lead there)."""
+        (``_vllm.apply_preset``, before the engine starts): none but for ``low_ttft``. ``gpu``:
+        vLLM runs on a CUDA GPU (the lead is the CUDA engine's, and the staging buffer device
+        memory); ``zeroing``: vLLM zeroes newly allocated blocks on its compute stream, which
+        would wipe a lead's bytes (the connector refuses a lead there)."""
         if self.preset != "low_ttft":
             return {}
         env = dict(LOW_TTFT_LEAD) if gpu and not zeroing else {}
