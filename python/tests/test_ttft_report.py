@@ -360,6 +360,10 @@ def test_the_lowttft_variants_set_the_preset_and_nothing_else(tmp_path):
     kv, stop = systems.start("embedded_lowttft")
     stop()
     assert kv["kv_connector_extra_config"] == {"mode": "embedded", "pool_size": "1gb", "cross_layer_blocks": True}
+    # server_lowttftb: the same preset, its server busy-polling (a server flag, the user's own)
+    assert systems.env("server_lowttftb")["PEGAFLOW_PRESET"] == "low_ttft"
+    assert ttft.VARIANT_SERVER_ARGS["lowttftb"] == ("--busy-poll-us", "1000000")
+    assert "server_lowttftb" in ttft.VARIANTS and "embedded_lowttftb" not in ttft.VARIANTS
 
 
 @pytest.mark.parametrize("system, env, value", [("instepaw", "PEGAFLOW_WARM_UP", "0"),

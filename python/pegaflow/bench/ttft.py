@@ -88,7 +88,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # "server_instepxbr5" (server only) server_instepxb with the 5% share: the server set-up the 36th and
 # 37th runs point at;
 # "<system>_lowttft" sets nothing but the connector's preset low_ttft (PEGAFLOW_PRESET), which is
-# _instepxr5's set-up as a user asks for it (docs/connector.md, "The low_ttft preset");
+# _instepxr5's set-up as a user asks for it (docs/connector.md, "The low_ttft preset"), and
+# "server_lowttftb" (server only) that with the server's --busy-poll-us, which stays the user's
+# (server_instepxbr5 as a user asks for it);
 # "<system>_instepaw" is _instepa without the JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B
 # runs within one call; "<system>_instepb" and "<system>_instepab" are _instep and _instepa whose
 # loads ask the store for their plans themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins
@@ -117,7 +119,7 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                **{f"instepxr{n}": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": f"0.0{n}"} for n in (3, 5, 7, 8)},
                "instepxbr5": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": "0.05"},
                "instepy": _STAGED, "asyncx": _STAGED,
-               "lowttft": {"PEGAFLOW_PRESET": "low_ttft"},
+               "lowttft": {"PEGAFLOW_PRESET": "low_ttft"}, "lowttftb": {"PEGAFLOW_PRESET": "low_ttft"},
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
@@ -126,10 +128,10 @@ AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "i
 _AT_ALLOC_NAMES = ", ".join(f"_{v}" for v in AT_ALLOC[:-1]) + f" and _{AT_ALLOC[-1]}"
 # pegaflow-server arguments of a server variant (the variant's name after "server_")
 _BUSY_POLL = ("--busy-poll-us", "1000000")
-VARIANT_SERVER_ARGS = {"instepxb": _BUSY_POLL, "instepxbr5": _BUSY_POLL}
-SERVER_ONLY = ("instepxb", "instepxc", "instepxbr5")  # about the round trip to a server: no embedded twin
+VARIANT_SERVER_ARGS = {"instepxb": _BUSY_POLL, "instepxbr5": _BUSY_POLL, "lowttftb": _BUSY_POLL}
+SERVER_ONLY = ("instepxb", "instepxc", "instepxbr5", "lowttftb")  # about the round trip to a server: no embedded twin
 VARIANTS = tuple(f"{base}_{v}" for v in ("async", "asyncx", "instep", "instepb", "instepy", *AT_ALLOC, "instepg", "instep2", "instepc",
-                                          "v1cross", "lowttft")
+                                          "v1cross", "lowttft", "lowttftb")
                  for base in ("embedded", "server") if base == "server" or v not in SERVER_ONLY)
 WORKER = Path(__file__).with_name("ttft_worker.py")
 
