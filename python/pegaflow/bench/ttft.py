@@ -102,6 +102,7 @@ _STAGED = {"PEGAFLOW_PRESTAGE_MIB": LOW_TTFT_PRESTAGE_MIB[True]}  # with a GPU; 
 # Without a GPU the host engine stages in host memory: 4 GiB of it beside vLLM's CPU KV cache got
 # a worker killed for memory on the 24 GiB build VM; a CPU run's loads are small (the caller's value wins)
 CPU_STAGED_MIB = LOW_TTFT_PRESTAGE_MIB[False]
+_PRESET = {"PEGAFLOW_PRESET": "low_ttft"}  # the _lowttft systems: the preset alone, as a user asks for it
 VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {"PEGAFLOW_CUDA_LAYER_LANES": "2"},
                "instepc": {"PEGAFLOW_CUDA_LAYER_KERNEL_BLOCKS": "264"}, "v1cross": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
                "instepl": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "160"}, "instepk": {"PEGAFLOW_CUDA_LAYER_LEAD_MIB": "1024"},
@@ -119,7 +120,7 @@ VARIANT_ENV = {"instepg": {"PEGAFLOW_CUDA_LAYER_GROUP_KIB": "256"}, "instep2": {
                **{f"instepxr{n}": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": f"0.0{n}"} for n in (3, 5, 7, 8)},
                "instepxbr5": {**_PACED, **_STAGED, "PEGAFLOW_COMPUTE_SHARE": "0.05"},
                "instepy": _STAGED, "asyncx": _STAGED,
-               "lowttft": {"PEGAFLOW_PRESET": "low_ttft"}, "lowttftb": {"PEGAFLOW_PRESET": "low_ttft"},
+               "lowttft": _PRESET, "lowttftb": _PRESET,
                "instepaw": {"PEGAFLOW_WARM_UP": "0"}, "instepb": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"},
                "instepab": {"PEGAFLOW_BEGIN_AT_LOOKUP": "0"}}
 AT_ALLOC = ("instepa", "instepl", "instepk", "instepz", "instepp", "instepx", "instepx2", "instepxh", "instepxk", "instepxs",
