@@ -17,16 +17,20 @@ import java.util.*;
  * work. Starts its own server in this JVM (host copies, 512-byte segments: the store's work
  * follows the block and layer counts, not the bytes), or with the argument "local" asks an
  * embedded engine instead (no server, no socket); prints one JSON line per case, the back-to-back
- * and 600 ms cases with the store's own phases of a query (its counters: lookup, lease, plan):
- *   java --enable-native-access=ALL-UNNAMED -cp bench/target/pegaflow.jar bench/probe/BeginQueryProbe.java [local]
+ * and 600 ms cases with the store's own phases of a query (its counters: lookup, lease, plan).
+ * {@code -Dblocks=N} stores and asks for N blocks instead (512: a warm 8K request), and
+ * {@code -DbusyPollUs=U} has the server's connection threads spin U µs for a next frame
+ * ({@code --busy-poll-us}; the client then spins for its answers, as in the connector):
+ *   java --enable-native-access=ALL-UNNAMED [-Dblocks=512] [-DbusyPollUs=1000000] -cp bench/target/pegaflow.jar bench/probe/BeginQueryProbe.java [local]
  */
 public class BeginQueryProbe {
   public static void main(String[] a) throws Exception {
-    int blocks = 1024, layers = 32; long seg = 512;
+    int blocks = Integer.getInteger("blocks", 1024), layers = 32; long seg = 512;
+    long busyPollUs = Long.getLong("busyPollUs", 0L);
     boolean local = a.length > 0 && a[0].equals("local");
     Path dir = Files.createTempDirectory("bq");
     PegaflowServer own = local ? null : PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, 128L << 20,
-        dir.resolve("pool"), Duration.ofSeconds(600), Duration.ofSeconds(2), true));
+        dir.resolve("pool"), Duration.ofSeconds(600), Duration.ofSeconds(2), true), true, busyPollUs);
     try (Arena arena = Arena.ofShared(); PegaEngine w = local ? PegaEngine.create(EngineConfig.builder().poolSize("128mb").build())
         : EngineClient.connect("127.0.0.1:" + own.port(), p -> new HostTransferEngine(p, 1), 5000)) {
       String inst = "bq";
@@ -42,10 +46,10 @@ public class BeginQueryProbe {
       long[] ids = new long[blocks]; for (int i = 0; i < blocks; i++) ids[i] = i;
       w.save(inst, 0, ids, h).join();
       for (String mode : new String[] {"query", "queryAndBegin", "query", "queryAndBegin"}) {
-        for (int i = 0; i < 1000; i++) once(w, inst, h, mode);
+        for (int i = 0; i < 1000; i++) once(w, inst, h, mode, blocks);
         long[] s = new long[2000];
         EngineStats before = w.stats();
-        for (int i = 0; i < s.length; i++) s[i] = once(w, inst, h, mode);
+        for (int i = 0; i < s.length; i++) s[i] = once(w, inst, h, mode, blocks);
         String phases = phases(before, w.stats(), s.length);
         Arrays.sort(s);
         System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 0, \"p50_us\": %.1f, \"p90_us\": %.1f, %s}%n", mode, s[s.length / 2] / 1e3, s[s.length * 9 / 10] / 1e3, phases);
@@ -56,7 +60,7 @@ public class BeginQueryProbe {
         for (int i = 0; i < 15; i++) {
           Thread.sleep(idle);
           long t0 = System.nanoTime(); QueryResult q1 = w.query(inst, one); ping[i] = System.nanoTime() - t0; w.release(inst, q1.lease());
-          after[i] = once(w, inst, h, "queryAndBegin");
+          after[i] = once(w, inst, h, "queryAndBegin", blocks);
         }
         Arrays.sort(ping); Arrays.sort(after);
         System.out.printf(Locale.ROOT, "{\"idle_ms\": %d, \"ping_1_hash_p50_us\": %.1f, \"then_queryAndBegin_p50_us\": %.1f}%n", idle, ping[7] / 1e3, after[7] / 1e3);
@@ -64,7 +68,7 @@ public class BeginQueryProbe {
       for (String mode : new String[] {"query", "queryAndBegin"}) {
         long[] s = new long[15];
         EngineStats before = w.stats();
-        for (int i = 0; i < s.length; i++) { Thread.sleep(600); s[i] = once(w, inst, h, mode); }
+        for (int i = 0; i < s.length; i++) { Thread.sleep(600); s[i] = once(w, inst, h, mode, blocks); }
         String phases = phases(before, w.stats(), s.length);
         Arrays.sort(s);
         System.out.printf(Locale.ROOT, "{\"mode\": \"%s\", \"idle_ms\": 600, \"p50_us\": %.1f, \"max_us\": %.1f, %s}%n", mode, s[s.length / 2] / 1e3, s[s.length - 1] / 1e3, phases);
@@ -80,11 +84,11 @@ public class BeginQueryProbe {
     return String.format(Locale.ROOT, "\"store_lookup_us\": %.1f, \"store_lease_us\": %.1f, \"store_plan_us\": %.1f",
         (b.get(c[0]) - a.get(c[0])) / 1e3 / n, (b.get(c[1]) - a.get(c[1])) / 1e3 / n, (b.get(c[2]) - a.get(c[2])) / 1e3 / n);
   }
-  static long once(PegaEngine w, String inst, BlockHashes h, String mode) {
+  static long once(PegaEngine w, String inst, BlockHashes h, String mode, int blocks) {
     long t0 = System.nanoTime();
     QueryResult q = mode.equals("query") ? w.query(inst, h) : w.queryAndBegin(inst, h, 0);
     long t = System.nanoTime() - t0;
-    if (q.hitBlocks() != 1024) throw new IllegalStateException("hit " + q.hitBlocks());
+    if (q.hitBlocks() != blocks) throw new IllegalStateException("hit " + q.hitBlocks());
     if (mode.equals("queryAndBegin") && q.begun() == null) throw new IllegalStateException("not begun");
     w.release(inst, q.lease());
     return t;

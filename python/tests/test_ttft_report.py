@@ -557,6 +557,9 @@ def test_summary_says_why_a_warm_lookup_staged_nothing():
     row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]
     assert row["warm_lookup_stagings"] == {"begun": 2, "staged": 1, "busy": 0, "too_large": 1, "failed": 0,
                                            "unavailable": 0, "not_begun_no_worker": 0, "not_begun_declined": 0}
+    assert "warm_lookup_ms" not in row  # the phase counted no lookup
+    warm_counters.update({"vllm:pegaflow_lookups": 2.0, "vllm:pegaflow_lookup_ns": 1.9e6})
+    assert ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_ms"] == 0.95
     assert ttft.staging_counts({"vllm:pegaflow_lookups": 3.0}) == {}
     warm_counters.update({"vllm:pegaflow_staging_starts": 2.0, "vllm:pegaflow_staging_to_thread_ns": 0.2e6,
                           "vllm:pegaflow_staging_layout_ns": 0.6e6, "vllm:pegaflow_staging_to_first_ns": 3.0e6})

@@ -595,6 +595,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 lookups = staging_counts(r.get("warm_counters") or {})
                 if lookups:
                     row["warm_lookup_stagings"] = lookups  # what the warm lookups began and staged, or why not
+                lookup_ms = warm_lookup_ms(r.get("warm_counters") or {})
+                if lookup_ms is not None:
+                    row["warm_lookup_ms"] = lookup_ms  # the warm lookups on vLLM's scheduling thread, mean
                 calls = server_calls(r.get("warm_counters") or {}, len(warm))
                 if calls:
                     row["warm_server_calls"] = calls  # server mode: the control path of this length's warm requests
@@ -686,6 +689,19 @@ def in_step_phases_ms(counters: dict) -> dict:
 STAGING_COUNTERS = {"begun": "begun_at_lookup", "staged": "stagings", "busy": "staging_busy",
                     "too_large": "staging_too_large", "failed": "staging_failed", "unavailable": "staging_unavailable",
                     "not_begun_no_worker": "begin_no_worker", "not_begun_declined": "begin_declined"}
+
+
+def warm_lookup_ms(counters: dict) -> float | None:
+    """Mean ms of the connector's lookups a phase moved (``vllm:pegaflow_lookup_ns`` over
+    ``vllm:pegaflow_lookups``), as its scheduler side timed them on vLLM's scheduling thread:
+    the block keys, the store's query (in server mode its round trip to the server) and the
+    load it began. A warm request's lookup comes before its allocation, so in server mode this
+    beside ``warm_server_calls``' server-timed Query says what the round trip's client half
+    costs. None where the phase counted no lookup."""
+    n = counters.get("vllm:pegaflow_lookups", 0)
+    if not n:
+        return None
+    return round(counters.get("vllm:pegaflow_lookup_ns", 0) / n / 1e6, 3)
 
 
 def staging_counts(counters: dict) -> dict:

@@ -82,7 +82,7 @@ final class AdminEndpoints {
     private final Tenants tenants;
     private final Credentials credentials;
     private final Rejections rejections;
-    private final Counter requests;
+    final Counter requests;
 
     AdminEndpoints(LocalStore store, Tenants tenants, Credentials credentials, Rejections rejections, PrometheusRegistry registry) {
         this.store = store;
@@ -90,7 +90,8 @@ final class AdminEndpoints {
         this.credentials = credentials;
         this.rejections = rejections;
         this.requests = Counter.builder().name("pegaflow_admin_requests")
-                .help("operator's /admin HTTP calls by operation and HTTP status").labelNames("op", "status").register(registry);
+                .help("operator's /admin HTTP calls by operation and HTTP status").labelNames("op", "status").withoutExemplars()
+                .register(registry);
     }
 
     /** Answers one exchange under {@code /admin/}. */

@@ -12,7 +12,9 @@ import java.util.function.LongSupplier;
 /**
  * The engine's metrics in a Prometheus registry, named by Prometheus conventions: counters
  * are exposed with {@code _total}, durations in seconds ({@code ..._nanoseconds_total}
- * becomes {@code ..._seconds_total}).
+ * becomes {@code ..._seconds_total}). Without exemplars: nothing in the server traces, so there is
+ * no span to attach, and the exemplar sampler's work on every increment sat inside each query's
+ * answer (docs/benchmarks/README.md, "A spaced-out query's answer in the server").
  */
 final class PrometheusSink implements MetricsSink {
     private final PrometheusRegistry registry;
@@ -30,13 +32,24 @@ final class PrometheusSink implements MetricsSink {
                 name = name.replaceAll("_nanoseconds$", "_seconds");
                 factor = 1e-9;
             }
-            counters.put(c, io.prometheus.metrics.core.metrics.Counter.builder().name(name).help(c.help()).register(registry));
+            counters.put(c, io.prometheus.metrics.core.metrics.Counter.builder().name(name).help(c.help()).withoutExemplars()
+                    .register(registry));
             scale.put(c, factor);
         }
         for (io.pegaflow.engine.metrics.Histogram h : io.pegaflow.engine.metrics.Histogram.values()) {
             histograms.put(h, io.prometheus.metrics.core.metrics.Histogram.builder().name(h.metricName()).help(h.help())
-                    .classicUpperBounds(h.bounds()).register(registry));
+                    .classicUpperBounds(h.bounds()).withoutExemplars().register(registry));
         }
+    }
+
+    /** The Prometheus counter behind {@code counter} (tests). */
+    io.prometheus.metrics.core.metrics.Counter counter(Counter counter) {
+        return counters.get(counter);
+    }
+
+    /** The Prometheus histogram behind {@code histogram} (tests). */
+    io.prometheus.metrics.core.metrics.Histogram histogram(io.pegaflow.engine.metrics.Histogram histogram) {
+        return histograms.get(histogram);
     }
 
     @Override

@@ -15,15 +15,15 @@ import io.prometheus.metrics.model.registry.PrometheusRegistry;
  * for every call, gRPC or local socket (the same method names and gRPC status names).
  */
 final class RpcMetrics implements ServerInterceptor {
-    private final Counter requests;
-    private final Histogram duration;
+    final Counter requests;
+    final Histogram duration;
 
     RpcMetrics(PrometheusRegistry registry) {
         requests = Counter.builder().name("pegaflow_rpc_requests").help("gRPC calls by method and status")
-                .labelNames("method", "status").register(registry);
+                .labelNames("method", "status").withoutExemplars().register(registry);
         duration = Histogram.builder().name("pegaflow_rpc_duration_seconds").help("gRPC call duration")
                 .classicUpperBounds(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.25, 1, 5)
-                .labelNames("method").register(registry);
+                .labelNames("method").withoutExemplars().register(registry);
     }
 
     /** A call that did not go through gRPC (the local socket). */
