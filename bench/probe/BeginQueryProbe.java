@@ -25,7 +25,7 @@ import java.util.*;
  */
 public class BeginQueryProbe {
   public static void main(String[] a) throws Exception {
-    int blocks = Integer.getInteger("blocks", 1024), layers = 32; long seg = 512;
+    int blocks = Integer.getInteger("blocks", 1024);
     long busyPollUs = Long.getLong("busyPollUs", 0L);
     boolean local = a.length > 0 && a[0].equals("local");
     Path dir = Files.createTempDirectory("bq");
@@ -34,17 +34,8 @@ public class BeginQueryProbe {
     try (Arena arena = Arena.ofShared(); PegaEngine w = local ? PegaEngine.create(EngineConfig.builder().poolSize("128mb").build())
         : EngineClient.connect("127.0.0.1:" + own.port(), p -> new HostTransferEngine(p, 1), 5000)) {
       String inst = "bq";
-      w.registerInstance(new InstanceSpec(inst, "bq-ns", 1, 1));
-      List<LayerRegion> regions = new ArrayList<>();
-      for (int l = 0; l < layers; l++) {
-        long base = arena.allocate(2 * blocks * seg, 4096).address();
-        regions.add(new LayerRegion("layers." + l, KvLayout.SPLIT_KV, base, 2 * blocks * seg, blocks, seg, seg, blocks * seg));
-      }
-      w.registerWorker(inst, new WorkerSpec(0, 0, 0, regions));
-      byte[] packed = new byte[blocks * 32]; new Random(5).nextBytes(packed);
-      BlockHashes h = new BlockHashes(packed, 32);
-      long[] ids = new long[blocks]; for (int i = 0; i < blocks; i++) ids[i] = i;
-      w.save(inst, 0, ids, h).join();
+      BlockHashes h = storedPrefix(w, arena, inst, blocks);
+      byte[] packed = h.packed();
       for (String mode : new String[] {"query", "queryAndBegin", "query", "queryAndBegin"}) {
         for (int i = 0; i < 1000; i++) once(w, inst, h, mode, blocks);
         long[] s = new long[2000];
@@ -76,6 +67,26 @@ public class BeginQueryProbe {
     } finally {
       if (own != null) own.close();
     }
+  }
+  /**
+   * Registers instance {@code inst} with one worker of 32 layers of {@code blocks} 512-byte
+   * blocks in {@code arena} (the store's work follows the block and layer counts, not the
+   * bytes), saves {@code blocks} random hashes (seed 5) and returns them. ClientWarmUpProbe's too.
+   */
+  static BlockHashes storedPrefix(PegaEngine w, Arena arena, String inst, int blocks) {
+    int layers = 32; long seg = 512;
+    w.registerInstance(new InstanceSpec(inst, inst + "-ns", 1, 1));
+    List<LayerRegion> regions = new ArrayList<>();
+    for (int l = 0; l < layers; l++) {
+      long base = arena.allocate(2 * blocks * seg, 4096).address();
+      regions.add(new LayerRegion("layers." + l, KvLayout.SPLIT_KV, base, 2 * blocks * seg, blocks, seg, seg, blocks * seg));
+    }
+    w.registerWorker(inst, new WorkerSpec(0, 0, 0, regions));
+    byte[] packed = new byte[blocks * 32]; new Random(5).nextBytes(packed);
+    BlockHashes h = new BlockHashes(packed, 32);
+    long[] ids = new long[blocks]; for (int i = 0; i < blocks; i++) ids[i] = i;
+    w.save(inst, 0, ids, h).join();
+    return h;
   }
   /** The store's own phases of the timed queries, mean us per query (its counters: lookup, lease, plan). */
   static String phases(EngineStats a, EngineStats b, int n) {

@@ -104,7 +104,8 @@ final class ConnectorExports {
             s.loadsAtAlloc((loadEnabled & AT_ALLOC) != 0);
             s.beginAtLookup((loadEnabled & PLAN_AT_LOAD) == 0);
             if ((loadEnabled & WARM_UP) != 0) {
-                startWarmUp(blockSize);
+                io.pegaflow.engine.PegaEngine engine = LinkExports.LINKS.get(link).binding().engine();
+                startWarmUp(blockSize, engine != null && !engine.embedded()); // a server's client warms its calls too
             }
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });
@@ -192,9 +193,9 @@ final class ConnectorExports {
      * its own thread: true if this call started it. An optimisation only: a thread that cannot
      * be had is logged, not raised.
      */
-    private static boolean startWarmUp(int blockSize) {
+    private static boolean startWarmUp(int blockSize, boolean serverMode) {
         try {
-            return io.pegaflow.connector.LookupWarmUp.startOnce(blockSize) != null;
+            return io.pegaflow.connector.LookupWarmUp.startOnce(blockSize, serverMode) != null;
         } catch (RuntimeException | Error e) {
             System.getLogger(ConnectorExports.class.getName()).log(System.Logger.Level.DEBUG,
                     "lookup warm-up not started", e);
@@ -214,7 +215,7 @@ final class ConnectorExports {
                 throw new io.pegaflow.engine.InvalidArgumentException("warm_up block size " + blockSize
                         + "; expected 1 to 65536 tokens");
             }
-            o.set(JAVA_INT, 0, startWarmUp(blockSize) ? 1 : 0);
+            o.set(JAVA_INT, 0, startWarmUp(blockSize, false) ? 1 : 0);
         });
     }
 

@@ -8,10 +8,13 @@ import io.pegaflow.engine.InstanceSpec;
 import io.pegaflow.engine.KvLayout;
 import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.PegaEngine;
+import io.pegaflow.engine.ScratchServers;
 import io.pegaflow.engine.WorkerSpec;
+import io.pegaflow.engine.pool.HostPool;
 import io.pegaflow.engine.store.LocalStore;
 import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.Stager;
+import io.pegaflow.engine.transfer.TransferEngine;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.time.Duration;
@@ -19,6 +22,7 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
 import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.function.Function;
 
 /**
  * Runs a request's path through the connector's brain (the scheduler side's lookup of a stored
@@ -43,6 +47,16 @@ import java.util.concurrent.atomic.AtomicBoolean;
  * engine is closed at the end. Where the process stages loads at their lookup
  * ({@code PEGAFLOW_PRESTAGE_MIB}), the scratch engine stages its loads too, in a buffer of
  * their size ({@link #scratchStageBytes}). A failure only logs: it is an optimisation.
+ *
+ * <p>In server mode the process's store calls are a client's (the local socket's frames, the
+ * answers parsed, their plans staged), code the embedded scratch engine never runs, and a fresh
+ * client's first spaced calls ran several times slower than warm ones (docs/benchmarks/README.md,
+ * "A fresh client's first queries"). There the scratch engine is a client of a private
+ * pegaflow-server started in this process ({@link ScratchServers}, found through {@link
+ * java.util.ServiceLoader}: the server module provides it), on loopback with its own pool file and token
+ * in a private directory, stopped at the end; the real server, its metrics and its pool are
+ * untouched. Without a provider, or where that server cannot start, the embedded scratch engine
+ * runs instead.
  */
 public final class LookupWarmUp {
     /** Blocks of the longest chain (a 32K-token prompt of 16-token blocks). */
@@ -71,12 +85,22 @@ public final class LookupWarmUp {
      * GPUs), whose in-step loads the scheduler's process never warms.
      */
     public static Thread startOnce(int blockSize) {
+        return startOnce(blockSize, false);
+    }
+
+    /**
+     * {@link #startOnce(int)}, for a process whose store link is a server's client when {@code
+     * serverMode}: the scratch engine is then a client of a private server ({@link ScratchServers})
+     * where this jar provides one.
+     */
+    public static Thread startOnce(int blockSize, boolean serverMode) {
         if (!STARTED.compareAndSet(false, true)) {
             return null;
         }
         Thread t = new Thread(() -> {
             try {
-                Result r = run(blockSize, ROUNDS, BUDGET_NANOS, scratchStageBytes(System.getenv(Stager.ENV)));
+                Result r = run(blockSize, ROUNDS, BUDGET_NANOS, scratchStageBytes(System.getenv(Stager.ENV)),
+                        serverMode ? ScratchServers.provided() : null);
                 outcome = r;
                 LOG.log(System.Logger.Level.DEBUG, () -> "lookup warm-up: " + r.rounds() + " rounds in "
                         + r.nanos() / 1_000_000 + " ms");
@@ -110,9 +134,9 @@ public final class LookupWarmUp {
      * stagedLoads} of the loads staged at their lookup (none without a staging buffer); in
      * {@code nanos}.
      */
-    record Result(int rounds, int loads, long atAllocLoads, int loadFailures, long loadedBlocks, long expectedLoadedBlocks,
-            long hitTokens, long expectedHitTokens, long missTokens, long lookupFailures, long contractViolations,
-            int tracked, long stagedLoads, long nanos) {}
+    public record Result(int rounds, int loads, long atAllocLoads, int loadFailures, long loadedBlocks,
+            long expectedLoadedBlocks, long hitTokens, long expectedHitTokens, long missTokens, long lookupFailures,
+            long contractViolations, int tracked, long stagedLoads, long nanos, boolean throughServer) {}
 
     /**
      * The scratch engine's staging buffer for a process whose {@link Stager#ENV} is {@code value}:
@@ -140,10 +164,30 @@ public final class LookupWarmUp {
      * miss) and ended as a finished save.
      */
     static Result run(int blockSize, int rounds, long budgetNanos, long stageBytes) {
+        return run(blockSize, rounds, budgetNanos, stageBytes, null);
+    }
+
+    /**
+     * {@link #run(int, int, long, long)} on a client of {@code server}'s private server (null:
+     * the embedded scratch engine; also where that server cannot start, logged).
+     */
+    public static Result run(int blockSize, int rounds, long budgetNanos, long stageBytes, ScratchServers server) {
         long start = System.nanoTime();
+        Function<HostPool, TransferEngine> transfer = pool -> new HostTransferEngine(pool, 1, stageBytes);
+        ScratchServers.Client scratch = null;
+        if (server != null) {
+            try {
+                scratch = server.open(2 * BLOCKS * SLOT_BYTES, transfer);
+            } catch (java.io.IOException | RuntimeException e) {
+                LOG.log(System.Logger.Level.DEBUG, "lookup warm-up: no scratch server, warming embedded", e);
+            }
+        }
+        ScratchServers.Client remote = scratch;
         try (Arena arena = Arena.ofConfined();
-                PegaEngine engine = PegaEngine.create(EngineConfig.builder().poolBytes(2 * BLOCKS * SLOT_BYTES)
-                        .sweepInterval(Duration.ZERO).transfer(pool -> new HostTransferEngine(pool, 1, stageBytes)).build())) {
+                ScratchServers.Client held = remote; // closed after the worker and scheduler sides below
+                PegaEngine own = remote != null ? null : PegaEngine.create(EngineConfig.builder()
+                        .poolBytes(2 * BLOCKS * SLOT_BYTES).sweepInterval(Duration.ZERO).transfer(transfer).build())) {
+            PegaEngine engine = remote != null ? remote.engine() : own;
             EngineSource.Binding binding = new EngineSource.Binding(engine, 1);
             SchedulerSide side = new SchedulerSide(() -> binding, INSTANCE, blockSize, true); // checks the block size
             side.inStepLoads(true);
@@ -180,8 +224,12 @@ public final class LookupWarmUp {
         long[] ids = new long[BLOCKS];
         Arrays.setAll(ids, i -> i);
         LocalStore store = engine.localStore();
-        CopyPlan saved = store.reserveSave(INSTANCE, 0, null, ids, new BlockHashes(stored, 32));
-        store.endCopy(INSTANCE, saved.id(), true, 0, 0); // sealed by its plan: nothing is read
+        if (store != null) {
+            CopyPlan saved = store.reserveSave(INSTANCE, 0, null, ids, new BlockHashes(stored, 32));
+            store.endCopy(INSTANCE, saved.id(), true, 0, 0); // sealed by its plan: nothing is read
+        } else {
+            engine.save(INSTANCE, 0, ids, new BlockHashes(stored, 32)).join(); // a server's client: saved as a worker saves
+        }
         // all, 1/2 and 1/4 of the chain, made once: the rounds allocate only what the path does
         BlockHashes[] prefixes = new BlockHashes[3];
         BlockHashes[] misses = new BlockHashes[3];
@@ -244,6 +292,6 @@ public final class LookupWarmUp {
         }
         return new Result(round, loads, atAlloc, loadFailures, loaded, expectedLoaded, hitTokens, expected, missTokens,
                 side.lookupFailures(), side.contractViolations(), side.trackedRequests(), engine.stagingCounts()[0],
-                System.nanoTime() - start);
+                System.nanoTime() - start, store == null);
     }
 }

@@ -34,6 +34,7 @@ class LookupWarmUpTest {
         assertThat(r.rounds()).isEqualTo(30);
         assertClean(r);
         assertThat(r.stagedLoads()).as("no staging buffer").isZero();
+        assertThat(r.throughServer()).as("no server asked for: the embedded scratch engine").isFalse();
     }
 
     /**
