@@ -18,7 +18,7 @@ import java.util.stream.Stream;
  * started in the calling process on loopback (an ephemeral port, its local socket, its pool file
  * and token in a new 0700 directory, no HTTP, no metrics, no warm-up of its own), and a client
  * engine of it, so the warm-up's rounds run the client's side of every store call a server-mode
- * request makes. Closing it closes the client, stops the server and removes the directory.
+ * request makes. Its start logs nothing below a warning. Closing it closes the client, stops the server and removes the directory.
  */
 public final class ScratchServer implements ScratchServers {
     /** Spun for a client's next frame, µs: the client's answers are then read spinning, as beside a busy-polling server. */
@@ -28,9 +28,17 @@ public final class ScratchServer implements ScratchServers {
     public Client open(long poolBytes, Function<HostPool, TransferEngine> transfer) throws IOException {
         Path dir = Files.createTempDirectory("pegaflow-warm-up-"); // 0700: nobody else reaches the pool or the token
         PegaflowServer server = null;
+        // its start's line about its pool would read, in vLLM's log, as this process's pool
+        java.util.logging.Logger announcer = java.util.logging.Logger.getLogger(PegaflowServer.class.getName());
+        java.util.logging.Level level = announcer.getLevel();
+        announcer.setLevel(java.util.logging.Level.WARNING);
         try {
-            server = PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, poolBytes, dir.resolve("pool"),
-                    Duration.ofSeconds(60), Duration.ofSeconds(2), false), true, BUSY_POLL_US);
+            try {
+                server = PegaflowServer.start(new PegaflowServer.Config("127.0.0.1:0", null, poolBytes, dir.resolve("pool"),
+                        Duration.ofSeconds(60), Duration.ofSeconds(2), false), true, BUSY_POLL_US);
+            } finally {
+                announcer.setLevel(level);
+            }
             PegaEngine engine = EngineClient.connect("127.0.0.1:" + server.port(), transfer, 5000);
             PegaflowServer started = server;
             return new Client() {

@@ -51,6 +51,36 @@ class ScratchServerWarmUpTest {
         assertThat(warmUpDirs()).as("its pool file, token and socket removed").isEqualTo(before);
     }
 
+    /** In vLLM's log a scratch server's line about its pool would read as the process's own pool. */
+    @Test
+    void aScratchServerLogsNothingBelowAWarning() throws IOException {
+        java.util.logging.Logger pegaflow = java.util.logging.Logger.getLogger("io.pegaflow");
+        java.util.List<java.util.logging.LogRecord> records = new java.util.concurrent.CopyOnWriteArrayList<>();
+        java.util.logging.Handler capture = new java.util.logging.Handler() {
+            @Override
+            public void publish(java.util.logging.LogRecord r) {
+                if (r.getLevel().intValue() >= java.util.logging.Level.INFO.intValue()) {
+                    records.add(r);
+                }
+            }
+
+            @Override
+            public void flush() {}
+
+            @Override
+            public void close() {}
+        };
+        pegaflow.addHandler(capture);
+        try (ScratchServers.Client c = new ScratchServer().open(1 << 20, p -> new io.pegaflow.engine.transfer.HostTransferEngine(p, 1))) {
+            assertThat(c.engine().embedded()).isFalse();
+        } finally {
+            pegaflow.removeHandler(capture);
+        }
+        assertThat(records).extracting(java.util.logging.LogRecord::getMessage).isEmpty();
+        assertThat(java.util.logging.Logger.getLogger(PegaflowServer.class.getName()).getLevel())
+                .as("the level it found, restored").isNull();
+    }
+
     @Test
     void aScratchServerThatCannotStartLeavesTheEmbeddedWarmUp() {
         LookupWarmUp.Result r = LookupWarmUp.run(16, 6, Long.MAX_VALUE, 0, (bytes, transfer) -> {
