@@ -786,19 +786,23 @@ def test_worker_reads_the_servers_calls_from_its_metrics():
 
 def test_a_runs_log_keeps_the_jvms_warnings_said_early_in_a_process():
     """A warning the JVM said once, early in a vLLM process (a staging that failed), is printed
-    beside that process's log tail, which it fell outside of; other loggers' lines are not."""
+    beside that process's log tail, which it fell outside of, and so is the process's line on where
+    its lookup warm-up ran; other loggers' lines are not."""
     ours = ("2026-12-06T00:40:02.120Z WARN [pegaflow-stage-cuda] io.pegaflow.engine.transfer.Stager: staging a load "
             "of 2147483648 bytes failed; that load reads the pool: boom | java.lang.IllegalStateException: boom")
+    warm = ("2026-12-06T00:40:02.140Z INFO [pegaflow-lookup-warm-up] io.pegaflow.connector.LookupWarmUp: "
+            "lookup warm-up: 400 rounds in 2950 ms as a client of a scratch server")
     log = "\n".join([
         "INFO 12-06 00:40:01 [core.py:1] vLLM started",
         ours,
         "2026-12-06T00:40:02.130Z INFO [main] io.pegaflow.bridge.Bridge: not a warning",
+        warm,
         "2026-12-06T00:40:03.000Z WARN [main] org.other.Lib: not ours",
         '{"ts":"2026-12-06T00:40:03Z","level":"ERROR","thread":"x","logger":"io.pegaflow.engine.PegaEngine","msg":"json"}',
         "WARNING 12-06 00:40:04 [block_pool.py:772] Failed to reset prefix cache",
     ] + ["INFO filler"] * 200)
     said = ttft.java_warnings(log)
-    assert said == [ours, log.splitlines()[4]]
+    assert said == [ours, warm, log.splitlines()[5]]  # and where the process's warm-up ran
     assert "staging a load" not in log[-1500:]  # outside the tail the run prints
     assert len(ttft.java_warnings("\n".join([ours] * 30), limit=5)) == 5
     assert len(ttft.java_warnings(ours + "x" * 1000)[0]) == 400

@@ -341,12 +341,15 @@ def java_warnings(text: str, limit: int = 20) -> list[str]:
     (``io.pegaflow.engine.logging``: text ``<instant> WARN [<thread>] io.pegaflow...: <message>``
     or a JSON object per line), at most ``limit`` of them, each cut at 400 characters: a warning
     said once early in a process (a staging that failed, a buffer that could not be had) falls
-    outside the tail the run prints of each log."""
+    outside the tail the run prints of each log. Also the process's one line on where its lookup
+    warm-up ran (``LookupWarmUp``, at info: as a client of a scratch server or on an embedded
+    scratch engine), which says what the first requests' calls had compiled."""
     out = []
     for line in text.splitlines():
         text_form = "] io.pegaflow." in line and (" WARN [" in line or " ERROR [" in line)
         json_form = '"logger":"io.pegaflow.' in line and ('"level":"WARN"' in line or '"level":"ERROR"' in line)
-        if text_form or json_form:
+        warm_up = "io.pegaflow.connector.LookupWarmUp" in line and "lookup warm-up: " in line
+        if text_form or json_form or warm_up:
             out.append(line.strip()[:400])
             if len(out) == limit:
                 break
@@ -894,7 +897,7 @@ def main(argv: list[str]) -> int:
         for f in Path(tmp).glob("*.log"):
             text = f.read_text()
             said = java_warnings(text)
-            print(f"--- {f.name}\n" + "".join(f"java warning: {w}\n" for w in said) + text[-1500:], file=sys.stderr)
+            print(f"--- {f.name}\n" + "".join(f"java said: {w}\n" for w in said) + text[-1500:], file=sys.stderr)
     import torch
 
     from pegaflow._vllm_version import installed_vllm

@@ -102,8 +102,11 @@ public final class LookupWarmUp {
                 Result r = run(blockSize, ROUNDS, BUDGET_NANOS, scratchStageBytes(System.getenv(Stager.ENV)),
                         serverMode ? ScratchServers.provided() : null);
                 outcome = r;
-                LOG.log(System.Logger.Level.DEBUG, () -> "lookup warm-up: " + r.rounds() + " rounds in "
-                        + r.nanos() / 1_000_000 + " ms");
+                // one line a process: where its warm-up ran says what its first requests' calls had compiled
+                LOG.log(System.Logger.Level.INFO, () -> "lookup warm-up: " + r.rounds() + " rounds in "
+                        + r.nanos() / 1_000_000 + " ms" + (r.throughServer() ? " as a client of a scratch server"
+                                : serverMode ? " on an embedded scratch engine (no scratch server started)"
+                                        : " on an embedded scratch engine"));
             } catch (RuntimeException | Error e) {
                 outcome = e;
                 LOG.log(System.Logger.Level.DEBUG, "lookup warm-up stopped", e);

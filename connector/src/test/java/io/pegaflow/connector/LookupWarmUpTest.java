@@ -69,8 +69,37 @@ class LookupWarmUpTest {
 
     @Test
     void itStartsOncePerProcessAndEndsClean() throws InterruptedException {
-        Thread first = LookupWarmUp.startOnce(32);
-        Thread second = LookupWarmUp.startOnce(32);
+        java.util.logging.Logger logger = java.util.logging.Logger.getLogger(LookupWarmUp.class.getName());
+        java.util.List<String> lines = new java.util.concurrent.CopyOnWriteArrayList<>();
+        java.util.logging.Handler capture = new java.util.logging.Handler() {
+            @Override
+            public void publish(java.util.logging.LogRecord r) {
+                if (r.getLevel().intValue() >= java.util.logging.Level.INFO.intValue()) {
+                    lines.add(r.getMessage());
+                }
+            }
+
+            @Override
+            public void flush() {}
+
+            @Override
+            public void close() {}
+        };
+        logger.addHandler(capture);
+        Thread first;
+        Thread second;
+        try {
+            first = LookupWarmUp.startOnce(32, true); // server mode asked: this module carries no scratch server
+            second = LookupWarmUp.startOnce(32);
+            if (first != null) {
+                first.join(30_000);
+            }
+        } finally {
+            logger.removeHandler(capture);
+        }
+        // one line says where the process's warm-up ran
+        assertThat(lines).singleElement().asString().contains("rounds in")
+                .endsWith("on an embedded scratch engine (no scratch server started)");
 
         assertThat(first).isNotNull();
         assertThat(first.isDaemon()).isTrue();
