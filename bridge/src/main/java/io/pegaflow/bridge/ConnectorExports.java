@@ -104,8 +104,8 @@ final class ConnectorExports {
             s.loadsAtAlloc((loadEnabled & AT_ALLOC) != 0);
             s.beginAtLookup((loadEnabled & PLAN_AT_LOAD) == 0);
             if ((loadEnabled & WARM_UP) != 0) {
-                io.pegaflow.engine.PegaEngine engine = LinkExports.LINKS.get(link).binding().engine();
-                startWarmUp(blockSize, engine != null && !engine.embedded()); // a server's client warms its calls too
+                // a server's client warms its calls too, whether or not the server answers yet
+                startWarmUp(blockSize, LinkExports.LINKS.get(link).mode() == io.pegaflow.client.StoreLink.Mode.SERVER);
             }
             o.set(JAVA_LONG, 0, SCHEDULERS.add(s));
         });

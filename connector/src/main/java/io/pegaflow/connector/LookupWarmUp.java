@@ -177,17 +177,8 @@ public final class LookupWarmUp {
     public static Result run(int blockSize, int rounds, long budgetNanos, long stageBytes, ScratchServers server) {
         long start = System.nanoTime();
         Function<HostPool, TransferEngine> transfer = pool -> new HostTransferEngine(pool, 1, stageBytes);
-        ScratchServers.Client scratch = null;
-        if (server != null) {
-            try {
-                scratch = server.open(2 * BLOCKS * SLOT_BYTES, transfer);
-            } catch (java.io.IOException | RuntimeException e) {
-                LOG.log(System.Logger.Level.DEBUG, "lookup warm-up: no scratch server, warming embedded", e);
-            }
-        }
-        ScratchServers.Client remote = scratch;
         try (Arena arena = Arena.ofConfined();
-                ScratchServers.Client held = remote; // closed after the worker and scheduler sides below
+                ScratchServers.Client remote = open(server, transfer); // closed after the sides below
                 PegaEngine own = remote != null ? null : PegaEngine.create(EngineConfig.builder()
                         .poolBytes(2 * BLOCKS * SLOT_BYTES).sweepInterval(Duration.ZERO).transfer(transfer).build())) {
             PegaEngine engine = remote != null ? remote.engine() : own;
@@ -214,6 +205,19 @@ public final class LookupWarmUp {
                     side.shutdown();
                 }
             }
+        }
+    }
+
+    /** A client of {@code server}'s new private server, or null (none asked for, or it could not start: logged). */
+    private static ScratchServers.Client open(ScratchServers server, Function<HostPool, TransferEngine> transfer) {
+        if (server == null) {
+            return null;
+        }
+        try {
+            return server.open(2 * BLOCKS * SLOT_BYTES, transfer);
+        } catch (java.io.IOException | RuntimeException e) {
+            LOG.log(System.Logger.Level.DEBUG, "lookup warm-up: no scratch server, warming embedded", e);
+            return null;
         }
     }
 

@@ -121,11 +121,6 @@ public final class PegaEngine implements AutoCloseable {
         return new PegaEngine(store, null, pool, transfer, System::nanoTime, false, 1);
     }
 
-    /** Whether this engine holds its own store (embedded), not a server's client. */
-    public boolean embedded() {
-        return local != null;
-    }
-
     /**
      * The control plane of an embedded engine, or null (attached: the server owns it); it has
      * been told the end of every copy whose future completed before the call.

@@ -72,7 +72,7 @@ class ScratchServerWarmUpTest {
         };
         pegaflow.addHandler(capture);
         try (ScratchServers.Client c = new ScratchServer().open(1 << 20, p -> new io.pegaflow.engine.transfer.HostTransferEngine(p, 1))) {
-            assertThat(c.engine().embedded()).isFalse();
+            assertThat(c.engine().localStore()).as("a server's client").isNull();
         } finally {
             pegaflow.removeHandler(capture);
         }
