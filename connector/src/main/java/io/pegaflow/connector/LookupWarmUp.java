@@ -5,8 +5,6 @@ import io.pegaflow.engine.CopyPlan;
 import io.pegaflow.engine.EngineConfig;
 import io.pegaflow.engine.EngineSource;
 import io.pegaflow.engine.InstanceSpec;
-import io.pegaflow.engine.KvLayout;
-import io.pegaflow.engine.LayerRegion;
 import io.pegaflow.engine.PegaEngine;
 import io.pegaflow.engine.ScratchServers;
 import io.pegaflow.engine.WorkerSpec;
@@ -16,7 +14,6 @@ import io.pegaflow.engine.transfer.HostTransferEngine;
 import io.pegaflow.engine.transfer.Stager;
 import io.pegaflow.engine.transfer.TransferEngine;
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
 import java.time.Duration;
 import java.util.Arrays;
 import java.util.List;
@@ -186,15 +183,8 @@ public final class LookupWarmUp {
             SchedulerSide side = new SchedulerSide(() -> binding, INSTANCE, blockSize, true); // checks the block size
             side.inStepLoads(true);
             engine.registerInstance(new InstanceSpec(INSTANCE, INSTANCE, 1, 1));
-            List<LayerRegion> layers = new java.util.ArrayList<>();
-            for (int l = 0; l < LAYERS; l++) {
-                // [2, blocks, ...]: K of every block, then V; loads write the blocks after the prefix's
-                long bytes = 2 * 2 * BLOCKS * SEGMENT_BYTES;
-                MemorySegment kv = arena.allocate(bytes, 64);
-                layers.add(new LayerRegion("model.layers." + l + ".self_attn.attn", KvLayout.SPLIT_KV, kv.address(), bytes,
-                        2 * BLOCKS, SEGMENT_BYTES, SEGMENT_BYTES, 2L * BLOCKS * SEGMENT_BYTES));
-            }
-            engine.registerWorker(INSTANCE, new WorkerSpec(0, 0, 0, layers));
+            // loads write the blocks after the prefix's
+            engine.registerWorker(INSTANCE, WorkerSpec.scratch(arena, LAYERS, 2 * BLOCKS, SEGMENT_BYTES));
             WorkerSide worker = new WorkerSide(() -> binding, INSTANCE, 0);
             try {
                 return rounds(engine, side, worker, blockSize, rounds, budgetNanos, start);

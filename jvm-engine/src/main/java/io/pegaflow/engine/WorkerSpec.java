@@ -19,6 +19,21 @@ public record WorkerSpec(int workerRank, int tpRank, int deviceId, List<LayerReg
     }
 
     /**
+     * Worker 0 of a warm-up's scratch instance: {@code layers} regions in {@code arena}, each
+     * split in K and V as vLLM's per-layer tensors are ([2, blocks, ...]: K of every block, then
+     * V), {@code blocks} blocks of {@code segmentBytes} per half.
+     */
+    public static WorkerSpec scratch(java.lang.foreign.Arena arena, int layers, int blocks, long segmentBytes) {
+        List<LayerRegion> regions = new java.util.ArrayList<>();
+        for (int l = 0; l < layers; l++) {
+            long bytes = 2L * blocks * segmentBytes;
+            regions.add(new LayerRegion("model.layers." + l + ".self_attn.attn", KvLayout.SPLIT_KV,
+                    arena.allocate(bytes, 64).address(), bytes, blocks, segmentBytes, segmentBytes, (long) blocks * segmentBytes));
+        }
+        return new WorkerSpec(0, 0, 0, regions);
+    }
+
+    /**
      * Checks a worker spec on its own (non-null, named non-overlapping valid regions), before
      * the store takes its lock; the store's registry then checks it against the instance.
      */

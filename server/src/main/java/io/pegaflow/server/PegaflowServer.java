@@ -384,6 +384,11 @@ public final class PegaflowServer implements AutoCloseable {
         return store;
     }
 
+    /** The calls' metrics, gRPC and local socket ({@link Warmup} counts its scratch server's). */
+    RpcMetrics rpcMetrics() {
+        return rpcMetrics;
+    }
+
     /** The local socket server, or null when there is none (tests). */
     LocalSocketServer localSocket() {
         return local;

@@ -26,6 +26,11 @@ public final class ScratchServer implements ScratchServers {
 
     @Override
     public Client open(long poolBytes, Function<HostPool, TransferEngine> transfer) throws IOException {
+        return start(poolBytes, transfer);
+    }
+
+    /** {@link #open}, the server itself within reach (its calls' counts: {@link Warmup}). */
+    static Opened start(long poolBytes, Function<HostPool, TransferEngine> transfer) throws IOException {
         Path dir = Files.createTempDirectory("pegaflow-warm-up-"); // 0700: nobody else reaches the pool or the token
         PegaflowServer server = null;
         // its start's line about its pool would read, in vLLM's log, as this process's pool
@@ -39,33 +44,29 @@ public final class ScratchServer implements ScratchServers {
             } finally {
                 announcer.setLevel(level);
             }
-            PegaEngine engine = EngineClient.connect("127.0.0.1:" + server.port(), transfer, 5000);
-            PegaflowServer started = server;
-            return new Client() {
-                @Override
-                public PegaEngine engine() {
-                    return engine;
-                }
-
-                @Override
-                public void close() {
-                    try {
-                        engine.close();
-                    } finally {
-                        try {
-                            started.close();
-                        } finally {
-                            remove(dir);
-                        }
-                    }
-                }
-            };
+            return new Opened(server, EngineClient.connect("127.0.0.1:" + server.port(), transfer, 5000), dir);
         } catch (IOException | RuntimeException e) {
             if (server != null) {
                 server.close();
             }
             remove(dir);
             throw e;
+        }
+    }
+
+    /** A started scratch server and its client; closing closes the client, stops the server, removes the directory. */
+    record Opened(PegaflowServer server, PegaEngine engine, Path dir) implements Client {
+        @Override
+        public void close() {
+            try {
+                engine.close();
+            } finally {
+                try {
+                    server.close();
+                } finally {
+                    remove(dir);
+                }
+            }
         }
     }
 

@@ -253,8 +253,9 @@ public final class ServerMain implements Callable<Integer> {
                 .quotas(io.pegaflow.engine.store.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
                         maxOpenCopiesPerInstance).tenantPoolShare(Sizes.parse(tenantPoolShare))));
         if (warmUp) {
-            long nanos = Warmup.run();
-            Logger.getLogger("io.pegaflow.server").fine("warm-up took " + nanos / 1_000_000 + " ms");
+            Warmup.Result w = Warmup.run();
+            Logger.getLogger("io.pegaflow.server").fine("warm-up took " + w.nanos() / 1_000_000 + " ms: " + w.rounds()
+                    + " rounds of a worker's calls to a scratch server");
         }
         ProcessHandle owner = null;
         if (ownerPid != null) {
