@@ -449,6 +449,32 @@ def test_a_workers_registration_starts_the_warm_up(tmp_path):
         assert proc.stdout.strip().splitlines()[-1] == f"warm_up after register: {answer}", (setting, proc.stdout)
 
 
+def test_a_server_mode_workers_registration_warms_up_as_a_servers_client(tmp_path):
+    """In one process with the scheduler (vLLM on one GPU) the worker's registration starts the
+    process's warm-up before the scheduler exists; with a server-mode link (here no server
+    answers) that warm-up runs as a client of a scratch server, as the scheduler's would, and
+    says so in its one info line."""
+    script = textwrap.dedent(
+        """
+        import sys, time, torch
+        from pegaflow.connector import _runtime
+        from pegaflow.connector.worker import WorkerCore
+        core = WorkerCore(_runtime.Settings(mode="server", endpoint="127.0.0.1:1", deadline_ms=200, pool_size="16mb"),
+                          "warm-worker")
+        caches = {f"model.layers.{l}.self_attn.attn": torch.zeros(2, 8, 16, 2, 8, dtype=torch.float16) for l in range(2)}
+        core.register(caches, 8, mla=False, facts={"model": "m", "block_size": 16})
+        time.sleep(8)  # the warm-up's thread: at most 3 s of rounds, then its line
+        """
+    )
+    env = dict(os.environ, PEGAFLOW_WARM_UP="1")
+    env.pop("PEGAFLOW_KEY_WARM_UP", None)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = [l for l in (proc.stdout + proc.stderr).splitlines() if "lookup warm-up:" in l]
+    assert len(lines) == 1 and "as a client of a scratch server" in lines[0], proc.stdout + proc.stderr
+
+
 def test_more_jvm_options_reach_the_in_process_jvm_which_then_takes_no_aot_cache(tmp_path):
     """PEGAFLOW_JVM_OPTIONS reaches the JVM a fresh process starts (here a GC log, which the JVM
     writes), and with it set no AOT cache is used or trained (a cache trained under other heap

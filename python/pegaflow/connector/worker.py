@@ -130,8 +130,9 @@ class WorkerCore:
         """Asks the JVM for the request path's warm-up (``WorkerBrain.warm_up``) where loads are
         enabled and ``PEGAFLOW_WARM_UP`` allows it: a worker in a process of its own (vLLM's
         workers with several GPUs) would otherwise run its first in-step loads cold; beside the
-        scheduler side (one GPU) the JVM started it already and this changes nothing. True if
-        this call started it; a failure only logs (an optimisation)."""
+        scheduler side (one GPU) it comes first (vLLM registers the caches before it makes the
+        scheduler), and the JVM takes server mode from the process's links, as the scheduler's
+        start would. True if this call started it; a failure only logs (an optimisation)."""
         if not (self.load_enabled and lookup_warm_up_enabled()):
             return False
         try:

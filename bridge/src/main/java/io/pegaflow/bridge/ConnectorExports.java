@@ -215,8 +215,26 @@ final class ConnectorExports {
                 throw new io.pegaflow.engine.InvalidArgumentException("warm_up block size " + blockSize
                         + "; expected 1 to 65536 tokens");
             }
-            o.set(JAVA_INT, 0, startWarmUp(blockSize, false) ? 1 : 0);
+            o.set(JAVA_INT, 0, startWarmUp(blockSize, anyServerLink()) ? 1 : 0);
         });
+    }
+
+    /**
+     * Whether a store link of this process is a server's client: the worker's {@code warm_up}
+     * carries no link, and in one process with the scheduler (vLLM on one GPU) it comes first,
+     * so its choice is the process's warm-up.
+     */
+    static boolean anyServerLink() {
+        for (long h : LinkExports.LINKS.handles()) {
+            try {
+                if (LinkExports.LINKS.get(h).mode() == io.pegaflow.client.StoreLink.Mode.SERVER) {
+                    return true;
+                }
+            } catch (RuntimeException closedMeanwhile) {
+                // a link closed between the listing and the look: not this process's server
+            }
+        }
+        return false;
     }
 
     /** {@code groups}: as in sched_create. */

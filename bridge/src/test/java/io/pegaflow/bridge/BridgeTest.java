@@ -156,6 +156,34 @@ class BridgeTest {
         }
     }
 
+    /**
+     * The worker's warm_up carries no link; in one process with the scheduler it comes first, so
+     * it takes server mode from the process's links: a server's client (answering or not) makes
+     * it a client's warm-up, an embedded link does not.
+     */
+    @Test
+    void theWorkersWarmUpIsAServerClientsWhereALinkOfTheProcessIsOne() throws Throwable {
+        MethodHandle open = fn("link_open", FunctionDescriptor.of(JAVA_INT, ADDRESS, ADDRESS, ADDRESS, JAVA_INT, JAVA_LONG,
+                JAVA_LONG, ADDRESS, ADDRESS));
+        MethodHandle linkClose = fn("link_close", FunctionDescriptor.of(JAVA_INT, JAVA_LONG));
+        boolean before = ConnectorExports.anyServerLink();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(8);
+            assertThat((int) open.invokeExact(a.allocateFrom("embedded"), a.allocateFrom("127.0.0.1:50055"),
+                    a.allocateFrom("4mb"), 1, 1000L, 0L, a.allocateFrom(""), out)).as(lastError(a)).isZero();
+            long embedded = out.get(JAVA_LONG, 0);
+            assertThat(ConnectorExports.anyServerLink()).as("an embedded link").isEqualTo(before);
+            // no server there: the link starts detached, still a server's client
+            assertThat((int) open.invokeExact(a.allocateFrom("server"), a.allocateFrom("127.0.0.1:1"),
+                    a.allocateFrom("4mb"), 1, 200L, 0L, a.allocateFrom(""), out)).as(lastError(a)).isZero();
+            long server = out.get(JAVA_LONG, 0);
+            assertThat(ConnectorExports.anyServerLink()).as("a server's client").isTrue();
+            assertThat((int) linkClose.invokeExact(server)).isZero();
+            assertThat(ConnectorExports.anyServerLink()).isEqualTo(before);
+            assertThat((int) linkClose.invokeExact(embedded)).isZero();
+        }
+    }
+
     @Test
     void aBadCallReturnsItsCodeAndTheMessageStaysWithTheThread() throws Throwable {
         MethodHandle query = fn("query", FunctionDescriptor.of(JAVA_INT, JAVA_LONG, ADDRESS, JAVA_INT, ADDRESS, JAVA_INT, ADDRESS, ADDRESS));
