@@ -432,6 +432,19 @@ def test_server_logs_one_line_per_record_without_slf4j_noise(tmp_path):
     assert any(" WARN " in l and "refused requests" in l for l in records)
 
 
+def test_a_server_that_cannot_warm_up_still_serves(tmp_path, monkeypatch):
+    """The start-up warm-up is an optimisation: where its scratch server cannot be made (here no
+    temporary directory), the server says so in a warning and serves."""
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", f"-Djava.io.tmpdir={tmp_path / 'absent'}")
+    server = start_server(tmp_path / "pool")
+    try:
+        assert any(" WARN " in l and "warm-up skipped" in l for l in server.log), list(server.log)
+        status, body = server.http("/health")
+        assert status == 200 and json.loads(body)["status"] == "serving", body
+    finally:
+        server.stop()
+
+
 def test_server_logs_json_lines_with_log_format_json(tmp_path):
     server = start_server(tmp_path / "pool", extra=["--log-format", "json", "--log-level", "debug"])
     records = [json.loads(l) for l in _records_of(server)]

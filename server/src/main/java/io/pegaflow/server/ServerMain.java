@@ -253,9 +253,14 @@ public final class ServerMain implements Callable<Integer> {
                 .quotas(io.pegaflow.engine.store.Quotas.DEFAULTS.perInstance(maxLeasesPerInstance, maxLeasedBlocksPerInstance,
                         maxOpenCopiesPerInstance).tenantPoolShare(Sizes.parse(tenantPoolShare))));
         if (warmUp) {
-            Warmup.Result w = Warmup.run();
-            Logger.getLogger("io.pegaflow.server").fine("warm-up took " + w.nanos() / 1_000_000 + " ms: " + w.rounds()
-                    + " rounds of a worker's calls to a scratch server");
+            try {
+                Warmup.Result w = Warmup.run();
+                Logger.getLogger("io.pegaflow.server").fine("warm-up took " + w.nanos() / 1_000_000 + " ms: " + w.rounds()
+                        + " rounds of a worker's calls to a scratch server");
+            } catch (RuntimeException e) { // an optimisation: a server that could not warm up still serves
+                Logger.getLogger("io.pegaflow.server").warning("warm-up skipped: " + e
+                        + " (the first operations run slower until compiled)");
+            }
         }
         ProcessHandle owner = null;
         if (ownerPid != null) {
