@@ -24,7 +24,7 @@ import java.util.*;
  * then each looked up and its begun load copied, 600 ms apart, until 30 calls);
  * {@code -DserverPrewarm=N} has another process's client make N back-to-back lookups of its own
  * prefix on the fresh server first (the server alone warmed by real calls);
- * {@code -Dhammer=N} adds N back-to-back calls after the 30 and 30 spaced ones again;
+ * {@code -Dhammer=N} adds N back-to-back calls after the 30 and 30 spaced ones again (not with -Dprompts);
  * {@code -DserverJvmArgs="..."} passes JVM options to the server (e.g. -XX:+PrintCompilation),
  * {@code -DserverLog=FILE} keeps its output:
  *   [taskset -c 1] java --enable-native-access=ALL-UNNAMED [-DbusyPollUs=0] [-DserverCpus=0] [-Dprompts=5] -cp bench/target/pegaflow.jar bench/probe/ClientWarmUpProbe.java none|embedded|server
@@ -113,7 +113,9 @@ public class ClientWarmUpProbe {
         System.out.printf(Locale.ROOT, "{\"warm_up\": \"%s\", \"warm_up_ms\": %.0f, \"calls_1_10_p50_us\": %.1f, \"calls_11_30_p50_us\": %.1f, \"server_query_phases_us\": %s, \"calls_us\": %s}%n",
             arm, warmUpNanos / 1e6, first[5] / 1e3, rest[10] / 1e3, serverQueryUs(port + 1000, q0), Arrays.toString(Arrays.stream(t).map(x -> x / 1000).toArray()));
         int hammer = Integer.getInteger("hammer", 0);
-        if (hammer > 0) { // then both halves as warm as back-to-back calls make them, and spaced again
+        if (hammer > 0 && prompts > 0) { // the prompts' saves may have evicted the prefix the back-to-back calls ask for
+          System.out.println("{\"after_back_to_back\": null, \"why\": \"-Dhammer goes without -Dprompts\"}");
+        } else if (hammer > 0) { // then both halves as warm as back-to-back calls make them, and spaced again
           for (int i = 0; i < hammer; i++) w.release(inst, w.queryAndBegin(inst, h, 0).lease());
           double[] q1 = serverQuery(port + 1000);
           for (int i = 0; i < t.length; i++) {

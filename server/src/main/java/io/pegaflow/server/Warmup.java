@@ -41,8 +41,8 @@ final class Warmup {
 
     private Warmup() {}
 
-    /** What a warm-up did: its rounds, and the calls the scratch server answered over its local socket. */
-    record Result(int rounds, long nanos, long localQueries, long localEnds) {}
+    /** What a warm-up did: its rounds, and the Query and EndCopy calls its scratch server answered (its call metrics). */
+    record Result(int rounds, long nanos, long queries, long endCopies) {}
 
     private static BlockHashes hashes(Random rnd, int blocks) {
         byte[] packed = new byte[blocks * 32];

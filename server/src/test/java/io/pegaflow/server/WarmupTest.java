@@ -30,9 +30,9 @@ class WarmupTest {
 
         assertThat(r.rounds()).isEqualTo(30);
         // each round the lookup that begins its load; every other round a plain lookup or a miss
-        assertThat(r.localQueries()).as("Query calls the scratch server answered").isEqualTo(30 + 15);
+        assertThat(r.queries()).as("Query calls the scratch server answered").isEqualTo(30 + 15);
         // the stored prefixes' saves (5) and the rounds' (2), loads copied (8 begun, 4 asked for) end
-        assertThat(r.localEnds()).as("EndCopy calls the scratch server answered").isGreaterThanOrEqualTo(5 + 2 + 8 + 4);
+        assertThat(r.endCopies()).as("EndCopy calls the scratch server answered").isGreaterThanOrEqualTo(5 + 2 + 8 + 4);
         assertThat(warmUpDirs()).as("its pool file, token and socket removed").isEqualTo(before);
     }
 
