@@ -50,3 +50,29 @@ def test_bad_arguments_are_refused_naming_the_value():
 def test_the_host_settings_are_read_without_a_gpu():
     settings = h2d.host_settings()
     assert set(settings) >= {"thp_enabled", "thp_shmem_enabled", "thp_defrag"}
+
+
+@pytest.mark.parametrize("shape", h2d.SHAPES)
+@pytest.mark.parametrize("parts", [2, 3])
+def test_calls_cut_across_streams_still_move_every_byte_once(shape, parts):
+    nbytes = 4 * h2d.BLOCK
+    cut = []
+    for h, d, width, rows, pitch in h2d.plan(shape, nbytes):
+        pieces = h2d.split(h, d, width, rows, pitch, parts)
+        assert 1 <= len(pieces) <= parts
+        if rows > 1 or width >= parts * 4096:
+            assert len(pieces) > 1, (shape, h, rows)  # each part on its own stream
+        cut += [(h2, d2, w2, r2, pitch) for h2, d2, w2, r2 in pieces]
+    for side in _covered(cut):
+        at = 0
+        for off, width in side:
+            assert off == at, (shape, parts, off, at)
+            at += width
+        assert at == nbytes
+
+
+def test_a_bad_stream_count_is_refused_naming_the_value():
+    with pytest.raises(SystemExit, match="--streams 0; expected comma-separated counts from 1 to 8"):
+        h2d.main(["--json", "/dev/null", "--streams", "0"])
+    with pytest.raises(SystemExit, match="--streams two; expected"):
+        h2d.main(["--json", "/dev/null", "--streams", "two"])

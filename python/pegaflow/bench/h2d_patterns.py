@@ -20,6 +20,11 @@ back on the device: the staging's and the bounce path's shape), ``layers_rows_co
 same calls over rows that lie back to back in the host: the pitched call without the stride),
 ``pieces`` (one call per 64 KiB row). Each figure is the median of ``--repeat`` timed runs after
 one untimed, in GB/s; the host's huge-page settings and what each mapping got are reported.
+
+``--streams 1,2`` also times each shape with every call cut into N parts by rows (a plain
+call by bytes), part k on stream k, so N of the GPU's copy engines share the link (keys
+``<shape>_s<N>_gbps``): whether one engine's gaps between calls, or its rate, leave part of the
+line unused that a second engine's copies would fill.
 """
 
 from __future__ import annotations
@@ -69,6 +74,25 @@ def plan(shape: str, nbytes: int) -> list[tuple[int, int, int, int, int]]:
     raise ValueError(f"shape {shape!r}; expected one of {', '.join(SHAPES)}")
 
 
+def split(h: int, d: int, width: int, rows: int, pitch: int, parts: int) -> list[tuple[int, int, int, int]]:
+    """One call (host offset, device offset, row bytes, rows; host rows ``pitch`` apart, device
+    rows back to back) cut into at most ``parts`` calls over the same bytes: by rows where it has
+    several, else by bytes (in 4 KiB multiples), as (host offset, device offset, row bytes, rows)."""
+    if parts <= 1:
+        return [(h, d, width, rows)]
+    out = []
+    if rows > 1:
+        step = -(-rows // parts)
+        for r in range(0, rows, step):
+            n = min(step, rows - r)
+            out.append((h + r * pitch, d + r * width, width, n))
+        return out
+    step = (-(-width // parts) + 4095) // 4096 * 4096 if width >= parts * 4096 else width
+    for o in range(0, width, step):
+        out.append((h + o, d + o, min(step, width - o), 1))
+    return out
+
+
 class _Driver:
     def __init__(self, device: int):
         try:
@@ -83,28 +107,38 @@ class _Driver:
         name = ctypes.create_string_buffer(256)
         self.check("cuDeviceGetName", name, 256, dev)
         self.name = name.value.decode()
-        self.stream = ctypes.c_void_p()
-        self.check("cuStreamCreate", ctypes.byref(self.stream), 1)  # CU_STREAM_NON_BLOCKING
+        self.streams: list = []
+        self.stream = self.stream_at(0)
+
+    def stream_at(self, k: int):
+        while len(self.streams) <= k:
+            s = ctypes.c_void_p()
+            self.check("cuStreamCreate", ctypes.byref(s), 1)  # CU_STREAM_NON_BLOCKING
+            self.streams.append(s)
+        return self.streams[k]
 
     def check(self, fn: str, *args) -> None:
         rc = getattr(self.cu, fn)(*args)
         if rc != 0:
             raise RuntimeError(f"{fn} failed with CUresult {rc}")
 
-    def copy(self, calls, host: int, dev: int) -> None:
+    def copy(self, calls, host: int, dev: int, streams: int = 1) -> None:
         m = _Memcpy2D()
         m.srcMemoryType, m.dstMemoryType = 1, 2  # CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE
         for h, d, width, rows, pitch in calls:
-            if rows == 1:
-                self.check("cuMemcpyHtoDAsync_v2", ctypes.c_uint64(dev + d), ctypes.c_void_p(host + h),
-                           ctypes.c_size_t(width), self.stream)
-            else:
-                m.srcHost, m.srcPitch, m.dstDevice, m.dstPitch = host + h, pitch, dev + d, width
-                m.WidthInBytes, m.Height = width, rows
-                self.check("cuMemcpy2DAsync_v2", ctypes.byref(m), self.stream)
+            for k, (h2, d2, w2, r2) in enumerate(split(h, d, width, rows, pitch, streams)):
+                stream = self.stream_at(k)
+                if r2 == 1:
+                    self.check("cuMemcpyHtoDAsync_v2", ctypes.c_uint64(dev + d2), ctypes.c_void_p(host + h2),
+                               ctypes.c_size_t(w2), stream)
+                else:
+                    m.srcHost, m.srcPitch, m.dstDevice, m.dstPitch = host + h2, pitch, dev + d2, w2
+                    m.WidthInBytes, m.Height = w2, r2
+                    self.check("cuMemcpy2DAsync_v2", ctypes.byref(m), stream)
 
     def sync(self) -> None:
-        self.check("cuStreamSynchronize", self.stream)
+        for s in self.streams:
+            self.check("cuStreamSynchronize", s)
 
 
 def _huge_kib() -> dict:
@@ -181,7 +215,7 @@ def _map(kind: str, nbytes: int, drv: _Driver):
     return addr, release, "cuMemHostRegister"
 
 
-def measure(drv: _Driver, kind: str, nbytes: int, dev: int, repeat: int) -> dict:
+def measure(drv: _Driver, kind: str, nbytes: int, dev: int, repeat: int, streams: tuple[int, ...] = (1,)) -> dict:
     before = _huge_kib()
     try:
         host, release, pinned = _map(kind, nbytes, drv)
@@ -190,16 +224,17 @@ def measure(drv: _Driver, kind: str, nbytes: int, dev: int, repeat: int) -> dict
     try:
         got = {k: v - before.get(k, 0) for k, v in _huge_kib().items() if v - before.get(k, 0)}
         row = {"pinned_by": pinned, "huge_kib_mapped": got}
-        for shape in SHAPES:
-            calls = plan(shape, nbytes)
-            times = []
-            for r in range(repeat + 1):
-                t = time.perf_counter()
-                drv.copy(calls, host, dev)
-                drv.sync()
-                if r:
-                    times.append(time.perf_counter() - t)
-            row[f"{shape}_gbps"] = round(nbytes / statistics.median(times) / 1e9, 2)
+        for n in streams:
+            for shape in SHAPES:
+                calls = plan(shape, nbytes)
+                times = []
+                for r in range(repeat + 1):
+                    t = time.perf_counter()
+                    drv.copy(calls, host, dev, n)
+                    drv.sync()
+                    if r:
+                        times.append(time.perf_counter() - t)
+                row[f"{shape}{'' if n == 1 else f'_s{n}'}_gbps"] = round(nbytes / statistics.median(times) / 1e9, 2)
         row["calls"] = {shape: len(plan(shape, nbytes)) for shape in SHAPES}
         return row
     finally:
@@ -213,7 +248,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--device", type=int, default=0)
     ap.add_argument("--memories", default=",".join(MEMORIES))
+    ap.add_argument("--streams", default="1", help="comma-separated stream counts each shape is timed with (1: one stream)")
     args = ap.parse_args(argv)
+    try:
+        streams = tuple(int(x) for x in args.streams.split(",") if x)
+    except ValueError:
+        streams = ()
+    if not streams or any(n < 1 or n > 8 for n in streams):
+        raise SystemExit(f"h2d_patterns: --streams {args.streams}; expected comma-separated counts from 1 to 8")
     if args.mib <= 0 or args.mib % 2:
         raise SystemExit(f"h2d_patterns: --mib {args.mib}; expected a positive multiple of 2 (whole 2 MiB blocks)")
     if args.repeat < 1:
@@ -228,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     drv.check("cuMemAlloc_v2", ctypes.byref(dev), ctypes.c_size_t(nbytes))
     try:
         report = {"gpu": drv.name, "bytes": nbytes, "repeat": args.repeat, "host": host_settings(),
-                  "memories": {k: measure(drv, k, nbytes, dev.value, args.repeat) for k in kinds}}
+                  "streams": list(streams),
+                  "memories": {k: measure(drv, k, nbytes, dev.value, args.repeat, streams) for k in kinds}}
     finally:
         drv.check("cuMemFree_v2", dev)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
