@@ -110,6 +110,11 @@ public final class WorkerSide {
 
     /** This step's in-step loads; ended (their failures recorded) by {@link #getFinished}. */
     private final List<StepLoad> stepLoads = new ArrayList<>();
+    /**
+     * In-step loads of earlier steps whose step went on without waiting for their last bytes
+     * ({@link #endStepLoads}): ended by a later {@link #getFinished} once landed.
+     */
+    private final List<StepLoad> landing = new ArrayList<>();
 
     /**
      * The worker of each store instance in this process (the newest created here): where a
@@ -264,6 +269,7 @@ public final class WorkerSide {
                 long from = t0;
                 // timed where the bytes land (the copy's completion), not where the step ends
                 CompletableFuture<CopyResult> landed = started.thenCompose(h -> h.result().thenApply(r -> {
+                    count(STAT_LOADED_BLOCKS, STAT_LOADED_BYTES, r); // here, not in a later step: the engine may go idle
                     stats.addAndGet(STAT_IN_STEP_LOAD_NANOS, System.nanoTime() - from);
                     long first = h.firstCopyNanos();
                     if (first != 0) {
@@ -357,23 +363,71 @@ public final class WorkerSide {
         }
     }
 
-    /** The step's in-step loads have run (the forward waited for them): their results, failures as load errors. */
+    /**
+     * The step's forward is queued (its layers wait for their bytes): each in-step load's result,
+     * a failure as load errors of this step. A load whose every copy is queued on the GPU, each
+     * layer behind an event the forward's stream waits on ({@link LayeredLoad#queuedOnDevice}),
+     * is not waited for: vLLM's thread goes on to queue the step's logits and sampling behind the
+     * forward, instead of waking for them only after the last byte landed and leaving the GPU
+     * idle meanwhile; a later call ends it ({@link #endLanded}). What could still fail there is
+     * the device itself (a sticky CUDA error), which fails the step's own output copy too, so no
+     * token computed from bytes that did not land leaves the step. Any other load is waited for,
+     * so its failure is this step's.
+     */
     private void endStepLoads() {
         for (StepLoad s : stepLoads) {
+            if (!s.landed().isDone() && s.started().isDone() && !s.started().isCompletedExceptionally()
+                    && s.started().join().queuedOnDevice()) {
+                stats.addAndGet(STAT_IN_STEP_STEP_NANOS, System.nanoTime() - s.startNanos());
+                landing.add(s);
+                continue;
+            }
             try {
-                CopyResult r = s.landed().join();
-                count(STAT_LOADED_BLOCKS, STAT_LOADED_BYTES, r);
+                s.landed().join();
                 stats.addAndGet(STAT_IN_STEP_STEP_NANOS, System.nanoTime() - s.startNanos());
             } catch (CompletionException | java.util.concurrent.CancellationException failed) {
-                Throwable cause = failed.getCause();
-                long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : s.targets();
-                stats.addAndGet(STAT_LOAD_FAILED_BLOCKS, ids.length);
-                for (long id : ids) {
-                    loadErrors.add(id);
-                }
+                // counted below
             }
+            end(s);
         }
         stepLoads.clear();
+    }
+
+    /**
+     * Ends the loads of earlier steps that {@link #endStepLoads} left landing and that have
+     * landed since; a failure there (never expected: the device failed after every copy was
+     * queued) is reported as load errors now, its request in {@code failedRequests}, and logged.
+     */
+    private void endLanded(List<String> failedRequests) {
+        for (var it = landing.iterator(); it.hasNext(); ) {
+            StepLoad s = it.next();
+            if (!s.landed().isDone()) {
+                continue;
+            }
+            it.remove();
+            if (!end(s)) {
+                failedRequests.add(s.requestId());
+                System.getLogger(WorkerSide.class.getName()).log(System.Logger.Level.WARNING, "in-step load of request "
+                        + s.requestId() + " failed after its step's forward was queued behind it; its blocks are "
+                        + "reported as load errors now: " + s.landed().handle((r, e) -> e).join());
+            }
+        }
+    }
+
+    /** Records a landed in-step load's failure as load errors (its bytes were counted as they landed); whether it succeeded. */
+    private boolean end(StepLoad s) {
+        try {
+            s.landed().join();
+            return true;
+        } catch (CompletionException | java.util.concurrent.CancellationException failed) {
+            Throwable cause = failed.getCause();
+            long[] ids = cause instanceof TransferFailedException tf ? tf.blockIds() : s.targets();
+            stats.addAndGet(STAT_LOAD_FAILED_BLOCKS, ids.length);
+            for (long id : ids) {
+                loadErrors.add(id);
+            }
+            return false;
+        }
     }
 
     /**
@@ -478,10 +532,11 @@ public final class WorkerSide {
      * {@link #drainLoadErrors}) and requests vLLM finished whose saves are all done.
      */
     public Finished getFinished(List<String> finishedRequestIds) {
+        List<String> failedLoads = new ArrayList<>();
+        endLanded(failedLoads);
         endStepLoads();
         noteFinished(finishedRequestIds);
         List<String> recving = new ArrayList<>();
-        List<String> failedLoads = new ArrayList<>();
         for (var it = loads.entrySet().iterator(); it.hasNext(); ) {
             var e = it.next();
             if (e.getValue().stream().allMatch(p -> p.future().isDone())) { // every group's load
@@ -527,13 +582,13 @@ public final class WorkerSide {
 
     /**
      * Whether a later {@link #getFinished} without new finished requests can report nothing: no
-     * in-step load of a step, no load in flight, no request vLLM finished whose saves are still
+     * in-step load of a step or still landing, no load in flight, no request vLLM finished whose saves are still
      * to be reported. The Python worker then skips that call on the steps after, until it starts
      * loads or vLLM finishes a request (a call into the JVM inside vLLM's step costs far more than
      * outside one: docs/benchmarks/README.md, "Calls into the JVM per step").
      */
     public boolean idle() {
-        return stepLoads.isEmpty() && loads.isEmpty() && finishedByVllm.isEmpty();
+        return stepLoads.isEmpty() && landing.isEmpty() && loads.isEmpty() && finishedByVllm.isEmpty();
     }
 
     /** Records requests vLLM finished, whose saves {@link #getFinished} reports once done. */

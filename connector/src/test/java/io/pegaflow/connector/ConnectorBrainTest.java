@@ -433,6 +433,149 @@ class ConnectorBrainTest {
     }
 
     /**
+     * Host copies that order a layer-wise load as a GPU copy engine does: the batch is marked
+     * queued on the device once submitted, a wait on a stream (not 0) returns at once as a
+     * stream's wait on the group's event does, and the batch completes only once its host copy
+     * ended and {@code landed} completed (failing with it), as a GPU batch completes when its done
+     * event is seen.
+     */
+    private record DeviceOrdered(io.pegaflow.engine.transfer.HostTransferEngine host,
+            java.util.concurrent.CompletableFuture<Void> landed) implements io.pegaflow.engine.transfer.TransferEngine {
+        @Override
+        public io.pegaflow.engine.transfer.TransferFuture submit(io.pegaflow.engine.transfer.CopyBatch batch) {
+            io.pegaflow.engine.transfer.TransferFuture copy = host.submit(batch);
+            if (batch.groupCount() <= 1 || batch.direction() != io.pegaflow.engine.transfer.CopyBatch.Direction.TO_DEVICE) {
+                return copy;
+            }
+            io.pegaflow.engine.transfer.TransferFuture out = new io.pegaflow.engine.transfer.TransferFuture() {
+                @Override
+                public void awaitGroup(int group, long stream) {
+                    if (stream == 0) {
+                        join();
+                    }
+                }
+            };
+            java.util.concurrent.CompletableFuture.allOf(copy, landed).whenComplete((v, e) -> {
+                if (e == null) {
+                    out.complete(null);
+                } else {
+                    out.completeExceptionally(e);
+                }
+            });
+            out.markQueuedOnDevice();
+            return out;
+        }
+
+        @Override
+        public String name() {
+            return "device-ordered-host";
+        }
+
+        @Override
+        public void close() {
+            host.close();
+        }
+    }
+
+    /** This test's engine replaced by one whose layer-wise loads complete once {@code landed} does ({@link DeviceOrdered}). */
+    private void bindDeviceOrdered(java.util.concurrent.CompletableFuture<Void> landed) {
+        engine.close();
+        bind(EngineConfig.builder().poolSize("8mb").sweepInterval(Duration.ZERO).leaseTtl(Duration.ofSeconds(30))
+                .transfer(pool -> new DeviceOrdered(new io.pegaflow.engine.transfer.HostTransferEngine(pool, 1), landed)), 2);
+    }
+
+    /** A warm request's hit of {@code h}'s four stored blocks loaded in its step into blocks 20-23, each layer waited for on stream 7. */
+    private void warmInStepOnAStream(BlockHashes h) {
+        assertThat(sched.lookup("warm", h, 4 * BLOCK + 5, 0)).isEqualTo(4 * BLOCK);
+        sched.afterAlloc("warm", ids(20, 5), 4 * BLOCK);
+        sched.schedule("warm", h, 0, new long[0], false, 4 * BLOCK, 5);
+        assertThat(worker.startLoads(sched.buildPlan())).isEqualTo(1);
+        for (int layer = 0; layer < layers.size(); layer++) {
+            worker.waitLayer(layer, 7); // the forward's stream waits; this thread goes on
+        }
+    }
+
+    /**
+     * The step's get_finished, on another thread, while {@code landed} is open: what it returned
+     * within 10 s; if it did not return (it waits for the bytes), {@code landed} is completed so
+     * nothing stays blocked, and the test fails.
+     */
+    private WorkerSide.Finished getFinishedWhileLanding(java.util.concurrent.CompletableFuture<Void> landed) throws Exception {
+        var call = java.util.concurrent.CompletableFuture.supplyAsync(() -> worker.getFinished(List.of()));
+        try {
+            return call.get(10, java.util.concurrent.TimeUnit.SECONDS);
+        } catch (java.util.concurrent.TimeoutException waited) {
+            landed.complete(null);
+            call.join();
+            throw new AssertionError("get_finished waited for an in-step load's bytes still landing");
+        }
+    }
+
+    /**
+     * An in-step load whose every copy is queued on the device, each layer behind an event the
+     * forward's stream waits on: the step's get_finished returns before the last byte landed
+     * (vLLM's thread goes on to queue the logits and sampling behind the forward), the worker
+     * stays busy until a later call sees it landed, and that call counts it; nothing is reported
+     * as failed.
+     */
+    @Test
+    void anInStepLoadQueuedOnTheDeviceEndsItsStepBeforeItsLastByteLands() throws Exception {
+        java.util.concurrent.CompletableFuture<Void> landed = new java.util.concurrent.CompletableFuture<>();
+        bindDeviceOrdered(landed);
+        BlockHashes h = hashes(4);
+        byte[][] saved = storedFourBlocksThenInStep(h);
+        warmInStepOnAStream(h);
+        WorkerSide.Finished f = getFinishedWhileLanding(landed);
+        assertThat(f.recving()).isEmpty();
+        assertThat(f.failed()).isEmpty();
+        assertThat(worker.idle()).as("the load is still landing").isFalse();
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        long[] stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_LOADS]).isEqualTo(1);
+        assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).as("counted once landed, not before").isZero();
+        assertThat(stats[WorkerSide.STAT_IN_STEP_STEP_NANOS]).as("the step ended").isPositive();
+        landed.complete(null);
+        for (int i = 0; i < 400 && !worker.idle(); i++) {
+            assertThat(worker.getFinished(List.of()).failed()).isEmpty();
+            Thread.sleep(5);
+        }
+        assertThat(worker.idle()).as("a later get_finished ended it").isTrue();
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        stats = worker.drainStats();
+        assertThat(stats[WorkerSide.STAT_LOADED_BLOCKS]).isEqualTo(4);
+        assertThat(stats[WorkerSide.STAT_LOAD_FAILED_BLOCKS]).isZero();
+        for (int i = 0; i < 4; i++) {
+            assertThat(block(20 + i)).as("block %d", i).isEqualTo(saved[i]);
+        }
+    }
+
+    /**
+     * Such a load that fails after its step went on (the device failing, never expected) is
+     * reported by the next get_finished that sees it: its request among the failed loads, so the
+     * worker asks for load errors, and its blocks as load errors (vLLM recomputes them).
+     */
+    @Test
+    void anInStepLoadThatFailsAfterItsStepWentOnIsReportedByALaterCall() throws Exception {
+        java.util.concurrent.CompletableFuture<Void> landed = new java.util.concurrent.CompletableFuture<>();
+        bindDeviceOrdered(landed);
+        BlockHashes h = hashes(4);
+        storedFourBlocksThenInStep(h);
+        warmInStepOnAStream(h);
+        assertThat(getFinishedWhileLanding(landed).failed()).isEmpty();
+        assertThat(worker.drainLoadErrors()).isEmpty();
+        landed.completeExceptionally(new IllegalStateException("CUDA_ERROR_ILLEGAL_ADDRESS (a test's)"));
+        List<String> failed = new ArrayList<>();
+        for (int i = 0; i < 400 && failed.isEmpty(); i++) {
+            failed.addAll(worker.getFinished(List.of()).failed());
+            Thread.sleep(5);
+        }
+        assertThat(failed).containsExactly("warm");
+        assertThat(worker.drainLoadErrors()).containsExactlyInAnyOrder(20, 21, 22, 23);
+        assertThat(worker.drainStats()[WorkerSide.STAT_LOAD_FAILED_BLOCKS]).isEqualTo(4);
+        assertThat(worker.idle()).isTrue();
+    }
+
+    /**
      * A copy engine that stages loads at their lookup (PEGAFLOW_PRESTAGE_MIB; here the host
      * engine with a buffer): the lookup begins the load and stages its pool side, the step's
      * in-step load reads the staging, lands the saved bytes layer by layer, and is counted as

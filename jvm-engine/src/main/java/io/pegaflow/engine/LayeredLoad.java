@@ -70,6 +70,24 @@ public final class LayeredLoad {
         return first;
     }
 
+    /**
+     * Whether every part is queued on the device ({@link TransferFuture#queuedOnDevice}): a
+     * forward whose stream waits for each layer ({@link #awaitLayer}) reads nothing before it
+     * lands, and what is left of the load can fail only as the device fails. False before any
+     * part was submitted, and for host copies.
+     */
+    public boolean queuedOnDevice() {
+        if (parts.isEmpty()) {
+            return false;
+        }
+        for (TransferFuture p : parts) {
+            if (!p.queuedOnDevice()) {
+                return false;
+            }
+        }
+        return true;
+    }
+
     void built(long nanos) {
         buildNanos.addAndGet(nanos);
     }

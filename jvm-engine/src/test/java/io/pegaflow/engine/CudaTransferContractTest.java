@@ -29,6 +29,11 @@ class CudaTransferContractTest extends TransferContract {
         });
     }
 
+    @Override
+    boolean queuesOnDevice() {
+        return true;
+    }
+
     /** The engine's options (subclasses run the contract with others). */
     CudaOptions options() {
         return CudaOptions.defaults();

@@ -32,6 +32,15 @@ abstract class TransferContract {
     /** Engine settings with this implementation's copy engine. */
     abstract EngineConfig.Builder config();
 
+    /**
+     * Whether this copy engine queues a layer-wise load on a device, each layer behind an event a
+     * stream can wait on ({@link LayeredLoad#queuedOnDevice}: the connector's step then does not
+     * wait for its last byte); host copies do not.
+     */
+    boolean queuesOnDevice() {
+        return false;
+    }
+
     static Stream<Arguments> layouts() {
         List<Arguments> out = new ArrayList<>();
         for (KvWorld.Kind kind : KvWorld.Kind.values()) {
@@ -107,7 +116,10 @@ abstract class TransferContract {
             byte[][] hashes = savePatterns(engine, world, rnd, src);
             QueryResult q = engine.query("inst", BlockHashes.of(hashes));
             assertThat(q.hitBlocks()).isEqualTo(saved);
-            awaitEveryLayerAndCheck(engine.loadLayered("inst", 0, q.lease(), dst), world, 8, src, dst, hashes);
+            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+            awaitEveryLayerAndCheck(load, world, 8, src, dst, hashes);
+            assertThat(load.queuedOnDevice()).as("every copy queued on the device, each layer behind its event")
+                    .isEqualTo(queuesOnDevice());
             engine.verifyInvariants();
         }
     }

@@ -154,6 +154,7 @@ final class CopyLane {
             try {
                 device.makeCurrent();
                 enqueue(batch, future); // a held batch waits for its hold there
+                future.markQueuedOnDevice();
                 pending.add(future);
             } catch (Throwable e) {
                 failed.accept(e);

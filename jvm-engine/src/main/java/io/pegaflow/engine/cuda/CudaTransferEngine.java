@@ -457,6 +457,7 @@ public final class CudaTransferEngine implements TransferEngine {
             }
             batch.awaitGate(); // held batches are layer-wise loads (queued later, above); any other waits here
             lane.enqueue(batch, future);
+            future.markQueuedOnDevice();
             lane.pending.add(future);
         } catch (RuntimeException | Error e) {
             fail(lanes, lane, future, e);

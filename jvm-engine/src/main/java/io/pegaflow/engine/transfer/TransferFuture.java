@@ -9,6 +9,23 @@ import java.util.concurrent.CompletableFuture;
  */
 public class TransferFuture extends CompletableFuture<Void> {
     private volatile long firstCopyNanos;
+    private volatile boolean queuedOnDevice;
+
+    /**
+     * Whether every copy of the batch is queued on the device, each group behind an event a
+     * stream can wait on ({@link #awaitGroup}), and nothing has failed so far: a GPU engine's
+     * mark ({@link #markQueuedOnDevice}); false until then and for host copies. Such a batch can
+     * still fail only as the device fails: an asynchronous CUDA error, which is sticky, so the
+     * work a caller's stream queued after it fails too.
+     */
+    public boolean queuedOnDevice() {
+        return queuedOnDevice && !isCompletedExceptionally();
+    }
+
+    /** The copy engine's mark for {@link #queuedOnDevice}, once its last copy and event are queued. */
+    public void markQueuedOnDevice() {
+        queuedOnDevice = true;
+    }
 
     /**
      * {@link System#nanoTime} when the engine queued the batch's first copy on the device (a GPU
