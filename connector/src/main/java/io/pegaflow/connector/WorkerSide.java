@@ -368,8 +368,8 @@ public final class WorkerSide {
      * a failure as load errors of this step. A load whose every copy is queued on the GPU, each
      * layer behind an event the forward's stream waits on ({@link LayeredLoad#queuedOnDevice}),
      * is not waited for: vLLM's thread goes on to queue the step's logits and sampling behind the
-     * forward, instead of waking for them only after the last byte landed and leaving the GPU
-     * idle meanwhile; a later call ends it ({@link #endLanded}). What could still fail there is
+     * forward (and, under vLLM's asynchronous scheduling, to schedule the next step) instead of
+     * standing still until the last byte landed; a later call ends it ({@link #endLanded}). What could still fail there is
      * the device itself (a sticky CUDA error), which fails the step's own output copy too, so no
      * token computed from bytes that did not land leaves the step. Any other load is waited for,
      * so its failure is this step's.
