@@ -130,6 +130,12 @@ def test_cold_then_warm_loads_exactly_the_saved_bytes_and_lookups_have_no_side_e
     assert sched_steps == worker_side["worker_steps"] == len(metas)
     assert all(r.data["scheduler_hook_ns"] > 0 for r in reports if r is not None) and worker_side["worker_hook_ns"] > 0
     assert "in_step_whole_waits" not in worker_side, "an eager forward waits layer by layer in its hooks"
+    # the hit timed from vLLM's QUEUED event (the sim's scheduler keeps stats): its lookup, then
+    # its allocation, on the clock the TTFT benchmark sets the load's end and first token beside
+    timed = {k: sum(r.data.get(k, 0) for r in reports if r is not None)
+             for k in ("hits_timed", "queued_to_lookup_ns", "queued_to_alloc_ns")}
+    assert timed["hits_timed"] == 1, timed
+    assert 0 < timed["queued_to_lookup_ns"] <= timed["queued_to_alloc_ns"], timed
 
 
 @pytest.mark.parametrize("at_alloc", [False, True], ids=["in_step", "in_step_at_alloc"])

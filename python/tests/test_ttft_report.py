@@ -546,6 +546,28 @@ def test_summary_gives_a_warm_loads_phases_with_its_wait_for_the_compute_stream(
     assert "warm_lookup_stagings" not in ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]  # an older jar
 
 
+def test_summary_sets_a_warm_requests_phases_on_one_clock_from_its_queued_event():
+    """warm_timeline_ms: the connector's lookup and allocation after each hit's QUEUED event
+    (means over the timed hits), the load's end (allocation plus the in-step load, every load
+    started at allocation), vLLM's first token (queued plus scheduled-to-first), and what came
+    after the load; absent without the connector's counters or vLLM's times."""
+    warm = run([23.0, 24.0], [7776] * 2, [1, 2])
+    for x, (q, s2f) in zip(warm, ((0.03, 21.7), (0.05, 22.1))):
+        x["queued_ms"], x["scheduled_to_first_ms"] = q, s2f
+    counters = {"vllm:pegaflow_hits_timed": 2.0, "vllm:pegaflow_queued_to_lookup_ns": 0.4e6,
+                "vllm:pegaflow_queued_to_alloc_ns": 1.6e6, "vllm:pegaflow_in_step_loads": 2.0,
+                "vllm:pegaflow_in_step_at_alloc": 2.0, "vllm:pegaflow_in_step_load_ns": 38.3e6}
+    results = {"embedded": {"start_s": 5.0, "lengths": {"8192": {
+        "cold": run([205, 215], [0, 0], [1, 2]), "reset_ok": True, "warm": warm, "warm_counters": counters}}}}
+    t = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_timeline_ms"]
+    assert t == {"lookup": 0.2, "alloc": 0.8, "landed": 19.95, "first_token": 21.94, "after_landed": 1.99}
+    counters["vllm:pegaflow_in_step_at_alloc"] = 1.0  # one load timed from its step instead: no load end on this clock
+    t = ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]["warm_timeline_ms"]
+    assert "landed" not in t and "after_landed" not in t and t["first_token"] == 21.94
+    del counters["vllm:pegaflow_hits_timed"]  # an older wheel, or vLLM's stats off
+    assert "warm_timeline_ms" not in ttft.summarize(results, [8192], 131072, None)["embedded"]["8k"]
+
+
 def test_summary_says_why_a_warm_lookup_staged_nothing():
     """The lookups' staging counters: a load begun at its lookup whose staging was refused says
     why (here one refused as too large for the buffer, one staged)."""

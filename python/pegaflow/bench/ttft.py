@@ -607,6 +607,9 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 query = server_query_phases(r.get("warm_counters") or {})
                 if query:
                     row["warm_server_query_phases_ms"] = query  # inside the server's Query: its store's phases
+                timeline = warm_timeline_ms(r.get("warm_counters") or {}, warm)
+                if timeline:
+                    row["warm_timeline_ms"] = timeline  # from vLLM's QUEUED event to the first token, means
             for phase in ("cold", "warm"):
                 # the process's threads during the phase: the main thread's CPU and switches, the others' CPU
                 if r.get(f"{phase}_threads"):
@@ -687,6 +690,30 @@ def in_step_phases_ms(counters: dict) -> dict:
     if "vllm:pegaflow_loads_staged" in counters:  # the share of loads read from a staging (PEGAFLOW_PRESTAGE_MIB)
         out["staged_share"] = round(counters["vllm:pegaflow_loads_staged"] / loads, 3)
     return out
+
+
+def warm_timeline_ms(counters: dict, warm: list) -> dict:
+    """Where a phase's warm requests spent their time, mean ms after each request's QUEUED event
+    (vLLM's engine core adding it; one monotonic clock for vLLM, the connector and the JVM):
+    ``lookup`` (the hit's lookup began), ``alloc`` (its blocks allocated: a load at allocation
+    starts there), ``landed`` (that plus the in-step load: its last byte seen landed), ``first_token``
+    (vLLM's own queued and scheduled-to-first-token times); and ``after_landed``, the last less
+    ``landed``: the last layer, the logits, the sampling and vLLM's output after the load. Empty
+    without the connector's counters (``hits_timed``: an older wheel, stats off) or vLLM's times."""
+    timed = counters.get("vllm:pegaflow_hits_timed", 0)
+    firsts = [x["queued_ms"] + x["scheduled_to_first_ms"] for x in warm
+              if "queued_ms" in x and "scheduled_to_first_ms" in x]
+    if not timed or not firsts:
+        return {}
+    out = {"lookup": counters.get("vllm:pegaflow_queued_to_lookup_ns", 0) / timed / 1e6,
+           "alloc": counters.get("vllm:pegaflow_queued_to_alloc_ns", 0) / timed / 1e6}
+    loads = counters.get("vllm:pegaflow_in_step_loads", 0)
+    if loads and counters.get("vllm:pegaflow_in_step_at_alloc", 0) == loads:  # every load timed from its allocation
+        out["landed"] = out["alloc"] + counters.get("vllm:pegaflow_in_step_load_ns", 0) / loads / 1e6
+    out["first_token"] = statistics.fmean(firsts)
+    if "landed" in out:
+        out["after_landed"] = out["first_token"] - out["landed"]
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 STAGING_COUNTERS = {"begun": "begun_at_lookup", "staged": "stagings", "busy": "staging_busy",

@@ -63,6 +63,10 @@ COUNTERS = {
     "load_fence_ns": "nanoseconds start_load_kv waited there, before the loads were handed to the engine",
     "in_step_whole_waits": "steps whose in-step loads the compute stream waited for whole in start_load_kv: a forward without "
                            "per-layer hooks (a FULL CUDA graph's replay)",
+    "hits_timed": "hits allocated whose QUEUED event vLLM recorded (its stats on): timed from that event below",
+    "queued_to_lookup_ns": "nanoseconds from those requests' QUEUED event (the engine core adding them) to their hit's lookup",
+    "queued_to_alloc_ns": "nanoseconds from their QUEUED event to their hit's update_state_after_alloc (where a load at "
+                          "allocation starts: in_step_load_ns runs from there)",
     "low_retention_blocks": "blocks of requests with retention \"low\" the store was told to evict first",
     "kv_events": "the store's block events handed to vLLM's KV-event publisher (--kv-events-config)",
     "worker_steps": "steps a worker ran the connector's per-step hooks for (start_load_kv calls)",

@@ -33,7 +33,17 @@ log = logging.getLogger("pegaflow.connector")
 ALLOCATED_NS: dict[str, int] = {}
 
 # what this side counts itself (the brain counts its lookups: SchedulerBrain.STATS)
-COUNTS = ("kv_events", "kv_event_gaps", "low_retention_blocks")
+COUNTS = ("kv_events", "kv_event_gaps", "low_retention_blocks", "hits_timed", "queued_to_lookup_ns", "queued_to_alloc_ns")
+
+
+def since_queued_ns(request, now_ns: int) -> int | None:
+    """Nanoseconds from ``request``'s QUEUED event (vLLM's engine core adding it, with stats on)
+    to ``now_ns`` (``time.perf_counter_ns``: on Linux the same monotonic clock as vLLM's event
+    timestamps and the JVM's ``System.nanoTime``); None where vLLM recorded none (stats off)."""
+    for e in getattr(request, "events", None) or ():
+        if getattr(getattr(e, "type", None), "name", None) == "QUEUED":
+            return now_ns - int(e.timestamp * 1e9)
+    return None
 
 
 def tail_tokens(request, block_size: int, hashes=None) -> list[int] | None:
@@ -101,6 +111,7 @@ class SchedulerCore:
         self._request_controls: dict[str, _controls.Controls] = {}  # kv_transfer_params, by request
         self._local_computed: dict[str, int] = {}
         self._counts = dict.fromkeys(COUNTS, 0)
+        self._lookup_began: dict[str, int] = {}  # a hit's lookup start, ns after its QUEUED event, until its allocation
         self._low_retention = _controls.LowRetention(block_size)
         # vLLM publishes KV events: the store's go out with them
         self._event_feed = _events.EventFeed(link, [(i, g.group.instance_id) for i, g in enumerate(groups)]) \
@@ -121,7 +132,10 @@ class SchedulerCore:
 
     def matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         """``get_num_new_matched_tokens``."""
+        began = since_queued_ns(request, time.perf_counter_ns())
         n, load_async = self._lookup(request, num_computed_tokens)
+        if n and began is not None and len(self._lookup_began) < 4096:
+            self._lookup_began[request.request_id] = began  # the hit's allocation counts it (after_alloc)
         if n is not None and self.controls_of(request).retention == "low":
             self._low_retention.looked_up(request.request_id, num_computed_tokens, n)
         return n, load_async
@@ -187,6 +201,15 @@ class SchedulerCore:
         self._loads |= num_external_tokens > 0
         if num_external_tokens > 0 and self.brain.in_step and len(ALLOCATED_NS) < 4096:
             ALLOCATED_NS[request.request_id] = time.perf_counter_ns()  # emptied at request_finished
+        looked = self._lookup_began.pop(request.request_id, None)
+        if num_external_tokens > 0 and looked is not None:
+            # where a warm request's time goes before its load, from vLLM's own clock on (the TTFT
+            # benchmark sets the load's end and the first token beside these)
+            allocated = since_queued_ns(request, time.perf_counter_ns())
+            if allocated is not None:
+                self._counts["hits_timed"] += 1
+                self._counts["queued_to_lookup_ns"] += looked
+                self._counts["queued_to_alloc_ns"] += allocated
 
     def take_loads(self) -> bool:
         """Whether a load was committed since the last call (the next plan loads into GPU blocks)."""
@@ -268,6 +291,7 @@ class SchedulerCore:
         self.keys.forget(request.request_id)
         self._local_computed.pop(request.request_id, None)
         ALLOCATED_NS.pop(request.request_id, None)
+        self._lookup_began.pop(request.request_id, None)
         held = self.brain.request_finished(request.request_id)
         if low:
             self._demote(self._low_retention.finished(request.request_id, keys, saved, held))
