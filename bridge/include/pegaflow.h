@@ -426,15 +426,17 @@ typedef struct pegaflow_api {
        *out_count says how many): lookups answered, "not yet" answers, requests offered a hit,
        tokens offered, nanoseconds in lookups, lookups the store failed, waits given up, "not yet"
        answers of a decode instance waiting for its whole prefix, hits shrunk to what every group
-       held; then (this build: 23 in all) lookups that began their load, and of the staging at the
+       held; then (this build: 25 in all) lookups that began their load, and of the staging at the
        lookup (PEGAFLOW_PRESTAGE_MIB) loads staged, lookups refused because the buffer was
        occupied, because the load was larger than it, stagings failed, lookups refused because the
        buffer could not be had; then hits whose load did not begin at the lookup because no worker
        of the instance runs in this process, or because the engine did not begin it; then stagings
        whose first group was queued, and their nanoseconds from the lookup to the staging thread's
        start, in making the layout, and to that group queued; then stagings whose first group the
-       staging thread saw land while pacing them, and their nanoseconds from the lookup to then. A
-       larger cap takes what the build has; the ABI is unchanged. */
+       staging thread saw land while pacing them, and their nanoseconds from the lookup to then;
+       then the groups the staging thread queued while pacing after it saw the one before them
+       land, and the nanoseconds from seeing that to queueing them. A larger cap takes what the
+       build has; the ABI is unchanged. */
     int32_t (*sched_stats)(int64_t sched, int64_t *out, int32_t cap, int32_t *out_count);
     /* The key of a prompt's partial last block into out[0..parent_len): the first parent_len
        bytes of SHA-256 over "pegaflow-tail\0", the last full block's key parent (1..32 bytes)

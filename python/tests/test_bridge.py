@@ -390,8 +390,8 @@ def test_the_scheduler_counters_go_to_the_cap_a_caller_knows():
                 buf = (ctypes.c_int64 * cap)()
                 _bridge.api().call("sched_stats", brain.handle, buf, cap, ctypes.byref(count))
                 assert count.value == expected
-            assert len(SchedulerBrain.STATS) == 23
-            with pytest.raises(errors.InvalidArgumentError, match=r"sched_stats cap 8; expected >= 9 \(this build has 23 counters\)"):
+            assert len(SchedulerBrain.STATS) == 25
+            with pytest.raises(errors.InvalidArgumentError, match=r"sched_stats cap 8; expected >= 9 \(this build has 25 counters\)"):
                 _bridge.api().call("sched_stats", brain.handle, (ctypes.c_int64 * 8)(), 8, ctypes.byref(count))
         finally:
             brain.close()

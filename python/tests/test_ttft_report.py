@@ -591,6 +591,10 @@ def test_summary_says_why_a_warm_lookup_staged_nothing():
     warm_counters.update({"vllm:pegaflow_staging_landed": 1.0, "vllm:pegaflow_staging_to_landed_ns": 2.5e6})
     row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
     assert row["to_landed_ms"] == 2.5  # over the one seen landed
+    assert "paced_groups" not in row and "paced_gap_us" not in row  # an older wheel, or nothing paced
+    warm_counters.update({"vllm:pegaflow_staging_paced_groups": 9.0, "vllm:pegaflow_staging_paced_gap_ns": 0.36e6})
+    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
+    assert (row["paced_groups"], row["paced_gap_us"]) == (9.0, 40.0)  # the one staged load's groups; the mean gap
 
 
 def test_overlap_refuses_a_negative_forward_delay():

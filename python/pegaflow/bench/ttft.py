@@ -751,6 +751,10 @@ def staging_counts(counters: dict) -> dict:
     landed = counters.get("vllm:pegaflow_staging_landed", 0)
     if landed:  # and to its first group landed (host-timed): beside to_first, the copy engine's start and the group's copy
         out["to_landed_ms"] = round(counters.get("vllm:pegaflow_staging_to_landed_ns", 0) / landed / 1e6, 3)
+    paced = counters.get("vllm:pegaflow_staging_paced_groups", 0)
+    if paced:  # groups queued while paced, a load's mean, and the host's mean µs between seeing one land and the next queued
+        out["paced_groups"] = round(paced / max(1, out["staged"]), 1)
+        out["paced_gap_us"] = round(counters.get("vllm:pegaflow_staging_paced_gap_ns", 0) / paced / 1e3, 1)
     return out
 
 

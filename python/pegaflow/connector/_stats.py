@@ -42,6 +42,9 @@ COUNTERS = {
     "staging_to_first_ns": "nanoseconds from those lookups to their staging's first layer group queued on the copy engine",
     "staging_landed": "loads staged at their lookup whose first layer group the staging thread saw land while pacing them",
     "staging_to_landed_ns": "nanoseconds from those lookups to their staging's first layer group landed, as the staging thread saw it",
+    "staging_paced_groups": "layer groups the staging thread queued while pacing, after it saw the group before them land",
+    "staging_paced_gap_ns": "nanoseconds from seeing that group land to the next one queued: the host's part of the "
+                            "link's idle time between paced groups",
     "in_step_loads": "loads run inside the step that used them",
     "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
     "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",

@@ -60,6 +60,14 @@ public abstract class Stager implements AutoCloseable {
      */
     private final AtomicLong landedFirst = new AtomicLong();
     private final AtomicLong toLandedNanos = new AtomicLong();
+    /**
+     * Groups queued while paced, after the staging thread saw the group before them land, and
+     * the nanoseconds from seeing it land to this group queued: the host's part of the time the
+     * link stood idle between paced groups (the copy engine's own start and any lateness in
+     * seeing the landing come on top).
+     */
+    private final AtomicLong pacedGroups = new AtomicLong();
+    private final AtomicLong pacedGapNanos = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -180,6 +188,7 @@ public abstract class Stager implements AutoCloseable {
             long laying = System.nanoTime();
             StageLayout l = s.computeLayout();
             long laid = 0;
+            long seenLanded = 0; // when the thread saw the group before this one land while pacing (0: it did not)
             for (int g = 0; g < l.groups(); g++) {
                 if (s.abandoned()) {
                     return;
@@ -189,6 +198,11 @@ public abstract class Stager implements AutoCloseable {
                     laid = System.nanoTime();
                 }
                 queueGroup(l, g);
+                if (seenLanded != 0) {
+                    pacedGapNanos.addAndGet(System.nanoTime() - seenLanded);
+                    pacedGroups.incrementAndGet();
+                    seenLanded = 0;
+                }
                 if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
                     long now = System.nanoTime();
                     toFillNanos.addAndGet(filling - s.createdNanos());
@@ -201,6 +215,9 @@ public abstract class Stager implements AutoCloseable {
                 if (g + 1 < l.groups() && waitFor >= 0) {
                     while (s.paced() && !landed(waitFor)) {
                         Thread.onSpinWait(); // one layer's copy: a parked thread woken late would idle the line
+                    }
+                    if (s.paced()) {
+                        seenLanded = System.nanoTime();
                     }
                     if (waitFor == 0 && s.paced()) { // seen landed, not let go by the load's hold opening
                         toLandedNanos.addAndGet(System.nanoTime() - s.createdNanos());
@@ -256,11 +273,13 @@ public abstract class Stager implements AutoCloseable {
      * (all of the layout, or a lazy one's first group: {@link StageLayout#lazy}), and to that
      * group queued on the copy engine. In that order; then the stagings whose first group the
      * staging thread saw land while pacing them, and their nanoseconds from being asked for to
-     * then (counted before the next group is queued).
+     * then (counted before the next group is queued); then the groups queued while paced after
+     * the thread saw the group before them land, and the nanoseconds from seeing it land to
+     * queueing them (the host's part of the link's idle time between paced groups).
      */
     public long[] startTimes() {
         return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get(), landedFirst.get(),
-                toLandedNanos.get()};
+                toLandedNanos.get(), pacedGroups.get(), pacedGapNanos.get()};
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */

@@ -26,6 +26,8 @@ class StagerTest {
         volatile boolean refuseAllocation;
         volatile int failAtGroup = -1;
         volatile CountDownLatch holdGroup1;
+        /** Milliseconds queueing group 2 takes (a slow driver call). */
+        volatile int queueGroup2Ms;
         int frees;
 
         /** Groups below this have landed. */
@@ -68,6 +70,13 @@ class StagerTest {
             if (g == failAtGroup) {
                 throw new IllegalStateException("copy refused (test)");
             }
+            if (g == 2 && queueGroup2Ms > 0) {
+                try {
+                    Thread.sleep(queueGroup2Ms);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            }
             queuedGroups.incrementAndGet();
             CountDownLatch hold = holdGroup1;
             if (g == 1 && hold != null) {
@@ -109,6 +118,36 @@ class StagerTest {
         b.finish();
         assertThat(s.startTimes()[0]).isEqualTo(2);
         assertThat(s.startTimes()[4]).isEqualTo(1);
+        assertThat(s.startTimes()[6]).as("a's groups 1 and 2, each queued after the one before was seen landed; b's none")
+                .isEqualTo(2);
+        s.close();
+    }
+
+    /**
+     * The groups queued while paced after the one before was seen landed, and the host's time
+     * from seeing it land to the next queued (the link idles meanwhile): a slow queueing of group
+     * 2 (5 ms) shows in it; a group queued once the hold opened does not count.
+     */
+    @Test
+    void thePacedGroupsAndTheHostsGapBeforeEachAreCounted() throws Exception {
+        Recording s = new Recording();
+        s.queueGroup2Ms = 5;
+        StagedLoad a = s.stage(12288, StagerTest::layout); // every group lands at once: paced, never held up
+        assertThat(queuedAfter(s, 3)).isEqualTo(3);
+        assertThat(a.claim(null)).isTrue();
+        a.awaitQueued(2);
+        a.finish();
+        long[] t = s.startTimes();
+        assertThat(t[6]).as("groups 1 and 2").isEqualTo(2);
+        assertThat(t[7]).as("group 2's queueing included").isGreaterThanOrEqualTo(5_000_000L);
+        s.landedBelow = 0; // b's group 0 never lands: its load's claim lets the rest go unpaced
+        s.queueGroup2Ms = 0;
+        StagedLoad b = s.stage(12288, StagerTest::layout);
+        assertThat(queuedAfter(s, 4)).isEqualTo(4);
+        assertThat(b.claim(null)).isTrue();
+        b.awaitQueued(2);
+        b.finish();
+        assertThat(s.startTimes()[6]).as("none of b's").isEqualTo(2);
         s.close();
     }
 
@@ -148,7 +187,7 @@ class StagerTest {
     @Test
     void howSoonEachStagingStartedIsCounted() {
         Recording s = new Recording();
-        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0, 0, 0);
+        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0, 0, 0, 0, 0);
         long slowLayout = 30_000_000L;
         StagedLoad a = s.stage(12288, () -> {
             long end = System.nanoTime() + slowLayout; // a layout that takes 30 ms to make
