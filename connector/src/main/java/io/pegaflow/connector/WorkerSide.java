@@ -382,13 +382,9 @@ public final class WorkerSide {
                 landing.add(s);
                 continue;
             }
-            try {
-                s.landed().join();
+            if (end(s)) { // waits for the bytes
                 stats.addAndGet(STAT_IN_STEP_STEP_NANOS, System.nanoTime() - s.startNanos());
-            } catch (CompletionException | java.util.concurrent.CancellationException failed) {
-                // counted below
             }
-            end(s);
         }
         stepLoads.clear();
     }
@@ -414,7 +410,10 @@ public final class WorkerSide {
         }
     }
 
-    /** Records a landed in-step load's failure as load errors (its bytes were counted as they landed); whether it succeeded. */
+    /**
+     * Waits for an in-step load to land and records its failure as load errors (its bytes were
+     * counted as they landed); whether it succeeded.
+     */
     private boolean end(StepLoad s) {
         try {
             s.landed().join();
