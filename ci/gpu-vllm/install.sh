@@ -6,6 +6,10 @@
 set -euo pipefail
 s=/tmp/stage
 cd "$s"
+if ls bundle.part-* > /dev/null 2>&1; then  # stage.sh bundle's parts: one tar, joined in name order
+  cat bundle.part-* | tar -xf -
+  rm -f bundle.part-*
+fi
 whl=$(awk '{print $2}' vllm.sha256)
 cat vllm.whl.part-* > "$whl"
 sha256sum -c vllm.sha256

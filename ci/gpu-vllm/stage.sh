@@ -6,6 +6,9 @@
 #   ci/gpu-vllm/stage.sh prepare        downloads, the vLLM wheel less FA2, its parts (.stage/c2 ..)
 #   ci/gpu-vllm/stage.sh select FREEZE  the dependencies the GPU image lacks (FREEZE: `pip list
 #                                       --format=freeze` there, printed by call 1) into .stage/c5
+#   ci/gpu-vllm/stage.sh bundle         all of the above (c1, c1b, the slim vLLM wheel, c5 and c6) as
+#                                       one tar in parts of 46 MiB, .stage/b1 .. b6: six calls
+#                                       instead of eight (install.sh unpacks them)
 #
 # What each call carries (name it in `carry`; every part stays under 58 MiB, the working tree
 # travels beside it):
@@ -129,5 +132,26 @@ print(f"shipping {len(chosen)} wheels, {sum(w.stat().st_size for w in chosen) / 
 PY
   du -sh "$stage"/c5 "$stage"/c6 2>/dev/null || true  # c6 exists only when needed
   ;;
-*) echo "usage: ci/gpu-vllm/stage.sh prepare | select FREEZE" >&2; exit 2 ;;
+bundle)
+  # Each call to the GPU machine carries at most 64 MiB with the working tree (~14 MiB) beside
+  # it, and costs device time to start: the eight parts above, cut where the files end, need
+  # eight calls; one tar of them, cut every 46 MiB, needs six.
+  slim=$stage/vllm-$VLLM-cp38-abi3-manylinux_2_28_x86_64.whl
+  for f in "$slim" "$stage"/c1/pegaflow_jvm-*.whl "$stage"/c1b/vllm.sha256; do
+    [ -f "$f" ] || { echo "stage.sh: $f is missing; run prepare and select first" >&2; exit 1; }
+  done
+  [ -n "$(ls "$stage"/c5/*.whl 2>/dev/null)" ] || { echo "stage.sh: .stage/c5 is empty; run select first" >&2; exit 1; }
+  rm -rf "$stage"/b[0-9]* "$stage/tar"
+  mkdir -p "$stage/tar/deps"
+  cp "$stage"/c1/* "$stage"/c1b/* "$stage/tar/"
+  ln -s "$(cd "$(dirname "$slim")" && pwd)/$(basename "$slim")" "$stage/tar/vllm.whl.part-00"  # the wheel whole
+  cp "$stage"/c5/* "$stage/tar/deps/"
+  if [ -d "$stage/c6" ]; then cp "$stage"/c6/* "$stage/tar/deps/"; fi
+  tar -chf - -C "$stage/tar" . | split -b 46M -a 1 - "$stage/bundle.part-"
+  rm -rf "$stage/tar"
+  i=1
+  for p in "$stage"/bundle.part-*; do mkdir -p "$stage/b$i"; mv "$p" "$stage/b$i/"; i=$((i + 1)); done
+  du -sh "$stage"/b[0-9]*
+  ;;
+*) echo "usage: ci/gpu-vllm/stage.sh prepare | select FREEZE | bundle" >&2; exit 2 ;;
 esac
