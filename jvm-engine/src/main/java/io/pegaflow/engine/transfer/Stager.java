@@ -211,6 +211,12 @@ public abstract class Stager implements AutoCloseable {
                     started.incrementAndGet();
                 }
                 s.queued(g);
+                if (g + 1 < l.groups()) {
+                    // the next group's host work while this one is in flight: between seeing a
+                    // paced group land and queueing the next, only the driver's calls remain
+                    l.lay(g + 1);
+                    prepareGroup(l, g + 1);
+                }
                 int waitFor = g + 1 - depth; // the group that must land before the next is queued
                 if (g + 1 < l.groups() && waitFor >= 0) {
                     while (s.paced() && !landed(waitFor)) {
@@ -296,8 +302,20 @@ public abstract class Stager implements AutoCloseable {
     /** The staging buffer's address (device memory for a GPU engine); valid once a load's first group is queued ({@link StagedLoad#awaitQueued}). */
     public abstract long address();
 
-    /** On the staging thread: queues group {@code g}'s stretches into the buffer at their {@link StageLayout#stretchAt}. */
+    /**
+     * On the staging thread: queues group {@code g}'s stretches into the buffer at their {@link
+     * StageLayout#stretchAt}, doing {@link #prepareGroup}'s part first where it was not done for
+     * {@code g}.
+     */
     protected abstract void queueGroup(StageLayout layout, int g);
+
+    /**
+     * On the staging thread, once group {@code g - 1} is queued and before the thread waits for
+     * it to land: the host's part of queueing group {@code g} (laid already), so that only what
+     * must follow the landing is left to {@link #queueGroup}. Nothing by default.
+     */
+    protected void prepareGroup(StageLayout layout, int g) {
+    }
 
     /** On the staging thread: whether group {@code g}'s copies have landed. */
     protected abstract boolean landed(int g);

@@ -64,9 +64,36 @@ class StagerTest {
         /** Groups of its layout laid when each group was queued. */
         final int[] laidAtQueue = new int[8];
 
+        /** Milliseconds the host's part of queueing group 2 takes (its copies listed: {@link #prepareGroup}). */
+        volatile int prepareGroup2Ms;
+        /** The group prepared ahead of its queueing ({@code -1}: none), and how many were. */
+        int prepared = -1;
+        int preparedAhead;
+
+        @Override
+        protected void prepareGroup(StageLayout layout, int g) {
+            preparedAhead++;
+            list(g);
+        }
+
+        private void list(int g) {
+            if (g == 2 && prepareGroup2Ms > 0) {
+                try {
+                    Thread.sleep(prepareGroup2Ms);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            }
+            prepared = g;
+        }
+
         @Override
         protected void queueGroup(StageLayout layout, int g) {
             laidAtQueue[g] = layout.laidGroups();
+            if (prepared != g) {
+                list(g); // as DeviceStager: a group not prepared ahead is prepared here
+            }
+            prepared = -1;
             if (g == failAtGroup) {
                 throw new IllegalStateException("copy refused (test)");
             }
@@ -148,6 +175,28 @@ class StagerTest {
         b.awaitQueued(2);
         b.finish();
         assertThat(s.startTimes()[6]).as("none of b's").isEqualTo(2);
+        s.close();
+    }
+
+    /**
+     * A group's host work (its copies listed) is done while the group before is in flight, so
+     * the gap between seeing that group land and queueing the next leaves it out: a 5 ms listing
+     * of group 2 does not show in the paced gap, where queueing it after the landing would put
+     * it there.
+     */
+    @Test
+    void theNextGroupsHostWorkIsDoneBeforeTheGroupBeforeItLands() throws Exception {
+        Recording s = new Recording();
+        s.prepareGroup2Ms = 5;
+        StagedLoad a = s.stage(12288, StagerTest::layout); // every group lands at once: paced
+        assertThat(queuedAfter(s, 3)).isEqualTo(3);
+        assertThat(a.claim(null)).isTrue();
+        a.awaitQueued(2);
+        a.finish();
+        long[] t = s.startTimes();
+        assertThat(t[6]).as("groups 1 and 2 paced").isEqualTo(2);
+        assertThat(t[7]).as("their gaps leave group 2's 5 ms listing out").isLessThan(4_000_000L);
+        assertThat(s.preparedAhead).as("groups 1 and 2 prepared ahead").isEqualTo(2);
         s.close();
     }
 
