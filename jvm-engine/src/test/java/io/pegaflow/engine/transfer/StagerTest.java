@@ -77,14 +77,22 @@ class StagerTest {
         }
 
         private void list(int g) {
-            if (g == 2 && prepareGroup2Ms > 0) {
-                try {
-                    Thread.sleep(prepareGroup2Ms);
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                }
+            if (g == 2) {
+                pause(prepareGroup2Ms);
             }
             prepared = g;
+        }
+
+        /** Sleeps {@code ms} milliseconds on the staging thread (none for 0): a slow step of its work. */
+        private static void pause(int ms) {
+            if (ms <= 0) {
+                return;
+            }
+            try {
+                Thread.sleep(ms);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
         }
 
         @Override
@@ -97,12 +105,8 @@ class StagerTest {
             if (g == failAtGroup) {
                 throw new IllegalStateException("copy refused (test)");
             }
-            if (g == 2 && queueGroup2Ms > 0) {
-                try {
-                    Thread.sleep(queueGroup2Ms);
-                } catch (InterruptedException e) {
-                    Thread.currentThread().interrupt();
-                }
+            if (g == 2) {
+                pause(queueGroup2Ms);
             }
             queuedGroups.incrementAndGet();
             CountDownLatch hold = holdGroup1;
@@ -159,12 +163,7 @@ class StagerTest {
     void thePacedGroupsAndTheHostsGapBeforeEachAreCounted() throws Exception {
         Recording s = new Recording();
         s.queueGroup2Ms = 5;
-        StagedLoad a = s.stage(12288, StagerTest::layout); // every group lands at once: paced, never held up
-        assertThat(queuedAfter(s, 3)).isEqualTo(3);
-        assertThat(a.claim(null)).isTrue();
-        a.awaitQueued(2);
-        a.finish();
-        long[] t = s.startTimes();
+        long[] t = stageThreePaced(s);
         assertThat(t[6]).as("groups 1 and 2").isEqualTo(2);
         assertThat(t[7]).as("group 2's queueing included").isGreaterThanOrEqualTo(5_000_000L);
         s.landedBelow = 0; // b's group 0 never lands: its load's claim lets the rest go unpaced
@@ -188,16 +187,24 @@ class StagerTest {
     void theNextGroupsHostWorkIsDoneBeforeTheGroupBeforeItLands() throws Exception {
         Recording s = new Recording();
         s.prepareGroup2Ms = 5;
-        StagedLoad a = s.stage(12288, StagerTest::layout); // every group lands at once: paced
-        assertThat(queuedAfter(s, 3)).isEqualTo(3);
-        assertThat(a.claim(null)).isTrue();
-        a.awaitQueued(2);
-        a.finish();
-        long[] t = s.startTimes();
+        long[] t = stageThreePaced(s);
         assertThat(t[6]).as("groups 1 and 2 paced").isEqualTo(2);
         assertThat(t[7]).as("their gaps leave group 2's 5 ms listing out").isLessThan(4_000_000L);
         assertThat(s.preparedAhead).as("groups 1 and 2 prepared ahead").isEqualTo(2);
         s.close();
+    }
+
+    /**
+     * Stages a load of three groups on {@code s}, every group landing at once (so each is paced,
+     * never held up), claims and finishes it; returns the stager's {@link Stager#startTimes}.
+     */
+    private static long[] stageThreePaced(Recording s) throws InterruptedException {
+        StagedLoad a = s.stage(12288, StagerTest::layout);
+        assertThat(queuedAfter(s, 3)).isEqualTo(3);
+        assertThat(a.claim(null)).isTrue();
+        a.awaitQueued(2);
+        a.finish();
+        return s.startTimes();
     }
 
     /** Spins until {@code n} groups were queued or 10 s passed; then waits a little for any more. */
