@@ -164,8 +164,8 @@ def test_the_low_ttft_preset_loads_in_the_step_from_allocation_staged_and_answer
     """PEGAFLOW_PRESET=low_ttft alone (no other setting) in a real engine: warm loads run in the
     step, begun where vLLM allocates their blocks, their pool side staged at the lookup in the
     host engine's buffer the preset sizes, and every answer equals vLLM's own without the
-    connector. (Its 5% share computes none of these prompts' 15 servable blocks: a twentieth
-    rounds down to none.)"""
+    connector. (Its 3% share computes none of these prompts' 15 servable blocks: 0.45 of a
+    block rounds down to none.)"""
     connector = {"mode": "embedded", "pool_size": "32mb"}
     first, second, metrics = cold_then_warm(model, connector, "preset", env={"PEGAFLOW_PRESET": "low_ttft"})
     assert [x.token_ids for x in first] == [x.token_ids for x in second] == baseline(1)

@@ -152,18 +152,18 @@ def test_load_at_alloc_stays_off_under_async_scheduling(caplog):
 
 
 def test_the_low_ttft_preset_sets_the_fastest_measured_loads_and_each_explicit_setting_wins():
-    """preset low_ttft: in-step loads begun at allocation with a 5% compute share (the bench's
-    _instepxr5 set-up) where the caller set none of them; each key or variable of its own wins."""
+    """preset low_ttft: in-step loads begun at allocation with a 3% compute share (the bench's
+    _instepxr3 set-up) where the caller set none of them; each key or variable of its own wins."""
     plain = Settings.from_extra({}, {})
     assert (plain.preset, plain.load_in_step, plain.load_at_alloc, plain.compute_share) == ("none", None, False, 0.0)
     for extra, env in (({"preset": "low_ttft"}, {}), ({}, {"PEGAFLOW_PRESET": "LOW_TTFT"}),
                        ({"pegaflow.preset": "low_ttft"}, {"PEGAFLOW_PRESET": "none"})):
         s = Settings.from_extra(extra, env)
-        assert (s.preset, s.load_in_step, s.load_at_alloc, s.compute_share) == ("low_ttft", True, True, 0.05), (extra, env)
+        assert (s.preset, s.load_in_step, s.load_at_alloc, s.compute_share) == ("low_ttft", True, True, 0.03), (extra, env)
     s = Settings.from_extra({"preset": "low_ttft", "load_at_alloc": False, "compute_share": 0},
                             {"PEGAFLOW_LOAD_IN_STEP": "auto"})
     assert (s.load_in_step, s.load_at_alloc, s.compute_share) == (None, False, 0.0)
-    assert Settings.from_extra({"preset": "low_ttft"}, {"PEGAFLOW_COMPUTE_SHARE": "0.03"}).compute_share == 0.03
+    assert Settings.from_extra({"preset": "low_ttft"}, {"PEGAFLOW_COMPUTE_SHARE": "0.05"}).compute_share == 0.05
     assert Settings.from_extra({"preset": "none"}, {}).load_at_alloc is False
     for bad in ("fast", "", 1):
         with pytest.raises(InvalidArgumentError, match=rf"preset '{bad}'; expected one of \['none', 'low_ttft'\]"):

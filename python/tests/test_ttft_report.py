@@ -182,6 +182,39 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert main([]) == 2
 
 
+def test_profile_summary_says_what_set_each_layers_attention_going(tmp_path):
+    """Layer 0's attention starts as vLLM's thread launches it (the host sets the pace), layer 1's
+    as the GEMM before it on the stream ends, long after its launch (the GPU's compute), layer 2's
+    after both (a wait on the stream, such as a layer's load)."""
+    import gzip
+    import json
+
+    from pegaflow.bench.profile_summary import summarize
+
+    ev = [{"ts": 0.0, "cat": "cpu_op", "name": "start", "dur": 1}]
+
+    def kernel(ts, dur, name, corr):
+        ev.append({"ts": ts, "dur": dur, "cat": "kernel", "name": name, "tid": 7, "args": {"stream": 7, "correlation": corr}})
+
+    def launch(ts, corr):
+        ev.append({"ts": ts, "dur": 4, "cat": "cuda_runtime", "name": "cudaLaunchKernelExC", "tid": 1,
+                   "args": {"correlation": corr}})
+
+    attn = "void cutlass::device_kernel<flash::enable_sm90_or_later<x>>"
+    kernel(1000.0, 100, "gemm", 1), launch(990.0, 1)
+    kernel(1500.0, 100, attn, 2), launch(1490.0, 2)  # 0.4 ms after the GEMM: waited for its launch
+    kernel(1700.0, 800, "gemm", 3), launch(1650.0, 3)
+    kernel(2500.0, 100, attn, 4), launch(1800.0, 4)  # launched 0.7 ms before; started as the GEMM ended
+    kernel(2700.0, 100, "gemm", 5), launch(2650.0, 5)
+    kernel(3400.0, 100, attn, 6), launch(2900.0, 6)  # after its launch and the GEMM's end: a stream wait
+    path = tmp_path / "warm-8192.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    paced = summarize(str(path), layers=3)["first_forward_layer_pacing"]
+    assert paced == {"launch_to_start_ms": [0.01, 0.7, 0.5], "after_previous_ms": [0.4, 0.0, 0.6],
+                     "set_by": {"host": 1, "gpu": 1, "other": 1}}
+
+
 def test_a_failed_api_servers_excerpt_keeps_the_root_cause_above_its_end():
     """vLLM's engine core prints the root cause, then the API server's own long traceback ends the
     log ("See root cause above"): the excerpt keeps the first traceback's start and the end."""

@@ -13,8 +13,10 @@ ran kernels in it, medians; and the first steps one by one in ``decode_steps_fir
 long each step's token copy waited and how long a save's copies ran inside it); how long each kernel launch of the forward's thread took (median and mean in
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
 shows there (docs/gpu.md, "Layer-wise loads and the launch rate"); and what the thread of the
-first ``vllm.execute_model`` range did in it on the host (``execute_model_host_ops``). No GPU
-needed; it reads the files only.
+first ``vllm.execute_model`` range did in it on the host (``execute_model_host_ops``); and what
+set each layer's attention going (``first_forward_layer_pacing``: vLLM's thread launching it, the
+GPU's compute before it on its stream, or a wait such as a load's). No GPU needed; it reads the
+files only.
 Every ``pega_copy`` kernel in the trace counts, saves' included: in the ttft worker's warm and
 GPU-hit traces the prompt is stored already (no saves run beside the first forward); in its
 cold trace (a prompt never seen) they are the save's gathers. ``first_token_copy``: how long the
@@ -120,6 +122,9 @@ def summarize(path: str, layers: int = 32) -> dict:
             out["first_token_copy"] = {"launched": ms(call["ts"]), "wait_ms": round((token["ts"] - call["ts"]) / 1e3, 2),
                                        "other_dtoh_copies_meanwhile": len(meanwhile),
                                        "other_dtoh_busy_ms": round(sum(e["dur"] for e in meanwhile) / 1e3, 2)}
+        paced = layer_pacing(attention, kernels, stamped, compute)
+        if paced:
+            out["first_forward_layer_pacing"] = paced
         if held:
             worst = max(held, key=lambda h: h[1])
             out["step_input_copies"] = {"count": len(held), "max_wait_ms": round(worst[1] / 1e3, 2),
@@ -171,6 +176,32 @@ def summarize(path: str, layers: int = 32) -> dict:
 
 
 IDLE_GAP_US = 100
+PACED_US = 30  # a kernel that started within this of an event it waited for started because of it
+
+
+def layer_pacing(attention: list, kernels: list, stamped: list, compute) -> dict:
+    """What set each layer's attention kernel going in the first forward: the host (it started
+    within ``PACED_US`` of its launch: the GPU waited for vLLM's thread), the GPU (it started as the
+    kernel before it on its stream ended, well after its launch: the forward's own compute set the
+    pace), or neither (it started after both, waiting for something else, such as an event a layer
+    wait put on the stream: a load). Per layer: ``launch_to_start_ms`` and ``after_previous_ms``
+    (its start less the previous kernel's end on the stream); and the count of each cause."""
+    launches = {e.get("args", {}).get("correlation"): e for e in stamped
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "aunch" in e.get("name", "")}
+    on_stream = [e for e in kernels if _stream(e) == compute]
+    index = {id(e): i for i, e in enumerate(on_stream)}
+    lags, gaps, causes = [], [], {"host": 0, "gpu": 0, "other": 0}
+    for k in attention:
+        call = launches.get(k.get("args", {}).get("correlation"))
+        i = index.get(id(k))
+        if call is None or not i:
+            return {}  # a trace without launch records or the kernel before it: nothing to say
+        prev = on_stream[i - 1]
+        lag, gap = k["ts"] - call["ts"], k["ts"] - (prev["ts"] + prev["dur"])
+        lags.append(round(lag / 1e3, 2))
+        gaps.append(round(gap / 1e3, 2))
+        causes["host" if lag <= PACED_US else "gpu" if gap <= PACED_US else "other"] += 1
+    return {"launch_to_start_ms": lags, "after_previous_ms": gaps, "set_by": causes}
 
 
 def _overlap(events: list, a: float, b: float) -> float:

@@ -88,9 +88,9 @@ SYSTEMS = ("none", "embedded", "server", "vllm_native", "pegaflow")
 # "server_instepxbr5" (server only) server_instepxb with the 5% share: the server set-up the 36th and
 # 37th runs point at;
 # "<system>_lowttft" sets nothing but the connector's preset low_ttft (PEGAFLOW_PRESET), which is
-# _instepxr5's set-up as a user asks for it (docs/connector.md, "The low_ttft preset"), and
-# "server_lowttftb" (server only) that with the server's --busy-poll-us, which stays the user's
-# (server_instepxbr5 as a user asks for it);
+# _instepxr3's set-up as a user asks for it (_instepxr5's until the 46th run; docs/connector.md,
+# "The low_ttft preset"), and "server_lowttftb" (server only) that with the server's --busy-poll-us,
+# which stays the user's (server_instepxbr5 with the 3% share as a user asks for it);
 # "<system>_instepaw" is _instepa without the JVM's warm-ups at start (PEGAFLOW_WARM_UP=0), for A/B
 # runs within one call; "<system>_instepb" and "<system>_instepab" are _instep and _instepa whose
 # loads ask the store for their plans themselves (PEGAFLOW_BEGIN_AT_LOOKUP=0) where the lookup begins

@@ -14,9 +14,9 @@ MODES = ("auto", "embedded", "server")
 DEFAULT_ENDPOINT = "127.0.0.1:50055"
 PRESETS = ("none", "low_ttft")
 # preset "low_ttft": the set-up the GPU runs measured warm requests fastest with (the bench's
-# _instepxr5 systems; docs/connector.md, "The low_ttft preset"). Its settings are defaults: a
+# _instepxr3 systems; docs/connector.md, "The low_ttft preset"). Its settings are defaults: a
 # key or environment variable of the caller's own wins over each.
-LOW_TTFT = {"load_in_step": True, "load_at_alloc": True, "compute_share": 0.05}
+LOW_TTFT = {"load_in_step": True, "load_at_alloc": True, "compute_share": 0.03}
 # ... and the copy engine's environment it sets where the process has none of its own: the load
 # begun at allocation goes ahead of its step a layer at a time through the copy engine, and the
 # lookup that begins it stages its pool side in a buffer of the copy engine's (device memory on a
@@ -50,7 +50,7 @@ _KEYS = {
     "runs while the next layer's bytes cross PCIe, so up to about the ratio of the link's speed to the GPU's "
     "per-token compute this shortens a warm request (docs/gpu.md, \"Computing the end of a hit\"); "
     "default 0 (env PEGAFLOW_COMPUTE_SHARE)",
-    "preset": "none | low_ttft: low_ttft sets load_in_step and load_at_alloc true, compute_share 0.05 and, where "
+    "preset": "none | low_ttft: low_ttft sets load_in_step and load_at_alloc true, compute_share 0.03 and, where "
     "the process has none of its own, the copy engine's paced lead and staging (PEGAFLOW_CUDA_LAYER_LEAD_MIB=16384, "
     "PEGAFLOW_CUDA_LAYER_LEAD_PACED=1, PEGAFLOW_PRESTAGE_MIB=4096 on a GPU, 256 without): the set-up measured "
     "fastest for warm requests; a key or variable set explicitly wins (default none, env PEGAFLOW_PRESET)",
