@@ -15,9 +15,9 @@ import java.util.function.Supplier;
  * not fit, or comes while another occupies it, reads the pool as before. Off unless
  * {@link #ENV} gives the buffer's size (docs/gpu.md, "Loads staged at the lookup").
  *
- * <p>Groups go one at a time, each once the one before landed, until the load that took the
- * staging opens its hold (the step's start): the step's own input copies find one group ahead
- * of them at most. {@link #DEPTH_ENV} lets more groups be in flight meanwhile (the line then
+ * <p>Groups go one at a time, each once the one before landed (or is down to its last copies:
+ * {@link #nearlyLanded}), until the load that took the staging opens its hold (the step's
+ * start): the step's own input copies find about one group ahead of them at most. {@link #DEPTH_ENV} lets more groups be in flight meanwhile (the line then
  * never waits for the staging thread to see a group land, and the step's input copies find
  * that many groups ahead of them). A subclass says how a group is queued and when it has landed.
  */
@@ -53,18 +53,19 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong layoutNanos = new AtomicLong();
     private final AtomicLong toFirstNanos = new AtomicLong();
     /**
-     * Stagings whose first group the staging thread saw land while it paced them (it spins on
-     * that group's copies before queueing the next), and their nanoseconds from being asked for
-     * to then: beside {@link #toFirstNanos}, how long the copy engine took to move the first
-     * group once it was queued, on the host's clock.
+     * Stagings whose first group the staging thread saw land, or come down to its tail ({@link
+     * #nearlyLanded}), while it paced them (it spins on that group's copies before queueing the
+     * next), and their nanoseconds from being asked for to then: beside {@link #toFirstNanos},
+     * how long the copy engine took to move the first group once it was queued, on the host's clock.
      */
     private final AtomicLong landedFirst = new AtomicLong();
     private final AtomicLong toLandedNanos = new AtomicLong();
     /**
-     * Groups queued while paced, after the staging thread saw the group before them land, and
-     * the nanoseconds from seeing it land to this group queued: the host's part of the time the
-     * link stood idle between paced groups (the copy engine's own start and any lateness in
-     * seeing the landing come on top).
+     * Groups queued while paced, after the staging thread saw the group before them land (or
+     * come down to its tail: {@link #nearlyLanded}), and the nanoseconds from seeing that to this
+     * group queued: the host's part of the time the link stood idle between paced groups where
+     * the group before had no tail (the copy engine's own start and any lateness in seeing the
+     * landing come on top), or of the time the tail had to cover where it had one.
      */
     private final AtomicLong pacedGroups = new AtomicLong();
     private final AtomicLong pacedGapNanos = new AtomicLong();
@@ -219,7 +220,7 @@ public abstract class Stager implements AutoCloseable {
                 }
                 int waitFor = g + 1 - depth; // the group that must land before the next is queued
                 if (g + 1 < l.groups() && waitFor >= 0) {
-                    while (s.paced() && !landed(waitFor)) {
+                    while (s.paced() && !nearlyLanded(waitFor)) {
                         Thread.onSpinWait(); // one layer's copy: a parked thread woken late would idle the line
                     }
                     if (s.paced()) {
@@ -319,6 +320,16 @@ public abstract class Stager implements AutoCloseable {
 
     /** On the staging thread: whether group {@code g}'s copies have landed. */
     protected abstract boolean landed(int g);
+
+    /**
+     * On the staging thread, pacing: whether group {@code g} is far enough along for the next
+     * to be queued behind it. {@link #landed} by default; a subclass that marks where a group's
+     * last copies (its tail) begin says so once only those are in flight, so that the line
+     * moves the tail while this thread sees it and queues the next group, instead of idling.
+     */
+    protected boolean nearlyLanded(int g) {
+        return landed(g);
+    }
 
     /**
      * Stops the staging thread (a load in it ends at its next group), then frees the buffer;
