@@ -69,6 +69,12 @@ public abstract class Stager implements AutoCloseable {
      */
     private final AtomicLong pacedGroups = new AtomicLong();
     private final AtomicLong pacedGapNanos = new AtomicLong();
+    /**
+     * Of those, the groups queued while the group before had not landed yet (its tail still in
+     * flight, {@link #nearlyLanded}): the line moved bytes across the thread's turnaround
+     * instead of idling. Checked after the next group is queued, off the path between.
+     */
+    private final AtomicLong pacedBehindTail = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -203,6 +209,9 @@ public abstract class Stager implements AutoCloseable {
                     pacedGapNanos.addAndGet(System.nanoTime() - seenLanded);
                     pacedGroups.incrementAndGet();
                     seenLanded = 0;
+                    if (!landed(g - depth)) { // the group waited for: still in flight as this one was queued
+                        pacedBehindTail.incrementAndGet();
+                    }
                 }
                 if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
                     long now = System.nanoTime();
@@ -281,12 +290,14 @@ public abstract class Stager implements AutoCloseable {
      * group queued on the copy engine. In that order; then the stagings whose first group the
      * staging thread saw land while pacing them, and their nanoseconds from being asked for to
      * then (counted before the next group is queued); then the groups queued while paced after
-     * the thread saw the group before them land, and the nanoseconds from seeing it land to
-     * queueing them (the host's part of the link's idle time between paced groups).
+     * the thread saw the group before them land (or come down to its tail), and the nanoseconds
+     * from seeing that to queueing them (the host's part of the link's idle time between paced
+     * groups); then, of those groups, the ones queued while the group waited for had not landed
+     * (the line kept busy across the turnaround).
      */
     public long[] startTimes() {
         return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get(), landedFirst.get(),
-                toLandedNanos.get(), pacedGroups.get(), pacedGapNanos.get()};
+                toLandedNanos.get(), pacedGroups.get(), pacedGapNanos.get(), pacedBehindTail.get()};
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */

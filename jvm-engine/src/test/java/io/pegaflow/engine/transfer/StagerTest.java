@@ -173,6 +173,7 @@ class StagerTest {
         long[] t = stageThreePaced(s);
         assertThat(t[6]).as("groups 1 and 2").isEqualTo(2);
         assertThat(t[7]).as("group 2's queueing included").isGreaterThanOrEqualTo(5_000_000L);
+        assertThat(t[8]).as("none behind a tail: each group before had landed").isZero();
         s.landedBelow = 0; // b's group 0 never lands: its load's claim lets the rest go unpaced
         s.queueGroup2Ms = 0;
         StagedLoad b = s.stage(12288, StagerTest::layout);
@@ -220,6 +221,7 @@ class StagerTest {
         a.awaitQueued(2);
         a.finish();
         assertThat(s.startTimes()[6]).as("groups 1 and 2, each queued paced").isEqualTo(2);
+        assertThat(s.startTimes()[8]).as("both while the group before was still in flight").isEqualTo(2);
         s.close();
     }
 
@@ -272,7 +274,7 @@ class StagerTest {
     @Test
     void howSoonEachStagingStartedIsCounted() {
         Recording s = new Recording();
-        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0, 0, 0, 0, 0);
+        assertThat(s.startTimes()).as("nothing staged").containsExactly(0, 0, 0, 0, 0, 0, 0, 0, 0);
         long slowLayout = 30_000_000L;
         StagedLoad a = s.stage(12288, () -> {
             long end = System.nanoTime() + slowLayout; // a layout that takes 30 ms to make
