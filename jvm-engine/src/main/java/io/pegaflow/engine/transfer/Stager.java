@@ -17,9 +17,10 @@ import java.util.function.Supplier;
  *
  * <p>Groups go one at a time, each once the one before landed (or is down to its last copies:
  * {@link #nearlyLanded}), until the load that took the staging opens its hold (the step's
- * start): the step's own input copies find about one group ahead of them at most. {@link #DEPTH_ENV} lets more groups be in flight meanwhile (the line then
- * never waits for the staging thread to see a group land, and the step's input copies find
- * that many groups ahead of them). A subclass says how a group is queued and when it has landed.
+ * start): the step's own input copies find about one group ahead of them at most. {@link
+ * #DEPTH_ENV} lets more groups be in flight meanwhile (the line then never waits for the
+ * staging thread to see a group land, and the step's input copies find that many groups ahead
+ * of them). A subclass says how a group is queued and when it has landed.
  */
 public abstract class Stager implements AutoCloseable {
     /** MiB of the staging buffer ({@code 0}, the default: off). */
