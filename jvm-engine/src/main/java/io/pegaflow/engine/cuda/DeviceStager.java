@@ -197,8 +197,12 @@ final class DeviceStager extends Stager {
             for (int e = events.length; e < more.length; e++) {
                 more[e] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
             }
+            long[] tails = java.util.Arrays.copyOf(tailEvents, more.length);
+            for (int e = tailEvents.length; e < tails.length; e++) { // made with the group's own: no driver call while paced
+                tails[e] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
+            }
             events = more;
-            tailEvents = java.util.Arrays.copyOf(tailEvents, more.length);
+            tailEvents = tails;
             hasTail = java.util.Arrays.copyOf(hasTail, more.length);
         }
         if (prepared != g) {
@@ -208,9 +212,6 @@ final class DeviceStager extends Stager {
         hasTail[g] = tailOp > 0;
         for (int o = 0; o < ops; o++) {
             if (o == tailOp) {
-                if (tailEvents[g] == 0) {
-                    tailEvents[g] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
-                }
                 CudaDriver.eventRecord(tailEvents[g], stream);
             }
             int i = at[o];
@@ -243,9 +244,7 @@ final class DeviceStager extends Stager {
             CudaDriver.eventDestroy(e);
         }
         for (long e : tailEvents) {
-            if (e != 0) {
-                CudaDriver.eventDestroy(e);
-            }
+            CudaDriver.eventDestroy(e);
         }
         CudaDriver.streamDestroy(stream);
         CudaDriver.memFree(buffer);
