@@ -41,10 +41,10 @@ final class DeviceStager extends Stager {
     private long[] dev = new long[16];
     private long[] len = new long[16];
     // its copies, listed by prepareGroup and queued by queueGroup: op i copies rows[i] rows (1: a
-    // plain copy) of len[at[i]] bytes from host[at[i]] to dev[at[i]], the host rows pitch[i] apart
+    // plain copy) of len[at[i]] bytes from stretch at[i] on, row r being stretch at[i] + r (the
+    // rows' host pitch is that of their stretches)
     private int[] at = new int[16];
     private int[] rows = new int[16];
-    private long[] pitch = new long[16];
     private int ops;
     /** The first of those copies in the group's tail ({@link #TAIL_BYTES}; {@code -1}: none). */
     private int tailOp = -1;
@@ -103,7 +103,6 @@ final class DeviceStager extends Stager {
         if (at.length < count + 1) { // one copy more where the tail splits a pitched one
             at = new int[count + 1];
             rows = new int[count + 1];
-            pitch = new long[count + 1];
         }
         long base = pool.address();
         for (int i = 0; i < count; i++) {
@@ -121,7 +120,6 @@ final class DeviceStager extends Stager {
             at[n] = i;
             if (r >= CopyLane.MIN_PITCHED_ROWS) {
                 rows[n] = r;
-                pitch[n] = host[i + 1] - host[i];
                 i += r;
             } else {
                 rows[n] = 1;
@@ -129,7 +127,7 @@ final class DeviceStager extends Stager {
             }
             n++;
         }
-        int[] split = splitTail(host, dev, len, count, at, rows, pitch, n, TAIL_BYTES);
+        int[] split = splitTail(host, dev, len, count, at, rows, n, TAIL_BYTES);
         ops = split[0];
         tailOp = split[1];
         prepared = g;
@@ -139,13 +137,12 @@ final class DeviceStager extends Stager {
      * Splits a group's listed copies where its last {@code tailBytes} begin and returns {@code
      * {copies, first copy of the tail}} ({@code -1}: no tail, the group is under twice it). Op
      * {@code o} copies {@code rows[o]} rows of {@code len[at[o]]} bytes from stretch {@code
-     * at[o]} on (row {@code r} is stretch {@code at[o] + r}, the host rows {@code pitch[o]}
-     * apart). The copy the tail begins in is split in two: a pitched one at a row (its first row
-     * at least before the tail), a plain one at the byte, its second part a new stretch at index
-     * {@code stretches}. The arrays need room for one copy and one stretch more.
+     * at[o]} on (row {@code r} is stretch {@code at[o] + r}). The copy the tail begins in is
+     * split in two: a pitched one at a row (its first row at least before the tail; both parts
+     * keep the stretches' stride), a plain one at the byte, its second part a new stretch at
+     * index {@code stretches}. The arrays need room for one copy and one stretch more.
      */
-    static int[] splitTail(long[] host, long[] dev, long[] len, int stretches, int[] at, int[] rows, long[] pitch, int ops,
-            long tailBytes) {
+    static int[] splitTail(long[] host, long[] dev, long[] len, int stretches, int[] at, int[] rows, int ops, long tailBytes) {
         long total = 0;
         for (int o = 0; o < ops; o++) {
             total += rows[o] * len[at[o]];
@@ -182,10 +179,8 @@ final class DeviceStager extends Stager {
         }
         System.arraycopy(at, o + 1, at, o + 2, ops - o - 1);
         System.arraycopy(rows, o + 1, rows, o + 2, ops - o - 1);
-        System.arraycopy(pitch, o + 1, pitch, o + 2, ops - o - 1);
         at[o + 1] = nextAt;
         rows[o + 1] = nextRows;
-        pitch[o + 1] = pitch[o];
         return new int[] {ops + 1, o + 1};
     }
 
@@ -217,7 +212,7 @@ final class DeviceStager extends Stager {
             int i = at[o];
             if (rows[o] > 1) {
                 engine.countPitched();
-                CudaDriver.memcpy2DHtoDAsync(copy2D, dev[i], len[i], host[i], pitch[o], len[i], rows[o], stream);
+                CudaDriver.memcpy2DHtoDAsync(copy2D, dev[i], len[i], host[i], host[i + 1] - host[i], len[i], rows[o], stream);
             } else {
                 CopyLane.copyHtoD(engine, host[i], dev[i], len[i], stream);
             }

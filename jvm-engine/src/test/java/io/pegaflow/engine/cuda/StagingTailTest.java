@@ -18,7 +18,6 @@ class StagingTailTest {
     private final long[] len = new long[8];
     private final int[] at = new int[8];
     private final int[] rows = new int[8];
-    private final long[] pitch = new long[8];
 
     /** Stretches {@code from..from+n} as rows of {@code rowBytes} at host stride {@code stride}, back to back on the device. */
     private void stretches(int from, int n, long rowBytes, long stride) {
@@ -42,12 +41,12 @@ class StagingTailTest {
         stretches(0, 5, 5 * M, 8 * M); // one pitched copy of five 5 MiB rows: 25 MiB, the tail's 8 from row 3 on
         at[0] = 0;
         rows[0] = 5;
-        pitch[0] = 8 * M;
-        int[] split = DeviceStager.splitTail(host, dev, len, 5, at, rows, pitch, 1, TAIL);
+        int[] split = DeviceStager.splitTail(host, dev, len, 5, at, rows, 1, TAIL);
         assertThat(split).as("two copies, the tail from the second").containsExactly(2, 1);
         assertThat(new int[] {at[0], rows[0], at[1], rows[1]}).as("rows 0-2 before, 3-4 in the tail")
                 .containsExactly(0, 3, 3, 2);
-        assertThat(pitch[1]).isEqualTo(8 * M);
+        assertThat(host[at[1] + 1] - host[at[1]]).as("the second part's rows keep the stretches' stride").isEqualTo(8 * M);
+        assertThat(len).as("a pitched split moves no stretch").startsWith(5 * M, 5 * M, 5 * M, 5 * M, 5 * M);
         assertThat(bytes(2)).as("nothing lost or copied twice").isEqualTo(25 * M);
         assertThat(rows[1] * len[at[1]]).as("the tail: whole rows, at least its bytes").isGreaterThanOrEqualTo(TAIL);
     }
@@ -58,7 +57,7 @@ class StagingTailTest {
         at[0] = 0;
         at[1] = 1;
         rows[0] = rows[1] = 1;
-        int[] split = DeviceStager.splitTail(host, dev, len, 2, at, rows, pitch, 2, TAIL);
+        int[] split = DeviceStager.splitTail(host, dev, len, 2, at, rows, 2, TAIL);
         assertThat(split).containsExactly(3, 2);
         assertThat(at).startsWith(0, 1, 2);
         assertThat(new long[] {len[1], len[2]}).as("4 MiB before the tail, 8 in it").containsExactly(4 * M, 8 * M);
@@ -74,7 +73,7 @@ class StagingTailTest {
             at[o] = o;
             rows[o] = 1;
         }
-        assertThat(DeviceStager.splitTail(host, dev, len, 3, at, rows, pitch, 3, TAIL)).containsExactly(3, 2);
+        assertThat(DeviceStager.splitTail(host, dev, len, 3, at, rows, 3, TAIL)).containsExactly(3, 2);
         assertThat(new long[] {len[0], len[1], len[2]}).containsExactly(8 * M, 8 * M, 8 * M);
     }
 
@@ -83,8 +82,7 @@ class StagingTailTest {
         stretches(0, 3, 5 * M, 8 * M); // 15 MiB
         at[0] = 0;
         rows[0] = 3;
-        pitch[0] = 8 * M;
-        assertThat(DeviceStager.splitTail(host, dev, len, 3, at, rows, pitch, 1, TAIL)).containsExactly(1, -1);
+        assertThat(DeviceStager.splitTail(host, dev, len, 3, at, rows, 1, TAIL)).containsExactly(1, -1);
         assertThat(rows[0]).as("left as listed").isEqualTo(3);
     }
 
@@ -96,9 +94,8 @@ class StagingTailTest {
         rows[0] = 1;
         at[1] = 1;
         rows[1] = 2;
-        pitch[1] = 8 * M;
         // the tail's 8 MiB would begin 4 MiB into the first row: that row goes before it, whole
-        assertThat(DeviceStager.splitTail(host, dev, len, 3, at, rows, pitch, 2, TAIL)).containsExactly(3, 2);
+        assertThat(DeviceStager.splitTail(host, dev, len, 3, at, rows, 2, TAIL)).containsExactly(3, 2);
         assertThat(new int[] {at[1], rows[1], at[2], rows[2]}).containsExactly(1, 1, 2, 1);
         assertThat(bytes(3)).isEqualTo(22 * M);
     }
