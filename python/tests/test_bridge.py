@@ -372,7 +372,7 @@ def test_the_scheduler_side_asks_for_the_lookup_warm_up_by_a_mode_bit(monkeypatc
 
 def test_the_scheduler_counters_go_to_the_cap_a_caller_knows():
     """sched_stats hands out min(cap, this build's counters): a caller built for ABI 9's nine gets
-    nine, today's twenty-six (the lookups' staging counters after them) its twenty-six; a cap under nine
+    nine, today's twenty-three (the lookups' staging counters after them) its twenty-three; a cap under nine
     is refused, naming both numbers."""
     import ctypes
 
@@ -390,8 +390,8 @@ def test_the_scheduler_counters_go_to_the_cap_a_caller_knows():
                 buf = (ctypes.c_int64 * cap)()
                 _bridge.api().call("sched_stats", brain.handle, buf, cap, ctypes.byref(count))
                 assert count.value == expected
-            assert len(SchedulerBrain.STATS) == 26
-            with pytest.raises(errors.InvalidArgumentError, match=r"sched_stats cap 8; expected >= 9 \(this build has 26 counters\)"):
+            assert len(SchedulerBrain.STATS) == 25
+            with pytest.raises(errors.InvalidArgumentError, match=r"sched_stats cap 8; expected >= 9 \(this build has 25 counters\)"):
                 _bridge.api().call("sched_stats", brain.handle, (ctypes.c_int64 * 8)(), 8, ctypes.byref(count))
         finally:
             brain.close()

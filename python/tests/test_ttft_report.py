@@ -628,10 +628,6 @@ def test_summary_says_why_a_warm_lookup_staged_nothing():
     warm_counters.update({"vllm:pegaflow_staging_paced_groups": 9.0, "vllm:pegaflow_staging_paced_gap_ns": 0.36e6})
     row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
     assert (row["paced_groups"], row["paced_gap_us"]) == (9.0, 40.0)  # the one staged load's groups; the mean gap
-    assert "paced_behind_tail_share" not in row  # a jar before the staging's tails
-    warm_counters.update({"vllm:pegaflow_staging_paced_behind_tail": 6.0})
-    row = ttft.summarize(results, [8192], 131072, None)["server"]["8k"]["warm_lookup_stagings"]
-    assert row["paced_behind_tail_share"] == 0.667  # 6 of the 9 queued while the group before was in flight
 
 
 def test_overlap_refuses_a_negative_forward_delay():

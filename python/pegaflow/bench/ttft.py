@@ -755,8 +755,6 @@ def staging_counts(counters: dict) -> dict:
     if paced:  # groups queued while paced, a load's mean, and the host's mean µs between seeing one land and the next queued
         out["paced_groups"] = round(paced / max(1, out["staged"]), 1)
         out["paced_gap_us"] = round(counters.get("vllm:pegaflow_staging_paced_gap_ns", 0) / paced / 1e3, 1)
-        if "vllm:pegaflow_staging_paced_behind_tail" in counters:  # since the staging's tails: absent with an older jar
-            out["paced_behind_tail_share"] = round(counters["vllm:pegaflow_staging_paced_behind_tail"] / paced, 3)
     return out
 
 

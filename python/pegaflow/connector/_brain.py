@@ -117,7 +117,7 @@ class SchedulerBrain:
              "prefix_waits", "hit_shrinks", "begun_at_lookup", "stagings", "staging_busy", "staging_too_large",
              "staging_failed", "staging_unavailable", "begin_no_worker", "begin_declined", "staging_starts",
              "staging_to_thread_ns", "staging_layout_ns", "staging_to_first_ns", "staging_landed",
-             "staging_to_landed_ns", "staging_paced_groups", "staging_paced_gap_ns", "staging_paced_behind_tail")
+             "staging_to_landed_ns", "staging_paced_groups", "staging_paced_gap_ns")
 
     def _changed(self) -> None:
         self._plan_due = True

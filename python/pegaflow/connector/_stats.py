@@ -45,8 +45,6 @@ COUNTERS = {
     "staging_paced_groups": "layer groups the staging thread queued while pacing, after it saw the group before them land",
     "staging_paced_gap_ns": "nanoseconds from seeing that group land to the next one queued: the host's part of the "
                             "link's idle time between paced groups",
-    "staging_paced_behind_tail": "of those groups, the ones queued while the group before was still in flight (queued "
-                                 "behind its tail: the link kept busy across the staging thread's turnaround)",
     "in_step_loads": "loads run inside the step that used them",
     "in_step_plan_ns": "nanoseconds from an in-step load's start until its copies were submitted (plan and enqueue)",
     "in_step_load_ns": "nanoseconds from an in-step load's start until its bytes landed and it ended",

@@ -80,8 +80,7 @@ public final class SchedulerSide {
      * lookup to then (so how long the copy engine took to move it once queued, host-timed); and
      * the groups the staging thread queued while pacing, after seeing the group before them land,
      * with the nanoseconds from seeing that to queueing them (the host's part of the link's idle
-     * time between paced groups), and of those the groups queued before the one waited for had
-     * landed (queued behind its tail: the link kept busy across the turnaround).
+     * time between paced groups).
      */
     public static final int STAT_LOOKUPS = 0, STAT_NOT_YET = 1, STAT_HIT_REQUESTS = 2, STAT_HIT_TOKENS = 3,
             STAT_LOOKUP_NANOS = 4, STAT_LOOKUP_FAILURES = 5, STAT_WAIT_TIMEOUTS = 6, STAT_PREFIX_WAITS = 7,
@@ -90,12 +89,12 @@ public final class SchedulerSide {
             STAT_BEGIN_NO_WORKER = 15, STAT_BEGIN_DECLINED = 16, STAT_STAGING_STARTS = 17, STAT_STAGING_TO_THREAD_NANOS = 18,
             STAT_STAGING_LAYOUT_NANOS = 19, STAT_STAGING_TO_FIRST_NANOS = 20, STAT_STAGING_LANDED = 21,
             STAT_STAGING_TO_LANDED_NANOS = 22, STAT_STAGING_PACED_GROUPS = 23, STAT_STAGING_PACED_GAP_NANOS = 24,
-            STAT_STAGING_PACED_BEHIND_TAIL = 25, STAT_COUNT = 26;
+            STAT_COUNT = 25;
     /** Where each of {@link PegaEngine#stagingCounts}'s counts goes among the totals, in its order. */
     private static final int[] STAGING_STATS = {STAT_STAGINGS, STAT_STAGING_BUSY, STAT_STAGING_TOO_LARGE, STAT_STAGING_FAILED,
             STAT_STAGING_UNAVAILABLE, STAT_STAGING_STARTS, STAT_STAGING_TO_THREAD_NANOS, STAT_STAGING_LAYOUT_NANOS,
             STAT_STAGING_TO_FIRST_NANOS, STAT_STAGING_LANDED, STAT_STAGING_TO_LANDED_NANOS, STAT_STAGING_PACED_GROUPS,
-            STAT_STAGING_PACED_GAP_NANOS, STAT_STAGING_PACED_BEHIND_TAIL};
+            STAT_STAGING_PACED_GAP_NANOS};
     /** Totals since creation; {@link #drainStats} hands out what grew since its last call. */
     private final long[] totals = new long[STAT_COUNT];
     private final long[] drained = new long[STAT_COUNT];

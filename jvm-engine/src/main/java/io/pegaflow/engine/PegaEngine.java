@@ -392,18 +392,17 @@ public final class PegaEngine implements AutoCloseable {
      * their nanoseconds from the lookup to the staging thread's start, in making the layout, and
      * to that group queued, then those whose first group the staging thread saw land and their
      * nanoseconds from the lookup to then, then the groups queued while paced after the thread
-     * saw the one before land and its nanoseconds from seeing that to queueing them, and of
-     * those the ones queued before the one waited for had landed); all zero where the copy
-     * engine has no staging buffer. In that order.
+     * saw the one before land and its nanoseconds from seeing that to queueing them); all zero
+     * where the copy engine has no staging buffer. In that order.
      */
     public long[] stagingCounts() {
         io.pegaflow.engine.transfer.Stager s = transfer.stager();
         if (s == null) {
-            return new long[14];
+            return new long[13];
         }
         long[] t = s.startTimes();
         return new long[] {s.stagedLoads(), s.busyRefusals(), s.tooLargeRefusals(), s.failedStagings(),
-                s.unavailableRefusals(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7], t[8]};
+                s.unavailableRefusals(), t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]};
     }
 
     /**

@@ -206,40 +206,24 @@ abstract class TransferContract {
      * and lands byte-exact layer by layer.
      */
     @Test
-    void aCrossLayerLoadStagedAtItsLookupReadsItsStaging() throws Exception {
-        withStagedLookup(KvWorld.Kind.CROSS_LAYER, 16, 4, 16 << 10, "64mb", 83, (engine, world, stager, q, src, dst, hashes) -> {
-            assertThat(engine.staged(q.lease())).as("staged at the lookup").isTrue();
-            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
-            assertThat(load.fromStage()).as("the load reads its staging").isTrue();
-            awaitEveryLayerAndCheck(load, world, 4, src, dst, hashes);
-        });
-    }
-
-    /** A test's part once {@link #withStagedLookup} saved its blocks and looked them up. */
-    interface StagedLookup {
-        void run(PegaEngine engine, KvWorld world, io.pegaflow.engine.transfer.Stager stager, QueryResult q, long[] src,
-                long[] dst, byte[][] hashes) throws Exception;
-    }
-
-    /**
-     * An engine staging loads at their lookup in a buffer the size of the load, a world of
-     * {@code kind} with {@code layers} layers of {@code piece}-byte pieces, {@code saved} blocks
-     * saved ({@link #evenBlocks}) and looked up with {@code queryAndBegin}; then {@code body}
-     * (loading into {@link #oddBlocksReversed}); then no staging may have failed and the
-     * engine's invariants hold.
-     */
-    void withStagedLookup(KvWorld.Kind kind, int saved, int layers, long piece, String poolSize, long seed, StagedLookup body)
-            throws Exception {
-        Random rnd = new Random(seed);
+    void aCrossLayerLoadStagedAtItsLookupReadsItsStaging() {
+        Random rnd = new Random(83);
+        int saved = 16;
+        int layers = 4;
+        long piece = 16 << 10;
         java.util.concurrent.atomic.AtomicReference<TransferEngine> made = new java.util.concurrent.atomic.AtomicReference<>();
-        try (PegaEngine engine = PegaEngine.create(stagedConfig(saved * layers * 2 * piece, made).poolSize(poolSize).build());
-                KvWorld world = new KvWorld(memory(), "inst", "ns", kind, 1, 1, layers, 2 * saved + 1, piece, 0)) {
+        try (PegaEngine engine = PegaEngine.create(stagedConfig(saved * layers * 2 * piece, made).poolSize("64mb").build());
+                KvWorld world = new KvWorld(memory(), "inst", "ns", KvWorld.Kind.CROSS_LAYER, 1, 1, layers, 2 * saved + 1,
+                        piece, 0)) {
             world.register(engine);
             long[] src = evenBlocks(saved);
             long[] dst = oddBlocksReversed(saved);
             byte[][] hashes = savePatterns(engine, world, rnd, src);
             QueryResult q = engine.queryAndBegin("inst", BlockHashes.of(hashes), 0);
-            body.run(engine, world, made.get().stager(), q, src, dst, hashes);
+            assertThat(engine.staged(q.lease())).as("staged at the lookup").isTrue();
+            LayeredLoad load = engine.loadLayered("inst", 0, q.lease(), dst);
+            assertThat(load.fromStage()).as("the load reads its staging").isTrue();
+            awaitEveryLayerAndCheck(load, world, layers, src, dst, hashes);
             assertThat(made.get().stager().failedStagings()).isZero();
             engine.verifyInvariants();
         }
@@ -274,7 +258,7 @@ abstract class TransferContract {
     }
 
     /** Waits for each layer from this thread, checking it landed in every block, then the whole load. */
-    static void awaitEveryLayerAndCheck(LayeredLoad load, KvWorld world, int layers, long[] src, long[] dst,
+    private static void awaitEveryLayerAndCheck(LayeredLoad load, KvWorld world, int layers, long[] src, long[] dst,
             byte[][] hashes) {
         for (int layer = 0; layer < layers; layer++) {
             load.awaitLayer(layer, 0);

@@ -14,15 +14,6 @@ import java.lang.foreign.MemorySegment;
  * into vLLM's blocks).
  */
 final class DeviceStager extends Stager {
-    /**
-     * Bytes at the end of a group (its tail) whose start the staging thread waits for instead of
-     * the group's landing while paced: the next group is queued while the tail moves, where the
-     * line idled while the thread saw a landing and queued the next group. Sized to outlast that
-     * turnaround a few times over and stay a small part of a group (docs/gpu.md, "Loads staged
-     * at the lookup"). A group under twice this has no tail (the thread waits for its landing).
-     */
-    static final long TAIL_BYTES = 8L << 20;
-
     private final CudaTransferEngine engine;
     private final CudaDevice device;
     private final HostPool pool;
@@ -33,21 +24,16 @@ final class DeviceStager extends Stager {
     private final MemorySegment copy2D;
     /** Written by the staging thread before a group is marked queued; read by a lane after ({@link io.pegaflow.engine.transfer.StagedLoad#awaitQueued}). */
     private volatile long[] events = new long[0];
-    /** Per group, an event recorded where its tail's copies begin (staging thread only), and whether that group has one. */
-    private long[] tailEvents = new long[0];
-    private boolean[] hasTail = new boolean[0];
     // the group being prepared: absolute host and device addresses and lengths of its stretches
     private long[] host = new long[16];
     private long[] dev = new long[16];
     private long[] len = new long[16];
     // its copies, listed by prepareGroup and queued by queueGroup: op i copies rows[i] rows (1: a
-    // plain copy) of len[at[i]] bytes from stretch at[i] on, row r being stretch at[i] + r (the
-    // rows' host pitch is that of their stretches)
+    // plain copy) of len[at[i]] bytes from host[at[i]] to dev[at[i]], the host rows pitch[i] apart
     private int[] at = new int[16];
     private int[] rows = new int[16];
+    private long[] pitch = new long[16];
     private int ops;
-    /** The first of those copies in the group's tail ({@link #TAIL_BYTES}; {@code -1}: none). */
-    private int tailOp = -1;
     /** The group whose copies {@link #at} lists ({@code -1}: none). */
     private int prepared = -1;
 
@@ -95,14 +81,13 @@ final class DeviceStager extends Stager {
         device.makeCurrent(); // ensurePinned may register memory with the driver
         int first = layout.groupStart(g);
         int count = layout.groupEnd(g) - first;
-        if (host.length < count + 1) { // one stretch more where the tail splits a plain copy
-            host = new long[count + 1];
-            dev = new long[count + 1];
-            len = new long[count + 1];
-        }
-        if (at.length < count + 1) { // one copy more where the tail splits a pitched one
-            at = new int[count + 1];
-            rows = new int[count + 1];
+        if (host.length < count) {
+            host = new long[count];
+            dev = new long[count];
+            len = new long[count];
+            at = new int[count];
+            rows = new int[count];
+            pitch = new long[count];
         }
         long base = pool.address();
         for (int i = 0; i < count; i++) {
@@ -120,6 +105,7 @@ final class DeviceStager extends Stager {
             at[n] = i;
             if (r >= CopyLane.MIN_PITCHED_ROWS) {
                 rows[n] = r;
+                pitch[n] = host[i + 1] - host[i];
                 i += r;
             } else {
                 rows[n] = 1;
@@ -127,61 +113,8 @@ final class DeviceStager extends Stager {
             }
             n++;
         }
-        int[] split = splitTail(host, dev, len, count, at, rows, n, TAIL_BYTES);
-        ops = split[0];
-        tailOp = split[1];
+        ops = n;
         prepared = g;
-    }
-
-    /**
-     * Splits a group's listed copies where its last {@code tailBytes} begin and returns {@code
-     * {copies, first copy of the tail}} ({@code -1}: no tail, the group is under twice it). Op
-     * {@code o} copies {@code rows[o]} rows of {@code len[at[o]]} bytes from stretch {@code
-     * at[o]} on (row {@code r} is stretch {@code at[o] + r}). The copy the tail begins in is
-     * split in two: a pitched one at a row (its first row at least before the tail; both parts
-     * keep the stretches' stride), a plain one at the byte, its second part a new stretch at
-     * index {@code stretches}. The arrays need room for one copy and one stretch more.
-     */
-    static int[] splitTail(long[] host, long[] dev, long[] len, int stretches, int[] at, int[] rows, int ops, long tailBytes) {
-        long total = 0;
-        for (int o = 0; o < ops; o++) {
-            total += rows[o] * len[at[o]];
-        }
-        if (total < 2 * tailBytes) {
-            return new int[] {ops, -1};
-        }
-        long before = total - tailBytes; // bytes that go before the tail
-        long sum = 0;
-        int o = 0;
-        while (sum + rows[o] * len[at[o]] <= before) {
-            sum += rows[o] * len[at[o]];
-            o++;
-        }
-        long into = before - sum; // bytes of copy o before the tail: less than the copy
-        if (into == 0) {
-            return new int[] {ops, o}; // o > 0: the copies before it are the bytes before the tail
-        }
-        int i = at[o];
-        int nextAt;
-        int nextRows;
-        if (rows[o] > 1) {
-            int k = (int) Math.max(1, into / len[i]); // whole rows before the tail, one at least
-            nextAt = i + k;
-            nextRows = rows[o] - k;
-            rows[o] = k;
-        } else {
-            host[stretches] = host[i] + into;
-            dev[stretches] = dev[i] + into;
-            len[stretches] = len[i] - into;
-            len[i] = into;
-            nextAt = stretches;
-            nextRows = 1;
-        }
-        System.arraycopy(at, o + 1, at, o + 2, ops - o - 1);
-        System.arraycopy(rows, o + 1, rows, o + 2, ops - o - 1);
-        at[o + 1] = nextAt;
-        rows[o + 1] = nextRows;
-        return new int[] {ops + 1, o + 1};
     }
 
     @Override
@@ -192,27 +125,17 @@ final class DeviceStager extends Stager {
             for (int e = events.length; e < more.length; e++) {
                 more[e] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
             }
-            long[] tails = java.util.Arrays.copyOf(tailEvents, more.length);
-            for (int e = tailEvents.length; e < tails.length; e++) { // made with the group's own: no driver call while paced
-                tails[e] = CudaDriver.eventCreate(CudaDriver.CU_EVENT_DISABLE_TIMING);
-            }
             events = more;
-            tailEvents = tails;
-            hasTail = java.util.Arrays.copyOf(hasTail, more.length);
         }
         if (prepared != g) {
             prepareGroup(layout, g);
         }
         prepared = -1;
-        hasTail[g] = tailOp > 0;
         for (int o = 0; o < ops; o++) {
-            if (o == tailOp) {
-                CudaDriver.eventRecord(tailEvents[g], stream);
-            }
             int i = at[o];
             if (rows[o] > 1) {
                 engine.countPitched();
-                CudaDriver.memcpy2DHtoDAsync(copy2D, dev[i], len[i], host[i], host[i + 1] - host[i], len[i], rows[o], stream);
+                CudaDriver.memcpy2DHtoDAsync(copy2D, dev[i], len[i], host[i], pitch[o], len[i], rows[o], stream);
             } else {
                 CopyLane.copyHtoD(engine, host[i], dev[i], len[i], stream);
             }
@@ -225,20 +148,11 @@ final class DeviceStager extends Stager {
         return CudaDriver.eventQuery(events[g]);
     }
 
-    /** Down to its tail: the copies before the tail landed (the whole group where it has none). */
-    @Override
-    protected boolean nearlyLanded(int g) {
-        return hasTail[g] ? CudaDriver.eventQuery(tailEvents[g]) : landed(g);
-    }
-
     @Override
     protected void free() {
         device.makeCurrent();
         CudaDriver.streamSynchronize(stream);
         for (long e : events) {
-            CudaDriver.eventDestroy(e);
-        }
-        for (long e : tailEvents) {
             CudaDriver.eventDestroy(e);
         }
         CudaDriver.streamDestroy(stream);

@@ -15,12 +15,11 @@ import java.util.function.Supplier;
  * not fit, or comes while another occupies it, reads the pool as before. Off unless
  * {@link #ENV} gives the buffer's size (docs/gpu.md, "Loads staged at the lookup").
  *
- * <p>Groups go one at a time, each once the one before landed (or is down to its last copies:
- * {@link #nearlyLanded}), until the load that took the staging opens its hold (the step's
- * start): the step's own input copies find about one group ahead of them at most. {@link
- * #DEPTH_ENV} lets more groups be in flight meanwhile (the line then never waits for the
- * staging thread to see a group land, and the step's input copies find that many groups ahead
- * of them). A subclass says how a group is queued and when it has landed.
+ * <p>Groups go one at a time, each once the one before landed, until the load that took the
+ * staging opens its hold (the step's start): the step's own input copies find one group ahead
+ * of them at most. {@link #DEPTH_ENV} lets more groups be in flight meanwhile (the line then
+ * never waits for the staging thread to see a group land, and the step's input copies find
+ * that many groups ahead of them). A subclass says how a group is queued and when it has landed.
  */
 public abstract class Stager implements AutoCloseable {
     /** MiB of the staging buffer ({@code 0}, the default: off). */
@@ -54,28 +53,21 @@ public abstract class Stager implements AutoCloseable {
     private final AtomicLong layoutNanos = new AtomicLong();
     private final AtomicLong toFirstNanos = new AtomicLong();
     /**
-     * Stagings whose first group the staging thread saw land, or come down to its tail ({@link
-     * #nearlyLanded}), while it paced them (it spins on that group's copies before queueing the
-     * next), and their nanoseconds from being asked for to then: beside {@link #toFirstNanos},
-     * how long the copy engine took to move the first group once it was queued, on the host's clock.
+     * Stagings whose first group the staging thread saw land while it paced them (it spins on
+     * that group's copies before queueing the next), and their nanoseconds from being asked for
+     * to then: beside {@link #toFirstNanos}, how long the copy engine took to move the first
+     * group once it was queued, on the host's clock.
      */
     private final AtomicLong landedFirst = new AtomicLong();
     private final AtomicLong toLandedNanos = new AtomicLong();
     /**
-     * Groups queued while paced, after the staging thread saw the group before them land (or
-     * come down to its tail: {@link #nearlyLanded}), and the nanoseconds from seeing that to this
-     * group queued: the host's part of the time the link stood idle between paced groups where
-     * the group before had no tail (the copy engine's own start and any lateness in seeing the
-     * landing come on top), or of the time the tail had to cover where it had one.
+     * Groups queued while paced, after the staging thread saw the group before them land, and
+     * the nanoseconds from seeing it land to this group queued: the host's part of the time the
+     * link stood idle between paced groups (the copy engine's own start and any lateness in
+     * seeing the landing come on top).
      */
     private final AtomicLong pacedGroups = new AtomicLong();
     private final AtomicLong pacedGapNanos = new AtomicLong();
-    /**
-     * Of those, the groups queued while the group before had not landed yet (its tail still in
-     * flight, {@link #nearlyLanded}): the line moved bytes across the thread's turnaround
-     * instead of idling. Checked after the next group is queued, off the path between.
-     */
-    private final AtomicLong pacedBehindTail = new AtomicLong();
     /** The buffer is taken on the staging thread at the first load asked to stage, not at start ({@link #allocate}). */
     private volatile int buffer = UNALLOCATED;
 
@@ -210,9 +202,6 @@ public abstract class Stager implements AutoCloseable {
                     pacedGapNanos.addAndGet(System.nanoTime() - seenLanded);
                     pacedGroups.incrementAndGet();
                     seenLanded = 0;
-                    if (!landed(g - depth)) { // the group waited for: still in flight as this one was queued
-                        pacedBehindTail.incrementAndGet();
-                    }
                 }
                 if (g == 0) { // counted before the load hears of it, so whoever waited for it sees it counted
                     long now = System.nanoTime();
@@ -228,9 +217,13 @@ public abstract class Stager implements AutoCloseable {
                     l.lay(g + 1);
                     prepareGroup(l, g + 1);
                 }
+                // The pause between a landing and the next group is the step's way onto the line: its
+                // input copies, on another stream, wait behind a staging queue that never empties
+                // (queueing each group behind the tail of the one before held the step back for the
+                // whole staging: docs/gpu.md, "Loads staged at the lookup").
                 int waitFor = g + 1 - depth; // the group that must land before the next is queued
                 if (g + 1 < l.groups() && waitFor >= 0) {
-                    while (s.paced() && !nearlyLanded(waitFor)) {
+                    while (s.paced() && !landed(waitFor)) {
                         Thread.onSpinWait(); // one layer's copy: a parked thread woken late would idle the line
                     }
                     if (s.paced()) {
@@ -291,14 +284,12 @@ public abstract class Stager implements AutoCloseable {
      * group queued on the copy engine. In that order; then the stagings whose first group the
      * staging thread saw land while pacing them, and their nanoseconds from being asked for to
      * then (counted before the next group is queued); then the groups queued while paced after
-     * the thread saw the group before them land (or come down to its tail), and the nanoseconds
-     * from seeing that to queueing them (the host's part of the link's idle time between paced
-     * groups); then, of those groups, the ones queued while the group waited for had not landed
-     * (the line kept busy across the turnaround).
+     * the thread saw the group before them land, and the nanoseconds from seeing it land to
+     * queueing them (the host's part of the link's idle time between paced groups).
      */
     public long[] startTimes() {
         return new long[] {started.get(), toFillNanos.get(), layoutNanos.get(), toFirstNanos.get(), landedFirst.get(),
-                toLandedNanos.get(), pacedGroups.get(), pacedGapNanos.get(), pacedBehindTail.get()};
+                toLandedNanos.get(), pacedGroups.get(), pacedGapNanos.get()};
     }
 
     /** Whether the buffer was taken (on the staging thread, at the first load asked to stage). */
@@ -332,16 +323,6 @@ public abstract class Stager implements AutoCloseable {
 
     /** On the staging thread: whether group {@code g}'s copies have landed. */
     protected abstract boolean landed(int g);
-
-    /**
-     * On the staging thread, pacing: whether group {@code g} is far enough along for the next
-     * to be queued behind it. {@link #landed} by default; a subclass that marks where a group's
-     * last copies (its tail) begin says so once only those are in flight, so that the line
-     * moves the tail while this thread sees it and queues the next group, instead of idling.
-     */
-    protected boolean nearlyLanded(int g) {
-        return landed(g);
-    }
 
     /**
      * Stops the staging thread (a load in it ends at its next group), then frees the buffer;
