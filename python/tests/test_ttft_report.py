@@ -182,6 +182,36 @@ def test_profile_summary_reads_a_trace(tmp_path):
     assert main([]) == 2
 
 
+def test_profile_summary_says_when_the_profiler_held_the_loads_first_copy(tmp_path):
+    """CUPTI's own stops ("overhead" records) before the first token's copy are listed, and one
+    that ended just before the load's first copy is said to have held it (the first byte seen
+    late in a trace is then the profiler's); a stop long before the copy holds nothing."""
+    import gzip
+    import json
+
+    from pegaflow.bench.profile_summary import summarize
+
+    attn = "void cutlass::device_kernel<flash::enable_sm90_or_later<x>>"
+
+    def trace(stop_end_us):
+        ev = [{"ts": 0.0, "cat": "cpu_op", "name": "start", "dur": 1},
+              {"ts": 9000.0, "dur": 100, "cat": "kernel", "name": attn, "tid": 7, "args": {"stream": 7}},
+              {"ts": 9500.0, "dur": 2, "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)"},
+              {"ts": stop_end_us - 1400.0, "dur": 1400, "cat": "overhead", "name": "Activity Buffer Request", "tid": 0},
+              {"ts": 20000.0, "dur": 50, "cat": "overhead", "name": "Activity Buffer Request", "tid": 0}]  # after the token
+        for i in range(2):  # the load's copies from 5 ms on, on their own stream
+            ev.append({"ts": 5000.0 + 600 * i, "dur": 500, "cat": "gpu_memcpy", "tid": 13,
+                       "name": "Memcpy HtoD (Pinned -> Device)", "args": {"bytes": 1 << 20}})
+        path = tmp_path / f"warm-{stop_end_us}.json.gz"
+        with gzip.open(path, "wt") as f:
+            json.dump({"traceEvents": ev}, f)
+        return summarize(str(path), layers=1)["profiler_stalls"]
+
+    assert trace(4910) == {"stops": [[3.51, 1.4]], "ms": 1.4, "held_first_load_copy": True}
+    assert trace(3000)["held_first_load_copy"] is False  # ended 2 ms before the copy
+    assert trace(5100)["held_first_load_copy"] is False  # still running when the copy began
+
+
 def test_profile_summary_says_what_set_each_layers_attention_going(tmp_path):
     """Layer 0's attention starts as vLLM's thread launches it (the host sets the pace), layer 1's
     as the GEMM before it on the stream ends, long after its launch (the GPU's compute), layer 2's

@@ -13,7 +13,8 @@ ran kernels in it, medians; and the first steps one by one in ``decode_steps_fir
 long each step's token copy waited and how long a save's copies ran inside it); how long each kernel launch of the forward's thread took (median and mean in
 microseconds, first forward only): a load whose driver calls hold up that thread's launches
 shows there (docs/gpu.md, "Layer-wise loads and the launch rate"); and what the thread of the
-first ``vllm.execute_model`` range did in it on the host (``execute_model_host_ops``); and what
+first ``vllm.execute_model`` range did in it on the host (``execute_model_host_ops``); the
+profiler's own stops and whether one held the load's first copy (``profiler_stalls``); and what
 set each layer's attention going (``first_forward_layer_pacing``: vLLM's thread launching it, the
 GPU's compute before it on its stream, or a wait such as a load's). No GPU needed; it reads the
 files only.
@@ -95,6 +96,9 @@ def summarize(path: str, layers: int = 32) -> dict:
                                    "last_end": ms(max(e["ts"] + e["dur"] for e in dma)),
                                    "busy_ms": round(sum(e["dur"] for e in dma) / 1e3, 2),
                                    "idle_gaps": idle_gaps(dma, ms), **idle_total(dma)}
+            stalls = profiler_stalls(stamped, end, min(e["ts"] for e in dma), ms)
+            if stalls:
+                out["profiler_stalls"] = stalls
             moved = sum(e.get("args", {}).get("bytes", 0) for e in dma)
             if moved:  # the load's bytes over its copies' span: the rate a layer-wise load kept
                 span_us = max(e["ts"] + e["dur"] for e in dma) - min(e["ts"] for e in dma)
@@ -256,6 +260,26 @@ def idle_total(copies: list) -> dict:
     gaps = [gap for _, gap in _gaps(copies)]
     short = [gap for gap in gaps if gap < IDLE_GAP_US]
     return {"idle_ms": round(sum(gaps) / 1e3, 3), "short_gaps": len(short), "short_gaps_ms": round(sum(short) / 1e3, 3)}
+
+
+STALL_HOLDS_US = 200  # a load copy starting this soon after a profiler stop ended was held by it
+
+
+def profiler_stalls(stamped: list, end: float, first_copy_ts: float, ms) -> dict:
+    """The profiler's own stops before the first token's copy (``end``): CUPTI's ``overhead``
+    records ("Activity Buffer Request": the process's CUDA calls wait while the profiler takes a
+    buffer), each as [start, ms], their sum, and ``held_first_load_copy``: whether the load's
+    first copy (``first_copy_ts``) started within 0.2 ms of one's end. A staged load's first byte
+    seen late after its lookup in such a trace is the profiler's doing, not the staging's; the
+    staging's own counters (``to_first_ms``) say when it queued that copy (docs/gpu.md, "Loads
+    staged at the lookup"). Empty when the trace has none."""
+    stops = sorted((e for e in stamped if e.get("cat") == "overhead" and "dur" in e and e["ts"] < end),
+                   key=lambda e: e["ts"])
+    if not stops:
+        return {}
+    held = any(0 <= first_copy_ts - (e["ts"] + e["dur"]) <= STALL_HOLDS_US for e in stops)
+    return {"stops": [[ms(e["ts"]), round(e["dur"] / 1e3, 2)] for e in stops],
+            "ms": round(sum(e["dur"] for e in stops) / 1e3, 2), "held_first_load_copy": held}
 
 
 def step_ranges(stamped: list, token_ts) -> dict:
