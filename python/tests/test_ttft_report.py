@@ -67,6 +67,52 @@ def test_summary_reads_the_target_against_the_processs_own_gpu_hit():
     assert medians["server"]["8k"]["warm_vs_own_bound_median"] == pytest.approx(26 / floor, abs=1e-3)
     assert medians["server"]["8k"]["own_gpu_hit_p50_median"] == 16
 
+def test_summary_splits_each_answer_at_vllms_queued_event(tmp_path, capsys):
+    """Each answer's TTFT split at QUEUED (vLLM's own time before it, then QUEUED to the first
+    token), p50s per phase; the 1.2x ratio read from QUEUED on against the larger of the
+    process's own GPU hit taken the same way and the line floor; an earlier report summarized
+    again from its raw records (--summarize), a report without them refused by name."""
+    import json
+
+    def timed(ttfts, before, queued):
+        return [{"ttft_ms": t, "cached_tokens": 8176, "token_ids": [1, 2], "queued_ms": queued,
+                 "scheduled_to_first_ms": t - b - queued} for t, b in zip(ttfts, before)]
+
+    raw = {
+        "none": {"start_s": 1.0, "lengths": {"8192": {"cold": run([200], [0], [1, 2]),
+                                                      "gpu_hit": timed([14, 15, 16], [2.0, 3.0, 2.5], 0.02)}}},
+        "server": {"start_s": 1.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": True,
+                                                        "warm": timed([23.0, 24.0, 25.0], [1.0, 2.5, 3.0], 0.01),
+                                                        "own_gpu_hit": timed([13, 14, 15], [2, 2, 2], 0.01)}}},
+    }
+    s = ttft.summarize(raw, [8192], 131072, 55.0)
+    hit, warm = s["none"]["8k"], s["server"]["8k"]
+    assert (hit["gpu_hit_before_queued_p50_ms"], hit["gpu_hit_from_queued_p50_ms"]) == (2.5, 12.0)
+    # per answer: 22.0, 21.5, 22.0 from QUEUED; 1.0, 2.5, 3.0 before it
+    assert (warm["warm_before_queued_p50_ms"], warm["warm_from_queued_p50_ms"]) == (2.5, 22.0)
+    floor = warm["line_floor_ms"]  # above the process's own GPU hit from QUEUED (12 ms)
+    assert warm["warm_from_queued_vs_own_bound"] == pytest.approx(22.0 / floor, abs=1e-3)
+    assert warm["warm_vs_own_bound"] == pytest.approx(24.0 / floor, abs=1e-3)
+    # answers without vLLM's request times: nothing split, no ratio from QUEUED
+    untimed = {"server": {"start_s": 1.0, "lengths": {"8192": {"cold": run([205], [0], [1, 2]), "reset_ok": True,
+                                                               "warm": run([24], [8176], [1, 2]),
+                                                               "own_gpu_hit": run([14], [8176], [1, 2])}}}}
+    row = ttft.summarize(untimed, [8192], 131072, 55.0)["server"]["8k"]
+    assert not [k for k in row if "queued" in k and ("before" in k or "from" in k)]
+    # an earlier report, summarized again from its raw records
+    report = tmp_path / "earlier.json"
+    report.write_text(json.dumps({"raw": raw, "kv_bytes_per_token": 131072, "line_h2d_gbps": 55.0}))
+    assert ttft.main(["--summarize", str(report)]) == 0
+    again = json.loads(capsys.readouterr().out)["systems"]
+    assert again["server"]["8k"]["warm_from_queued_p50_ms"] == 22.0
+    bad = tmp_path / "load-only.json"
+    bad.write_text(json.dumps({"systems": {}, "line_h2d_gbps": 55.0}))
+    with pytest.raises(SystemExit, match="'raw'.*this one has line_h2d_gbps, systems"):
+        ttft.main(["--summarize", str(bad)])
+    with pytest.raises(SystemExit, match="missing.json"):
+        ttft.main(["--summarize", str(tmp_path / "missing.json")])
+
+
 def test_profile_summary_parts_a_saves_copies_from_the_decode_steps(tmp_path):
     """A cold request's trace: the save's device-to-host copies (8 MiB slots, another stream) run
     beside the first decode steps. They are not steps; each step's token copy waited behind them

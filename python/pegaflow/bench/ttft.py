@@ -571,6 +571,7 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 for k in ("queued_ms", "scheduled_to_first_ms"):
                     if r["gpu_hit"] and all(k in x for x in r["gpu_hit"]):
                         row[f"gpu_hit_{k[:-3]}_p50_ms"] = _p([x[k] for x in r["gpu_hit"]], 0.5)
+                row.update(around_queued(r["gpu_hit"], "gpu_hit"))
             else:
                 warm = r.get("warm", [])
                 row["warm_p50_ms"] = _p([x["ttft_ms"] for x in warm], 0.5)
@@ -578,6 +579,7 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 for k in ("queued_ms", "scheduled_to_first_ms"):
                     if all(k in x for x in warm) and warm:
                         row[f"warm_{k[:-3]}_p50_ms"] = _p([x[k] for x in warm], 0.5)
+                row.update(around_queued(warm, "warm"))
                 # None: no reference in this run (system none not run)
                 row["outputs_identical"] = None if not ref else [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
                 row["reset_ok"] = r.get("reset_ok")
@@ -627,6 +629,13 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                                   and row["own_gpu_hit_identical"] and row["own_gpu_hit_loaded_blocks"] == 0)
                     row["warm_vs_own_bound"] = round(row["warm_p50_ms"] / max(row["own_gpu_hit_p50_ms"], row["line_floor_ms"]), 3) \
                         if meaningful else None
+                    own_from = around_queued(r.get("own_gpu_hit") or [], "own").get("own_from_queued_p50_ms")
+                    if meaningful and row.get("warm_from_queued_p50_ms") and own_from:
+                        # the same from vLLM's QUEUED event on, the GPU hit's taken the same way: what
+                        # vLLM's front end and the engine core's intake spend before it is in every
+                        # system's TTFT and in no line floor (around_queued)
+                        row["warm_from_queued_vs_own_bound"] = round(
+                            row["warm_from_queued_p50_ms"] / max(own_from, row["line_floor_ms"]), 3)
             entry[_label(n)] = row
         if "load" in res:
             entry["load"] = res["load"]
@@ -690,6 +699,20 @@ def in_step_phases_ms(counters: dict) -> dict:
     if "vllm:pegaflow_loads_staged" in counters:  # the share of loads read from a staging (PEGAFLOW_PRESTAGE_MIB)
         out["staged_share"] = round(counters["vllm:pegaflow_loads_staged"] / loads, 3)
     return out
+
+
+def around_queued(rows: list, prefix: str) -> dict:
+    """A phase's answers split at vLLM's QUEUED event (the engine core adding the request), p50s
+    of each answer's parts: ``<prefix>_before_queued_p50_ms``, its TTFT less QUEUED to first token
+    (vLLM's front end and the engine core's intake of the prompt, before any connector sees the
+    request: every system pays it, the GPU hit included, and the line floor holds none of it), and
+    ``<prefix>_from_queued_p50_ms``, QUEUED to first token. Empty unless every answer has vLLM's
+    request times (``queued_ms``, ``scheduled_to_first_ms``)."""
+    if not rows or not all("queued_ms" in x and "scheduled_to_first_ms" in x for x in rows):
+        return {}
+    since = [x["queued_ms"] + x["scheduled_to_first_ms"] for x in rows]
+    return {f"{prefix}_before_queued_p50_ms": _p([x["ttft_ms"] - q for x, q in zip(rows, since)], 0.5),
+            f"{prefix}_from_queued_p50_ms": _p(since, 0.5)}
 
 
 def warm_timeline_ms(counters: dict, warm: list) -> dict:
@@ -814,6 +837,28 @@ def merge(earlier: dict, report: dict) -> dict:
     return out
 
 
+def _read_report(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"pegaflow-bench ttft: --summarize '{path}': {e}; expected a report this command wrote (--json)")
+
+
+def resummarize(report: dict) -> dict:
+    """An earlier report's systems summarized again from its raw records (``--summarize``): the
+    figures this version adds, for runs made before it. Refuses a report without its raw
+    records, its KV bytes per token or its lengths, naming what is missing."""
+    raw = report.get("raw") if isinstance(report, dict) else None
+    if not isinstance(raw, dict) or not isinstance(report.get("kv_bytes_per_token"), int):
+        raise SystemExit("pegaflow-bench ttft: --summarize needs a report with its raw records ('raw') and "
+                         "'kv_bytes_per_token', as --json writes them; this one has "
+                         + (", ".join(sorted(report)) if isinstance(report, dict) else type(report).__name__))
+    lengths = sorted({int(n) for r in raw.values() if isinstance(r, dict) for n in r.get("lengths", {})})
+    if not lengths:
+        raise SystemExit("pegaflow-bench ttft: --summarize: the report's raw records hold no length (a --load-only run?)")
+    return summarize(raw, lengths, report["kv_bytes_per_token"], report.get("line_h2d_gbps"))
+
+
 def worker_spec(args, model: str, lengths: list[int], config: dict) -> dict:
     """What every system's ttft worker runs: the model, the lengths, and vLLM's modes of the run."""
     return {"model": model, "max_model_len": max(lengths, default=0) + 256, "lengths": lengths, "prompts": args.prompts,
@@ -862,7 +907,13 @@ def main(argv: list[str]) -> int:
                     help="run the systems this many times in turn, each a fresh process (default 1); the report "
                          "keeps every round (<system>@<round>) and their medians (rounds)")
     ap.add_argument("--json", default="out/vllm-gpu-ttft.json")
+    ap.add_argument("--summarize", metavar="REPORT",
+                    help="run nothing: print the systems of an earlier report (its JSON) summarized again from its "
+                         "raw records by this version (figures added since that run included)")
     args = ap.parse_args(argv)
+    if args.summarize:
+        print(json.dumps({"systems": resummarize(_read_report(args.summarize))}, indent=1))
+        return 0
     from pegaflow.models import shapes
 
     lengths = [] if args.load_only else [_tokens(x) for x in args.lengths.split(",") if x]
