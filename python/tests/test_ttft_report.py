@@ -111,6 +111,10 @@ def test_summary_splits_each_answer_at_vllms_queued_event(tmp_path, capsys):
         ttft.main(["--summarize", str(bad)])
     with pytest.raises(SystemExit, match="missing.json"):
         ttft.main(["--summarize", str(tmp_path / "missing.json")])
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps({"raw": {"server": {"lengths": {"8k": {}}}}, "kv_bytes_per_token": 131072}))
+    with pytest.raises(SystemExit, match="raw length '8k'; expected prompt lengths in tokens"):
+        ttft.main(["--summarize", str(odd)])
 
 
 def test_profile_summary_parts_a_saves_copies_from_the_decode_steps(tmp_path):

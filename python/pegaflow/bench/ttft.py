@@ -853,7 +853,12 @@ def resummarize(report: dict) -> dict:
         raise SystemExit("pegaflow-bench ttft: --summarize needs a report with its raw records ('raw') and "
                          "'kv_bytes_per_token', as --json writes them; this one has "
                          + (", ".join(sorted(report)) if isinstance(report, dict) else type(report).__name__))
-    lengths = sorted({int(n) for r in raw.values() if isinstance(r, dict) for n in r.get("lengths", {})})
+    keys = {n for r in raw.values() if isinstance(r, dict) for n in r.get("lengths", {})}
+    odd = sorted(n for n in keys if not str(n).isdigit())
+    if odd:
+        raise SystemExit(f"pegaflow-bench ttft: --summarize: raw length '{odd[0]}'; expected prompt lengths in "
+                         "tokens such as '8192', as --json writes them")
+    lengths = sorted(int(n) for n in keys)
     if not lengths:
         raise SystemExit("pegaflow-bench ttft: --summarize: the report's raw records hold no length (a --load-only run?)")
     return summarize(raw, lengths, report["kv_bytes_per_token"], report.get("line_h2d_gbps"))
