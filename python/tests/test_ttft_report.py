@@ -90,6 +90,8 @@ def test_summary_splits_each_answer_at_vllms_queued_event(tmp_path, capsys):
     assert (hit["gpu_hit_before_queued_p50_ms"], hit["gpu_hit_from_queued_p50_ms"]) == (2.5, 12.0)
     # per answer: 22.0, 21.5, 22.0 from QUEUED; 1.0, 2.5, 3.0 before it
     assert (warm["warm_before_queued_p50_ms"], warm["warm_from_queued_p50_ms"]) == (2.5, 22.0)
+    assert (warm["warm_queued_p50_ms"], warm["warm_scheduled_to_first_p50_ms"]) == (0.01, 21.99)
+    assert (hit["gpu_hit_queued_p50_ms"], hit["gpu_hit_scheduled_to_first_p50_ms"]) == (0.02, 11.98)
     floor = warm["line_floor_ms"]  # above the process's own GPU hit from QUEUED (12 ms)
     assert warm["warm_from_queued_vs_own_bound"] == pytest.approx(22.0 / floor, abs=1e-3)
     assert warm["warm_vs_own_bound"] == pytest.approx(24.0 / floor, abs=1e-3)

@@ -568,17 +568,11 @@ def summarize(results: dict, lengths: list[int], bytes_per_token: int, line: flo
                 row["gpu_hit_p50_ms"] = _p([x["ttft_ms"] for x in r["gpu_hit"]], 0.5)
                 row["outputs_identical"] = [x["token_ids"] for x in r["gpu_hit"]] == [x["token_ids"] for x in r["cold"]]
                 row["gpu_hit_cached_tokens"] = [x["cached_tokens"] for x in r["gpu_hit"]]
-                for k in ("queued_ms", "scheduled_to_first_ms"):
-                    if r["gpu_hit"] and all(k in x for x in r["gpu_hit"]):
-                        row[f"gpu_hit_{k[:-3]}_p50_ms"] = _p([x[k] for x in r["gpu_hit"]], 0.5)
                 row.update(around_queued(r["gpu_hit"], "gpu_hit"))
             else:
                 warm = r.get("warm", [])
                 row["warm_p50_ms"] = _p([x["ttft_ms"] for x in warm], 0.5)
                 row["warm_cached_tokens"] = [x["cached_tokens"] for x in warm]
-                for k in ("queued_ms", "scheduled_to_first_ms"):
-                    if all(k in x for x in warm) and warm:
-                        row[f"warm_{k[:-3]}_p50_ms"] = _p([x[k] for x in warm], 0.5)
                 row.update(around_queued(warm, "warm"))
                 # None: no reference in this run (system none not run)
                 row["outputs_identical"] = None if not ref else [x["token_ids"] for x in warm] == [x["token_ids"] for x in ref]
@@ -702,16 +696,20 @@ def in_step_phases_ms(counters: dict) -> dict:
 
 
 def around_queued(rows: list, prefix: str) -> dict:
-    """A phase's answers split at vLLM's QUEUED event (the engine core adding the request), p50s
-    of each answer's parts: ``<prefix>_before_queued_p50_ms``, its TTFT less QUEUED to first token
-    (vLLM's front end and the engine core's intake of the prompt, before any connector sees the
-    request: every system pays it, the GPU hit included, and the line floor holds none of it), and
-    ``<prefix>_from_queued_p50_ms``, QUEUED to first token. Empty unless every answer has vLLM's
-    request times (``queued_ms``, ``scheduled_to_first_ms``)."""
+    """A phase's answers by vLLM's own request times, p50s over the answers:
+    ``<prefix>_queued_p50_ms`` (QUEUED, the engine core adding the request, to its first
+    schedule: an asynchronous load waits there), ``<prefix>_scheduled_to_first_p50_ms``, and
+    each answer split at QUEUED: ``<prefix>_before_queued_p50_ms``, its TTFT less QUEUED to first
+    token (vLLM's front end and the engine core's intake of the prompt, before any connector sees
+    the request: every system pays it, the GPU hit included, and the line floor holds none of it),
+    and ``<prefix>_from_queued_p50_ms``, QUEUED to first token. Empty unless every answer has
+    both times (``queued_ms``, ``scheduled_to_first_ms``; the worker records them together)."""
     if not rows or not all("queued_ms" in x and "scheduled_to_first_ms" in x for x in rows):
         return {}
     since = [x["queued_ms"] + x["scheduled_to_first_ms"] for x in rows]
-    return {f"{prefix}_before_queued_p50_ms": _p([x["ttft_ms"] - q for x, q in zip(rows, since)], 0.5),
+    return {f"{prefix}_queued_p50_ms": _p([x["queued_ms"] for x in rows], 0.5),
+            f"{prefix}_scheduled_to_first_p50_ms": _p([x["scheduled_to_first_ms"] for x in rows], 0.5),
+            f"{prefix}_before_queued_p50_ms": _p([x["ttft_ms"] - q for x, q in zip(rows, since)], 0.5),
             f"{prefix}_from_queued_p50_ms": _p(since, 0.5)}
 
 
